@@ -1,0 +1,41 @@
+# Two entry points: `make serve` and `make test`. Both install what they need first and are idempotent.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SYSTEM_PACKAGES := redis-server espeak-ng sox
+
+.PHONY: serve test check system-deps deps clean
+
+serve: deps
+	$(BIN)/parley serve
+
+test: deps check
+	$(BIN)/pytest
+
+check: deps
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+deps: system-deps $(STAMP)
+
+# apt-get only for what is missing, so a second run touches nothing.
+system-deps:
+	@missing=""; for p in $(SYSTEM_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages:$$missing"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	fi
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

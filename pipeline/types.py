@@ -1,0 +1,153 @@
+"""The pipeline's vocabulary: requests, typed chunks and the two small contracts.
+
+Everything that crosses a stage boundary or leaves the pipeline is one of the chunk
+dataclasses below. They are plain data so that connectors can move them between
+processes and sessions can match on them without knowing which engine made them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+INPUT_SAMPLE_RATE = 16_000
+"""Turn audio always reaches the pipeline as PCM16 mono at this rate."""
+
+
+@dataclass(frozen=True, slots=True)
+class VideoFrame:
+    """One camera frame: encoded image bytes (JPEG or PNG) and its capture time."""
+
+    image: bytes
+    timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryItem:
+    """A committed conversation item as the model sees it."""
+
+    role: Literal["user", "assistant", "system"]
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineRequest:
+    """Everything one response needs: the turn, its context and the output format."""
+
+    request_id: str
+    audio: npt.NDArray[np.int16]
+    """The user's turn (with prefix padding), PCM16 mono at INPUT_SAMPLE_RATE; may be empty."""
+    text: str | None = None
+    """A typed user message, when the turn was text rather than speech."""
+    frames: tuple[VideoFrame, ...] = ()
+    history: tuple[HistoryItem, ...] = ()
+    instructions: str = ""
+    output_sample_rate: int = 24_000
+    output_text_only: bool = False
+
+
+# --- chunks -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """A piece of text. `input_transcript` is what the user said; `output` what the model says."""
+
+    text: str
+    kind: Literal["output", "input_transcript"] = "output"
+
+
+@dataclass(frozen=True, slots=True)
+class HiddenStates:
+    """Hidden states passed from one stage to the next (e.g. Thinker -> Talker)."""
+
+    array: npt.NDArray[Any]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class CodecCodes:
+    """Discrete units (codec codes, phoneme ids) passed to a vocoder stage."""
+
+    codes: npt.NDArray[np.int32]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class AudioChunk:
+    """Synthesised speech: PCM16 mono at `sample_rate`."""
+
+    pcm: npt.NDArray[np.int16]
+    sample_rate: int
+
+    @property
+    def duration_ms(self) -> float:
+        return 1000.0 * len(self.pcm) / self.sample_rate
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    """The request finished normally; nothing follows."""
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorChunk:
+    """The request failed in some stage; nothing follows."""
+
+    message: str
+    stage: str = ""
+
+
+Chunk = TextDelta | HiddenStates | CodecCodes | AudioChunk | End | ErrorChunk
+OutputChunk = TextDelta | AudioChunk | End | ErrorChunk
+"""What a pipeline yields to its caller (intermediate chunks never leave the graph)."""
+
+
+# --- contracts ----------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """One stage's model runner.
+
+    `generate` streams chunks for one request and must abort the request when the
+    iterator is closed or its task cancelled (then re-raise), leaving no state behind.
+    """
+
+    name: str
+
+    async def start(self) -> None: ...
+
+    def generate(self, request_id: str, inputs: Any) -> AsyncIterator[Chunk]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def active_requests(self) -> int:
+        """How many requests hold state in the engine right now (0 after every abort)."""
+        ...
+
+
+@runtime_checkable
+class Pipeline(Protocol):
+    """What a session calls: one request in, a stream of output chunks out.
+
+    Closing the returned iterator (or cancelling the task iterating it) aborts the
+    request in every stage. The stream always ends with exactly one End or ErrorChunk
+    unless it is closed early.
+    """
+
+    name: str
+
+    async def start(self) -> None: ...
+
+    def generate(self, request: PipelineRequest) -> AsyncIterator[OutputChunk]: ...
+
+    async def close(self) -> None: ...
+
+    def active_requests(self) -> int: ...

@@ -1,0 +1,116 @@
+"""Session settings, validated as a whole before anything changes.
+
+Field names follow OpenAI Realtime's session object where one exists. Every bounded
+field says its range in its error message, so `ConfigError` names the field and the
+range and the old settings stay in force.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
+
+from .errors import ConfigError
+
+SUPPORTED_OUTPUT_RATES = (8_000, 16_000, 24_000, 48_000)
+
+
+def _between(lo: float, hi: float) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if not lo <= value <= hi:
+            raise ValueError(f"must be between {lo:g} and {hi:g}, got {value:g}")
+        return value
+
+    return check
+
+
+def IntRange(lo: int, hi: int) -> Any:  # noqa: N802 - reads like a type in annotations
+    return Annotated[int, AfterValidator(_between(lo, hi))]
+
+
+def FloatRange(lo: float, hi: float) -> Any:  # noqa: N802
+    return Annotated[float, AfterValidator(_between(lo, hi))]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+class TurnDetectionConfig(_Model):
+    """Server VAD, with OpenAI Realtime's knobs plus `min_speech_ms` for barge-in."""
+
+    type: Literal["server_vad"] = "server_vad"
+    threshold: FloatRange(0.0, 1.0) = 0.5
+    prefix_padding_ms: IntRange(0, 5_000) = 300
+    silence_duration_ms: IntRange(20, 10_000) = 500
+    min_speech_ms: IntRange(20, 5_000) = 200
+    create_response: bool = True
+    interrupt_response: bool = True
+
+    @property
+    def aggressiveness(self) -> int:
+        """webrtcvad mode 0-3: a higher threshold asks for more certainty before speech."""
+        return min(3, int(self.threshold * 4))
+
+
+class VideoConfig(_Model):
+    """The bounded frame cache and how frames are picked for a turn."""
+
+    max_frames: IntRange(1, 256) = 50
+    num_frames: IntRange(1, 128) = 4
+    sampling_strategy: Literal["uniform", "latest"] = "uniform"
+    frame_filter: bool = True
+    frame_filter_threshold: FloatRange(0.0, 1.0) = 0.95
+
+
+class SessionConfig(_Model):
+    instructions: str = "You are a helpful voice assistant. Answer briefly."
+    output_modalities: tuple[Literal["audio", "text"], ...] = ("audio",)
+    voice: str = "default"
+    turn_detection: TurnDetectionConfig | None = TurnDetectionConfig()
+    video: VideoConfig = VideoConfig()
+    max_audio_seconds: IntRange(1, 3_600) = 120
+    output_sample_rate: Literal[8_000, 16_000, 24_000, 48_000] = 24_000
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any] | None = None) -> SessionConfig:
+        """Validate `data`; raise ConfigError naming the first bad field."""
+        try:
+            return cls.model_validate(dict(data or {}))
+        except ValidationError as exc:
+            raise _config_error(exc) from None
+
+    def updated(self, patch: Mapping[str, Any]) -> SessionConfig:
+        """A new config with `patch` merged in (nested objects merge field by field).
+
+        A null `turn_detection` switches to manual turns. Raises ConfigError and
+        leaves `self` untouched when the result is invalid.
+        """
+        merged = _deep_merge(self.model_dump(), patch)
+        return SessionConfig.parse(merged)
+
+    @property
+    def audio_output(self) -> bool:
+        return "audio" in self.output_modalities
+
+
+def _deep_merge(base: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in patch.items():
+        current = out.get(key)
+        if isinstance(value, Mapping) and isinstance(current, dict):
+            out[key] = _deep_merge(current, value)
+        else:
+            out[key] = value
+    return out
+
+
+def _config_error(exc: ValidationError) -> ConfigError:
+    err = exc.errors()[0]
+    field = ".".join(str(part) for part in err["loc"]) or "session"
+    message = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        message = "unknown setting"
+    return ConfigError(field, message)

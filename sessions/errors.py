@@ -1,0 +1,60 @@
+"""Typed errors of the session core.
+
+Each carries a stable `code` that transports turn into an HTTP status or an `error`
+event, and a message written for the person at the other end.
+"""
+
+from __future__ import annotations
+
+
+class ParleyError(Exception):
+    """Base class: `code` is machine-readable, `str(err)` is for people."""
+
+    code = "server_error"
+    error_type = "server_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRequestError(ParleyError):
+    """The client sent something we cannot use; the session is unaffected."""
+
+    code = "invalid_request"
+    error_type = "invalid_request_error"
+
+
+class ConfigError(InvalidRequestError):
+    """A setting is out of range or of the wrong type. Nothing was changed."""
+
+    code = "invalid_config"
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class MediaError(InvalidRequestError):
+    """Audio or an image that cannot be used as sent. Nothing already buffered is lost."""
+
+    code = "invalid_media"
+
+
+class SessionLimitError(ParleyError):
+    """Every session slot is taken; try again later."""
+
+    code = "session_limit"
+    error_type = "server_error"
+
+
+class SessionClosedError(InvalidRequestError):
+    """The session has ended; it takes no more media or commands."""
+
+    code = "session_closed"
+
+
+class SessionNotFoundError(InvalidRequestError):
+    """No live session has this id."""
+
+    code = "session_not_found"

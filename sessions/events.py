@@ -1,0 +1,217 @@
+"""The session's event vocabulary, modelled on OpenAI Realtime's server events.
+
+The session core emits these dataclasses; transports serialise them to their own wire
+format. `type` is the GA event name. Events a barge-in may discard (audio deltas) say so
+with `droppable`, so a transport that falls behind knows what it may coalesce or drop.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+from .config import SessionConfig
+
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+ResponseStatus = Literal["completed", "cancelled", "failed"]
+
+
+def new_id(prefix: str) -> str:
+    """Short random ids in OpenAI's style: `evt_…`, `item_…`, `resp_…`."""
+    return f"{prefix}_{secrets.token_hex(10)}"
+
+
+@dataclass(slots=True, kw_only=True)
+class ConversationItem:
+    """One message in the conversation: a user turn or an assistant answer."""
+
+    id: str = field(default_factory=lambda: new_id("item"))
+    role: Literal["user", "assistant", "system"]
+    status: ItemStatus = "completed"
+    text: str = ""
+    """A typed message, the user's transcript, or the assistant's (possibly truncated) text."""
+    has_audio: bool = False
+    audio_ms: int = 0
+    """Duration of the item's audio: the user's turn, or the assistant audio actually played."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    type: ClassVar[str]
+    droppable: ClassVar[bool] = False
+    event_id: str = field(default_factory=lambda: new_id("evt"))
+
+
+# --- session lifecycle ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionCreated(Event):
+    type: ClassVar[str] = "session.created"
+    session_id: str
+    config: SessionConfig
+    resume_token: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionUpdated(Event):
+    type: ClassVar[str] = "session.updated"
+    session_id: str
+    config: SessionConfig
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionStateChanged(Event):
+    """Parley's own: every state transition, with why it happened."""
+
+    type: ClassVar[str] = "session.state_changed"
+    previous: str
+    state: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionExpiring(Event):
+    """Parley's own: the session reaches its maximum lifetime in `seconds_left`."""
+
+    type: ClassVar[str] = "session.expiring"
+    seconds_left: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionClosed(Event):
+    """Parley's own goodbye: the last event of every session."""
+
+    type: ClassVar[str] = "session.closed"
+    reason: str
+
+
+# --- input audio ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpeechStarted(Event):
+    type: ClassVar[str] = "input_audio_buffer.speech_started"
+    audio_start_ms: int
+    item_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpeechStopped(Event):
+    type: ClassVar[str] = "input_audio_buffer.speech_stopped"
+    audio_end_ms: int
+    item_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AudioBufferCommitted(Event):
+    type: ClassVar[str] = "input_audio_buffer.committed"
+    item_id: str
+    previous_item_id: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AudioBufferCleared(Event):
+    type: ClassVar[str] = "input_audio_buffer.cleared"
+
+
+# --- conversation --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConversationItemCreated(Event):
+    type: ClassVar[str] = "conversation.item.created"
+    item: ConversationItem
+    previous_item_id: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConversationItemTruncated(Event):
+    type: ClassVar[str] = "conversation.item.truncated"
+    item_id: str
+    content_index: int = 0
+    audio_end_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputTranscriptionCompleted(Event):
+    type: ClassVar[str] = "conversation.item.input_audio_transcription.completed"
+    item_id: str
+    transcript: str
+
+
+# --- responses -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponseCreated(Event):
+    type: ClassVar[str] = "response.created"
+    response_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutputTextDelta(Event):
+    type: ClassVar[str] = "response.output_text.delta"
+    response_id: str
+    item_id: str
+    delta: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutputAudioTranscriptDelta(Event):
+    type: ClassVar[str] = "response.output_audio_transcript.delta"
+    response_id: str
+    item_id: str
+    delta: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutputAudioDelta(Event):
+    """PCM16 mono at `sample_rate`. Droppable: a barge-in or a slow client may discard it."""
+
+    type: ClassVar[str] = "response.output_audio.delta"
+    droppable: ClassVar[bool] = True
+    response_id: str
+    item_id: str
+    pcm: bytes
+    sample_rate: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponseUsage:
+    """Counts and timings of one response, reported in response.done."""
+
+    input_audio_ms: int = 0
+    output_audio_ms: int = 0
+    output_text_chars: int = 0
+    first_text_ms: float | None = None
+    """From the request to the first text delta."""
+    first_audio_ms: float | None = None
+    """From the request to the first audio chunk."""
+    total_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponseDone(Event):
+    type: ClassVar[str] = "response.done"
+    response_id: str
+    status: ResponseStatus
+    reason: str = ""
+    item: ConversationItem | None = None
+    usage: ResponseUsage = field(default_factory=ResponseUsage)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ErrorEvent(Event):
+    """A problem the client should know about; the session goes on."""
+
+    type: ClassVar[str] = "error"
+    code: str
+    message: str
+    error_type: str = "invalid_request_error"
+    client_event_id: str | None = None
+    param: str | None = None
+
+
+ServerEvent = Event

@@ -1,0 +1,93 @@
+"""Shared fixtures: a real redis-server on a private socket, and leak checks.
+
+Every test is checked for leaks: asyncio tasks still running when it ends fail it, and
+so do Redis keys left behind in the test's database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis as redis_sync
+import redis.asyncio as aioredis
+
+
+@pytest.fixture(scope="session")
+def redis_socket() -> Iterator[str]:
+    """A private redis-server for the whole run, on a unix socket in a temp dir."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.fail("redis-server is not installed: apt-get install redis-server")
+    workdir = Path(tempfile.mkdtemp(prefix="parley-test-redis-"))
+    sock = workdir / "redis.sock"
+    proc = subprocess.Popen(
+        [exe, "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700",
+         "--save", "", "--appendonly", "no", "--dir", str(workdir), "--databases", "64"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        client = redis_sync.Redis(unix_socket_path=str(sock))
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis_sync.ConnectionError:
+                if time.monotonic() > deadline:
+                    pytest.fail("test redis-server did not start")
+                time.sleep(0.02)
+        client.close()
+        yield str(sock)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def redis_url(redis_socket: str) -> Iterator[str]:
+    """A URL to the test server; fails the test if it leaves keys behind."""
+    url = f"unix://{redis_socket}?db=0"
+    yield url
+    client = redis_sync.Redis(unix_socket_path=redis_socket)
+    try:
+        left = sorted(k.decode() for k in client.keys("*"))
+        client.flushdb()
+    finally:
+        client.close()
+    if left:
+        pytest.fail(f"test left Redis keys behind: {left[:10]}")
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture(autouse=True)
+async def _no_leaked_tasks() -> AsyncIterator[None]:
+    """Fail a test that leaves asyncio tasks running in its loop."""
+    before = asyncio.all_tasks()
+    yield
+    current = asyncio.current_task()
+    for _ in range(20):  # let tasks that are already finishing finish
+        leaked = [t for t in asyncio.all_tasks() - before if t is not current and not t.done()]
+        if not leaked:
+            return
+        await asyncio.sleep(0.01)
+    for task in leaked:
+        task.cancel()
+    names = ", ".join(sorted(t.get_name() + ":" + repr(t.get_coro()) for t in leaked))
+    pytest.fail(f"test left {len(leaked)} asyncio task(s) running: {names}")
