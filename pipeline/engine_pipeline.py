@@ -1,0 +1,47 @@
+"""A pipeline of one stage: the engine's output chunks go straight to the caller.
+
+This is the smallest graph. It holds the pipeline contract for a single engine: the
+stream ends with one End or ErrorChunk, and closing it early aborts the request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from .types import AudioChunk, End, Engine, ErrorChunk, OutputChunk, PipelineRequest, TextDelta
+
+
+class EnginePipeline:
+    def __init__(self, engine: Engine, name: str | None = None) -> None:
+        self.engine = engine
+        self.name = name or engine.name
+
+    async def start(self) -> None:
+        await self.engine.start()
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+    def active_requests(self) -> int:
+        return self.engine.active_requests()
+
+    async def generate(self, request: PipelineRequest) -> AsyncIterator[OutputChunk]:
+        stream = self.engine.generate(request.request_id, request)
+        finished = False
+        try:
+            async for chunk in stream:
+                if isinstance(chunk, TextDelta | AudioChunk):
+                    yield chunk
+                elif isinstance(chunk, End | ErrorChunk):
+                    finished = True
+                    yield chunk
+                    return
+            finished = True
+            yield ErrorChunk(message="the engine stopped without an end marker", stage=self.name)
+        except Exception as exc:  # an engine bug must reach the caller as an error chunk
+            finished = True
+            yield ErrorChunk(message=f"{type(exc).__name__}: {exc}", stage=self.name)
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+            if not finished:
+                await self.engine.abort(request.request_id)

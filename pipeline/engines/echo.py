@@ -1,0 +1,64 @@
+"""The echo engine: a diagnostic loopback that answers a turn with the user's own voice.
+
+It needs no model, so it is what `parley serve --pipeline echo` runs to check the media
+path end to end (microphone -> buffers -> turn detection -> response -> speaker) and to
+measure transport latency with no model time in the way. A typed message is echoed as text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import soxr
+
+from ..types import INPUT_SAMPLE_RATE, AudioChunk, Chunk, End, ErrorChunk, PipelineRequest, TextDelta
+
+CHUNK_MS = 100
+
+
+class EchoEngine:
+    """Streams the turn audio back in 100 ms chunks, as fast as the consumer takes them."""
+
+    name = "echo"
+
+    def __init__(self) -> None:
+        self._active: set[str] = set()
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        self._active.clear()
+
+    def active_requests(self) -> int:
+        return len(self._active)
+
+    async def abort(self, request_id: str) -> None:
+        self._active.discard(request_id)
+
+    async def generate(self, request_id: str, inputs: Any) -> AsyncIterator[Chunk]:
+        if not isinstance(inputs, PipelineRequest):
+            yield ErrorChunk(message="echo takes a PipelineRequest", stage=self.name)
+            return
+        self._active.add(request_id)
+        try:
+            if inputs.text:
+                yield TextDelta(text=inputs.text)
+            seconds = len(inputs.audio) / INPUT_SAMPLE_RATE
+            if len(inputs.audio):
+                yield TextDelta(text=f"(echo of {seconds:.1f} s of audio)")
+            if len(inputs.audio) and not inputs.output_text_only:
+                rate = inputs.output_sample_rate
+                pcm = soxr.resample(inputs.audio, INPUT_SAMPLE_RATE, rate).astype(np.int16)
+                step = rate * CHUNK_MS // 1000
+                for start in range(0, len(pcm), step):
+                    if request_id not in self._active:
+                        return  # aborted
+                    yield AudioChunk(pcm=pcm[start : start + step], sample_rate=rate)
+                    await asyncio.sleep(0)
+            yield End()
+        finally:
+            self._active.discard(request_id)

@@ -1,0 +1,134 @@
+"""The session's camera frames in Redis: a bounded list, oldest evicted.
+
+Frames arrive as encoded images (JPEG or PNG) with a timestamp and are stored as they
+came. An optional similar-frame filter drops a frame whose tiny grey thumbnail is nearly
+identical to the last kept one, so a still camera does not flush the cache. Sampling for a
+turn fetches only the frames it picks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import struct
+
+import numpy as np
+import numpy.typing as npt
+import redis.asyncio as aioredis
+from PIL import Image, UnidentifiedImageError
+
+from pipeline.types import VideoFrame
+
+from .config import VideoConfig
+from .errors import MediaError
+from .keys import DEFAULT_KEY_TTL_S, SessionKeys
+
+MAX_FRAME_BYTES = 10 * 1024 * 1024
+THUMB_SIZE = 16
+_TS = struct.Struct(">q")
+
+Thumbnail = npt.NDArray[np.float32]
+
+
+def thumbnail(image: bytes) -> Thumbnail:
+    """A 16x16 grey thumbnail; raises MediaError when the bytes are not an image we read."""
+    try:
+        with Image.open(io.BytesIO(image)) as img:
+            if img.format not in ("JPEG", "PNG"):
+                raise MediaError(f"unsupported image format {img.format}: send JPEG or PNG")
+            img.draft("L", (THUMB_SIZE * 4, THUMB_SIZE * 4))  # JPEG: decode at reduced scale
+            small = img.convert("L").resize((THUMB_SIZE, THUMB_SIZE), Image.Resampling.BILINEAR)
+            return np.asarray(small, dtype=np.float32)
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
+        raise MediaError(f"invalid image data: {exc}") from None
+
+
+def similarity(a: Thumbnail, b: Thumbnail) -> float:
+    """1.0 for identical thumbnails, 0.0 for black against white."""
+    return 1.0 - float(np.mean(np.abs(a - b))) / 255.0
+
+
+def sample_indices(count: int, n: int, strategy: str) -> list[int]:
+    """Which of `count` frames (oldest first) to send: `n` spread evenly, or the newest `n`."""
+    n = min(n, count)
+    if n <= 0:
+        return []
+    if strategy == "latest":
+        return list(range(count - n, count))
+    if n == 1:
+        return [count - 1]
+    return [round(i * (count - 1) / (n - 1)) for i in range(n)]
+
+
+class FrameCache:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        keys: SessionKeys,
+        config: VideoConfig,
+        ttl_s: int = DEFAULT_KEY_TTL_S,
+    ) -> None:
+        self._redis = redis
+        self._key = keys.frames
+        self._ttl_s = ttl_s
+        self.config = config
+        self._last_kept: Thumbnail | None = None
+        self.evicted = 0
+        self.filtered = 0
+
+    async def add(self, image: bytes, timestamp_ms: int) -> bool:
+        """Store a frame; False when the similar-frame filter dropped it."""
+        if not image:
+            raise MediaError("empty video frame")
+        if len(image) > MAX_FRAME_BYTES:
+            raise MediaError(
+                f"frame too large: {len(image)} bytes (the limit is {MAX_FRAME_BYTES} bytes)"
+            )
+        thumb = await asyncio.to_thread(thumbnail, image)
+        if (
+            self.config.frame_filter
+            and self._last_kept is not None
+            and similarity(thumb, self._last_kept) >= self.config.frame_filter_threshold
+        ):
+            self.filtered += 1
+            return False
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.rpush(self._key, _TS.pack(timestamp_ms) + image)
+        pipe.ltrim(self._key, -self.config.max_frames, -1)
+        pipe.expire(self._key, self._ttl_s)
+        length, _, _ = await pipe.execute()
+        self.evicted += max(0, int(length) - self.config.max_frames)
+        self._last_kept = thumb
+        return True
+
+    async def reconfigure(self, config: VideoConfig) -> None:
+        """Apply new settings; a smaller cap evicts the oldest frames now."""
+        if config.max_frames < self.config.max_frames:
+            before = await self.count()
+            await self._redis.ltrim(self._key, -config.max_frames, -1)
+            self.evicted += max(0, before - config.max_frames)
+        self.config = config
+
+    async def count(self) -> int:
+        return int(await self._redis.llen(self._key))
+
+    async def sample(self, n: int | None = None, strategy: str | None = None) -> list[VideoFrame]:
+        """Pick frames for a turn (oldest first), fetching only the picked ones."""
+        n = self.config.num_frames if n is None else n
+        strategy = strategy or self.config.sampling_strategy
+        picks = sample_indices(await self.count(), n, strategy)
+        if not picks:
+            return []
+        pipe = self._redis.pipeline(transaction=False)
+        for index in dict.fromkeys(picks):
+            pipe.lindex(self._key, index)
+        frames = []
+        for raw in await pipe.execute():
+            if raw is not None:  # evicted between LLEN and LINDEX
+                (ts,) = _TS.unpack_from(raw)
+                frames.append(VideoFrame(image=bytes(raw[_TS.size :]), timestamp_ms=ts))
+        return frames
+
+    async def clear(self) -> None:
+        await self._redis.delete(self._key)
+        self._last_kept = None

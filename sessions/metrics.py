@@ -1,0 +1,37 @@
+"""Prometheus instruments of the session core.
+
+Each manager gets its own registry (so several apps in one test process don't collide);
+`web` renders it on /metrics.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class SessionMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.active_sessions = Gauge(
+            "parley_active_sessions", "Sessions open in this process", registry=r
+        )
+        self.turns = Counter("parley_turns", "User turns committed", registry=r)
+        self.responses = Counter(
+            "parley_responses", "Responses finished, by status", ["status"], registry=r
+        )
+        self.barge_ins = Counter(
+            "parley_barge_ins", "Responses cut off by the user speaking", registry=r
+        )
+        self.dropped_frames = Counter(
+            "parley_dropped_buffer_frames",
+            "Buffered frames dropped: audio past the cap, video evicted or filtered, events",
+            ["kind"],
+            registry=r,
+        )
+        self.redis_errors = Counter(
+            "parley_redis_errors", "Redis calls that failed or timed out", registry=r
+        )
+        self.session_limit_rejections = Counter(
+            "parley_session_limit_rejections", "Sessions refused at the cap", registry=r
+        )

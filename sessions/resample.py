@@ -1,0 +1,129 @@
+"""Streaming conversion of client audio to the 16 kHz mono PCM16 the pipeline runs on.
+
+Clients send PCM16 at whatever rate their platform likes, in pieces of any size. The
+VAD and the models want 20 ms frames at 16 kHz, so this module is the one place that
+turns the first into the second. It keeps the resampler's filter state and the partial
+frame between calls: a stream cut anywhere gives the same frames as one push (to float
+rounding), and no sample is ever dropped or repeated at a piece boundary.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import soxr
+
+from .errors import MediaError
+
+SAMPLE_RATE = 16_000
+FRAME_MS = 20
+FRAME_SAMPLES = SAMPLE_RATE * FRAME_MS // 1000
+FRAME_BYTES = FRAME_SAMPLES * 2
+SUPPORTED_INPUT_RATES = (8_000, 11_025, 16_000, 22_050, 24_000, 32_000, 44_100, 48_000)
+SUPPORTED_CHANNELS = (1, 2)
+MAX_APPEND_BYTES = 1 << 20
+"""Largest single push: about 5.5 s of 48 kHz stereo, far more than any sane chunk."""
+
+_FULL_SCALE = 32768.0
+
+
+class InputResampler:
+    """Turns interleaved PCM16 at `sample_rate`/`channels` into 640-byte 16 kHz frames.
+
+    Not thread-safe; one per input stream. Construction validates the format, so a
+    session can reject a bad `input_audio_format` before any audio arrives.
+    """
+
+    def __init__(self, sample_rate: int, channels: int) -> None:
+        if sample_rate not in SUPPORTED_INPUT_RATES:
+            rates = ", ".join(str(rate) for rate in SUPPORTED_INPUT_RATES)
+            raise MediaError(f"unsupported input sample rate {sample_rate} Hz; use one of: {rates}")
+        if channels not in SUPPORTED_CHANNELS:
+            raise MediaError(f"unsupported channel count {channels}; send mono (1) or stereo (2)")
+        self._sample_rate = sample_rate
+        self._channels = channels
+        self._stream = self._new_stream()
+        self._pending = bytearray()
+        """16 kHz mono PCM16 not yet handed out: always shorter than one frame."""
+
+    @property
+    def sample_rate(self) -> int:
+        return self._sample_rate
+
+    @property
+    def channels(self) -> int:
+        return self._channels
+
+    def push(self, pcm: bytes) -> list[bytes]:
+        """Add `pcm` and return every complete 20 ms frame now available (maybe none).
+
+        Raises MediaError, with nothing changed, for an empty or oversized piece or one
+        that is not whole PCM16 sample frames for the configured channel count.
+        """
+        self._check(pcm)
+        if self._stream is None:  # already 16 kHz mono: nothing to filter
+            self._pending += pcm
+        else:
+            mono = self._downmix(np.frombuffer(pcm, dtype="<i2"))
+            self._pending += _to_pcm16(self._stream.resample_chunk(mono))
+        return self._take_frames()
+
+    def flush(self) -> list[bytes]:
+        """Drain the resampler and return the rest, the last frame zero-padded.
+
+        Call at the end of a stream (a commit, a hang-up). The resampler starts afresh
+        afterwards, so the object can take the next, unrelated stream.
+        """
+        if self._stream is not None:
+            tail = self._stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
+            self._pending += _to_pcm16(tail)
+            self._stream = self._new_stream()
+        frames = self._take_frames()
+        if self._pending:
+            frames.append(bytes(self._pending.ljust(FRAME_BYTES, b"\0")))
+            self._pending.clear()
+        return frames
+
+    def _check(self, pcm: bytes) -> None:
+        if not pcm:
+            raise MediaError("empty audio: send at least one PCM16 sample")
+        if len(pcm) > MAX_APPEND_BYTES:
+            raise MediaError(
+                f"audio piece too large: {len(pcm)} bytes, at most {MAX_APPEND_BYTES} per append"
+            )
+        sample_frame = 2 * self._channels
+        if len(pcm) % sample_frame:
+            layout = "mono" if self._channels == 1 else "interleaved stereo"
+            raise MediaError(
+                f"wrong sample format: {len(pcm)} bytes is not whole {layout} PCM16 samples "
+                f"({sample_frame} bytes each); send 16-bit little-endian PCM"
+            )
+
+    def _new_stream(self) -> soxr.ResampleStream | None:
+        if self._sample_rate == SAMPLE_RATE and self._channels == 1:
+            return None
+        # soxr removes its own filter delay, so output sample n is input time n / 16 kHz:
+        # timestamps computed from frame counts stay true to the client's audio.
+        return soxr.ResampleStream(self._sample_rate, SAMPLE_RATE, 1, dtype="float32")
+
+    def _downmix(self, samples: npt.NDArray[np.int16]) -> npt.NDArray[np.float32]:
+        scaled = samples.astype(np.float32) / _FULL_SCALE
+        if self._channels == 1:
+            return scaled
+        mixed: npt.NDArray[np.float32] = scaled.reshape(-1, self._channels).mean(
+            axis=1, dtype=np.float32
+        )
+        return mixed
+
+    def _take_frames(self) -> list[bytes]:
+        whole = len(self._pending) // FRAME_BYTES * FRAME_BYTES
+        frames = [bytes(self._pending[i : i + FRAME_BYTES]) for i in range(0, whole, FRAME_BYTES)]
+        del self._pending[:whole]
+        return frames
+
+
+def _to_pcm16(samples: npt.NDArray[np.float32]) -> bytes:
+    """Float samples back to PCM16, rounded and clipped (filter overshoot can pass 1.0)."""
+    scaled = np.rint(samples * _FULL_SCALE)
+    pcm: npt.NDArray[np.int16] = np.clip(scaled, -32768, 32767).astype(np.int16)
+    return pcm.tobytes()

@@ -1,0 +1,218 @@
+"""One assistant answer: the turn scope.
+
+A `Response` runs as the session's single writer task. It iterates the pipeline, sends
+text as events and audio to the sink, and commits the assistant item to the history. When
+the turn is cancelled (barge-in, response.cancel, session close) the pipeline iterator is
+closed (which aborts the request in every stage) and the item is committed truncated to
+the audio the sink reports as played.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from contextlib import aclosing
+
+from pipeline.types import AudioChunk, End, ErrorChunk, Pipeline, PipelineRequest, TextDelta
+
+from .events import (
+    ConversationItem,
+    ConversationItemCreated,
+    ConversationItemTruncated,
+    Event,
+    InputTranscriptionCompleted,
+    OutputAudioDelta,
+    OutputAudioTranscriptDelta,
+    OutputTextDelta,
+    ResponseCreated,
+    ResponseDone,
+    ResponseStatus,
+    ResponseUsage,
+    new_id,
+)
+from .history import History
+from .sink import OutputSink
+from .spoken_text import SpokenText
+from .state import SessionState, StateMachine
+
+log = logging.getLogger("parley.sessions.response")
+
+FINALIZE_TIMEOUT_S = 2.0
+
+
+class Response:
+    def __init__(
+        self,
+        *,
+        request: PipelineRequest,
+        pipeline: Pipeline,
+        sink: OutputSink,
+        history: History,
+        state: StateMachine,
+        emit: Callable[[Event], None],
+        user_item_id: str | None,
+        chunk_timeout_s: float,
+    ) -> None:
+        self.request = request
+        self.response_id = request.request_id
+        self.item = ConversationItem(
+            id=new_id("item"),
+            role="assistant",
+            status="in_progress",
+            has_audio=not request.output_text_only,
+        )
+        self._pipeline = pipeline
+        self._sink = sink
+        self._history = history
+        self._state = state
+        self._emit = emit
+        self._user_item_id = user_item_id
+        self._chunk_timeout_s = chunk_timeout_s
+        self._spoken = SpokenText()
+        self._input_transcript: list[str] | None = []
+        self._played_base = sink.played_ms
+        self._started = time.monotonic()
+        self._first_text_ms: float | None = None
+        self._first_audio_ms: float | None = None
+        self.committed = False
+        self.cancel_reason = "cancelled"
+        self.status: ResponseStatus | None = None
+
+    @property
+    def played_ms(self) -> int:
+        return max(0, self._sink.played_ms - self._played_base)
+
+    def _elapsed_ms(self) -> float:
+        return (time.monotonic() - self._started) * 1000
+
+    async def run(self) -> None:
+        self._emit(ResponseCreated(response_id=self.response_id))
+        previous = await self._history.last_id()
+        self._emit(ConversationItemCreated(item=self.item, previous_item_id=previous))
+        try:
+            status, reason = await self._generate()
+        except asyncio.CancelledError:
+            await asyncio.wait_for(self._finish_cancelled(), FINALIZE_TIMEOUT_S)
+            raise
+        await self._finish(status, reason)
+        if status == "completed" and self._spoken.audio_ms > 0:
+            await self._sink.drained()
+        self._state.to(SessionState.LISTENING, f"response {status}")
+
+    async def _generate(self) -> tuple[ResponseStatus, str]:
+        stream = self._pipeline.generate(self.request)
+        async with aclosing(stream):
+            while True:
+                try:
+                    async with asyncio.timeout(self._chunk_timeout_s):
+                        chunk = await anext(stream)
+                except TimeoutError:
+                    return "failed", f"the model sent nothing for {self._chunk_timeout_s:g} s"
+                except StopAsyncIteration:
+                    return "failed", "the pipeline ended without an end marker"
+                match chunk:
+                    case TextDelta(kind="input_transcript"):
+                        if self._input_transcript is not None:
+                            self._input_transcript.append(chunk.text)
+                    case TextDelta():
+                        await self._flush_input_transcript()
+                        self._on_text(chunk.text)
+                    case AudioChunk():
+                        await self._flush_input_transcript()
+                        await self._on_audio(chunk)
+                    case End():
+                        await self._flush_input_transcript()
+                        return "completed", ""
+                    case ErrorChunk():
+                        where = f" in {chunk.stage}" if chunk.stage else ""
+                        return "failed", f"model error{where}: {chunk.message}"
+
+    def _on_text(self, text: str) -> None:
+        if not text:
+            return
+        if self._first_text_ms is None:
+            self._first_text_ms = self._elapsed_ms()
+        self._spoken.add_text(text)
+        event_type = OutputTextDelta if self.request.output_text_only else OutputAudioTranscriptDelta
+        self._emit(event_type(response_id=self.response_id, item_id=self.item.id, delta=text))
+
+    async def _on_audio(self, chunk: AudioChunk) -> None:
+        if self.request.output_text_only or len(chunk.pcm) == 0:
+            return
+        if self._first_audio_ms is None:
+            self._first_audio_ms = self._elapsed_ms()
+            self._state.to(SessionState.SPEAKING, "first audio")
+        self._spoken.add_audio(chunk.duration_ms)
+        self._emit(
+            OutputAudioDelta(
+                response_id=self.response_id,
+                item_id=self.item.id,
+                pcm=chunk.pcm.tobytes(),
+                sample_rate=chunk.sample_rate,
+            )
+        )
+        await self._sink.audio(chunk.pcm, chunk.sample_rate)
+
+    async def _flush_input_transcript(self) -> None:
+        """Store what the user said (the pipeline's speech recognition) on their item."""
+        parts, self._input_transcript = self._input_transcript, None
+        if not parts or self._user_item_id is None:
+            return
+        transcript = "".join(parts).strip()
+        user_item = await self._history.get(self._user_item_id)
+        if user_item is not None:
+            user_item.text = transcript
+            await self._history.update(user_item)
+        self._emit(InputTranscriptionCompleted(item_id=self._user_item_id, transcript=transcript))
+
+    def _usage(self) -> ResponseUsage:
+        return ResponseUsage(
+            input_audio_ms=len(self.request.audio) * 1000 // 16_000,
+            output_audio_ms=round(self._spoken.audio_ms),
+            output_text_chars=len(self._spoken.text),
+            first_text_ms=self._first_text_ms,
+            first_audio_ms=self._first_audio_ms,
+            total_ms=self._elapsed_ms(),
+        )
+
+    async def _finish(self, status: ResponseStatus, reason: str) -> None:
+        self.status = status
+        self.item.status = "completed" if status == "completed" else "incomplete"
+        self.item.text = self._spoken.text.strip()
+        self.item.audio_ms = round(self._spoken.audio_ms)
+        if self.item.text or self.item.audio_ms:
+            await self._history.append(self.item)
+            self.committed = True
+        if status == "failed":
+            log.warning("response %s failed: %s", self.response_id, reason)
+        self._emit(
+            ResponseDone(
+                response_id=self.response_id,
+                status=status,
+                reason=reason,
+                item=self.item,
+                usage=self._usage(),
+            )
+        )
+
+    async def _finish_cancelled(self) -> None:
+        """Runs in the cancelled task: the sink was already cleared by the canceller."""
+        if self.status is None:  # still generating: the response itself is cancelled
+            await self._finish("cancelled", self.cancel_reason)
+        if self.item.has_audio and self._spoken.audio_ms > 0:
+            await self.truncate(self.played_ms)
+
+    async def truncate(self, audio_end_ms: int) -> None:
+        """Cut the committed item to what was heard, and say so."""
+        audio_end_ms = min(audio_end_ms, round(self._spoken.audio_ms))
+        self.item.text = self._spoken.heard(audio_end_ms)
+        self.item.audio_ms = audio_end_ms
+        self.item.status = "incomplete"
+        if self.committed:
+            await self._history.update(self.item)
+        elif self.item.text or audio_end_ms:
+            await self._history.append(self.item)
+            self.committed = True
+        self._emit(ConversationItemTruncated(item_id=self.item.id, audio_end_ms=audio_end_ms))

@@ -1,0 +1,508 @@
+"""One conversation: media in, turns detected, responses out, interruptions honoured.
+
+The session is the owner of everything it starts. `run()` is its scope (a TaskGroup, run
+by the SessionManager): the event-log writer, the watchdog, and at most one response task
+(the turn scope), so there is a single writer of output per session. Closing the session
+ends all of it, deletes its Redis keys, and sends a goodbye event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import redis.asyncio as aioredis
+
+from pipeline.types import HistoryItem, Pipeline, PipelineRequest
+
+from .audio_buffer import AudioBuffer
+from .config import SessionConfig
+from .errors import InvalidRequestError, MediaError, SessionClosedError
+from .event_log import EventLog
+from .events import (
+    AudioBufferCleared,
+    AudioBufferCommitted,
+    ConversationItem,
+    ConversationItemCreated,
+    ErrorEvent,
+    Event,
+    SessionClosed,
+    SessionCreated,
+    SessionExpiring,
+    SessionStateChanged,
+    SessionUpdated,
+    SpeechStarted,
+    SpeechStopped,
+    new_id,
+)
+from .frame_cache import FrameCache
+from .history import History
+from .keys import DEFAULT_KEY_TTL_S, SessionKeys
+from .metrics import SessionMetrics
+from .resample import FRAME_MS, SAMPLE_RATE, InputResampler
+from .response import Response
+from .sink import OutputSink
+from .state import SessionState, StateMachine
+from .turn_detection import SpeechConfirmed, SpeechEnd, SpeechStart, TurnDetector
+
+log = logging.getLogger("parley.sessions.session")
+
+MIN_COMMIT_MS = 100
+CLOSE_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLimits:
+    idle_timeout_s: float = 60.0
+    """Close after this long without media from the client."""
+    max_lifetime_s: float = 3600.0
+    lifetime_warning_s: float = 60.0
+    """Send session.expiring this long before the maximum lifetime."""
+    chunk_timeout_s: float = 30.0
+    """Fail a response when the pipeline sends nothing for this long."""
+    key_ttl_s: int = DEFAULT_KEY_TTL_S
+    watchdog_interval_s: float = 1.0
+
+
+class Session:
+    def __init__(
+        self,
+        *,
+        session_id: str,
+        config: SessionConfig,
+        redis: aioredis.Redis,
+        pipeline: Pipeline,
+        sink: OutputSink,
+        limits: SessionLimits | None = None,
+        metrics: SessionMetrics | None = None,
+    ) -> None:
+        self.session_id = session_id
+        self.config = config
+        self.resume_token = secrets.token_urlsafe(24)
+        self.limits = limits or SessionLimits()
+        self.metrics = metrics or SessionMetrics()
+        self.keys = SessionKeys(session_id)
+        self._redis = redis
+        self._pipeline = pipeline
+        self._sink = sink
+        ttl = self.limits.key_ttl_s
+        self.audio = AudioBuffer(redis, self.keys, config.max_audio_seconds, ttl)
+        self.frames = FrameCache(redis, self.keys, config.video, ttl)
+        self.history = History(redis, self.keys, ttl_s=ttl)
+        self.event_log = EventLog(redis, self.keys, ttl_s=ttl)
+        self.machine = StateMachine(session_id, self._on_transition)
+        self._detector = TurnDetector(config.turn_detection) if config.turn_detection else None
+        self._resampler: InputResampler | None = None
+        self._offset_ms = 0
+        """End of the input audio received so far, on the session's audio timeline."""
+        self._uncommitted_from_ms = 0
+        self._speech_item_id: str | None = None
+        self._speech_start_ms = 0
+        self._turn_ranges: dict[str, tuple[int, int]] = {}
+        """User audio items awaiting an answer -> their range on the audio timeline."""
+        self._pending_user_item: str | None = None
+        self._response: Response | None = None
+        self._response_task: asyncio.Task[None] | None = None
+        self._media_lock = asyncio.Lock()
+        self._writer_lock = asyncio.Lock()
+        self._tg: asyncio.TaskGroup | None = None
+        self._close_requested = asyncio.Event()
+        self._closed = asyncio.Event()
+        self.close_reason = ""
+        self._created = time.monotonic()
+        self._last_media = self._created
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    @property
+    def state(self) -> SessionState:
+        return self.machine.state
+
+    @property
+    def closed(self) -> bool:
+        return self.machine.state is SessionState.CLOSED
+
+    async def run(self) -> None:
+        """The session scope; returns after close, with every task ended and keys deleted."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                writer = tg.create_task(self.event_log.run(), name=f"{self.session_id}:events")
+                watchdog = tg.create_task(self._watchdog(), name=f"{self.session_id}:watchdog")
+                await self._write_record()
+                self._emit(
+                    SessionCreated(
+                        session_id=self.session_id,
+                        config=self.config,
+                        resume_token=self.resume_token,
+                    )
+                )
+                await self._close_requested.wait()
+                await self._shutdown()
+                watchdog.cancel()
+                writer.cancel()
+        finally:
+            self._tg = None
+            await self._delete_keys()
+            self._closed.set()
+
+    def request_close(self, reason: str) -> None:
+        """Ask the session to end; safe from anywhere, any number of times."""
+        if not self._close_requested.is_set():
+            self.close_reason = reason
+            self._close_requested.set()
+
+    async def close(self, reason: str = "client") -> None:
+        """End the session and wait until it is fully torn down. Idempotent."""
+        self.request_close(reason)
+        await self._closed.wait()
+
+    async def _shutdown(self) -> None:
+        async with self._media_lock:  # no media write races the key deletion
+            await self._cancel_response("session closed")
+            self._sink.clear()
+            self.machine.to(SessionState.CLOSED, self.close_reason)
+            self._emit(SessionClosed(reason=self.close_reason))
+
+    async def _write_record(self) -> None:
+        """The session record: what another process needs to find and resume it."""
+        try:
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.hset(
+                self.keys.meta,
+                mapping={
+                    "config": self.config.model_dump_json(),
+                    "resume_token": self.resume_token,
+                    "created": f"{time.time():.3f}",
+                },
+            )
+            pipe.expire(self.keys.meta, self.limits.key_ttl_s)
+            await pipe.execute()
+        except Exception as exc:  # a Redis outage must not stop a call from starting
+            self.metrics.redis_errors.inc()
+            log.warning("session %s: could not write its record: %s", self.session_id, exc)
+
+    async def refresh_keys(self) -> None:
+        """Push every key's expiry out again; the manager calls this while the session lives."""
+        pipe = self._redis.pipeline(transaction=False)
+        for key in self.keys.all():
+            pipe.expire(key, self.limits.key_ttl_s)
+        await pipe.execute()
+
+    async def _delete_keys(self) -> None:
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self._redis.delete(*self.keys.all())
+        except Exception as exc:  # keys expire by TTL anyway; never fail a close
+            self.metrics.redis_errors.inc()
+            log.warning("session %s: could not delete keys: %s", self.session_id, exc)
+
+    async def _watchdog(self) -> None:
+        limits = self.limits
+        warned = False
+        while True:
+            await asyncio.sleep(limits.watchdog_interval_s)
+            now = time.monotonic()
+            age = now - self._created
+            if now - self._last_media >= limits.idle_timeout_s:
+                self.request_close("idle_timeout")
+                return
+            if age >= limits.max_lifetime_s:
+                self.request_close("max_lifetime")
+                return
+            if not warned and age >= limits.max_lifetime_s - limits.lifetime_warning_s:
+                warned = True
+                self._emit(SessionExpiring(seconds_left=round(limits.max_lifetime_s - age)))
+
+    # --- events --------------------------------------------------------------------------
+
+    def _emit(self, event: Event) -> None:
+        self._sink.event(event)
+        self.event_log.record(event)
+
+    def report_error(self, error: Exception, client_event_id: str | None = None) -> None:
+        """Send a typed error to the client as an `error` event; the session goes on."""
+        code = getattr(error, "code", "server_error")
+        error_type = getattr(error, "error_type", "server_error")
+        self._emit(
+            ErrorEvent(
+                code=code,
+                message=str(error),
+                error_type=error_type,
+                client_event_id=client_event_id,
+                param=getattr(error, "field", None),
+            )
+        )
+
+    def _on_transition(self, old: SessionState, new: SessionState, reason: str) -> None:
+        self._emit(SessionStateChanged(previous=old.value, state=new.value, reason=reason))
+
+    def _check_open(self) -> None:
+        if self._close_requested.is_set() or self.closed:
+            raise SessionClosedError("the session is closed")
+
+    # --- settings ------------------------------------------------------------------------
+
+    async def update(self, patch: Mapping[str, Any]) -> SessionConfig:
+        """Validate and apply new settings; on error nothing changes."""
+        self._check_open()
+        new = self.config.updated(patch)
+        async with self._media_lock:
+            await self.frames.reconfigure(new.video)
+            self.audio.max_seconds = new.max_audio_seconds
+            if new.turn_detection is None:
+                self._detector = None
+            elif self._detector is None:
+                self._detector = TurnDetector(new.turn_detection)
+            else:
+                self._detector.reconfigure(new.turn_detection)
+            self.config = new
+        self._emit(SessionUpdated(session_id=self.session_id, config=new))
+        return new
+
+    # --- media in ------------------------------------------------------------------------
+
+    async def append_audio(self, pcm: bytes, sample_rate: int = SAMPLE_RATE, channels: int = 1) -> None:
+        """Buffer client audio (PCM16 interleaved, any supported rate) and detect turns."""
+        self._check_open()
+        resampler = self._resampler
+        if resampler is None or (resampler.sample_rate, resampler.channels) != (sample_rate, channels):
+            resampler = InputResampler(sample_rate, channels)  # raises MediaError if unsupported
+        frames = resampler.push(pcm)  # validates before changing any state
+        self._resampler = resampler
+        self._last_media = time.monotonic()
+        async with self._media_lock:
+            self._check_open()
+            first = self._offset_ms
+            self._offset_ms += FRAME_MS * len(frames)
+            try:
+                await self.audio.append(frames, first)
+            except Exception as exc:
+                self.metrics.redis_errors.inc()
+                log.warning("session %s: audio buffer write failed: %s", self.session_id, exc)
+            before = self.audio.dropped_frames
+            for i, frame in enumerate(frames):
+                if self._detector is not None:
+                    for signal in self._detector.process(frame, first + i * FRAME_MS):
+                        await self._on_turn_signal(signal)
+            if self.audio.dropped_frames > before:
+                self.metrics.dropped_frames.labels("audio").inc(self.audio.dropped_frames - before)
+
+    async def add_frame(self, image: bytes, timestamp_ms: int | None = None) -> bool:
+        """Cache a camera frame (JPEG or PNG); False if the similar-frame filter dropped it."""
+        self._check_open()
+        self._last_media = time.monotonic()
+        ts = round(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+        async with self._media_lock:
+            self._check_open()
+            evicted, filtered = self.frames.evicted, self.frames.filtered
+            kept = await self.frames.add(image, ts)
+        self.metrics.dropped_frames.labels("video_evicted").inc(self.frames.evicted - evicted)
+        self.metrics.dropped_frames.labels("video_similar").inc(self.frames.filtered - filtered)
+        return kept
+
+    # --- turns ---------------------------------------------------------------------------
+
+    async def _on_turn_signal(self, signal: SpeechStart | SpeechConfirmed | SpeechEnd) -> None:
+        td = self.config.turn_detection
+        assert td is not None
+        state = self.machine.state
+        match signal:
+            case SpeechStart(start_ms=start):
+                self._speech_item_id = new_id("item")
+                self._speech_start_ms = start
+                self._emit(SpeechStarted(audio_start_ms=start, item_id=self._speech_item_id))
+                if state is SessionState.LISTENING:
+                    self.machine.to(SessionState.USER_SPEAKING, "speech started")
+            case SpeechConfirmed():
+                if state in (SessionState.THINKING, SessionState.SPEAKING) and td.interrupt_response:
+                    self.metrics.barge_ins.inc()
+                    await self._cancel_response("barge_in", next_state=SessionState.USER_SPEAKING)
+            case SpeechEnd(start_ms=start, end_ms=end):
+                item_id = self._speech_item_id or new_id("item")
+                self._speech_item_id = None
+                self._emit(SpeechStopped(audio_end_ms=end, item_id=item_id))
+                if self.machine.state is not SessionState.USER_SPEAKING:
+                    return  # too short to interrupt the answer: treated as noise
+                begin = max(self._uncommitted_from_ms, start - td.prefix_padding_ms, 0)
+                await self._commit(item_id, begin, self._offset_ms)
+                if td.create_response:
+                    await self._start_response()
+                else:
+                    self.machine.to(SessionState.LISTENING, "turn committed")
+
+    async def _commit(self, item_id: str, begin_ms: int, end_ms: int) -> ConversationItem:
+        item = ConversationItem(id=item_id, role="user", has_audio=True, audio_ms=end_ms - begin_ms)
+        previous = await self.history.append(item)
+        self._uncommitted_from_ms = end_ms
+        self._turn_ranges[item_id] = (begin_ms, end_ms)
+        self._pending_user_item = item_id
+        self.metrics.turns.inc()
+        self._emit(AudioBufferCommitted(item_id=item_id, previous_item_id=previous))
+        self._emit(ConversationItemCreated(item=item, previous_item_id=previous))
+        return item
+
+    async def commit_audio(self) -> ConversationItem:
+        """Manual turns: make the uncommitted input audio a user item."""
+        self._check_open()
+        async with self._media_lock:
+            if self._offset_ms - self._uncommitted_from_ms < MIN_COMMIT_MS:
+                raise InvalidRequestError(
+                    f"the input audio buffer holds less than {MIN_COMMIT_MS} ms: nothing to commit"
+                )
+            if self._detector is not None:
+                self._detector.reset()
+            if self.machine.state is SessionState.USER_SPEAKING:
+                self.machine.to(SessionState.LISTENING, "buffer committed")
+            return await self._commit(new_id("item"), self._uncommitted_from_ms, self._offset_ms)
+
+    async def clear_audio(self) -> None:
+        """Drop the uncommitted input audio."""
+        self._check_open()
+        async with self._media_lock:
+            self._uncommitted_from_ms = self._offset_ms
+            if self._detector is not None:
+                self._detector.reset()
+            self._speech_item_id = None
+            if self.machine.state is SessionState.USER_SPEAKING:
+                self.machine.to(SessionState.LISTENING, "buffer cleared")
+        self._emit(AudioBufferCleared())
+
+    async def add_text(self, text: str, role: str = "user") -> ConversationItem:
+        """A typed message; the next response answers it."""
+        self._check_open()
+        if not text.strip():
+            raise InvalidRequestError("empty message")
+        if role not in ("user", "system"):
+            raise InvalidRequestError(f"role must be user or system, not {role!r}")
+        item = ConversationItem(role="user" if role == "user" else "system", text=text)
+        previous = await self.history.append(item)
+        if role == "user":
+            self._pending_user_item = item.id
+        self._emit(ConversationItemCreated(item=item, previous_item_id=previous))
+        return item
+
+    # --- responses -----------------------------------------------------------------------
+
+    @property
+    def responding(self) -> bool:
+        return self._response_task is not None and not self._response_task.done()
+
+    async def create_response(self) -> str:
+        """response.create: answer the conversation so far."""
+        self._check_open()
+        if self.responding:
+            raise InvalidRequestError("a response is already in progress; cancel it first")
+        return await self._start_response()
+
+    async def cancel_response(self) -> bool:
+        """response.cancel: False when nothing was in progress."""
+        self._check_open()
+        return await self._cancel_response("client_cancelled")
+
+    async def _start_response(self) -> str:
+        async with self._writer_lock:  # one writer: never start while one is torn down
+            await self._cancel_response("superseded")
+            if self._tg is None:
+                raise SessionClosedError("the session is not running")
+            request = await self._build_request()
+            response = Response(
+                request=request,
+                pipeline=self._pipeline,
+                sink=self._sink,
+                history=self.history,
+                state=self.machine,
+                emit=self._emit,
+                user_item_id=self._pending_user_item,
+                chunk_timeout_s=self.limits.chunk_timeout_s,
+            )
+            self._pending_user_item = None
+            if self.machine.state is not SessionState.THINKING:
+                self.machine.to(SessionState.THINKING, "response started")
+            self._response = response
+            self._response_task = self._tg.create_task(
+                self._run_response(response), name=f"{self.session_id}:{response.response_id}"
+            )
+            return response.response_id
+
+    async def _run_response(self, response: Response) -> None:
+        try:
+            await response.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("session %s: response %s crashed", self.session_id, response.response_id)
+            self.report_error(RuntimeError("the response failed unexpectedly"))
+            if self.machine.can(SessionState.LISTENING):
+                self.machine.to(SessionState.LISTENING, "response crashed")
+        finally:
+            if response.status is not None:
+                self.metrics.responses.labels(response.status).inc()
+
+    async def _cancel_response(
+        self, reason: str, next_state: SessionState = SessionState.LISTENING
+    ) -> bool:
+        """Stop the answer in progress: sink cleared first, then the turn task cancelled."""
+        task, response = self._response_task, self._response
+        if task is None or response is None or task.done():
+            return False
+        self._sink.clear()
+        response.cancel_reason = reason
+        task.cancel()
+        await asyncio.wait({task})  # the task's own CancelledError stays in the task
+        self._response_task = self._response = None
+        if self.machine.state is not next_state and self.machine.can(next_state):
+            self.machine.to(next_state, reason)
+        return True
+
+    async def _build_request(self) -> PipelineRequest:
+        user_id = self._pending_user_item
+        audio = np.zeros(0, dtype=np.int16)
+        text: str | None = None
+        items = await self.history.items()
+        if user_id in self._turn_ranges:
+            begin, end = self._turn_ranges.pop(user_id)
+            try:
+                audio = await self.audio.read(begin, end)
+            except Exception as exc:
+                self.metrics.redis_errors.inc()
+                raise MediaError(f"the turn's audio could not be read: {exc}") from exc
+        elif user_id is not None:
+            text = next((item.text for item in items if item.id == user_id), None)
+        history = tuple(
+            HistoryItem(role=item.role, text=item.text)
+            for item in items
+            if item.id != user_id and item.text
+        )
+        frames = tuple(await self.frames.sample())
+        return PipelineRequest(
+            request_id=new_id("resp"),
+            audio=audio,
+            text=text,
+            frames=frames,
+            history=history,
+            instructions=self.config.instructions,
+            output_sample_rate=self.config.output_sample_rate,
+            output_text_only=not self.config.audio_output,
+        )
+
+    async def truncate_item(self, item_id: str, audio_end_ms: int) -> None:
+        """conversation.item.truncate for the answer in progress or just played."""
+        response = self._response
+        if response is None or response.item.id != item_id:
+            raise InvalidRequestError(f"item {item_id} is not the current assistant answer")
+        await response.truncate(audio_end_ms)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "state": self.state.value,
+            "input_audio_ms": self._offset_ms,
+            "age_s": round(time.monotonic() - self._created, 1),
+        }

@@ -1,0 +1,197 @@
+"""Server-side turn detection: webrtcvad on 20 ms frames, with hysteresis and level gating.
+
+webrtcvad alone cannot place turn edges. It calls the first ~100 ms of a stream speech
+whatever it hears, it takes a burst of noise for speech, and it holds "speech" for
+100-140 ms after the voice stops (its built-in hangover), which would put every
+`SpeechEnd` that late. So:
+
+* a frame counts as speech only if the VAD says so *and* it is clearly louder than the
+  background (a gate a few dB over a tracked noise floor): hangover frames are quiet, so
+  they drop out and the end lands on the last real speech frame;
+* a turn starts only when most of a short window of frames is speech, so clicks do not
+  start one; its start is the first speech frame of that window, moved back over directly
+  preceding loud frames (soft onsets such as "th" that the VAD misses), and its end
+  likewise runs on over a few trailing loud frames ("ff");
+* a turn ends after `silence_duration_ms` with no speech frame.
+
+Measured on espeak-ng sentences (several voices and languages, noise up to -45 dBFS)
+the edges land within 20 ms of the true ones. Times are in the caller's input timeline:
+`offset_ms` is where the frame starts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import webrtcvad
+
+from .config import TurnDetectionConfig
+
+SAMPLE_RATE = 16_000
+FRAME_MS = 20
+FRAME_BYTES = SAMPLE_RATE * FRAME_MS // 1000 * 2
+
+START_WINDOW = 5
+"""Frames (100 ms) in the window that decides a turn has started."""
+START_VOICED = 3
+"""Speech frames the window needs: 60 ms of a 100 ms window, so a click never starts a turn."""
+EDGE_FRAMES = 4
+"""Most loud non-VAD frames a start is moved back over, or an end carried on over."""
+GATE_MIN_DBFS = -56.0
+"""A speech frame is at least this loud (RMS about 52 of 32768), whatever the floor."""
+GATE_MARGIN_DB = 6.0
+"""...and at least this much above the noise floor (steady noise wanders by about 1 dB)."""
+FLOOR_RISE_DB = 0.5
+"""The noise floor follows a quieter frame at once, a louder one by this much per frame..."""
+FLOOR_RISE_IN_SPEECH_DB = 0.02
+"""...or this much while the VAD hears a turn go on: the quiet closures inside real speech
+pull the floor back down, while steady noise the VAD takes for speech cannot hold a turn
+open for ever."""
+FLOOR_START_MAX_DBFS = -45.0
+"""The floor starts at the first frame's level, but no higher: a stream may open mid-word."""
+VAD_WARMUP_FRAMES = 5
+"""Frames whose VAD verdict is ignored: webrtcvad says "speech" to anything at first."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechStart:
+    start_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechConfirmed:
+    """Speech has lasted `min_speech_ms`: long enough to interrupt the assistant."""
+
+    start_ms: int
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechEnd:
+    start_ms: int
+    end_ms: int
+
+
+TurnSignal = SpeechStart | SpeechConfirmed | SpeechEnd
+
+
+@dataclass(frozen=True, slots=True)
+class _Frame:
+    offset_ms: int
+    speech: bool
+    loud: bool
+
+
+class TurnDetector:
+    """Feeds frames to webrtcvad and reports where turns start, firm up and end."""
+
+    def __init__(self, config: TurnDetectionConfig) -> None:
+        self._config = config
+        self._vad = webrtcvad.Vad(config.aggressiveness)
+        self._floor_dbfs: float | None = None
+        self._frames_seen = 0
+        self._recent: deque[_Frame] = deque(maxlen=START_WINDOW + EDGE_FRAMES)
+        self._start_ms: int | None = None
+        self._last_speech_end_ms = 0
+        self._tail_frames: int | None = None
+        """Loud frames carried on since the last speech frame; None once the tail broke."""
+        self._confirmed = False
+
+    @property
+    def in_speech(self) -> bool:
+        return self._start_ms is not None
+
+    def reconfigure(self, config: TurnDetectionConfig) -> None:
+        """Use `config` from the next frame on; a turn in progress carries on."""
+        self._config = config
+        self._vad.set_mode(config.aggressiveness)
+
+    def reset(self) -> None:
+        """Forget any turn in progress (no SpeechEnd for it); the noise floor is kept."""
+        self._recent.clear()
+        self._start_ms = None
+        self._tail_frames = None
+        self._confirmed = False
+
+    def process(self, frame: bytes, offset_ms: int) -> list[TurnSignal]:
+        """Classify one 640-byte frame starting at `offset_ms`; return what it changed."""
+        if len(frame) != FRAME_BYTES:
+            raise ValueError(f"a frame is {FRAME_BYTES} bytes of 16 kHz PCM16, got {len(frame)}")
+        voiced = self._vad.is_speech(frame, SAMPLE_RATE) and self._frames_seen >= VAD_WARMUP_FRAMES
+        self._frames_seen += 1
+        level = _level_dbfs(frame)
+        rise = FLOOR_RISE_IN_SPEECH_DB if voiced and self.in_speech else FLOOR_RISE_DB
+        floor = self._track_floor(level, rise)
+        loud = level >= max(GATE_MIN_DBFS, floor + GATE_MARGIN_DB)
+        current = _Frame(offset_ms, voiced and loud, loud)
+        self._recent.append(current)
+        if self._start_ms is None:
+            return self._maybe_start(current)
+        return self._continue(current)
+
+    def _track_floor(self, level: float, rise: float) -> float:
+        """The background level: the quietest recent frame, rising by at most `rise` a frame.
+
+        A frame can lift the floor only by `rise` before it is judged against it, so a
+        sudden loud frame is judged against the floor as it was.
+        """
+        floor = self._floor_dbfs
+        if floor is None:
+            floor = min(level, FLOOR_START_MAX_DBFS)
+        elif level < floor:
+            floor = level
+        else:
+            floor = min(level, floor + rise)
+        self._floor_dbfs = floor
+        return floor
+
+    def _maybe_start(self, current: _Frame) -> list[TurnSignal]:
+        recent = list(self._recent)
+        window_from = max(0, len(recent) - START_WINDOW)
+        if not current.speech or sum(f.speech for f in recent[window_from:]) < START_VOICED:
+            return []
+        first = next(i for i in range(window_from, len(recent)) if recent[i].speech)
+        start = recent[first].offset_ms
+        for earlier in reversed(recent[max(0, first - EDGE_FRAMES) : first]):
+            if not earlier.loud or earlier.offset_ms != start - FRAME_MS:
+                break
+            start = earlier.offset_ms
+        self._start_ms = start
+        self._confirmed = False
+        signals: list[TurnSignal] = [SpeechStart(start)]
+        return signals + self._speech_frame(current)
+
+    def _continue(self, current: _Frame) -> list[TurnSignal]:
+        assert self._start_ms is not None
+        if current.speech:
+            return self._speech_frame(current)
+        if current.loud and self._tail_frames is not None and self._tail_frames < EDGE_FRAMES:
+            self._tail_frames += 1
+            self._last_speech_end_ms = current.offset_ms + FRAME_MS
+        else:
+            self._tail_frames = None
+        silent_ms = current.offset_ms + FRAME_MS - self._last_speech_end_ms
+        if silent_ms < self._config.silence_duration_ms:
+            return []
+        end = SpeechEnd(self._start_ms, self._last_speech_end_ms)
+        self.reset()
+        return [end]
+
+    def _speech_frame(self, current: _Frame) -> list[TurnSignal]:
+        assert self._start_ms is not None
+        self._last_speech_end_ms = current.offset_ms + FRAME_MS
+        self._tail_frames = 0
+        lasted_ms = self._last_speech_end_ms - self._start_ms
+        if self._confirmed or lasted_ms < self._config.min_speech_ms:
+            return []
+        self._confirmed = True
+        return [SpeechConfirmed(self._start_ms, self._last_speech_end_ms)]
+
+
+def _level_dbfs(frame: bytes) -> float:
+    samples = np.frombuffer(frame, dtype="<i2").astype(np.float64)
+    rms = math.sqrt(float(np.mean(samples * samples)))
+    return 20.0 * math.log10(max(rms, 1.0) / 32768.0)

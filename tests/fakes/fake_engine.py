@@ -1,0 +1,87 @@
+"""A fake model engine that obeys the engine contract, for session tests.
+
+It streams a fixed answer as text deltas, then as audio (a tone, so it is audibly not
+silence) at a set pace, and holds per-request state that abort or cancellation removes.
+The same contract tests run against it and the real engines (tests/pipeline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+
+from pipeline.types import AudioChunk, Chunk, End, ErrorChunk, PipelineRequest, TextDelta
+
+
+class FakeEngine:
+    name = "fake"
+
+    def __init__(
+        self,
+        text: str = "Hello there, this is the fake model answering you.",
+        text_interval_s: float = 0.005,
+        audio_ms: int = 2_000,
+        chunk_ms: int = 100,
+        realtime_factor: float = 4.0,
+        fail_with: str | None = None,
+        first_chunk_delay_s: float = 0.0,
+    ) -> None:
+        self.text = text
+        self.text_interval_s = text_interval_s
+        self.audio_ms = audio_ms
+        self.chunk_ms = chunk_ms
+        self.realtime_factor = realtime_factor
+        self.fail_with = fail_with
+        self.first_chunk_delay_s = first_chunk_delay_s
+        self.requests: list[PipelineRequest] = []
+        self.aborted: list[str] = []
+        self._active: dict[str, asyncio.Event] = {}
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        for stop in self._active.values():
+            stop.set()
+
+    def active_requests(self) -> int:
+        return len(self._active)
+
+    async def abort(self, request_id: str) -> None:
+        stop = self._active.get(request_id)
+        if stop is not None:
+            stop.set()
+            self.aborted.append(request_id)
+
+    async def generate(self, request_id: str, inputs: Any) -> AsyncIterator[Chunk]:
+        assert isinstance(inputs, PipelineRequest)
+        stop = self._active[request_id] = asyncio.Event()
+        self.requests.append(inputs)
+        try:
+            await asyncio.sleep(self.first_chunk_delay_s)
+            if self.fail_with:
+                yield ErrorChunk(message=self.fail_with, stage=self.name)
+                return
+            for word in self.text.split(" "):
+                if stop.is_set():
+                    return
+                yield TextDelta(text=word + " ")
+                await asyncio.sleep(self.text_interval_s)
+            rate = inputs.output_sample_rate
+            samples = rate * self.chunk_ms // 1000
+            t = np.arange(samples) / rate
+            tone = (8000 * np.sin(2 * np.pi * 220 * t)).astype(np.int16)
+            for _ in range(self.audio_ms // self.chunk_ms):
+                if stop.is_set():
+                    return
+                yield AudioChunk(pcm=tone.copy(), sample_rate=rate)
+                await asyncio.sleep(self.chunk_ms / 1000 / self.realtime_factor)
+            yield End()
+        except asyncio.CancelledError:
+            self.aborted.append(request_id)
+            raise
+        finally:
+            self._active.pop(request_id, None)

@@ -1,0 +1,86 @@
+"""A test output sink that plays audio out in real time, like a transport would.
+
+It is a real PlayoutBuffer driven by a 20 ms clock task, so the playback cursor, clearing
+and backpressure behave as they do behind a WebRTC track. Events are recorded in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
+
+from sessions.events import Event
+from sessions.playout import FRAME_MS, PlayoutBuffer
+
+
+class ClockedSink:
+    def __init__(self, sample_rate: int = 24_000) -> None:
+        self.playout = PlayoutBuffer(sample_rate)
+        self.events: list[Event] = []
+        self.played_audio_frames = 0
+        self.last_audio_at: float | None = None
+        self.cleared_at: list[float] = []
+        self._clock: asyncio.Task[None] | None = None
+        self._new_event = asyncio.Event()
+
+    async def __aenter__(self) -> ClockedSink:
+        self._clock = asyncio.create_task(self._run_clock(), name="test-sink-clock")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._clock is not None:
+            self._clock.cancel()
+            await asyncio.wait({self._clock})
+            self._clock = None
+
+    async def _run_clock(self) -> None:
+        next_at = time.monotonic()
+        while True:
+            frame = self.playout.next_frame()
+            if frame is not self.playout.silence:
+                self.played_audio_frames += 1
+                self.last_audio_at = time.monotonic()
+            next_at += FRAME_MS / 1000
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+    # --- OutputSink ---
+    async def audio(self, pcm: npt.NDArray[np.int16], sample_rate: int) -> None:
+        await self.playout.write(pcm, sample_rate)
+
+    def event(self, event: Event) -> None:
+        self.events.append(event)
+        self._new_event.set()
+
+    def clear(self) -> None:
+        self.cleared_at.append(time.monotonic())
+        self.playout.clear()
+
+    @property
+    def played_ms(self) -> int:
+        return self.playout.played_ms
+
+    async def drained(self) -> None:
+        await self.playout.drained()
+
+    # --- test helpers ---
+    def types(self) -> list[str]:
+        return [e.type for e in self.events]
+
+    def of(self, cls: type[Event]) -> list[Event]:
+        return [e for e in self.events if isinstance(e, cls)]
+
+    async def wait_for(self, predicate: Callable[[Event], bool], timeout: float = 10.0) -> Event:
+        """The first recorded event matching `predicate`, waiting for it if need be."""
+        async with asyncio.timeout(timeout):
+            seen = 0
+            while True:
+                for event in self.events[seen:]:
+                    if predicate(event):
+                        return event
+                seen = len(self.events)
+                self._new_event.clear()
+                await self._new_event.wait()
