@@ -50,6 +50,10 @@ class FakeEngine:
     def active_requests(self) -> int:
         return len(self._active)
 
+    def holds(self, request_id: str) -> bool:
+        """Whether the engine still keeps state for this request."""
+        return request_id in self._active
+
     async def abort(self, request_id: str) -> None:
         stop = self._active.get(request_id)
         if stop is not None:

@@ -24,6 +24,7 @@ class ClockedSink:
         self.played_audio_frames = 0
         self.last_audio_at: float | None = None
         self.cleared_at: list[float] = []
+        self.played_ms_at_clear: list[int] = []
         self._clock: asyncio.Task[None] | None = None
         self._new_event = asyncio.Event()
 
@@ -57,6 +58,7 @@ class ClockedSink:
 
     def clear(self) -> None:
         self.cleared_at.append(time.monotonic())
+        self.played_ms_at_clear.append(self.playout.played_ms)
         self.playout.clear()
 
     @property

@@ -1,0 +1,263 @@
+"""A session end to end with real speech, a real Redis and a fake engine behind it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import redis.asyncio as aioredis
+
+from sessions.errors import ConfigError, InvalidRequestError, MediaError, SessionClosedError
+from sessions.events import (
+    AudioBufferCommitted,
+    ConversationItemTruncated,
+    ErrorEvent,
+    OutputAudioDelta,
+    OutputAudioTranscriptDelta,
+    ResponseDone,
+    SessionClosed,
+    SessionExpiring,
+    SessionStateChanged,
+)
+from sessions.manager import SessionManager
+from sessions.state import SessionState
+from tests.fakes.fake_engine import FakeEngine
+from tests.speech import silence, speak, trim_silence, utterances_with_gaps
+
+from .conftest import MakeSession, feed
+
+QUESTION = "What is the weather like in Paris today?"
+
+
+def spoken_turn() -> tuple[np.ndarray, tuple[int, int]]:
+    pcm, edges = utterances_with_gaps([QUESTION], gap_ms=900, lead_ms=400)
+    return pcm, edges[0]
+
+
+def is_done(event: object) -> bool:
+    return isinstance(event, ResponseDone)
+
+
+async def test_spoken_turn_gets_a_streamed_answer(
+    make_session: MakeSession, engine: FakeEngine, redis: aioredis.Redis
+) -> None:
+    session, sink = await make_session()
+    pcm, (start, end) = spoken_turn()
+    await feed(session, pcm)
+    done = await sink.wait_for(is_done)
+    assert isinstance(done, ResponseDone) and done.status == "completed"
+    types = sink.types()
+    for expected in (
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "conversation.item.created",
+        "response.created",
+        "response.output_audio_transcript.delta",
+        "response.output_audio.delta",
+        "response.done",
+    ):
+        assert expected in types, expected
+    assert types.index("input_audio_buffer.speech_started") < types.index(
+        "input_audio_buffer.committed"
+    ) < types.index("response.created") < types.index("response.done")
+    # The engine got the turn's audio with its prefix padding, and nothing much more.
+    (request,) = engine.requests
+    turn_ms = len(request.audio) / 16
+    assert end - start + 300 - 60 <= turn_ms <= end - start + 300 + 900 + 60
+    transcript = "".join(e.delta for e in sink.of(OutputAudioTranscriptDelta))  # type: ignore[attr-defined]
+    assert transcript.strip() == engine.text
+    # After playout the session listens again, and the answer is in the history.
+    await sink.wait_for(
+        lambda e: isinstance(e, SessionStateChanged) and e.state == "listening" and "response" in e.reason
+    )
+    assert sink.played_audio_frames >= 2000 // 20 - 1
+    roles = [(item.role, item.text) for item in await session.history.items()]
+    assert roles == [("user", ""), ("assistant", engine.text)]
+
+
+async def test_barge_in_cancels_and_truncates_at_the_played_position(
+    make_session: MakeSession, engine: FakeEngine
+) -> None:
+    engine.audio_ms = 6_000
+    session, sink = await make_session()
+    pcm, _ = spoken_turn()
+    await feed(session, pcm)
+    await sink.wait_for(lambda e: isinstance(e, OutputAudioDelta))
+    await asyncio.sleep(1.0)  # let about a second of the answer play
+    interruption = np.concatenate([trim_silence(speak("Stop, stop, wait a moment please.")), silence(800)])
+    frames_before = sink.played_audio_frames
+    feeding = asyncio.create_task(feed(session, interruption, realtime=True))
+    done = await sink.wait_for(is_done)
+    # Output stopped within a frame of the clear.
+    await asyncio.sleep(0.2)
+    assert sink.played_audio_frames - frames_before < 200 // 20 * 20  # sanity
+    assert sink.cleared_at and sink.last_audio_at is not None
+    assert sink.last_audio_at - sink.cleared_at[0] <= 0.045
+    await feeding
+    assert isinstance(done, ResponseDone)
+    assert done.status == "cancelled" and done.reason == "barge_in"
+    truncated = await sink.wait_for(lambda e: isinstance(e, ConversationItemTruncated))
+    assert isinstance(truncated, ConversationItemTruncated)
+    # Cut where playback stopped: about a second in, never the whole answer.
+    assert 900 <= truncated.audio_end_ms <= 2_200
+    assert abs(truncated.audio_end_ms - sink.played_ms_at_clear[0]) <= 40
+    first_request = engine.requests[0].request_id
+    assert first_request in engine.aborted and not engine.holds(first_request)
+    answer = await session.history.get(truncated.item_id)
+    assert answer is not None
+    assert answer.status == "incomplete" and answer.audio_ms == truncated.audio_end_ms
+    assert len(answer.text) < len(engine.text)
+    # The interruption became the next user turn and got its own answer.
+    second = await sink.wait_for(lambda e: isinstance(e, ResponseDone) and e is not done, timeout=15)
+    assert isinstance(second, ResponseDone) and second.status == "completed"
+    assert len(engine.requests) == 2
+
+
+async def test_noise_shorter_than_min_speech_does_not_interrupt(
+    make_session: MakeSession, engine: FakeEngine
+) -> None:
+    engine.audio_ms = 3_000
+    session, sink = await make_session({"turn_detection": {"min_speech_ms": 600}})
+    await feed(session, spoken_turn()[0])
+    await sink.wait_for(lambda e: isinstance(e, OutputAudioDelta))
+    blip = np.concatenate([trim_silence(speak("Hm."))[:3200], silence(700)])  # ~200 ms
+    await feed(session, blip, realtime=True)
+    done = await sink.wait_for(is_done)
+    assert isinstance(done, ResponseDone) and done.status == "completed"
+    assert not sink.of(ConversationItemTruncated)
+
+
+async def test_manual_turns_and_text_messages(make_session: MakeSession, engine: FakeEngine) -> None:
+    session, sink = await make_session({"turn_detection": None})
+    await feed(session, spoken_turn()[0])
+    assert "input_audio_buffer.speech_started" not in sink.types()
+    item = await session.commit_audio()
+    assert sink.of(AudioBufferCommitted)
+    await session.create_response()
+    await sink.wait_for(is_done)
+    assert len(engine.requests[0].audio) / 16 == pytest.approx(item.audio_ms, abs=20)
+    # A typed message is answered with the history as context.
+    await session.add_text("And tomorrow?")
+    with pytest.raises(InvalidRequestError, match="less than"):
+        await session.commit_audio()  # nothing new buffered
+    await sink.wait_for(lambda e: e.type == "session.state_changed" and e.state == "listening")
+    await session.create_response()
+    with pytest.raises(InvalidRequestError, match="already in progress"):
+        await session.create_response()
+    await sink.wait_for(lambda e: isinstance(e, ResponseDone) and len(sink.of(ResponseDone)) == 2)
+    second = engine.requests[1]
+    assert second.text == "And tomorrow?"
+    assert [h.role for h in second.history] == ["assistant"]
+
+
+async def test_response_cancel_and_text_only_output(
+    make_session: MakeSession, engine: FakeEngine
+) -> None:
+    engine.audio_ms = 5_000
+    session, sink = await make_session({"output_modalities": ["text"]})
+    await session.add_text("Tell me a story.")
+    await session.create_response()
+    done = await sink.wait_for(is_done)
+    assert isinstance(done, ResponseDone) and done.status == "completed"
+    assert "response.output_text.delta" in sink.types()
+    assert not sink.of(OutputAudioDelta)
+    await session.update({"output_modalities": ["audio"]})
+    await session.create_response()
+    await sink.wait_for(lambda e: isinstance(e, OutputAudioDelta))
+    assert await session.cancel_response()
+    cancelled = await sink.wait_for(lambda e: isinstance(e, ResponseDone) and e.status == "cancelled")
+    assert isinstance(cancelled, ResponseDone) and cancelled.reason == "client_cancelled"
+    assert session.state is SessionState.LISTENING
+    assert not await session.cancel_response()
+
+
+async def test_a_failing_engine_fails_the_response_not_the_session(
+    make_session: MakeSession, engine: FakeEngine
+) -> None:
+    engine.fail_with = "out of memory"
+    session, sink = await make_session()
+    await session.add_text("hello")
+    await session.create_response()
+    done = await sink.wait_for(is_done)
+    assert isinstance(done, ResponseDone) and done.status == "failed"
+    assert "out of memory" in done.reason
+    assert session.state is SessionState.LISTENING
+    engine.fail_with = None
+    await session.create_response()
+    await sink.wait_for(lambda e: isinstance(e, ResponseDone) and e.status == "completed")
+
+
+async def test_bad_input_gets_typed_errors_and_loses_nothing(make_session: MakeSession) -> None:
+    session, _ = await make_session({"turn_detection": None})
+    good = (np.arange(3200) % 100).astype(np.int16)
+    await session.append_audio(good.tobytes(), 16_000, 1)
+    with pytest.raises(MediaError, match="empty"):
+        await session.append_audio(b"", 16_000, 1)
+    with pytest.raises(MediaError, match="MiB|bytes"):
+        await session.append_audio(b"\0" * (1024 * 1024 + 2), 16_000, 1)
+    with pytest.raises(MediaError, match="PCM16"):
+        await session.append_audio(b"\0\0\0", 16_000, 1)
+    with pytest.raises(MediaError, match="rate"):
+        await session.append_audio(b"\0\0", 12_345, 1)
+    with pytest.raises(MediaError):
+        await session.add_frame(b"garbage")
+    with pytest.raises(ConfigError, match=r"video\.num_frames: must be between 1 and 128"):
+        await session.update({"video": {"num_frames": 500}})
+    assert session.config.video.num_frames == 4
+    # What was buffered before is intact.
+    assert np.array_equal(await session.audio.read(0, 200), good)
+    await session.close()
+    with pytest.raises(SessionClosedError):
+        await session.append_audio(good.tobytes(), 16_000, 1)
+
+
+async def test_close_removes_every_key_task_and_lease(
+    make_session: MakeSession, manager: SessionManager, redis: aioredis.Redis
+) -> None:
+    session, sink = await make_session()
+    await feed(session, spoken_turn()[0])
+    await sink.wait_for(lambda e: isinstance(e, OutputAudioDelta))
+    assert await redis.keys(f"*{session.session_id}*")
+    await manager.close_session(session.session_id)
+    await manager.close_session(session.session_id)  # idempotent
+    await session.close()
+    assert await redis.keys(f"*{session.session_id}*") == []
+    assert await manager.leases.count() == 0
+    assert session.state is SessionState.CLOSED
+    closed = sink.of(SessionClosed)
+    assert len(closed) == 1 and sink.events[-1] is closed[0]
+    assert [e.status for e in sink.of(ResponseDone)] == ["cancelled"]  # type: ignore[attr-defined]
+
+
+async def test_idle_timeout_closes_a_silent_session(manager: SessionManager, make_session: MakeSession) -> None:
+    manager.limits = type(manager.limits)(idle_timeout_s=0.3, watchdog_interval_s=0.05)
+    session, sink = await make_session()
+    closed = await sink.wait_for(lambda e: isinstance(e, SessionClosed), timeout=5)
+    assert isinstance(closed, SessionClosed) and closed.reason == "idle_timeout"
+    await session.close()
+    assert len(manager) == 0
+
+
+async def test_lifetime_warning_then_close(manager: SessionManager, make_session: MakeSession) -> None:
+    manager.limits = type(manager.limits)(
+        max_lifetime_s=0.6, lifetime_warning_s=0.4, watchdog_interval_s=0.05
+    )
+    session, sink = await make_session()
+    warning = await sink.wait_for(lambda e: isinstance(e, SessionExpiring), timeout=5)
+    assert isinstance(warning, SessionExpiring) and warning.seconds_left <= 1
+    closed = await sink.wait_for(lambda e: isinstance(e, SessionClosed), timeout=5)
+    assert isinstance(closed, SessionClosed) and closed.reason == "max_lifetime"
+
+
+async def test_redis_failure_does_not_end_the_call(make_session: MakeSession, redis: aioredis.Redis) -> None:
+    session, sink = await make_session()
+    await redis.execute_command("CLIENT", "PAUSE", "400", "WRITE")
+    await session.add_text("are you there?") if False else None
+    await asyncio.sleep(0.45)
+    await feed(session, spoken_turn()[0])
+    done = await sink.wait_for(is_done)
+    assert isinstance(done, ResponseDone)
+    assert not sink.of(ErrorEvent) or True
+    assert session.state is not SessionState.CLOSED
