@@ -271,11 +271,13 @@ class Session:
     async def append_audio(self, pcm: bytes, sample_rate: int = SAMPLE_RATE, channels: int = 1) -> None:
         """Buffer client audio (PCM16 interleaved, any supported rate) and detect turns."""
         self._check_open()
-        resampler = self._resampler
+        resampler, tail = self._resampler, []
         if resampler is None or (resampler.sample_rate, resampler.channels) != (sample_rate, channels):
-            resampler = InputResampler(sample_rate, channels)  # raises MediaError if unsupported
-        frames = resampler.push(pcm)  # validates before changing any state
-        self._resampler = resampler
+            fresh = InputResampler(sample_rate, channels)  # raises MediaError if unsupported
+            fresh.push(pcm)  # validate on a throwaway before touching the live stream
+            tail = resampler.flush() if resampler is not None else []
+            resampler = self._resampler = InputResampler(sample_rate, channels)
+        frames = tail + resampler.push(pcm)  # validates before changing any state
         self._last_media = time.monotonic()
         async with self._media_lock:
             self._check_open()

@@ -14,9 +14,10 @@ whatever it hears, it takes a burst of noise for speech, and it holds "speech" f
   likewise runs on over a few trailing loud frames ("ff");
 * a turn ends after `silence_duration_ms` with no speech frame.
 
-Measured on espeak-ng sentences (several voices and languages, noise up to -45 dBFS)
-the edges land within 20 ms of the true ones. Times are in the caller's input timeline:
-`offset_ms` is where the frame starts.
+Measured on espeak-ng sentences (several voices and languages, background noise up to
+about -50 dBFS) the edges land within 20 ms of the true ones; in louder noise, soft
+fricatives at an edge drown and the edge moves inward by up to ~100 ms. Times are in the
+caller's input timeline: `offset_ms` is where the frame starts.
 """
 
 from __future__ import annotations

@@ -1,0 +1,68 @@
+"""The app's health, readiness and metrics, against the test Redis."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+
+from web.app import create_app
+from web.settings import Settings
+
+
+async def _client(app: Starlette) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return Settings(max_sessions=3)
+
+
+async def test_health_readiness_and_metrics(settings: Settings, redis_url: str) -> None:
+    app = create_app(settings, redis_url)
+    async with app.router.lifespan_context(app), await _client(app) as client:
+        health = await client.get("/healthz")
+        assert health.status_code == 200
+        ready = await client.get("/readyz")
+        assert ready.status_code == 200, ready.text
+        assert ready.json() == {
+            "status": "ready",
+            "pipeline": "echo",
+            "sessions": 0,
+            "max_sessions": 3,
+        }
+        metrics = await client.get("/metrics")
+        assert metrics.status_code == 200
+        for name in (
+            "parley_active_sessions",
+            "parley_turns_total",
+            "parley_barge_ins_total",
+            "parley_dropped_buffer_frames_total",
+            "parley_redis_errors_total",
+            "parley_pipeline_loaded 1.0",
+        ):
+            assert name in metrics.text
+        page = await client.get("/")
+        assert page.status_code == 200 and "Parley" in page.text
+
+
+async def test_not_ready_without_redis_but_still_healthy(settings: Settings, tmp_path: object) -> None:
+    app = create_app(settings, f"unix://{tmp_path}/nothing-listens-here.sock")
+    async with app.router.lifespan_context(app), await _client(app) as client:
+        assert (await client.get("/healthz")).status_code == 200
+        ready = await client.get("/readyz")
+        assert ready.status_code == 503
+        body = ready.json()
+        assert body["status"] == "unavailable"
+        assert any(reason.startswith("redis:") for reason in body["reasons"])
+        assert "parley_redis_errors_total 1.0" in (await client.get("/metrics")).text
+
+
+async def test_not_ready_when_the_pipeline_does_not_load(redis_url: str) -> None:
+    app = create_app(Settings(pipeline="no-such-pipeline"), redis_url)
+    async with app.router.lifespan_context(app), await _client(app) as client:
+        ready = await client.get("/readyz")
+        assert ready.status_code == 503
+        assert "unknown pipeline 'no-such-pipeline'" in " ".join(ready.json()["reasons"])
+        assert (await client.get("/healthz")).status_code == 200

@@ -1,0 +1,175 @@
+"""`parley serve` as a real process: embedded Redis, signals, and start-up errors."""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+PARLEY = str(Path(sys.executable).parent / "parley")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie nobody reaped counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def redis_children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)
+            name = fields[0].split("(", 1)[1]
+            ppid = int(fields[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid and name.startswith("redis-server"):
+            found.append(int(stat.parent.name))
+    return found
+
+
+class Server:
+    """A `parley serve` child process with its output collected by a thread."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.output: list[str] = []
+        self.proc = subprocess.Popen(
+            [PARLEY, "serve", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.output.append(line)
+            self.lines.put(line)
+
+    def wait_for_line(self, text: str, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.1)
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    break
+                continue
+            if text in line:
+                return line
+        raise AssertionError(f"{text!r} never printed; output:\n{''.join(self.output)}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._reader.join(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+@pytest.fixture
+def servers() -> Iterator[list[Server]]:
+    started: list[Server] = []
+    yield started
+    for server in started:
+        for pid in redis_children(server.proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        server.stop()
+
+
+def test_serve_embedded_redis_and_sigterm_exits_cleanly(servers: list[Server]) -> None:
+    port = free_port()
+    server = Server(env={"PARLEY_PORT": str(port), "PARLEY_LOG_LEVEL": "info"})
+    servers.append(server)
+    line = server.wait_for_line("Parley is ready")
+    assert f"http://127.0.0.1:{port}/" in line
+    base = f"http://127.0.0.1:{port}"
+    assert httpx.get(f"{base}/healthz").status_code == 200
+    ready = httpx.get(f"{base}/readyz")
+    assert ready.status_code == 200, ready.text
+    (redis_pid,) = redis_children(server.proc.pid)
+    started = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(10) == 0
+    assert time.monotonic() - started < 10
+    assert not alive(redis_pid)
+
+
+def test_sigkill_leaves_no_redis_behind(servers: list[Server]) -> None:
+    server = Server("--port", str(free_port()))
+    servers.append(server)
+    server.wait_for_line("Parley is ready")
+    (redis_pid,) = redis_children(server.proc.pid)
+    sock_dir = next(
+        line.split("unix://")[1].rsplit("/", 1)[0] for line in server.output if "unix://" in line
+    )
+    server.proc.kill()
+    server.proc.wait(10)
+    deadline = time.monotonic() + 5
+    while alive(redis_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(redis_pid)
+    shutil.rmtree(sock_dir, ignore_errors=True)  # a SIGKILL leaves its private dir
+
+
+def test_uses_a_given_redis_and_starts_none(servers: list[Server], redis_socket: str) -> None:
+    port = free_port()
+    server = Server("--port", str(port), "--redis-url", f"unix://{redis_socket}?db=1")
+    servers.append(server)
+    server.wait_for_line("Parley is ready")
+    assert httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200
+    assert redis_children(server.proc.pid) == []
+    server.proc.send_signal(signal.SIGINT)
+    assert server.proc.wait(10) == 0
+
+
+def test_missing_redis_server_is_a_one_line_error(tmp_path: Path) -> None:
+    env = {**os.environ, "PATH": str(tmp_path)}
+    result = subprocess.run(
+        [PARLEY, "serve", "--port", str(free_port())], env=env, capture_output=True, text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "apt-get install redis-server" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--port", "http"], "--port: 'http' is not a whole number"),
+        (["--max-sessions", "0"], "--max-sessions: must be between 1 and 100000"),
+        (["--log-level", "loud"], "--log-level: must be one of"),
+    ],
+)
+def test_bad_settings_exit_2_with_the_reason(args: list[str], message: str) -> None:
+    result = subprocess.run([PARLEY, "serve", *args], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert message in result.stderr

@@ -1,0 +1,148 @@
+"""The Starlette app: health, readiness, metrics and the page, around one SessionManager.
+
+The lifespan owns the process-wide resources, in order: the Redis client, the pipeline,
+the session manager. Shutdown closes them in reverse: every session gets its goodbye
+event first, then the pipeline stops, then Redis is let go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis.asyncio as aioredis
+from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from pipeline.registry import load_pipeline
+from pipeline.types import Pipeline
+from sessions.manager import SessionManager
+from sessions.metrics import SessionMetrics
+
+from .settings import Settings
+
+log = logging.getLogger("parley.web")
+STATIC = Path(__file__).parent / "static"
+READY_TIMEOUT_S = 1.0
+
+
+@dataclass
+class Services:
+    """What the routes need, owned by the app's lifespan."""
+
+    settings: Settings
+    redis_url: str
+    metrics: SessionMetrics = field(default_factory=SessionMetrics)
+    redis: aioredis.Redis | None = None
+    pipeline: Pipeline | None = None
+    pipeline_error: str | None = None
+    manager: SessionManager | None = None
+
+
+async def _start_pipeline(services: Services) -> None:
+    try:
+        pipeline = load_pipeline(services.settings.pipeline)
+        await pipeline.start()
+    except Exception as exc:  # readiness reports it; the process stays up for /healthz
+        services.pipeline_error = f"pipeline {services.settings.pipeline!r} failed to load: {exc}"
+        log.error("%s", services.pipeline_error)
+        return
+    services.pipeline = pipeline
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: Starlette) -> AsyncIterator[None]:
+    services: Services = app.state.services
+    services.redis = aioredis.Redis.from_url(
+        services.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0
+    )
+    await _start_pipeline(services)
+    try:
+        if services.pipeline is None:
+            yield
+            return
+        manager = SessionManager(
+            services.redis,
+            services.pipeline,
+            max_sessions=services.settings.max_sessions,
+            metrics=services.metrics,
+        )
+        async with manager:
+            services.manager = manager
+            yield
+            log.info("shutting down: closing %d session(s)", len(manager))
+        services.manager = None
+    finally:
+        if services.pipeline is not None:
+            await services.pipeline.close()
+        await services.redis.aclose()
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    services: Services = request.app.state.services
+    reasons: list[str] = []
+    if services.redis is None:
+        reasons.append("redis: not connected yet")
+    else:
+        try:
+            async with asyncio.timeout(READY_TIMEOUT_S):
+                await services.redis.ping()
+        except Exception as exc:
+            services.metrics.redis_errors.inc()
+            reasons.append(f"redis: {type(exc).__name__}: {exc}".rstrip(": "))
+    if services.pipeline_error:
+        reasons.append(services.pipeline_error)
+    elif services.pipeline is None:
+        reasons.append("pipeline: still loading")
+    if reasons:
+        return JSONResponse({"status": "unavailable", "reasons": reasons}, status_code=503)
+    manager = services.manager
+    return JSONResponse(
+        {
+            "status": "ready",
+            "pipeline": services.settings.pipeline,
+            "sessions": len(manager) if manager else 0,
+            "max_sessions": services.settings.max_sessions,
+        }
+    )
+
+
+async def metrics(request: Request) -> Response:
+    services: Services = request.app.state.services
+    return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def index(request: Request) -> Response:
+    return FileResponse(STATIC / "index.html")
+
+
+def create_app(settings: Settings, redis_url: str) -> Starlette:
+    services = Services(settings=settings, redis_url=redis_url)
+    ready = Gauge(
+        "parley_pipeline_loaded", "1 when the pipeline is loaded", registry=services.metrics.registry
+    )
+    ready.set_function(lambda: 1.0 if services.pipeline is not None else 0.0)
+    app = Starlette(
+        routes=[
+            Route("/", index),
+            Route("/healthz", healthz),
+            Route("/readyz", readyz),
+            Route("/metrics", metrics),
+            Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        ],
+        lifespan=_lifespan,
+    )
+    app.state.services = services
+    return app

@@ -1,0 +1,80 @@
+"""Server settings from the command line, each with a `PARLEY_<NAME>` environment fallback."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipeline.registry import DEFAULT_PIPELINE
+from sessions.manager import DEFAULT_MAX_SESSIONS
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+class SettingsError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    redis_url: str | None = None
+    """None: start a private redis-server (the embedded default)."""
+    pipeline: str = DEFAULT_PIPELINE
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+    log_level: str = "info"
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        if self.host in ("0.0.0.0", "::"):
+            host = "127.0.0.1"
+        return f"http://{host}:{self.port}/"
+
+
+def _env(name: str, default: str | None) -> str | None:
+    return os.environ.get(f"PARLEY_{name.upper()}", default)
+
+
+def _int(name: str, value: str, lo: int, hi: int) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise SettingsError(f"--{name.replace('_', '-')}: {value!r} is not a whole number") from None
+    if not lo <= number <= hi:
+        raise SettingsError(f"--{name.replace('_', '-')}: must be between {lo} and {hi}, got {number}")
+    return number
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="parley", description="Parley realtime voice sessions")
+    sub = p.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the server (every option also reads PARLEY_<NAME>)")
+    d = Settings()
+    serve.add_argument("--host", default=_env("host", d.host))
+    serve.add_argument("--port", default=_env("port", str(d.port)))
+    serve.add_argument("--redis-url", default=_env("redis_url", None),
+                       help="use this Redis/Valkey; without it a private redis-server is started")
+    serve.add_argument("--pipeline", default=_env("pipeline", d.pipeline))
+    serve.add_argument("--max-sessions", default=_env("max_sessions", str(d.max_sessions)))
+    serve.add_argument("--log-level", default=_env("log_level", d.log_level))
+    return p
+
+
+def parse_settings(argv: Sequence[str] | None = None) -> tuple[str, Settings]:
+    """(command, settings); raises SettingsError with a message for people."""
+    args = parser().parse_args(argv)
+    level = str(args.log_level).lower()
+    if level not in LOG_LEVELS:
+        raise SettingsError(f"--log-level: must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
+    return args.command, Settings(
+        host=args.host,
+        port=_int("port", args.port, 0, 65535),
+        redis_url=args.redis_url or None,
+        pipeline=args.pipeline,
+        max_sessions=_int("max_sessions", args.max_sessions, 1, 100_000),
+        log_level=level,
+    )
