@@ -6,7 +6,7 @@ stream ends with one End or ErrorChunk, and closing it early aborts the request.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from .types import AudioChunk, End, Engine, ErrorChunk, OutputChunk, PipelineRequest, TextDelta
 
@@ -25,7 +25,7 @@ class EnginePipeline:
     def active_requests(self) -> int:
         return self.engine.active_requests()
 
-    async def generate(self, request: PipelineRequest) -> AsyncIterator[OutputChunk]:
+    async def generate(self, request: PipelineRequest) -> AsyncGenerator[OutputChunk, None]:
         stream = self.engine.generate(request.request_id, request)
         finished = False
         try:
@@ -42,6 +42,6 @@ class EnginePipeline:
             finished = True
             yield ErrorChunk(message=f"{type(exc).__name__}: {exc}", stage=self.name)
         finally:
-            await stream.aclose()  # type: ignore[attr-defined]
+            await stream.aclose()
             if not finished:
                 await self.engine.abort(request.request_id)

@@ -7,7 +7,7 @@ processes and sessions can match on them without knowing which engine made them.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -122,7 +122,7 @@ class Engine(Protocol):
 
     async def start(self) -> None: ...
 
-    def generate(self, request_id: str, inputs: Any) -> AsyncIterator[Chunk]: ...
+    def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]: ...
 
     async def abort(self, request_id: str) -> None: ...
 
@@ -146,7 +146,7 @@ class Pipeline(Protocol):
 
     async def start(self) -> None: ...
 
-    def generate(self, request: PipelineRequest) -> AsyncIterator[OutputChunk]: ...
+    def generate(self, request: PipelineRequest) -> AsyncGenerator[OutputChunk, None]: ...
 
     async def close(self) -> None: ...
 

@@ -56,7 +56,9 @@ class AudioBuffer:
         """The frames whose start lies in [start_ms, end_ms), as one PCM16 array."""
         if end_ms <= start_ms:
             return np.zeros(0, dtype=np.int16)
-        entries = await self._redis.xrange(self._key, min=str(max(start_ms, 0)), max=str(end_ms - 1))
+        entries = await self._redis.xrange(
+            self._key, min=str(max(start_ms, 0)), max=str(end_ms - 1)
+        )
         if not entries:
             return np.zeros(0, dtype=np.int16)
         pcm = b"".join(fields[b"pcm"] for _, fields in entries)

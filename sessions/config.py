@@ -26,12 +26,13 @@ def _between(lo: float, hi: float) -> Callable[[Any], Any]:
     return check
 
 
-def IntRange(lo: int, hi: int) -> Any:  # noqa: N802 - reads like a type in annotations
-    return Annotated[int, AfterValidator(_between(lo, hi))]
-
-
-def FloatRange(lo: float, hi: float) -> Any:  # noqa: N802
-    return Annotated[float, AfterValidator(_between(lo, hi))]
+Unit = Annotated[float, AfterValidator(_between(0.0, 1.0))]
+PaddingMs = Annotated[int, AfterValidator(_between(0, 5_000))]
+SilenceMs = Annotated[int, AfterValidator(_between(20, 10_000))]
+MinSpeechMs = Annotated[int, AfterValidator(_between(20, 5_000))]
+MaxFrames = Annotated[int, AfterValidator(_between(1, 256))]
+NumFrames = Annotated[int, AfterValidator(_between(1, 128))]
+AudioSeconds = Annotated[int, AfterValidator(_between(1, 3_600))]
 
 
 class _Model(BaseModel):
@@ -42,10 +43,10 @@ class TurnDetectionConfig(_Model):
     """Server VAD, with OpenAI Realtime's knobs plus `min_speech_ms` for barge-in."""
 
     type: Literal["server_vad"] = "server_vad"
-    threshold: FloatRange(0.0, 1.0) = 0.5
-    prefix_padding_ms: IntRange(0, 5_000) = 300
-    silence_duration_ms: IntRange(20, 10_000) = 500
-    min_speech_ms: IntRange(20, 5_000) = 200
+    threshold: Unit = 0.5
+    prefix_padding_ms: PaddingMs = 300
+    silence_duration_ms: SilenceMs = 500
+    min_speech_ms: MinSpeechMs = 200
     create_response: bool = True
     interrupt_response: bool = True
 
@@ -58,11 +59,11 @@ class TurnDetectionConfig(_Model):
 class VideoConfig(_Model):
     """The bounded frame cache and how frames are picked for a turn."""
 
-    max_frames: IntRange(1, 256) = 50
-    num_frames: IntRange(1, 128) = 4
+    max_frames: MaxFrames = 50
+    num_frames: NumFrames = 4
     sampling_strategy: Literal["uniform", "latest"] = "uniform"
     frame_filter: bool = True
-    frame_filter_threshold: FloatRange(0.0, 1.0) = 0.95
+    frame_filter_threshold: Unit = 0.95
 
 
 class SessionConfig(_Model):
@@ -71,7 +72,7 @@ class SessionConfig(_Model):
     voice: str = "default"
     turn_detection: TurnDetectionConfig | None = TurnDetectionConfig()
     video: VideoConfig = VideoConfig()
-    max_audio_seconds: IntRange(1, 3_600) = 120
+    max_audio_seconds: AudioSeconds = 120
     output_sample_rate: Literal[8_000, 16_000, 24_000, 48_000] = 24_000
 
     @classmethod

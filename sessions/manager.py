@@ -159,8 +159,7 @@ class SessionManager:
                 try:
                     if not await self.leases.renew(session.session_id):
                         log.warning(
-                            "session %s lost its lease and the cap is full; it goes on "
-                            "uncounted",
+                            "session %s lost its lease and the cap is full; it goes on uncounted",
                             session.session_id,
                         )
                     await session.refresh_keys()

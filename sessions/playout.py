@@ -40,8 +40,10 @@ class PlayoutBuffer:
 
     @property
     def queued_ms(self) -> int:
-        return (len(self._frames) * self.frame_samples + len(self._partial)) * 1000 // (
-            self.sample_rate
+        return (
+            (len(self._frames) * self.frame_samples + len(self._partial))
+            * 1000
+            // (self.sample_rate)
         )
 
     async def write(self, pcm: npt.NDArray[np.int16], sample_rate: int) -> None:

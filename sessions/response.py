@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 
 from pipeline.types import AudioChunk, End, ErrorChunk, Pipeline, PipelineRequest, TextDelta
@@ -46,7 +46,9 @@ class Response:
     def __init__(
         self,
         *,
-        request: PipelineRequest,
+        response_id: str,
+        build_request: Callable[[str], Awaitable[PipelineRequest]],
+        audio_output: bool,
         pipeline: Pipeline,
         sink: OutputSink,
         history: History,
@@ -55,13 +57,11 @@ class Response:
         user_item_id: str | None,
         chunk_timeout_s: float,
     ) -> None:
-        self.request = request
-        self.response_id = request.request_id
+        self.response_id = response_id
+        self.request: PipelineRequest | None = None
+        self._build_request = build_request
         self.item = ConversationItem(
-            id=new_id("item"),
-            role="assistant",
-            status="in_progress",
-            has_audio=not request.output_text_only,
+            id=new_id("item"), role="assistant", status="in_progress", has_audio=audio_output
         )
         self._pipeline = pipeline
         self._sink = sink
@@ -89,10 +89,19 @@ class Response:
 
     async def run(self) -> None:
         self._emit(ResponseCreated(response_id=self.response_id))
-        previous = await self._history.last_id()
+        try:
+            previous = await self._history.last_id()
+        except Exception:  # Redis down: the item still exists for this connection
+            previous = None
         self._emit(ConversationItemCreated(item=self.item, previous_item_id=previous))
         try:
-            status, reason = await self._generate()
+            status: ResponseStatus
+            try:
+                self.request = await self._build_request(self.response_id)
+            except Exception as exc:  # e.g. Redis down: this answer fails, the session goes on
+                status, reason = "failed", f"could not prepare the request: {exc}"
+            else:
+                status, reason = await self._generate(self.request)
         except asyncio.CancelledError:
             await asyncio.wait_for(self._finish_cancelled(), FINALIZE_TIMEOUT_S)
             raise
@@ -101,8 +110,8 @@ class Response:
             await self._sink.drained()
         self._state.to(SessionState.LISTENING, f"response {status}")
 
-    async def _generate(self) -> tuple[ResponseStatus, str]:
-        stream = self._pipeline.generate(self.request)
+    async def _generate(self, request: PipelineRequest) -> tuple[ResponseStatus, str]:
+        stream = self._pipeline.generate(request)
         async with aclosing(stream):
             while True:
                 try:
@@ -135,11 +144,11 @@ class Response:
         if self._first_text_ms is None:
             self._first_text_ms = self._elapsed_ms()
         self._spoken.add_text(text)
-        event_type = OutputTextDelta if self.request.output_text_only else OutputAudioTranscriptDelta
+        event_type = OutputAudioTranscriptDelta if self.item.has_audio else OutputTextDelta
         self._emit(event_type(response_id=self.response_id, item_id=self.item.id, delta=text))
 
     async def _on_audio(self, chunk: AudioChunk) -> None:
-        if self.request.output_text_only or len(chunk.pcm) == 0:
+        if not self.item.has_audio or len(chunk.pcm) == 0:
             return
         if self._first_audio_ms is None:
             self._first_audio_ms = self._elapsed_ms()
@@ -169,7 +178,7 @@ class Response:
 
     def _usage(self) -> ResponseUsage:
         return ResponseUsage(
-            input_audio_ms=len(self.request.audio) * 1000 // 16_000,
+            input_audio_ms=len(self.request.audio) * 1000 // 16_000 if self.request else 0,
             output_audio_ms=round(self._spoken.audio_ms),
             output_text_chars=len(self._spoken.text),
             first_text_ms=self._first_text_ms,

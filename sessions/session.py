@@ -23,7 +23,7 @@ from pipeline.types import HistoryItem, Pipeline, PipelineRequest
 
 from .audio_buffer import AudioBuffer
 from .config import SessionConfig
-from .errors import InvalidRequestError, MediaError, SessionClosedError
+from .errors import InvalidRequestError, SessionClosedError
 from .event_log import EventLog
 from .events import (
     AudioBufferCleared,
@@ -268,11 +268,16 @@ class Session:
 
     # --- media in ------------------------------------------------------------------------
 
-    async def append_audio(self, pcm: bytes, sample_rate: int = SAMPLE_RATE, channels: int = 1) -> None:
+    async def append_audio(
+        self, pcm: bytes, sample_rate: int = SAMPLE_RATE, channels: int = 1
+    ) -> None:
         """Buffer client audio (PCM16 interleaved, any supported rate) and detect turns."""
         self._check_open()
         resampler, tail = self._resampler, []
-        if resampler is None or (resampler.sample_rate, resampler.channels) != (sample_rate, channels):
+        if resampler is None or (resampler.sample_rate, resampler.channels) != (
+            sample_rate,
+            channels,
+        ):
             fresh = InputResampler(sample_rate, channels)  # raises MediaError if unsupported
             fresh.push(pcm)  # validate on a throwaway before touching the live stream
             tail = resampler.flush() if resampler is not None else []
@@ -323,7 +328,10 @@ class Session:
                 if state is SessionState.LISTENING:
                     self.machine.to(SessionState.USER_SPEAKING, "speech started")
             case SpeechConfirmed():
-                if state in (SessionState.THINKING, SessionState.SPEAKING) and td.interrupt_response:
+                if (
+                    state in (SessionState.THINKING, SessionState.SPEAKING)
+                    and td.interrupt_response
+                ):
                     self.metrics.barge_ins.inc()
                     await self._cancel_response("barge_in", next_state=SessionState.USER_SPEAKING)
             case SpeechEnd(start_ms=start, end_ms=end):
@@ -341,7 +349,12 @@ class Session:
 
     async def _commit(self, item_id: str, begin_ms: int, end_ms: int) -> ConversationItem:
         item = ConversationItem(id=item_id, role="user", has_audio=True, audio_ms=end_ms - begin_ms)
-        previous = await self.history.append(item)
+        try:
+            previous = await self.history.append(item)
+        except Exception as exc:  # Redis down: the turn goes on, its answer will say why
+            self.metrics.redis_errors.inc()
+            log.warning("session %s: could not commit turn %s: %s", self.session_id, item_id, exc)
+            previous = None
         self._uncommitted_from_ms = end_ms
         self._turn_ranges[item_id] = (begin_ms, end_ms)
         self._pending_user_item = item_id
@@ -413,15 +426,17 @@ class Session:
             await self._cancel_response("superseded")
             if self._tg is None:
                 raise SessionClosedError("the session is not running")
-            request = await self._build_request()
+            user_item = self._pending_user_item
             response = Response(
-                request=request,
+                response_id=new_id("resp"),
+                build_request=lambda rid: self._build_request(rid, user_item),
+                audio_output=self.config.audio_output,
                 pipeline=self._pipeline,
                 sink=self._sink,
                 history=self.history,
                 state=self.machine,
                 emit=self._emit,
-                user_item_id=self._pending_user_item,
+                user_item_id=user_item,
                 chunk_timeout_s=self.limits.chunk_timeout_s,
             )
             self._pending_user_item = None
@@ -463,8 +478,7 @@ class Session:
             self.machine.to(next_state, reason)
         return True
 
-    async def _build_request(self) -> PipelineRequest:
-        user_id = self._pending_user_item
+    async def _build_request(self, request_id: str, user_id: str | None) -> PipelineRequest:
         audio = np.zeros(0, dtype=np.int16)
         text: str | None = None
         items = await self.history.items()
@@ -472,9 +486,9 @@ class Session:
             begin, end = self._turn_ranges.pop(user_id)
             try:
                 audio = await self.audio.read(begin, end)
-            except Exception as exc:
+            except Exception:
                 self.metrics.redis_errors.inc()
-                raise MediaError(f"the turn's audio could not be read: {exc}") from exc
+                raise
         elif user_id is not None:
             text = next((item.text for item in items if item.id == user_id), None)
         history = tuple(
@@ -484,7 +498,7 @@ class Session:
         )
         frames = tuple(await self.frames.sample())
         return PipelineRequest(
-            request_id=new_id("resp"),
+            request_id=request_id,
             audio=audio,
             text=text,
             frames=frames,

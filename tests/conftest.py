@@ -28,8 +28,23 @@ def redis_socket() -> Iterator[str]:
     workdir = Path(tempfile.mkdtemp(prefix="parley-test-redis-"))
     sock = workdir / "redis.sock"
     proc = subprocess.Popen(
-        [exe, "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700",
-         "--save", "", "--appendonly", "no", "--dir", str(workdir), "--databases", "64"],
+        [
+            exe,
+            "--port",
+            "0",
+            "--unixsocket",
+            str(sock),
+            "--unixsocketperm",
+            "700",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+            "--databases",
+            "64",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

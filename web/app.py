@@ -131,7 +131,9 @@ async def index(request: Request) -> Response:
 def create_app(settings: Settings, redis_url: str) -> Starlette:
     services = Services(settings=settings, redis_url=redis_url)
     ready = Gauge(
-        "parley_pipeline_loaded", "1 when the pipeline is loaded", registry=services.metrics.registry
+        "parley_pipeline_loaded",
+        "1 when the pipeline is loaded",
+        registry=services.metrics.registry,
     )
     ready.set_function(lambda: 1.0 if services.pipeline is not None else 0.0)
     app = Starlette(

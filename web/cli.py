@@ -44,7 +44,7 @@ class _Server(uvicorn.Server):
 
 
 async def _announce_when_listening(server: uvicorn.Server, settings: Settings) -> None:
-    while not server.started:
+    while not server.started:  # noqa: ASYNC110 - uvicorn exposes a flag, not an event
         await asyncio.sleep(0.05)
     print(f"Parley is ready: open {settings.base_url}", flush=True)
 

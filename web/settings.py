@@ -43,9 +43,13 @@ def _int(name: str, value: str, lo: int, hi: int) -> int:
     try:
         number = int(value)
     except ValueError:
-        raise SettingsError(f"--{name.replace('_', '-')}: {value!r} is not a whole number") from None
+        raise SettingsError(
+            f"--{name.replace('_', '-')}: {value!r} is not a whole number"
+        ) from None
     if not lo <= number <= hi:
-        raise SettingsError(f"--{name.replace('_', '-')}: must be between {lo} and {hi}, got {number}")
+        raise SettingsError(
+            f"--{name.replace('_', '-')}: must be between {lo} and {hi}, got {number}"
+        )
     return number
 
 
@@ -56,8 +60,11 @@ def parser() -> argparse.ArgumentParser:
     d = Settings()
     serve.add_argument("--host", default=_env("host", d.host))
     serve.add_argument("--port", default=_env("port", str(d.port)))
-    serve.add_argument("--redis-url", default=_env("redis_url", None),
-                       help="use this Redis/Valkey; without it a private redis-server is started")
+    serve.add_argument(
+        "--redis-url",
+        default=_env("redis_url", None),
+        help="use this Redis/Valkey; without it a private redis-server is started",
+    )
     serve.add_argument("--pipeline", default=_env("pipeline", d.pipeline))
     serve.add_argument("--max-sessions", default=_env("max_sessions", str(d.max_sessions)))
     serve.add_argument("--log-level", default=_env("log_level", d.log_level))

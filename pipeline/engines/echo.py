@@ -8,13 +8,21 @@ measure transport latency with no model time in the way. A typed message is echo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import numpy as np
 import soxr
 
-from ..types import INPUT_SAMPLE_RATE, AudioChunk, Chunk, End, ErrorChunk, PipelineRequest, TextDelta
+from ..types import (
+    INPUT_SAMPLE_RATE,
+    AudioChunk,
+    Chunk,
+    End,
+    ErrorChunk,
+    PipelineRequest,
+    TextDelta,
+)
 
 CHUNK_MS = 100
 
@@ -39,7 +47,7 @@ class EchoEngine:
     async def abort(self, request_id: str) -> None:
         self._active.discard(request_id)
 
-    async def generate(self, request_id: str, inputs: Any) -> AsyncIterator[Chunk]:
+    async def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]:
         if not isinstance(inputs, PipelineRequest):
             yield ErrorChunk(message="echo takes a PipelineRequest", stage=self.name)
             return

@@ -8,7 +8,7 @@ The same contract tests run against it and the real engines (tests/pipeline).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import numpy as np
@@ -60,7 +60,7 @@ class FakeEngine:
             stop.set()
             self.aborted.append(request_id)
 
-    async def generate(self, request_id: str, inputs: Any) -> AsyncIterator[Chunk]:
+    async def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]:
         assert isinstance(inputs, PipelineRequest)
         stop = self._active[request_id] = asyncio.Event()
         self.requests.append(inputs)
@@ -84,7 +84,7 @@ class FakeEngine:
                 yield AudioChunk(pcm=tone.copy(), sample_rate=rate)
                 await asyncio.sleep(self.chunk_ms / 1000 / self.realtime_factor)
             yield End()
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):  # cancelled, or the stream closed early
             self.aborted.append(request_id)
             raise
         finally:

@@ -55,7 +55,11 @@ async def make_session(manager: SessionManager) -> AsyncIterator[MakeSession]:
 
 
 async def feed(
-    session: Session, pcm: np.ndarray, rate: int = 16_000, realtime: bool = False, chunk_ms: int = 20
+    session: Session,
+    pcm: np.ndarray,
+    rate: int = 16_000,
+    realtime: bool = False,
+    chunk_ms: int = 20,
 ) -> None:
     """Send PCM16 mono to the session in chunks, optionally at the pace of a microphone."""
     step = rate * chunk_ms // 1000

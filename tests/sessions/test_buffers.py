@@ -59,7 +59,9 @@ async def test_audio_stream_is_capped_and_expires(redis: aioredis.Redis, keys: S
     assert len(await buf.read(5000, 5040)) == 640
 
 
-async def test_frame_cache_evicts_oldest_and_samples(redis: aioredis.Redis, keys: SessionKeys) -> None:
+async def test_frame_cache_evicts_oldest_and_samples(
+    redis: aioredis.Redis, keys: SessionKeys
+) -> None:
     cache = FrameCache(redis, keys, VideoConfig(max_frames=5, frame_filter=False), ttl_s=50)
     for i in range(8):
         assert await cache.add(noise_jpeg(i), timestamp_ms=1000 + i)
@@ -116,7 +118,9 @@ async def test_frame_cache_shrinks_on_reconfigure(redis: aioredis.Redis, keys: S
     assert [f.timestamp_ms for f in await cache.sample(10)] == [4, 5]
 
 
-async def test_history_appends_updates_and_deletes(redis: aioredis.Redis, keys: SessionKeys) -> None:
+async def test_history_appends_updates_and_deletes(
+    redis: aioredis.Redis, keys: SessionKeys
+) -> None:
     history = History(redis, keys, ttl_s=30)
     first = ConversationItem(role="user", text="hello")
     second = ConversationItem(role="assistant", text="hi there, how are you", audio_ms=900)
@@ -153,9 +157,7 @@ async def test_event_log_replays_in_order(redis: aioredis.Redis, keys: SessionKe
         events = [SpeechStarted(audio_start_ms=i, item_id=f"item_{i}") for i in range(5)]
         for event in events:
             log.record(event)
-        log.record(
-            OutputAudioDelta(response_id="r", item_id="i", pcm=b"\0\0", sample_rate=24000)
-        )
+        log.record(OutputAudioDelta(response_id="r", item_id="i", pcm=b"\0\0", sample_rate=24000))
         await log.flushed()
     finally:
         writer.cancel()

@@ -47,7 +47,9 @@ async def test_health_readiness_and_metrics(settings: Settings, redis_url: str) 
         assert page.status_code == 200 and "Parley" in page.text
 
 
-async def test_not_ready_without_redis_but_still_healthy(settings: Settings, tmp_path: object) -> None:
+async def test_not_ready_without_redis_but_still_healthy(
+    settings: Settings, tmp_path: object
+) -> None:
     app = create_app(settings, f"unix://{tmp_path}/nothing-listens-here.sock")
     async with app.router.lifespan_context(app), await _client(app) as client:
         assert (await client.get("/healthz")).status_code == 200

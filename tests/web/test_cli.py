@@ -152,7 +152,10 @@ def test_uses_a_given_redis_and_starts_none(servers: list[Server], redis_socket:
 def test_missing_redis_server_is_a_one_line_error(tmp_path: Path) -> None:
     env = {**os.environ, "PATH": str(tmp_path)}
     result = subprocess.run(
-        [PARLEY, "serve", "--port", str(free_port())], env=env, capture_output=True, text=True,
+        [PARLEY, "serve", "--port", str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=30,
     )
     assert result.returncode == 2
