@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import redis.asyncio as aioredis
 
+from loadtest.speech import silence, speak, trim_silence, utterances_with_gaps
 from pipeline.engine_pipeline import EnginePipeline
 from sessions.errors import ConfigError, InvalidRequestError, MediaError, SessionClosedError
 from sessions.events import (
@@ -24,7 +25,6 @@ from sessions.manager import SessionManager
 from sessions.state import SessionState
 from tests.fakes.fake_engine import FakeEngine
 from tests.fakes.sink import ClockedSink
-from tests.speech import silence, speak, trim_silence, utterances_with_gaps
 from web.redis_server import EmbeddedRedis
 
 from .conftest import MakeSession, feed

@@ -8,6 +8,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from loadtest.speech import silence, speak, trim_silence, utterances_with_gaps
 from sessions.config import TurnDetectionConfig
 from sessions.resample import InputResampler
 from sessions.turn_detection import (
@@ -19,7 +20,6 @@ from sessions.turn_detection import (
     TurnDetector,
     TurnSignal,
 )
-from tests.speech import silence, speak, trim_silence, utterances_with_gaps
 
 Pcm = npt.NDArray[np.int16]
 TOLERANCE_MS = 60

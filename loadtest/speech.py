@@ -1,4 +1,4 @@
-"""Real speech for tests, synthesised with espeak-ng at test time.
+"""Real speech for tests and load tests, synthesised with espeak-ng at run time.
 
 Turn detection has to be judged on speech, not on tones: a VAD tuned on sines passes its
 tests and then clips the first consonant of every real sentence. espeak-ng is small,
