@@ -1,0 +1,214 @@
+"""Stage graph files: YAML in, a validated `GraphConfig` out.
+
+A graph names its stages (each with an engine, engine arguments and a placement), the edges
+between them (upstream stage, downstream stage, a transform given as `module:function`, and
+the number of upstream chunks batched into one call of the transform), and the stages whose
+output reaches the caller. Every error names the file, the line and the field, because a
+graph file is edited by hand.
+
+    name: cascade
+    stages:
+      - name: thinker
+        engine: cascade.thinker
+        engine_args: {max_new_tokens: 96}
+        placement: {process: worker}
+    edges:
+      - {from: thinker, to: talker, transform: pipeline.transforms:clauses, chunk: 1}
+    outputs: [thinker, code2wav]
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class GraphConfigError(ValueError):
+    """A graph file that cannot be used: says where and what."""
+
+    def __init__(self, source: str, line: int | None, field: str, message: str) -> None:
+        where = f"{source}:{line}" if line else source
+        super().__init__(f"{where}: {field}: {message}" if field else f"{where}: {message}")
+        self.source, self.line, self.field = source, line, field
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Placement(_Model):
+    process: Literal["main", "worker"] = "main"
+    devices: tuple[str, ...] = ("cpu",)
+
+
+class StageConfig(_Model):
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    engine: str = Field(min_length=1)
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+    placement: Placement = Placement()
+
+
+class EdgeConfig(_Model):
+    source: str = Field(alias="from")
+    target: str = Field(alias="to")
+    transform: str | None = None
+    chunk: int = Field(default=1, ge=1, le=4096)
+
+    @field_validator("transform")
+    @classmethod
+    def _importable(cls, value: str | None) -> str | None:
+        if value is not None:
+            resolve_transform(value)
+        return value
+
+
+class GraphConfig(_Model):
+    name: str
+    stages: tuple[StageConfig, ...] = Field(min_length=1)
+    edges: tuple[EdgeConfig, ...] = ()
+    outputs: tuple[str, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GraphConfig:
+        names = [s.name for s in self.stages]
+        seen: set[str] = set()
+        for index, name in enumerate(names):
+            if name in seen:
+                raise _At(("stages", index, "name"), f"stage {name!r} is defined twice")
+            seen.add(name)
+        for index, edge in enumerate(self.edges):
+            for end, field in ((edge.source, "from"), (edge.target, "to")):
+                if end not in seen:
+                    raise _At(("edges", index, field), f"no stage named {end!r}")
+        for index, name in enumerate(self.outputs):
+            if name not in seen:
+                raise _At(("outputs", index), f"no stage named {name!r}")
+        if cycle := _find_cycle(names, self.edges):
+            raise _At(("edges",), "the edges form a cycle: " + " -> ".join(cycle))
+        return self
+
+    def stage(self, name: str) -> StageConfig:
+        return next(s for s in self.stages if s.name == name)
+
+    def upstream(self, name: str) -> list[EdgeConfig]:
+        return [e for e in self.edges if e.target == name]
+
+    def entry_stages(self) -> list[str]:
+        """Stages with no upstream edge: they receive the request itself."""
+        targets = {e.target for e in self.edges}
+        return [s.name for s in self.stages if s.name not in targets]
+
+
+class _At(ValueError):
+    """A validation error that knows the path of the offending field."""
+
+    def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+
+
+def _find_cycle(names: list[str], edges: tuple[EdgeConfig, ...]) -> list[str] | None:
+    children: dict[str, list[str]] = {n: [] for n in names}
+    for edge in edges:
+        children[edge.source].append(edge.target)
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for child in children[node]:
+            if state.get(child) == 1:
+                return [*path[path.index(child) :], child] if child in path else [node, child]
+            if child not in state and (found := visit(child, [*path, child])):
+                return found
+        state[node] = 2
+        return None
+
+    for name in names:
+        if name not in state and (found := visit(name, [name])):
+            return found
+    return None
+
+
+def resolve_transform(spec: str) -> Callable[..., Any]:
+    """Import `module:function`; raises ValueError saying what is missing."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{spec!r} is not of the form module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import module {module_name!r}: {exc}") from None
+    function = getattr(module, attr, None)
+    if not callable(function):
+        raise ValueError(f"module {module_name!r} has no function {attr!r}")
+    return function  # type: ignore[no-any-return]
+
+
+# --- loading with line numbers ------------------------------------------------------------
+
+
+def _lines(node: yaml.Node) -> dict[tuple[str | int, ...], int]:
+    """Map each path in the YAML document to the (1-based) line it starts on."""
+    found: dict[tuple[str | int, ...], int] = {}
+
+    def walk(n: yaml.Node, path: tuple[str | int, ...]) -> None:
+        found[path] = n.start_mark.line + 1
+        if isinstance(n, yaml.MappingNode):
+            for key, value in n.value:
+                child = (*path, str(key.value))
+                walk(value, child)
+                found[child] = key.start_mark.line + 1
+        elif isinstance(n, yaml.SequenceNode):
+            for index, item in enumerate(n.value):
+                walk(item, (*path, index))
+
+    walk(node, ())
+    return found
+
+
+def _line_for(lines: dict[tuple[str | int, ...], int], loc: tuple[str | int, ...]) -> int | None:
+    for cut in range(len(loc), -1, -1):  # the deepest part of the path that exists in the file
+        if loc[:cut] in lines:
+            return lines[loc[:cut]]
+    return None
+
+
+def parse_graph(text: str, source: str = "<graph>") -> GraphConfig:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        raise GraphConfigError(source, line, "", f"not valid YAML: {exc}") from None
+    if node is None or not isinstance(data, dict):
+        raise GraphConfigError(source, 1, "", "a graph file is a mapping with stages and outputs")
+    lines = _lines(node)
+    try:
+        return GraphConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(err["loc"])
+        cause = err.get("ctx", {}).get("error")
+        if isinstance(cause, _At):
+            loc, message = cause.loc, str(cause)
+        else:
+            message = str(err["msg"]).removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                message = "unknown field"
+        field = ".".join(str(p) for p in loc)
+        raise GraphConfigError(source, _line_for(lines, loc), field, message) from None
+
+
+def load_graph(path: str | Path) -> GraphConfig:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise GraphConfigError(str(path), None, "", f"cannot read: {exc.strerror}") from None
+    return parse_graph(text, str(path))
