@@ -7,7 +7,7 @@ processes and sessions can match on them without knowing which engine made them.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -48,6 +48,18 @@ class PipelineRequest:
     instructions: str = ""
     output_sample_rate: int = 24_000
     output_text_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StageInput:
+    """What a downstream stage receives: the request, and its upstream chunks as they come.
+
+    The stream starts before the upstream stage has finished, so a stage can begin on the
+    first chunk ("async chunk") and must consume it to its end or be cancelled.
+    """
+
+    request: PipelineRequest
+    chunks: AsyncIterator[Chunk]
 
 
 # --- chunks -------------------------------------------------------------------------------

@@ -1,0 +1,207 @@
+"""The stage graph runtime: one request in, streamed output chunks out.
+
+Every stage of a request runs as its own task, owned by `generate`. Entry stages get the
+request; every other stage gets a `StageInput` whose chunk stream is fed by its upstream
+stages through one bounded channel, so a downstream stage starts on the first chunk its
+upstream yields and a slow consumer holds back everything upstream instead of growing a
+queue. Closing the output iterator (or cancelling its reader) cancels every stage task, and
+each engine aborts the request when its generator is cancelled: afterwards no stage holds
+state for it. An error in any stage reaches the caller as one ErrorChunk and stops the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .channel import Channel, ChannelClosed
+from .graph_config import EdgeConfig, GraphConfig, StageConfig, resolve_transform
+from .metrics import PipelineMetrics
+from .types import (
+    AudioChunk,
+    Chunk,
+    End,
+    Engine,
+    ErrorChunk,
+    OutputChunk,
+    PipelineRequest,
+    StageInput,
+    TextDelta,
+)
+
+log = logging.getLogger("parley.pipeline.graph")
+
+DEFAULT_CHANNEL_SIZE = 16
+
+
+@dataclass(frozen=True, slots=True)
+class _StageDone:
+    stage: str
+
+
+@dataclass
+class _Edge:
+    config: EdgeConfig
+    transform: Callable[[Sequence[Chunk]], Sequence[Chunk]] | None
+
+
+class StageGraph:
+    """A Pipeline made of engines wired by a GraphConfig."""
+
+    def __init__(
+        self,
+        config: GraphConfig,
+        engines: dict[str, Engine],
+        *,
+        channel_size: int = DEFAULT_CHANNEL_SIZE,
+        metrics: PipelineMetrics | None = None,
+    ) -> None:
+        missing = [s.name for s in config.stages if s.name not in engines]
+        if missing:
+            raise ValueError(f"no engine for stage(s): {', '.join(missing)}")
+        self.config = config
+        self.name = config.name
+        self.engines = engines
+        self.channel_size = channel_size
+        self.metrics = metrics or PipelineMetrics()
+        self._entry = set(config.entry_stages())
+        self._outputs = set(config.outputs)
+        self._edges_from: dict[str, list[_Edge]] = {s.name: [] for s in config.stages}
+        for edge in config.edges:
+            transform = resolve_transform(edge.transform) if edge.transform else None
+            self._edges_from[edge.source].append(_Edge(edge, transform))
+        for stage in config.stages:
+            self.metrics.watch_engine(stage.name, engines[stage.name])
+
+    async def start(self) -> None:
+        started: list[Engine] = []
+        try:
+            for stage in self.config.stages:
+                await self.engines[stage.name].start()
+                started.append(self.engines[stage.name])
+        except BaseException:
+            for engine in reversed(started):
+                await engine.close()
+            raise
+
+    async def close(self) -> None:
+        for stage in reversed(self.config.stages):
+            await self.engines[stage.name].close()
+
+    def active_requests(self) -> int:
+        return sum(engine.active_requests() for engine in self.engines.values())
+
+    async def generate(self, request: PipelineRequest) -> AsyncGenerator[OutputChunk, None]:
+        out: Channel[OutputChunk | _StageDone] = Channel(self.channel_size)
+        inputs: dict[str, Channel[Chunk]] = {}
+        open_upstreams: dict[str, int] = {}
+        for stage in self.config.stages:
+            if stage.name not in self._entry:
+                inputs[stage.name] = Channel(self.channel_size)
+                open_upstreams[stage.name] = len(self.config.upstream(stage.name))
+        tasks = [
+            asyncio.create_task(
+                self._run_stage(stage, request, inputs, open_upstreams, out),
+                name=f"{request.request_id}:{stage.name}",
+            )
+            for stage in self.config.stages
+        ]
+        pending_outputs = set(self._outputs)
+        try:
+            while pending_outputs:
+                item = await out.recv()
+                if isinstance(item, _StageDone):
+                    pending_outputs.discard(item.stage)
+                    continue
+                yield item
+                if isinstance(item, ErrorChunk):
+                    return
+            yield End()
+        finally:
+            for task in tasks:
+                task.cancel()
+            out.discard()
+            for channel in inputs.values():
+                channel.discard()
+            await asyncio.wait(tasks)
+
+    async def _run_stage(
+        self,
+        stage: StageConfig,
+        request: PipelineRequest,
+        inputs: dict[str, Channel[Chunk]],
+        open_upstreams: dict[str, int],
+        out: Channel[OutputChunk | _StageDone],
+    ) -> None:
+        name = stage.name
+        engine = self.engines[name]
+        stage_inputs: Any = (
+            request if name in self._entry else StageInput(request, aiter(inputs[name]))
+        )
+        edges = self._edges_from[name]
+        batches: list[list[Chunk]] = [[] for _ in edges]
+        started = time.monotonic()
+        first = True
+        try:
+            stream = engine.generate(request.request_id, stage_inputs)
+            try:
+                async for chunk in stream:
+                    if first:
+                        self.metrics.first_chunk(name, time.monotonic() - started)
+                        first = False
+                    if isinstance(chunk, ErrorChunk):
+                        await out.send(ErrorChunk(chunk.message, chunk.stage or name))
+                        return
+                    if isinstance(chunk, End):
+                        break
+                    self.metrics.chunk(name)
+                    if name in self._outputs and isinstance(chunk, TextDelta | AudioChunk):
+                        await out.send(chunk)
+                    for edge, batch in zip(edges, batches, strict=True):
+                        batch.append(chunk)
+                        if len(batch) >= edge.config.chunk:
+                            await self._forward(edge, batch, inputs)
+                            batch.clear()
+            finally:
+                await stream.aclose()
+            for edge, batch in zip(edges, batches, strict=True):
+                if batch:
+                    await self._forward(edge, batch, inputs)
+            if name in self._outputs:
+                await out.send(_StageDone(name))
+        except ChannelClosed:
+            return  # the request is being torn down
+        except Exception as exc:
+            log.exception("stage %s failed on %s", name, request.request_id)
+            await _send_quietly(out, ErrorChunk(f"{type(exc).__name__}: {exc}", name))
+        finally:
+            if name in inputs:
+                inputs[name].discard()  # unblock upstreams if this stage stopped reading early
+            for edge in edges:
+                target = edge.config.target
+                open_upstreams[target] -= 1
+                if open_upstreams[target] == 0:
+                    inputs[target].close()
+
+    async def _forward(
+        self, edge: _Edge, batch: list[Chunk], inputs: dict[str, Channel[Chunk]]
+    ) -> None:
+        channel = inputs[edge.config.target]
+        produced = edge.transform(batch) if edge.transform else batch
+        try:
+            for chunk in produced:
+                await channel.send(chunk)
+        except ChannelClosed:
+            return  # the downstream stage has finished and reads no more
+        self.metrics.queue_depth(edge.config.target, len(channel))
+
+
+async def _send_quietly(out: Channel[Any], item: Any) -> None:
+    try:
+        await out.send(item)
+    except ChannelClosed:
+        pass

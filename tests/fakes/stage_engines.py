@@ -1,0 +1,93 @@
+"""Small scripted engines for stage-graph tests; they obey the engine contract."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import numpy as np
+
+from pipeline.types import (
+    AudioChunk,
+    Chunk,
+    End,
+    ErrorChunk,
+    PipelineRequest,
+    StageInput,
+    TextDelta,
+)
+
+
+class ScriptedStage:
+    """Entry: yields `count` text deltas. Downstream: maps each upstream chunk to one chunk.
+
+    `emit` picks what a downstream stage yields: "text" (upper-cased text) or "audio" (an
+    AudioChunk whose length encodes the text). Every chunk records its time, so tests can
+    see that a downstream stage started before its upstream finished.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        count: int = 5,
+        delay_s: float = 0.0,
+        emit: str = "text",
+        fail_at: int | None = None,
+    ) -> None:
+        self.name = name
+        self.count = count
+        self.delay_s = delay_s
+        self.emit = emit
+        self.fail_at = fail_at
+        self.produced = 0
+        self.first_input_at: float | None = None
+        self.finished_at: float | None = None
+        self.stopped_early: list[str] = []
+        self._active: set[str] = set()
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        self._active.clear()
+
+    def active_requests(self) -> int:
+        return len(self._active)
+
+    async def abort(self, request_id: str) -> None:
+        self._active.discard(request_id)
+
+    async def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]:
+        self._active.add(request_id)
+        try:
+            if isinstance(inputs, PipelineRequest):
+                for i in range(self.count):
+                    yield await self._make(TextDelta(text=f"w{i} "), i)
+            else:
+                assert isinstance(inputs, StageInput)
+                i = 0
+                async for chunk in inputs.chunks:
+                    if self.first_input_at is None:
+                        self.first_input_at = time.monotonic()
+                    yield await self._make(chunk, i)
+                    i += 1
+            self.finished_at = time.monotonic()
+            yield End()
+        except (asyncio.CancelledError, GeneratorExit):
+            self.stopped_early.append(request_id)
+            raise
+        finally:
+            self._active.discard(request_id)
+
+    async def _make(self, source: Chunk, index: int) -> Chunk:
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if index == self.fail_at:
+            return ErrorChunk(message=f"{self.name} broke at chunk {index}")
+        self.produced += 1
+        text = source.text if isinstance(source, TextDelta) else f"a{index}"
+        if self.emit == "audio":
+            return AudioChunk(pcm=np.full(len(text), index, dtype=np.int16), sample_rate=24_000)
+        return TextDelta(text=text.upper())
