@@ -63,6 +63,12 @@ class Channel(Generic[T]):
         self._readable.set()
         self._writable.set()
 
+    def close_with(self, item: T) -> None:
+        """Drop what is queued, make `item` the last thing the reader gets, and close."""
+        self._items.clear()
+        self._items.append(item)
+        self.close()
+
     def discard(self) -> None:
         """Close and drop what is queued (the reader is gone)."""
         self.close()

@@ -12,6 +12,7 @@ state for it. An error in any stage reaches the caller as one ErrorChunk and sto
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
@@ -201,7 +202,5 @@ class StageGraph:
 
 
 async def _send_quietly(out: Channel[Any], item: Any) -> None:
-    try:
+    with contextlib.suppress(ChannelClosed):
         await out.send(item)
-    except ChannelClosed:
-        pass

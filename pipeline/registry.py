@@ -1,13 +1,22 @@
-"""Pipelines by name, for `parley serve --pipeline NAME`."""
+"""Pipelines by name or path, for `parley serve --pipeline NAME|PATH`.
+
+A name is a graph file shipped in `pipeline/configs/`; anything else is read as a path.
+Stages placed in a worker process are wrapped in a `WorkerEngine`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from pathlib import Path
 
-from .engine_pipeline import EnginePipeline
-from .engines.echo import EchoEngine
-from .types import Pipeline
+from .engines.registry import create_engine
+from .graph import StageGraph
+from .graph_config import GraphConfig, load_graph
+from .metrics import PipelineMetrics
+from .types import Engine, Pipeline
+from .worker import WorkerEngine
+from .worker_main import WorkerSpec
 
+CONFIGS = Path(__file__).parent / "configs"
 DEFAULT_PIPELINE = "echo"
 
 
@@ -15,18 +24,36 @@ class PipelineNotFound(LookupError):
     pass
 
 
-def _echo() -> Pipeline:
-    return EnginePipeline(EchoEngine())
+def available() -> list[str]:
+    return sorted(p.stem for p in CONFIGS.glob("*.yaml"))
 
 
-BUILTIN: dict[str, Callable[[], Pipeline]] = {"echo": _echo}
+def graph_path(name_or_path: str) -> Path:
+    shipped = CONFIGS / f"{name_or_path}.yaml"
+    if shipped.is_file():
+        return shipped
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        return path
+    raise PipelineNotFound(
+        f"unknown pipeline {name_or_path!r}; available: {', '.join(available())}, "
+        "or a path to a graph file"
+    )
 
 
-def load_pipeline(name: str) -> Pipeline:
+def build_engines(config: GraphConfig) -> dict[str, Engine]:
+    engines: dict[str, Engine] = {}
+    for stage in config.stages:
+        if stage.placement.process == "worker":
+            engines[stage.name] = WorkerEngine(
+                WorkerSpec(stage.name, stage.engine, dict(stage.engine_args))
+            )
+        else:
+            engines[stage.name] = create_engine(stage.engine, dict(stage.engine_args))
+    return engines
+
+
+def load_pipeline(name_or_path: str, metrics: PipelineMetrics | None = None) -> Pipeline:
     """Build the named pipeline (not started yet)."""
-    try:
-        factory = BUILTIN[name]
-    except KeyError:
-        available = ", ".join(sorted(BUILTIN))
-        raise PipelineNotFound(f"unknown pipeline {name!r}; available: {available}") from None
-    return factory()
+    config = load_graph(graph_path(name_or_path))
+    return StageGraph(config, build_engines(config), metrics=metrics)

@@ -22,6 +22,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from pipeline.metrics import PipelineMetrics
 from pipeline.registry import load_pipeline
 from pipeline.types import Pipeline
 from sessions.manager import SessionManager
@@ -44,18 +45,20 @@ class Services:
     redis: aioredis.Redis | None = None
     pipeline: Pipeline | None = None
     pipeline_error: str | None = None
+    pipeline_ready: bool = False
     manager: SessionManager | None = None
 
 
-async def _start_pipeline(services: Services) -> None:
+async def _start_pipeline(services: Services, pipeline: Pipeline) -> None:
+    """Load the models in the background: /healthz answers meanwhile, /readyz says so."""
     try:
-        pipeline = load_pipeline(services.settings.pipeline)
         await pipeline.start()
     except Exception as exc:  # readiness reports it; the process stays up for /healthz
-        services.pipeline_error = f"pipeline {services.settings.pipeline!r} failed to load: {exc}"
+        services.pipeline_error = f"pipeline {services.settings.pipeline!r} failed to start: {exc}"
         log.error("%s", services.pipeline_error)
         return
-    services.pipeline = pipeline
+    services.pipeline_ready = True
+    log.info("pipeline %s is ready", services.settings.pipeline)
 
 
 @contextlib.asynccontextmanager
@@ -64,22 +67,33 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
     services.redis = aioredis.Redis.from_url(
         services.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0
     )
-    await _start_pipeline(services)
+    try:
+        services.pipeline = load_pipeline(
+            services.settings.pipeline, PipelineMetrics(services.metrics.registry)
+        )
+    except Exception as exc:
+        services.pipeline_error = f"pipeline {services.settings.pipeline!r}: {exc}"
+        log.error("%s", services.pipeline_error)
     try:
         if services.pipeline is None:
             yield
             return
+        loader = asyncio.create_task(_start_pipeline(services, services.pipeline))
         manager = SessionManager(
             services.redis,
             services.pipeline,
             max_sessions=services.settings.max_sessions,
             metrics=services.metrics,
         )
-        async with manager:
-            services.manager = manager
-            yield
-            log.info("shutting down: closing %d session(s)", len(manager))
-        services.manager = None
+        try:
+            async with manager:
+                services.manager = manager
+                yield
+                log.info("shutting down: closing %d session(s)", len(manager))
+        finally:
+            services.manager = None
+            loader.cancel()
+            await asyncio.wait({loader})
     finally:
         if services.pipeline is not None:
             await services.pipeline.close()
@@ -104,8 +118,8 @@ async def readyz(request: Request) -> Response:
             reasons.append(f"redis: {type(exc).__name__}: {exc}".rstrip(": "))
     if services.pipeline_error:
         reasons.append(services.pipeline_error)
-    elif services.pipeline is None:
-        reasons.append("pipeline: still loading")
+    elif not services.pipeline_ready:
+        reasons.append(f"pipeline {services.settings.pipeline!r}: still loading")
     if reasons:
         return JSONResponse({"status": "unavailable", "reasons": reasons}, status_code=503)
     manager = services.manager
@@ -135,7 +149,7 @@ def create_app(settings: Settings, redis_url: str) -> Starlette:
         "1 when the pipeline is loaded",
         registry=services.metrics.registry,
     )
-    ready.set_function(lambda: 1.0 if services.pipeline is not None else 0.0)
+    ready.set_function(lambda: 1.0 if services.pipeline_ready else 0.0)
     app = Starlette(
         routes=[
             Route("/", index),

@@ -1,0 +1,227 @@
+"""The shared-memory link between two processes on one host.
+
+Each direction has a ring buffer in shared memory for array data and shares one unix
+socket for small headers. The sender copies each out-of-band array buffer into its ring
+once and sends (offset, length) with the pickled header; the receiver rebuilds the arrays as
+views straight onto the ring, so array data is copied exactly once and never pickled.
+
+A view keeps its ring segment allocated. When the last array built on a segment is
+garbage-collected, a finalizer marks the segment free and the receiver advances the ring's
+tail (stored in the ring's first bytes), which is how the sender learns there is room.
+Consumers that keep arrays for long should copy them, or the sender waits. A message with a
+buffer larger than the ring goes through the socket instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import pickle
+import socket
+import struct
+import threading
+import weakref
+from dataclasses import dataclass, field
+from multiprocessing import shared_memory
+from typing import Any
+
+import numpy as np
+
+from .base import LinkClosed, decode, encode
+
+log = logging.getLogger("parley.pipeline.shm")
+
+HEADER = 64
+"""Bytes at the start of a ring: the tail counter (uint64), written by the reader only."""
+ALIGN = 64
+DEFAULT_CAPACITY = 32 * 1024 * 1024
+_LEN = struct.Struct("<I")
+_TAIL = struct.Struct("<Q")
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass
+class _Segment:
+    end: int
+    released: bool = False
+
+
+@dataclass
+class RingSpec:
+    """What the other process needs to attach: names of the two rings and the socket."""
+
+    send_ring: str
+    recv_ring: str
+    capacity: int
+
+
+class _Ring:
+    def __init__(self, shm: shared_memory.SharedMemory, capacity: int, owner: bool) -> None:
+        self.shm = shm
+        assert shm.buf is not None
+        self.buf: memoryview = shm.buf
+        self.capacity = capacity
+        self.owner = owner
+        self.head = 0  # writer side: absolute bytes allocated
+        self._segments: collections.deque[_Segment] = collections.deque()
+        self._lock = threading.Lock()  # finalizers may run on another thread
+        self._closed = False
+
+    @classmethod
+    def create(cls, capacity: int) -> _Ring:
+        ring = cls(shared_memory.SharedMemory(create=True, size=HEADER + capacity), capacity, True)
+        _TAIL.pack_into(ring.buf, 0, 0)
+        return ring
+
+    @classmethod
+    def attach(cls, name: str, capacity: int) -> _Ring:
+        # Processes we spawn share our resource tracker, so attaching registers nothing new;
+        # the creator unlinks the segment (and the tracker does, if the creator crashes).
+        shm = shared_memory.SharedMemory(name=name)
+        return cls(shm, capacity, owner=False)
+
+    @property
+    def tail(self) -> int:
+        return int(_TAIL.unpack_from(self.buf, 0)[0])
+
+    # --- writer side ---
+    def try_alloc(self, nbytes: int) -> int | None:
+        """Absolute start of a free region of `nbytes`, or None if there is no room yet."""
+        size = _align(nbytes)
+        pos = self.head % self.capacity
+        pad = self.capacity - pos if pos + size > self.capacity else 0
+        if self.head + pad + size - self.tail > self.capacity:
+            return None
+        start = self.head + pad
+        self.head = start + size
+        return start
+
+    def write(self, start: int, data: memoryview) -> None:
+        pos = HEADER + start % self.capacity
+        self.buf[pos : pos + data.nbytes] = data.cast("B")
+
+    # --- reader side ---
+    def view(self, start: int, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        pos = HEADER + start % self.capacity
+        base: np.ndarray[Any, np.dtype[np.uint8]] = np.ndarray(
+            (nbytes,), dtype=np.uint8, buffer=self.buf, offset=pos
+        )
+        segment = _Segment(end=start + _align(nbytes))
+        with self._lock:
+            self._segments.append(segment)
+        weakref.finalize(base, self._release, segment)
+        return base
+
+    def _release(self, segment: _Segment) -> None:
+        with self._lock:
+            segment.released = True
+            tail = None
+            while self._segments and self._segments[0].released:
+                tail = self._segments.popleft().end
+            if tail is not None and not self._closed:
+                _TAIL.pack_into(self.buf, 0, tail)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        with self._lock:
+            self._closed = True
+        with contextlib.suppress(BufferError):  # arrays still view it: it goes with the process
+            self.shm.close()
+        if self.owner:
+            with contextlib.suppress(FileNotFoundError):
+                self.shm.unlink()
+
+
+@dataclass
+class ShmLink:
+    """One end of a shared-memory link (a Link)."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    send_ring: _Ring
+    recv_ring: _Ring
+    _closed: bool = False
+    _send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @classmethod
+    def create_rings(cls, capacity: int = DEFAULT_CAPACITY) -> tuple[_Ring, _Ring, RingSpec]:
+        """The creator's two rings, and the spec the other side attaches with (crossed)."""
+        out, back = _Ring.create(capacity), _Ring.create(capacity)
+        return (
+            out,
+            back,
+            RingSpec(send_ring=back.shm.name, recv_ring=out.shm.name, capacity=capacity),
+        )
+
+    @classmethod
+    async def open(cls, sock: socket.socket, send_ring: _Ring, recv_ring: _Ring) -> ShmLink:
+        reader, writer = await asyncio.open_unix_connection(sock=sock)
+        return cls(reader, writer, send_ring, recv_ring)
+
+    @classmethod
+    async def attach(cls, sock: socket.socket, spec: RingSpec) -> ShmLink:
+        send_ring = _Ring.attach(spec.send_ring, spec.capacity)
+        recv_ring = _Ring.attach(spec.recv_ring, spec.capacity)
+        return await cls.open(sock, send_ring, recv_ring)
+
+    async def send(self, message: Any) -> None:
+        if self._closed:
+            raise LinkClosed("link closed")
+        header, buffers = encode(message)
+        async with self._send_lock:  # one message's segments stay contiguous and in order
+            segments: list[tuple[int, int]] = []
+            inline: list[bytes] = []
+            for buffer in buffers:
+                if _align(buffer.nbytes) > self.send_ring.capacity:
+                    segments.append((-1, len(inline)))
+                    inline.append(bytes(buffer))
+                    continue
+                start = await self._alloc(buffer.nbytes)
+                self.send_ring.write(start, buffer)
+                segments.append((start, buffer.nbytes))
+            frame = pickle.dumps((header, segments, inline), protocol=5)
+            try:
+                self.writer.write(_LEN.pack(len(frame)) + frame)
+                await self.writer.drain()
+            except (ConnectionError, OSError) as exc:
+                raise LinkClosed(f"link lost: {exc}") from None
+
+    async def _alloc(self, nbytes: int) -> int:
+        delay = 0.00005
+        while (start := self.send_ring.try_alloc(nbytes)) is None:
+            if self._closed:
+                raise LinkClosed("link closed")
+            await asyncio.sleep(delay)  # the reader frees space as it drops arrays
+            delay = min(delay * 2, 0.005)
+        return start
+
+    async def recv(self) -> Any:
+        if self._closed:
+            raise LinkClosed("link closed")
+        try:
+            (length,) = _LEN.unpack(await self.reader.readexactly(_LEN.size))
+            frame = await self.reader.readexactly(length)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            raise LinkClosed("the other side is gone") from None
+        header, segments, inline = pickle.loads(frame)
+        buffers = [
+            inline[size] if start < 0 else self.recv_ring.view(start, size)
+            for start, size in segments
+        ]
+        return decode(header, buffers)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.writer.close()
+        with contextlib.suppress(ConnectionError, OSError):
+            await self.writer.wait_closed()
+        self.send_ring.close()
+        self.recv_ring.close()

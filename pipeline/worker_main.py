@@ -1,0 +1,134 @@
+"""The child side of a worker stage: one engine in its own process, served over a link.
+
+The parent spawns this with a socket and the names of two shared-memory rings. The child
+builds the engine, says it is ready, then serves requests concurrently: each `generate`
+becomes a task streaming chunks back; `abort` cancels that task (the engine aborts on
+cancellation); the end of the link (the parent closed it or died) ends the process.
+
+Messages, parent -> child: ("generate", rid, inputs, streamed), ("input", rid, chunk),
+("input_end", rid), ("abort", rid), ("stats", token), ("close",).
+Child -> parent: ("ready",), ("fatal", message), ("chunk", rid, chunk), ("done", rid),
+("stats", token, active_requests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from .channel import Channel, ChannelClosed
+from .connectors.base import LinkClosed
+from .connectors.shm import RingSpec, ShmLink
+from .engines.registry import create_engine
+from .types import Chunk, End, Engine, ErrorChunk, StageInput
+
+log = logging.getLogger("parley.pipeline.worker")
+
+INPUT_CHANNEL_SIZE = 256
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    stage: str
+    engine: str
+    engine_args: dict[str, Any] = field(default_factory=dict)
+
+
+def run_worker(spec: WorkerSpec, sock: socket.socket, rings: RingSpec) -> None:
+    """Process entry point (multiprocessing spawn target)."""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s worker[{spec.stage}] %(message)s")
+    asyncio.run(_serve(spec, sock, rings))
+
+
+async def _serve(spec: WorkerSpec, sock: socket.socket, rings: RingSpec) -> None:
+    link = await ShmLink.attach(sock, rings)
+    try:
+        engine = create_engine(spec.engine, spec.engine_args)
+        await engine.start()
+    except Exception as exc:
+        log.exception("engine %s failed to start", spec.engine)
+        with contextlib.suppress(LinkClosed):
+            await link.send(("fatal", f"{type(exc).__name__}: {exc}"))
+        await link.close()
+        return
+    server = _Server(engine, link)
+    try:
+        await link.send(("ready",))
+        await server.serve()
+    except LinkClosed:
+        pass
+    finally:
+        await server.stop()
+        await engine.close()
+        await link.close()
+
+
+class _Server:
+    def __init__(self, engine: Engine, link: ShmLink) -> None:
+        self.engine = engine
+        self.link = link
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.inputs: dict[str, Channel[Chunk]] = {}
+
+    async def serve(self) -> None:
+        while True:
+            message = await self.link.recv()
+            kind = message[0]
+            if kind == "generate":
+                _, rid, inputs, streamed = message
+                if streamed:
+                    channel: Channel[Chunk] = Channel(INPUT_CHANNEL_SIZE)
+                    self.inputs[rid] = channel
+                    inputs = StageInput(inputs, aiter(channel))
+                self.tasks[rid] = asyncio.create_task(self._run(rid, inputs), name=rid)
+            elif kind == "input":
+                if (target := self.inputs.get(message[1])) is not None:
+                    with contextlib.suppress(ChannelClosed):
+                        await target.send(message[2])
+            elif kind == "input_end":
+                if (ended := self.inputs.get(message[1])) is not None:
+                    ended.close()
+            elif kind == "abort":
+                await self._abort(message[1])
+            elif kind == "stats":
+                await self.link.send(("stats", message[1], self.engine.active_requests()))
+            elif kind == "close":
+                return
+
+    async def _run(self, rid: str, inputs: Any) -> None:
+        try:
+            async with contextlib.aclosing(self.engine.generate(rid, inputs)) as stream:
+                async for chunk in stream:
+                    await self.link.send(("chunk", rid, chunk))
+                    if isinstance(chunk, End | ErrorChunk):
+                        break
+        except LinkClosed:
+            return
+        except Exception as exc:
+            log.exception("request %s failed", rid)
+            with contextlib.suppress(LinkClosed):
+                await self.link.send(("chunk", rid, ErrorChunk(f"{type(exc).__name__}: {exc}")))
+        finally:
+            self.tasks.pop(rid, None)
+            if (feed := self.inputs.pop(rid, None)) is not None:
+                feed.discard()
+        with contextlib.suppress(LinkClosed):
+            await self.link.send(("done", rid))
+
+    async def _abort(self, rid: str) -> None:
+        task = self.tasks.get(rid)
+        if task is not None:
+            task.cancel()
+            await asyncio.wait({task})
+        await self.engine.abort(rid)
+
+    async def stop(self) -> None:
+        tasks = list(self.tasks.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
