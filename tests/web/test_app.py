@@ -41,6 +41,8 @@ async def test_health_readiness_and_metrics(settings: Settings, redis_url: str) 
             "parley_dropped_buffer_frames_total",
             "parley_redis_errors_total",
             "parley_pipeline_loaded 1.0",
+            'parley_stage_active_requests{stage="echo"} 0.0',
+            'parley_stage_batch_size{stage="echo"}',
         ):
             assert name in metrics.text
         page = await client.get("/")
