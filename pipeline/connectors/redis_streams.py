@@ -19,8 +19,11 @@ other side's sends look for that id (an O(log n) range lookup that copies no pay
 raise LinkClosed. The second end to close finds the tombstone in its outbox and deletes
 both keys, so once both ends have closed no key is left. One Lua script per close makes
 "has the other side closed?" and the writes that follow atomic, so two ends closing at
-once still leave nothing. Every write refreshes a TTL: an end that dies without closing
-leaves keys that expire, not keys that stay.
+once still leave nothing. Every XADD refreshes its stream's TTL: an end that dies without
+closing leaves keys that expire, not keys that stay. The link does not detect such a death
+itself (a recv just keeps waiting); that takes a liveness signal, like a lease, owned by
+whoever runs the stage. For the same reason an end must not outlive its closed peer by more
+than `ttl_s`: once the tombstone has expired, its sends fill a stream nobody reads.
 
 Trust: messages are unpickled, so anyone who can write these keys can run code in the
 reading process. The link trusts its Redis as much as the rest of the pipeline does.
@@ -116,6 +119,7 @@ class RedisStreamLink:
         self._ttl_s = ttl_s
         self._close_script = redis.register_script(_CLOSE)
         self._send_lock = asyncio.Lock()  # keeps the bound exact with concurrent senders
+        self._recv_lock = asyncio.Lock()  # concurrent recvs would read the same entry twice
         # The outbox length after our last XADD; unknown at first, so assume full and look.
         self._outbox_len = maxlen
         self._last_id: bytes | str = "0-0"  # read from the start: nothing sent early is lost
@@ -196,6 +200,10 @@ class RedisStreamLink:
         the next one. Deletions that a cancellation interrupted are retried with the next
         read, so no consumed entry stays behind to hold the writer back.
         """
+        async with self._recv_lock:
+            return await self._next()
+
+    async def _next(self) -> Any:
         while True:
             self._check_open()
             pipe = self._redis.pipeline(transaction=False)
@@ -229,7 +237,7 @@ class RedisStreamLink:
         """
         if self._closed:
             return
-        self._closed = True  # a send waiting for room or a blocked recv gives up now
+        self._closed = True  # a waiting send gives up within FULL_POLL_S, a recv in block_ms
         try:
             async with asyncio.timeout(CLOSE_TIMEOUT_S), self._send_lock:
                 last = await self._close_script(

@@ -280,3 +280,43 @@ async def test_rejects_a_decoding_client(redis_url: str) -> None:
             RedisStreamLink.end(client, "x", "a")
     finally:
         await client.aclose()
+
+
+async def test_close_releases_a_send_waiting_on_the_same_end(redis: aioredis.Redis) -> None:
+    a, b = RedisStreamLink.pair(redis, "own", maxlen=1, block_ms=200)
+    try:
+        await a.send("fills it")
+        task = asyncio.create_task(a.send("waits"))
+        await asyncio.sleep(0.05)
+        await asyncio.wait_for(a.close(), timeout=1)
+        with pytest.raises(LinkClosed):
+            await asyncio.wait_for(task, timeout=1)
+        assert await b.recv() == "fills it"  # sent before the close: still delivered
+        with pytest.raises(LinkClosed):
+            await b.recv()
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_works_over_resp3(redis_url: str) -> None:
+    client = aioredis.Redis.from_url(redis_url, protocol=3)
+    a, b = RedisStreamLink.pair(client, "resp3", block_ms=100)
+    try:
+        hidden = np.arange(12, dtype=np.float32).reshape(3, 4)
+        await a.send({"hidden": hidden})
+        got = await b.recv()
+        np.testing.assert_array_equal(got["hidden"], hidden)
+    finally:
+        await a.close()
+        await b.close()
+        await client.aclose()
+
+
+async def test_concurrent_recvs_each_get_a_different_message(link: Pair) -> None:
+    a, b = link
+    readers = [asyncio.create_task(b.recv()) for _ in range(5)]
+    for i in range(5):
+        await a.send(i)
+    got = await asyncio.wait_for(asyncio.gather(*readers), timeout=2)
+    assert sorted(got) == list(range(5))
