@@ -42,8 +42,12 @@ class _Model(BaseModel):
 
 
 class Placement(_Model):
-    process: Literal["main", "worker"] = "main"
+    """Where a stage runs: this process, a worker process, or another host (`remote`,
+    served by `parley stage` over the Redis link named `link`)."""
+
+    process: Literal["main", "worker", "remote"] = "main"
     devices: tuple[str, ...] = ("cpu",)
+    link: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
 
 
 class StageConfig(_Model):
@@ -93,7 +97,10 @@ class GraphConfig(_Model):
         return self
 
     def stage(self, name: str) -> StageConfig:
-        return next(s for s in self.stages if s.name == name)
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(f"graph {self.name} has no stage {name!r}")
 
     def upstream(self, name: str) -> list[EdgeConfig]:
         return [e for e in self.edges if e.target == name]

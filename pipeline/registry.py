@@ -12,6 +12,7 @@ from .engines.registry import create_engine
 from .graph import StageGraph
 from .graph_config import GraphConfig, load_graph
 from .metrics import PipelineMetrics
+from .remote import RemoteEngine
 from .types import Engine, Pipeline
 from .worker import WorkerEngine
 from .worker_main import WorkerSpec
@@ -41,10 +42,19 @@ def graph_path(name_or_path: str) -> Path:
     )
 
 
-def build_engines(config: GraphConfig) -> dict[str, Engine]:
+def link_name(config: GraphConfig, stage: str) -> str:
+    """The Redis link a remote stage is reached on: its `link`, or `<graph>.<stage>`."""
+    return config.stage(stage).placement.link or f"{config.name}.{stage}"
+
+
+def build_engines(config: GraphConfig, redis_url: str | None = None) -> dict[str, Engine]:
     engines: dict[str, Engine] = {}
     for stage in config.stages:
-        if stage.placement.process == "worker":
+        if stage.placement.process == "remote":
+            if redis_url is None:
+                raise PipelineNotFound(f"stage {stage.name} is remote, which needs a Redis URL")
+            engines[stage.name] = RemoteEngine(stage.name, link_name(config, stage.name), redis_url)
+        elif stage.placement.process == "worker":
             engines[stage.name] = WorkerEngine(
                 WorkerSpec(stage.name, stage.engine, dict(stage.engine_args))
             )
@@ -53,7 +63,9 @@ def build_engines(config: GraphConfig) -> dict[str, Engine]:
     return engines
 
 
-def load_pipeline(name_or_path: str, metrics: PipelineMetrics | None = None) -> Pipeline:
+def load_pipeline(
+    name_or_path: str, metrics: PipelineMetrics | None = None, redis_url: str | None = None
+) -> Pipeline:
     """Build the named pipeline (not started yet)."""
     config = load_graph(graph_path(name_or_path))
-    return StageGraph(config, build_engines(config), metrics=metrics)
+    return StageGraph(config, build_engines(config, redis_url), metrics=metrics)

@@ -1,9 +1,10 @@
-"""The child side of a worker stage: one engine in its own process, served over a link.
+"""The serving side of a stage: one engine served over a link, in its own process.
 
-The parent spawns this with a socket and the names of two shared-memory rings. The child
-builds the engine, says it is ready, then serves requests concurrently: each `generate`
-becomes a task streaming chunks back; `abort` cancels that task (the engine aborts on
-cancellation); the end of the link (the parent closed it or died) ends the process.
+A worker is spawned by the main process with a socket and the names of two shared-memory
+rings; a remote stage (`parley stage`) reaches the main process through Redis streams. Either
+way `serve_stage` builds the engine, says it is ready, then serves requests concurrently:
+each `generate` becomes a task streaming chunks back; `abort` cancels that task (the engine
+aborts on cancellation); the end of the link (the parent closed it or died) ends the serving.
 
 Messages, parent -> child: ("generate", rid, inputs, streamed), ("input", rid, chunk),
 ("input_end", rid), ("abort", rid), ("stats", token), ("close",).
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .channel import Channel, ChannelClosed
-from .connectors.base import LinkClosed
+from .connectors.base import Link, LinkClosed
 from .connectors.shm import RingSpec, ShmLink
 from .engines.registry import create_engine
 from .types import Chunk, End, Engine, ErrorChunk, StageInput
@@ -45,7 +46,11 @@ def run_worker(spec: WorkerSpec, sock: socket.socket, rings: RingSpec) -> None:
 
 
 async def _serve(spec: WorkerSpec, sock: socket.socket, rings: RingSpec) -> None:
-    link = await ShmLink.attach(sock, rings)
+    await serve_stage(spec, await ShmLink.attach(sock, rings))
+
+
+async def serve_stage(spec: WorkerSpec, link: Link) -> None:
+    """Build the engine and serve it over `link` until the link ends or says close."""
     try:
         engine = create_engine(spec.engine, spec.engine_args)
         await engine.start()
@@ -68,7 +73,7 @@ async def _serve(spec: WorkerSpec, sock: socket.socket, rings: RingSpec) -> None
 
 
 class _Server:
-    def __init__(self, engine: Engine, link: ShmLink) -> None:
+    def __init__(self, engine: Engine, link: Link) -> None:
         self.engine = engine
         self.link = link
         self.tasks: dict[str, asyncio.Task[None]] = {}

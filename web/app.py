@@ -69,7 +69,9 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
     )
     try:
         services.pipeline = load_pipeline(
-            services.settings.pipeline, PipelineMetrics(services.metrics.registry)
+            services.settings.pipeline,
+            PipelineMetrics(services.metrics.registry),
+            redis_url=services.redis_url,
         )
     except Exception as exc:
         services.pipeline_error = f"pipeline {services.settings.pipeline!r}: {exc}"

@@ -17,6 +17,8 @@ from collections.abc import Generator, Sequence
 
 import uvicorn
 
+from pipeline.remote import serve_remote_stage
+
 from .app import create_app
 from .redis_server import EmbeddedRedis, RedisServerMissing
 from .settings import Settings, SettingsError, parse_settings
@@ -105,7 +107,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if command == "serve":
         return serve(settings)
+    if command == "stage":
+        return serve_stage(settings)
     return 2
+
+
+def serve_stage(settings: Settings) -> int:
+    """Serve one stage for a main process elsewhere, until it closes the link or Ctrl-C."""
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    assert settings.redis_url is not None and settings.stage is not None
+    try:
+        asyncio.run(serve_remote_stage(settings.pipeline, settings.stage, settings.redis_url))
+    except KeyboardInterrupt:
+        pass
+    except (LookupError, ValueError) as exc:
+        print(f"parley: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ class Settings:
     pipeline: str = DEFAULT_PIPELINE
     max_sessions: int = DEFAULT_MAX_SESSIONS
     log_level: str = "info"
+    stage: str | None = None
+    """`parley stage`: which stage of the pipeline to serve for another host."""
 
     @property
     def base_url(self) -> str:
@@ -68,6 +70,13 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--pipeline", default=_env("pipeline", d.pipeline))
     serve.add_argument("--max-sessions", default=_env("max_sessions", str(d.max_sessions)))
     serve.add_argument("--log-level", default=_env("log_level", d.log_level))
+    stage = sub.add_parser(
+        "stage", help="serve one stage of a pipeline for a `parley serve` on another host"
+    )
+    stage.add_argument("--redis-url", default=_env("redis_url", None), required=False)
+    stage.add_argument("--pipeline", default=_env("pipeline", d.pipeline))
+    stage.add_argument("--stage", default=_env("stage", None))
+    stage.add_argument("--log-level", default=_env("log_level", d.log_level))
     return p
 
 
@@ -77,6 +86,14 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[str, Settings]:
     level = str(args.log_level).lower()
     if level not in LOG_LEVELS:
         raise SettingsError(f"--log-level: must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
+    if args.command == "stage":
+        if not args.redis_url:
+            raise SettingsError("--redis-url: a remote stage needs the Redis its server uses")
+        if not args.stage:
+            raise SettingsError("--stage: name the stage to serve")
+        return args.command, Settings(
+            redis_url=args.redis_url, pipeline=args.pipeline, stage=args.stage, log_level=level
+        )
     return args.command, Settings(
         host=args.host,
         port=_int("port", args.port, 0, 65535),

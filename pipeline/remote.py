@@ -1,0 +1,82 @@
+"""A stage on another host, reached through Redis streams.
+
+The main process holds a `RemoteEngine`; the other host runs `parley stage`, which serves
+the stage's engine over the other end of the same link (named in the graph file, so both
+sides agree). The remote side announces itself with a "ready" message whenever it starts;
+requests wait for it up to the start timeout. A remote stage that dies is noticed by the
+caller's own deadline (the session's chunk timeout), since a Redis link cannot see a peer
+vanish; when it comes back, it announces itself again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import redis.asyncio as aioredis
+
+from .connectors.base import LinkClosed
+from .connectors.redis_streams import RedisStreamLink
+from .stage_client import LinkedStage
+
+log = logging.getLogger("parley.pipeline.remote")
+
+
+class RemoteEngine(LinkedStage):
+    def __init__(
+        self, stage: str, link_name: str, redis_url: str, start_timeout_s: float = 30.0
+    ) -> None:
+        super().__init__(stage, start_timeout_s)
+        self.link_name = link_name
+        self.redis_url = redis_url
+        self._redis: aioredis.Redis | None = None
+        self._waiter: asyncio.Task[None] | None = None
+        self._pending: RedisStreamLink | None = None
+
+    async def start(self) -> None:
+        """Open our end and wait (in the background) for the remote side's "ready"."""
+        self._redis = aioredis.Redis.from_url(self.redis_url)
+        link = self._pending = RedisStreamLink.end(self._redis, self.link_name, "a")
+        self._waiter = asyncio.create_task(self._await_ready(link), name=f"remote:{self.name}")
+
+    async def _await_ready(self, link: RedisStreamLink) -> None:
+        try:
+            while (message := await link.recv())[0] != "ready":
+                log.warning("stage %s: ignoring %r before ready", self.name, message[0])
+        except LinkClosed:
+            return
+        log.info("stage %s: remote side is ready on link %s", self.name, self.link_name)
+        self._pending = None
+        self._attach(link)
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._waiter is not None:
+            self._waiter.cancel()
+            await asyncio.wait({self._waiter})
+            self._waiter = None
+        if self._pending is not None:  # the remote side never came
+            await self._pending.close()
+            self._pending = None
+        await self._detach()
+        if self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None
+
+
+async def serve_remote_stage(graph_file: str, stage: str, redis_url: str) -> None:
+    """`parley stage`: serve one stage of a graph for a main process on another host."""
+    from .graph_config import load_graph
+    from .registry import graph_path, link_name
+    from .worker_main import WorkerSpec, serve_stage
+
+    config = load_graph(graph_path(graph_file))
+    stage_config = config.stage(stage)
+    spec = WorkerSpec(stage, stage_config.engine, dict(stage_config.engine_args))
+    redis = aioredis.Redis.from_url(redis_url)
+    try:
+        link = RedisStreamLink.end(redis, link_name(config, stage), "b")
+        log.info("serving stage %s of %s on link %s", stage, config.name, link_name(config, stage))
+        await serve_stage(spec, link)
+    finally:
+        await redis.aclose()

@@ -1,0 +1,168 @@
+"""The main-process side of a stage served elsewhere (a worker process or another host).
+
+`LinkedStage` is an Engine that forwards each request over a link and routes what comes
+back: one reader task owns the link's inbound side and hands chunks to per-request bounded
+channels. When the link is lost, every request in flight gets an ErrorChunk at once, and
+the subclass decides what happens next (a worker is restarted; a remote stage is waited
+for). Subclasses provide `start`, `close` and call `_attach` / react in `_on_lost`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from .channel import Channel, ChannelClosed
+from .connectors.base import Link, LinkClosed
+from .types import Chunk, End, ErrorChunk, PipelineRequest, StageInput
+
+log = logging.getLogger("parley.pipeline.stage_client")
+
+REQUEST_CHANNEL_SIZE = 64
+
+
+class LinkedStage:
+    def __init__(self, name: str, start_timeout_s: float) -> None:
+        self.name = name
+        self.start_timeout_s = start_timeout_s
+        self._link: Link | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+        self._closing = False
+        self._requests: dict[str, Channel[Chunk]] = {}
+        self._stats: dict[int, asyncio.Future[int]] = {}
+        self._tokens = itertools.count()
+
+    # --- for subclasses ------------------------------------------------------------------
+
+    def _attach(self, link: Link) -> None:
+        """Start serving requests over `link` (the stage said it is ready)."""
+        self._link = link
+        self._reader = asyncio.create_task(self._read(link), name=f"stage:{self.name}:reader")
+        self._ready.set()
+
+    async def _on_lost(self) -> None:
+        """Called (in the reader task) once the link is lost and requests were failed."""
+
+    async def _detach(self) -> None:
+        """Stop reading and close the link (for close()); idempotent."""
+        self._closing = True
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.wait({self._reader})
+            self._reader = None
+        if self._link is not None:
+            link, self._link = self._link, None
+            await link.close()
+
+    # --- the reader ----------------------------------------------------------------------
+
+    async def _read(self, link: Link) -> None:
+        try:
+            while True:
+                message = await link.recv()
+                kind = message[0]
+                if kind == "chunk":
+                    if (channel := self._requests.get(message[1])) is not None:
+                        with contextlib.suppress(ChannelClosed):
+                            await channel.send(message[2])
+                elif kind == "done":
+                    if (finished := self._requests.get(message[1])) is not None:
+                        finished.close()
+                elif kind == "stats":
+                    future = self._stats.pop(message[1], None)
+                    if future is not None and not future.done():
+                        future.set_result(message[2])
+        except LinkClosed:
+            pass
+        finally:
+            await self._lost(link)
+
+    async def _lost(self, link: Link) -> None:
+        self._ready.clear()
+        for rid, channel in list(self._requests.items()):
+            channel.close_with(
+                ErrorChunk(f"the {self.name} worker stopped while serving {rid}", self.name)
+            )
+        for future in self._stats.values():
+            if not future.done():
+                future.set_exception(LinkClosed("the stage is gone"))
+        self._stats.clear()
+        if self._link is link:
+            self._link = None
+            await link.close()
+        if not self._closing:
+            await self._on_lost()
+
+    # --- the engine contract -------------------------------------------------------------
+
+    def active_requests(self) -> int:
+        return len(self._requests)
+
+    async def remote_active_requests(self) -> int:
+        """How many requests the engine on the other side holds (for tests and checks)."""
+        link = await self._live_link()
+        token = next(self._tokens)
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._stats[token] = future
+        await link.send(("stats", token))
+        return await future
+
+    async def _live_link(self) -> Link:
+        async with asyncio.timeout(self.start_timeout_s):
+            await self._ready.wait()
+        assert self._link is not None
+        return self._link
+
+    async def abort(self, request_id: str) -> None:
+        channel = self._requests.pop(request_id, None)
+        if channel is not None:
+            channel.discard()
+        if self._link is not None:
+            with contextlib.suppress(LinkClosed):
+                await self._link.send(("abort", request_id))
+
+    async def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]:
+        try:
+            link = await self._live_link()
+        except TimeoutError:
+            yield ErrorChunk(f"the {self.name} stage is not running", self.name)
+            return
+        channel: Channel[Chunk] = Channel(REQUEST_CHANNEL_SIZE)
+        self._requests[request_id] = channel
+        streamed = isinstance(inputs, StageInput)
+        request: PipelineRequest = inputs.request if streamed else inputs
+        feeder: asyncio.Task[None] | None = None
+        finished = False
+        try:
+            await link.send(("generate", request_id, request, streamed))
+            if streamed:
+                feeder = asyncio.create_task(self._feed(link, request_id, inputs))
+            async for chunk in channel:
+                yield chunk
+                if isinstance(chunk, End | ErrorChunk):
+                    finished = True
+                    return
+            finished = True
+        except LinkClosed:
+            finished = True
+            yield ErrorChunk(f"the {self.name} worker stopped", self.name)
+        finally:
+            if feeder is not None:
+                feeder.cancel()
+                await asyncio.wait({feeder})
+            if finished:
+                self._requests.pop(request_id, None)
+            else:
+                await self.abort(request_id)
+
+    async def _feed(self, link: Link, request_id: str, inputs: StageInput) -> None:
+        """Forward the upstream chunks of a streamed request to the stage."""
+        with contextlib.suppress(LinkClosed):
+            async for chunk in inputs.chunks:
+                await link.send(("input", request_id, chunk))
+            await link.send(("input_end", request_id))
