@@ -77,7 +77,7 @@ def test_a_good_graph_loads() -> None:
             ),
             5,
             "stages.0.placement.process",
-            "'main' or 'worker'",
+            "'main', 'worker' or 'remote'",
         ),
         (
             BASE.replace("  - {from: a, to: b}\n", "  - {from: a, to: b}\n  - {from: b, to: a}\n"),
