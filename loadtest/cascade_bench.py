@@ -56,7 +56,8 @@ def spoken(text: str) -> np.ndarray:
     voice = load_voice()
     chunks = [c.audio_int16_array for c in voice.synthesize(text)]
     pcm = np.concatenate(chunks)
-    return soxr.resample(pcm, voice.config.sample_rate, 16_000).astype(np.int16)
+    resampled: np.ndarray = soxr.resample(pcm, voice.config.sample_rate, 16_000)
+    return resampled.astype(np.int16)
 
 
 async def run(n: int) -> dict[str, float]:

@@ -9,6 +9,9 @@ from ..types import Engine
 
 ENGINES: dict[str, str] = {
     "echo": "pipeline.engines.echo:EchoEngine",
+    "cascade.thinker": "pipeline.engines.cascade.thinker:ThinkerEngine",
+    "cascade.talker": "pipeline.engines.cascade.talker:TalkerEngine",
+    "cascade.code2wav": "pipeline.engines.cascade.code2wav:Code2WavEngine",
 }
 
 

@@ -86,7 +86,7 @@ def _convert(gguf: Path, checkpoint: Path) -> None:
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=checkpoint.parent))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(
+        tokenizer = AutoTokenizer.from_pretrained(  # type: ignore[no-untyped-call]
             gguf.parent, gguf_file=gguf.name, local_files_only=True
         )
         model = AutoModelForCausalLM.from_pretrained(
@@ -104,12 +104,14 @@ def _convert(gguf: Path, checkpoint: Path) -> None:
 
 
 def _load_checkpoint(checkpoint: Path) -> LanguageModel:
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(  # type: ignore[no-untyped-call]
+        checkpoint, local_files_only=True
+    )
     tokenizer.padding_side = "left"  # batched generation appends on the right of every row
     model = AutoModelForCausalLM.from_pretrained(
         checkpoint, dtype=torch.float32, local_files_only=True
     )
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]
     stops = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(END_OF_TURN)}
     stops.discard(tokenizer.unk_token_id)
     stop_ids = tuple(sorted(t for t in stops if isinstance(t, int)))

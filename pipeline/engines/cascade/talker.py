@@ -1,0 +1,124 @@
+"""The cascade's Talker: the Thinker's streamed reply in, Piper phoneme ids per clause out.
+
+Speech can start as soon as the first clause of the reply is known, long before the reply is,
+so the Talker cuts the text stream into clauses as it arrives and sends each one on the moment
+it is complete. A clause ends at . ! ? ; : (or a comma once it is long enough to breathe) when
+whitespace follows: a full stop straight after a digit may be a decimal point, and the next
+token settles it. What is left when the stream ends is the last clause.
+
+Phonemizing a clause with Piper's espeak-ng takes well under a millisecond, so it runs inline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from ...types import Chunk, CodecCodes, End, ErrorChunk, StageInput, TextDelta
+from .voice import VOICE_PACKAGE, clause_phoneme_ids, load_voice
+
+ENDS = frozenset(".!?;:\n")
+CLOSERS = frozenset("\"')]\u201d\u2019")
+COMMA_AFTER = 40
+"""A comma ends a clause once the clause has at least this many characters."""
+
+
+class ClauseSplitter:
+    """Cuts streamed text into clauses; `feed` returns the clauses that just completed."""
+
+    def __init__(self, comma_after: int = COMMA_AFTER) -> None:
+        self.comma_after = comma_after
+        self._buffer = ""
+        self._scanned = 0
+
+    def feed(self, text: str) -> list[str]:
+        self._buffer += text
+        clauses: list[str] = []
+        start, i = 0, self._scanned
+        while i < len(self._buffer):
+            char = self._buffer[i]
+            if char in ENDS or (char == "," and i - start >= self.comma_after):
+                end = i
+                while end + 1 < len(self._buffer) and self._buffer[end + 1] in CLOSERS:
+                    end += 1
+                if end + 1 == len(self._buffer):
+                    break  # undecided until the next text shows what follows
+                if self._buffer[end + 1].isspace():
+                    if clause := self._buffer[start : end + 1].strip():
+                        clauses.append(clause)
+                    start = end + 1
+                i = end + 1
+            else:
+                i += 1
+        self._buffer = self._buffer[start:]
+        self._scanned = i - start
+        return clauses
+
+    def flush(self) -> str:
+        rest, self._buffer, self._scanned = self._buffer.strip(), "", 0
+        return rest
+
+
+class TalkerEngine:
+    """Streams one CodecCodes (phoneme ids, with the clause text and sample rate) per clause."""
+
+    name = "cascade.talker"
+
+    def __init__(self, *, voice_package: str = VOICE_PACKAGE, comma_after: int = COMMA_AFTER):
+        self.voice_package = voice_package
+        self.comma_after = comma_after
+        self._voice: Any = None
+        self._active: set[str] = set()
+
+    async def start(self) -> None:
+        if self._voice is None:
+            self._voice = await asyncio.to_thread(load_voice, self.voice_package)
+
+    async def close(self) -> None:
+        self._active.clear()
+
+    def active_requests(self) -> int:
+        return len(self._active)
+
+    async def abort(self, request_id: str) -> None:
+        self._active.discard(request_id)
+
+    async def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]:
+        if not isinstance(inputs, StageInput):
+            yield ErrorChunk(message="the talker takes a StageInput", stage=self.name)
+            return
+        if self._voice is None:
+            yield ErrorChunk(message="the talker was not started", stage=self.name)
+            return
+        if inputs.request.output_text_only:
+            yield End()  # no speech wanted: the graph unblocks the upstream when we stop reading
+            return
+        self._active.add(request_id)
+        splitter = ClauseSplitter(self.comma_after)
+        try:
+            async for chunk in inputs.chunks:
+                if request_id not in self._active:
+                    return  # aborted
+                if isinstance(chunk, ErrorChunk):
+                    yield chunk
+                    return
+                if isinstance(chunk, End):
+                    break
+                if isinstance(chunk, TextDelta) and chunk.kind == "output":
+                    for clause in splitter.feed(chunk.text):
+                        if (codes := self._codes(clause)) is not None:
+                            yield codes
+            if (rest := splitter.flush()) and (codes := self._codes(rest)) is not None:
+                yield codes
+            if request_id in self._active:
+                yield End()
+        finally:
+            self._active.discard(request_id)
+
+    def _codes(self, clause: str) -> CodecCodes | None:
+        ids = clause_phoneme_ids(self._voice, clause)
+        if not len(ids):
+            return None
+        rate = int(self._voice.config.sample_rate)
+        return CodecCodes(codes=ids, metadata={"text": clause, "sample_rate": rate})

@@ -1,0 +1,162 @@
+"""The cascade's Thinker: the user's turn in, the assistant's reply out as streamed text.
+
+A spoken turn is transcribed by pocketsphinx (the transcript is streamed first, as an
+`input_transcript` delta); the camera frames become one sentence of context (`vision.py`); the
+instructions, that context, the history and the user's words become a chat prompt for
+SmolLM2-135M-Instruct, whose reply streams out token by token.
+
+Batching: every request's prompt goes to one `TextGenerator`, whose model thread runs the
+prompts that arrive together (within `batch_window_ms` of each other, or while a batch runs)
+as one batched `generate`; see `textgen.py`. Transcription happens before that, in a thread,
+one utterance at a time (pocketsphinx runs ~5x faster than real time).
+
+Torch's thread count is process-wide. One thread is the default: on a 2-core machine two
+threads were erratic (4-25 tokens/s, as soon as anything else ran) while one gave a steady
+~22 tokens/s alone and ~57 tokens/s over a batch of four.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...types import Chunk, End, ErrorChunk, PipelineRequest, TextDelta
+from .asr import SpeechRecognizer
+from .smollm import DEFAULT_FILE, DEFAULT_PACKAGE, LanguageModel, load_language_model
+from .textgen import GenerationFailed, TextGenerator
+from .vision import describe_frames
+
+DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant. Answer in one or two short sentences."
+NOT_HEARD = "Sorry, I did not catch that."
+
+
+class ThinkerEngine:
+    """Streams TextDelta chunks: the input transcript (if the turn was spoken), then the reply."""
+
+    name = "cascade.thinker"
+
+    def __init__(
+        self,
+        *,
+        max_new_tokens: int = 64,
+        batch_window_ms: float = 20.0,
+        max_batch: int = 8,
+        threads: int = 1,
+        model_package: str = DEFAULT_PACKAGE,
+        model_file: str = DEFAULT_FILE,
+        cache_dir: str | None = None,
+        default_instructions: str = DEFAULT_INSTRUCTIONS,
+    ) -> None:
+        self.max_new_tokens = max_new_tokens
+        self.batch_window_ms = batch_window_ms
+        self.max_batch = max_batch
+        self.threads = threads
+        self.model_package = model_package
+        self.model_file = model_file
+        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.default_instructions = default_instructions
+        self._lm: LanguageModel | None = None
+        self._recognizer: SpeechRecognizer | None = None
+        self._generator: TextGenerator | None = None
+        self._active: set[str] = set()
+
+    @property
+    def batch_size(self) -> int:
+        """How many requests the most recent batch served."""
+        return self._generator.last_batch_size if self._generator else 0
+
+    async def start(self) -> None:
+        if self._generator is not None:
+            return
+        self._lm = await asyncio.to_thread(self._load)
+        self._recognizer = await asyncio.to_thread(SpeechRecognizer)
+        self._generator = TextGenerator(
+            self._lm, window_s=self.batch_window_ms / 1000, max_batch=self.max_batch
+        )
+
+    def _load(self) -> LanguageModel:
+        torch.set_num_threads(self.threads)
+        return load_language_model(self.model_package, self.model_file, self.cache_dir)
+
+    async def close(self) -> None:
+        self._active.clear()
+        generator, self._generator = self._generator, None
+        if generator is not None:
+            await generator.close()
+
+    def active_requests(self) -> int:
+        return len(self.request_ids())
+
+    def request_ids(self) -> set[str]:
+        """The requests holding any state here (the engine's or the model thread's)."""
+        held = self._generator.request_ids() if self._generator else set()
+        return self._active | held
+
+    async def abort(self, request_id: str) -> None:
+        self._active.discard(request_id)
+        if self._generator is not None:
+            self._generator.cancel(request_id)
+
+    async def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]:
+        if not isinstance(inputs, PipelineRequest):
+            yield ErrorChunk(message="the thinker takes a PipelineRequest", stage=self.name)
+            return
+        generator, recognizer = self._generator, self._recognizer
+        if generator is None or recognizer is None or self._lm is None:
+            yield ErrorChunk(message="the thinker was not started", stage=self.name)
+            return
+        self._active.add(request_id)
+        try:
+            user_text = inputs.text or ""
+            if len(inputs.audio):
+                heard = await asyncio.to_thread(recognizer.transcribe, inputs.audio)
+                if request_id not in self._active:
+                    return  # aborted while transcribing
+                if heard:
+                    yield TextDelta(text=heard, kind="input_transcript")
+                user_text = " ".join(t for t in (user_text, heard) if t)
+            if not user_text.strip():
+                yield TextDelta(text=NOT_HEARD)
+                yield End()
+                return
+            scene = await asyncio.to_thread(describe_frames, inputs.frames) if inputs.frames else ""
+            if request_id not in self._active:
+                return  # aborted while looking at the frames
+            prompt = self.chat_prompt(inputs, user_text, scene)
+            stream = generator.stream(request_id, prompt, self.max_new_tokens)
+            async with contextlib.aclosing(stream):
+                try:
+                    async for text in stream:
+                        yield TextDelta(text=text)
+                except GenerationFailed as exc:
+                    yield ErrorChunk(message=str(exc), stage=self.name)
+                    return
+            if request_id in self._active:
+                yield End()
+        finally:
+            self._active.discard(request_id)
+
+    def chat_prompt(self, request: PipelineRequest, user_text: str, scene: str = "") -> str:
+        """The chat prompt, rendered with the model's own template (after `start`)."""
+        system = [request.instructions.strip() or self.default_instructions]
+        system += [item.text for item in request.history if item.role == "system"]
+        if scene:
+            system.append(f"What the camera shows: {scene}")
+        messages = [{"role": "system", "content": "\n".join(system)}]
+        messages += [
+            {"role": item.role, "content": item.text}
+            for item in request.history
+            if item.role != "system" and item.text
+        ]
+        messages.append({"role": "user", "content": user_text.strip()})
+        if self._lm is None:
+            raise RuntimeError("the thinker was not started")
+        prompt = self._lm.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        return str(prompt)

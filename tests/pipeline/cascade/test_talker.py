@@ -1,0 +1,78 @@
+"""The talker cuts the streamed reply into clauses and phonemizes each as soon as it ends."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import numpy as np
+from piper import PiperVoice
+
+from pipeline.engines.cascade.talker import ClauseSplitter, TalkerEngine
+from pipeline.types import Chunk, CodecCodes, End, PipelineRequest, StageInput, TextDelta
+
+
+def request(**kwargs: object) -> PipelineRequest:
+    return PipelineRequest(request_id="r1", audio=np.zeros(0, dtype=np.int16), **kwargs)  # type: ignore[arg-type]
+
+
+def test_splitter_waits_for_what_follows_a_full_stop() -> None:
+    splitter = ClauseSplitter()
+    assert splitter.feed("It is 3") == []
+    assert splitter.feed(".") == []
+    assert splitter.feed("5 degrees.") == []
+    assert splitter.feed(' She said "go!" Then') == ["It is 3.5 degrees.", 'She said "go!"']
+    long = " we walked along the winding road by the sea, and"
+    assert splitter.feed(long) == ["Then we walked along the winding road by the sea,"]
+    assert splitter.flush() == "and"
+
+
+async def test_yields_phoneme_ids_per_clause_before_the_stream_ends(voice: PiperVoice) -> None:
+    events: list[str] = []
+    deltas = [
+        TextDelta(text="what is the capital", kind="input_transcript"),
+        TextDelta(text="The capital"),
+        TextDelta(text=" of France is Paris."),
+        TextDelta(text=" It is lovely"),
+        TextDelta(text=" in spring"),
+    ]
+
+    async def upstream() -> AsyncIterator[Chunk]:
+        for delta in deltas:
+            events.append(f"sent {delta.text}")
+            yield delta
+        yield End()
+
+    talker = TalkerEngine()
+    await talker.start()
+    chunks: list[Chunk] = []
+    async for chunk in talker.generate("r1", StageInput(request(), upstream())):
+        chunks.append(chunk)
+        if isinstance(chunk, CodecCodes):
+            events.append(f"codes {chunk.metadata['text']}")
+    await talker.close()
+
+    codes = [c for c in chunks if isinstance(c, CodecCodes)]
+    assert [c.metadata["text"] for c in codes] == [
+        "The capital of France is Paris.",
+        "It is lovely in spring",
+    ]
+    assert events.index("codes The capital of France is Paris.") < events.index("sent  in spring")
+    for c in codes:
+        assert c.codes.dtype == np.int32 and len(c.codes) > 10
+        assert c.metadata["sample_rate"] == 22_050
+    assert isinstance(chunks[-1], End)
+    assert talker.active_requests() == 0
+
+
+async def test_text_only_requests_get_no_speech(voice: PiperVoice) -> None:
+    async def upstream() -> AsyncIterator[Chunk]:
+        yield TextDelta(text="Hello there. How are you?")
+        yield End()
+
+    talker = TalkerEngine()
+    await talker.start()
+    chunks = [
+        c
+        async for c in talker.generate("r2", StageInput(request(output_text_only=True), upstream()))
+    ]
+    assert chunks == [End()]

@@ -1,0 +1,139 @@
+"""The thinker answers with streamed text, serving concurrent requests as one batch."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from pipeline.engines.cascade.smollm import LanguageModel
+from pipeline.engines.cascade.thinker import NOT_HEARD, ThinkerEngine
+from pipeline.types import Chunk, End, HistoryItem, PipelineRequest, TextDelta, VideoFrame
+from tests.pipeline.cascade.conftest import Speak
+
+MAX_TOKENS = 24
+
+
+def typed(rid: str, text: str, **kwargs: object) -> PipelineRequest:
+    return PipelineRequest(request_id=rid, audio=np.zeros(0, dtype=np.int16), text=text, **kwargs)  # type: ignore[arg-type]
+
+
+def output_text(chunks: list[Chunk]) -> str:
+    return "".join(c.text for c in chunks if isinstance(c, TextDelta) and c.kind == "output")
+
+
+@pytest.fixture
+async def thinker(language_model: LanguageModel) -> AsyncIterator[ThinkerEngine]:
+    engine = ThinkerEngine(max_new_tokens=MAX_TOKENS, batch_window_ms=50)
+    await engine.start()
+    yield engine
+    await engine.close()
+
+
+async def test_answers_a_typed_question_with_streamed_text(thinker: ThinkerEngine) -> None:
+    started = time.perf_counter()
+    first: float | None = None
+    chunks: list[Chunk] = []
+    async for chunk in thinker.generate("r1", typed("r1", "What is the capital of France?")):
+        if first is None and isinstance(chunk, TextDelta):
+            first = time.perf_counter() - started
+        chunks.append(chunk)
+    took = time.perf_counter() - started
+    deltas = [c for c in chunks if isinstance(c, TextDelta)]
+    print(f"\nTTFT {first:.3f} s, {len(deltas)} deltas in {took:.2f} s: {output_text(chunks)!r}")
+    assert len(deltas) > 3 and output_text(chunks).strip()
+    assert isinstance(chunks[-1], End) and sum(isinstance(c, End) for c in chunks) == 1
+    assert thinker.active_requests() == 0
+
+
+async def test_a_spoken_turn_is_transcribed_first(thinker: ThinkerEngine, speak: Speak) -> None:
+    request = PipelineRequest(request_id="r2", audio=speak("what is the capital of france"))
+    chunks = [c async for c in thinker.generate("r2", request)]
+    assert isinstance(chunks[0], TextDelta) and chunks[0].kind == "input_transcript"
+    assert "capital" in chunks[0].text
+    assert output_text(chunks).strip() and isinstance(chunks[-1], End)
+
+
+async def test_nothing_heard_gets_a_short_apology(thinker: ThinkerEngine) -> None:
+    request = PipelineRequest(request_id="r3", audio=np.zeros(0, dtype=np.int16))
+    chunks = [c async for c in thinker.generate("r3", request)]
+    assert chunks == [TextDelta(text=NOT_HEARD), End()]
+
+
+async def test_two_concurrent_requests_are_served_in_one_batch(thinker: ThinkerEngine) -> None:
+    async def ask(rid: str, question: str) -> list[Chunk]:
+        return [c async for c in thinker.generate(rid, typed(rid, question))]
+
+    first, second = await asyncio.gather(
+        ask("a", "What is the capital of France?"), ask("b", "Name a red fruit.")
+    )
+    assert thinker.batch_size == 2
+    assert output_text(first).strip() and output_text(second).strip()
+    assert isinstance(first[-1], End) and isinstance(second[-1], End)
+    assert thinker.active_requests() == 0
+
+
+async def test_aborting_one_of_two_leaves_the_other_finishing(thinker: ThinkerEngine) -> None:
+    aborted: list[Chunk] = []
+
+    async def read_then_abort() -> None:
+        async for chunk in thinker.generate("gone", typed("gone", "Tell me about cats.")):
+            aborted.append(chunk)
+            await thinker.abort("gone")
+            assert "gone" not in thinker.request_ids()
+            assert thinker.request_ids() <= {"kept"}
+
+    async def read_all() -> list[Chunk]:
+        return [c async for c in thinker.generate("kept", typed("kept", "Tell me about dogs."))]
+
+    _, kept = await asyncio.gather(read_then_abort(), read_all())
+    assert thinker.batch_size == 2
+    assert len(aborted) == 1 and not any(isinstance(c, End) for c in aborted)
+    assert isinstance(kept[-1], End) and len(output_text(kept)) > 20
+    assert thinker.active_requests() == 0
+
+
+async def test_closing_the_stream_early_leaves_no_state(thinker: ThinkerEngine) -> None:
+    stream = thinker.generate("r4", typed("r4", "Tell me a story."))
+    await anext(stream)
+    assert thinker.request_ids() == {"r4"}
+    await stream.aclose()
+    assert thinker.active_requests() == 0
+
+
+async def test_cancelling_the_reader_leaves_no_state(thinker: ThinkerEngine) -> None:
+    started = asyncio.Event()
+
+    async def read() -> None:
+        async for _ in thinker.generate("r6", typed("r6", "Tell me a long story.")):
+            started.set()
+
+    task = asyncio.create_task(read())
+    await started.wait()
+    task.cancel()
+    await asyncio.wait({task})
+    assert task.cancelled() and thinker.active_requests() == 0
+
+
+async def test_the_prompt_carries_instructions_history_and_camera(thinker: ThinkerEngine) -> None:
+    pixels = np.zeros((120, 160, 3), dtype=np.uint8) + np.array([110, 12, 10], dtype=np.uint8)
+    jpeg = io.BytesIO()
+    Image.fromarray(pixels).save(jpeg, "JPEG")
+    request = typed(
+        "r5",
+        "What do you see?",
+        instructions="You are Parley.",
+        history=(HistoryItem("user", "Hi!"), HistoryItem("assistant", "Hello, how can I help?")),
+        frames=(VideoFrame(jpeg.getvalue(), 0),),
+    )
+    from pipeline.engines.cascade.vision import describe_frames
+
+    prompt = thinker.chat_prompt(request, "What do you see?", describe_frames(request.frames))
+    assert prompt.index("You are Parley.") < prompt.index("Hi!") < prompt.index("What do you see?")
+    assert "What the camera shows: a dark scene, mostly red" in prompt
+    assert prompt.rstrip().endswith("assistant")
