@@ -8,8 +8,8 @@ views straight onto the ring, so array data is copied exactly once and never pic
 A view keeps its ring segment allocated. When the last array built on a segment is
 garbage-collected, a finalizer marks the segment free and the receiver advances the ring's
 tail (stored in the ring's first bytes), which is how the sender learns there is room.
-Consumers that keep arrays for long should copy them, or the sender waits. A message with a
-buffer larger than the ring goes through the socket instead.
+Consumers that keep arrays for long should copy them, or the sender waits. Small buffers (up to
+INLINE_MAX) and buffers larger than the ring go through the socket instead.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ HEADER = 64
 """Bytes at the start of a ring: the tail counter (uint64), written by the reader only."""
 ALIGN = 64
 DEFAULT_CAPACITY = 32 * 1024 * 1024
+INLINE_MAX = 16 * 1024
+"""Buffers up to this size ride in the socket frame: for them a ring slot costs more than it saves."""
 _LEN = struct.Struct("<I")
 _TAIL = struct.Struct("<Q")
 
@@ -178,7 +180,7 @@ class ShmLink:
             segments: list[tuple[int, int]] = []
             inline: list[bytes] = []
             for buffer in buffers:
-                if _align(buffer.nbytes) > self.send_ring.capacity:
+                if buffer.nbytes <= INLINE_MAX or _align(buffer.nbytes) > self.send_ring.capacity:
                     segments.append((-1, len(inline)))
                     inline.append(bytes(buffer))
                     continue
