@@ -38,7 +38,7 @@ HEADER = 64
 ALIGN = 64
 DEFAULT_CAPACITY = 32 * 1024 * 1024
 INLINE_MAX = 16 * 1024
-"""Buffers up to this size ride in the socket frame: for them a ring slot costs more than it saves."""
+"""Buffers up to this size ride in the socket frame: a ring slot would cost more than it saves."""
 _LEN = struct.Struct("<I")
 _TAIL = struct.Struct("<Q")
 

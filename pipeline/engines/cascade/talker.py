@@ -6,6 +6,10 @@ it is complete. A clause ends at . ! ? ; : (or a comma once it is long enough to
 whitespace follows: a full stop straight after a digit may be a decimal point, and the next
 token settles it. What is left when the stream ends is the last clause.
 
+The first clause is special: the user is waiting for the first sound, so it also ends at any
+comma, or after `first_clause_words` words, whichever comes first. Later clauses are cut only
+at punctuation, which reads more naturally.
+
 Phonemizing a clause with Piper's espeak-ng takes well under a millisecond, so it runs inline.
 """
 
@@ -22,15 +26,27 @@ ENDS = frozenset(".!?;:\n")
 CLOSERS = frozenset("\"')]\u201d\u2019")
 COMMA_AFTER = 40
 """A comma ends a clause once the clause has at least this many characters."""
+FIRST_CLAUSE_WORDS = 6
+"""The first clause ends after this many words even without punctuation (0: never)."""
 
 
 class ClauseSplitter:
     """Cuts streamed text into clauses; `feed` returns the clauses that just completed."""
 
-    def __init__(self, comma_after: int = COMMA_AFTER) -> None:
+    def __init__(
+        self, comma_after: int = COMMA_AFTER, first_clause_words: int = FIRST_CLAUSE_WORDS
+    ) -> None:
         self.comma_after = comma_after
+        self.first_clause_words = first_clause_words
         self._buffer = ""
         self._scanned = 0
+        self._emitted = False
+
+    def _first_clause_full(self, start: int, i: int) -> bool:
+        """Whether the first clause has enough words to be spoken now (cut at buffer[i])."""
+        if self._emitted or not self.first_clause_words or not self._buffer[i].isspace():
+            return False
+        return len(self._buffer[start:i].split()) >= self.first_clause_words
 
     def feed(self, text: str) -> list[str]:
         self._buffer += text
@@ -38,7 +54,14 @@ class ClauseSplitter:
         start, i = 0, self._scanned
         while i < len(self._buffer):
             char = self._buffer[i]
-            if char in ENDS or (char == "," and i - start >= self.comma_after):
+            if self._first_clause_full(start, i):
+                clauses.append(self._buffer[start:i].strip())
+                self._emitted = True
+                start = i
+                i += 1
+                continue
+            comma_after = self.comma_after if self._emitted else 0
+            if char in ENDS or (char == "," and i - start >= comma_after):
                 end = i
                 while end + 1 < len(self._buffer) and self._buffer[end + 1] in CLOSERS:
                     end += 1
@@ -47,6 +70,7 @@ class ClauseSplitter:
                 if self._buffer[end + 1].isspace():
                     if clause := self._buffer[start : end + 1].strip():
                         clauses.append(clause)
+                        self._emitted = True
                     start = end + 1
                 i = end + 1
             else:
@@ -65,9 +89,16 @@ class TalkerEngine:
 
     name = "cascade.talker"
 
-    def __init__(self, *, voice_package: str = VOICE_PACKAGE, comma_after: int = COMMA_AFTER):
+    def __init__(
+        self,
+        *,
+        voice_package: str = VOICE_PACKAGE,
+        comma_after: int = COMMA_AFTER,
+        first_clause_words: int = FIRST_CLAUSE_WORDS,
+    ):
         self.voice_package = voice_package
         self.comma_after = comma_after
+        self.first_clause_words = first_clause_words
         self._voice: Any = None
         self._active: set[str] = set()
 
@@ -95,7 +126,7 @@ class TalkerEngine:
             yield End()  # no speech wanted: the graph unblocks the upstream when we stop reading
             return
         self._active.add(request_id)
-        splitter = ClauseSplitter(self.comma_after)
+        splitter = ClauseSplitter(self.comma_after, self.first_clause_words)
         try:
             async for chunk in inputs.chunks:
                 if request_id not in self._active:

@@ -76,3 +76,16 @@ async def test_text_only_requests_get_no_speech(voice: PiperVoice) -> None:
         async for c in talker.generate("r2", StageInput(request(output_text_only=True), upstream()))
     ]
     assert chunks == [End()]
+
+
+def test_the_first_clause_is_cut_early_to_start_speaking_sooner() -> None:
+    splitter = ClauseSplitter(first_clause_words=4)
+    clauses: list[str] = []
+    text = "Well I think that the answer is forty two. And that is all"
+    for word in text.split():
+        clauses += splitter.feed(word + " ")
+    # The first clause stops at four words; later ones wait for punctuation.
+    assert clauses == ["Well I think that", "the answer is forty two."]
+    assert splitter.flush() == "And that is all"
+    splitter = ClauseSplitter()
+    assert splitter.feed("Sure, ") == ["Sure,"]  # any comma ends the first clause
