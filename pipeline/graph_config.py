@@ -19,13 +19,14 @@ graph file is edited by hand.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .imports import import_object
 
 
 class GraphConfigError(ValueError):
@@ -143,16 +144,9 @@ def _find_cycle(names: list[str], edges: tuple[EdgeConfig, ...]) -> list[str] | 
 
 def resolve_transform(spec: str) -> Callable[..., Any]:
     """Import `module:function`; raises ValueError saying what is missing."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"{spec!r} is not of the form module:function")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import module {module_name!r}: {exc}") from None
-    function = getattr(module, attr, None)
+    function = import_object(spec)
     if not callable(function):
-        raise ValueError(f"module {module_name!r} has no function {attr!r}")
+        raise ValueError(f"{spec!r} is not a function")
     return function  # type: ignore[no-any-return]
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
+from ..imports import import_object
 from ..types import Engine
 
 ENGINES: dict[str, str] = {
@@ -21,17 +21,15 @@ class EngineNotFound(LookupError):
 
 def engine_class(name: str) -> type[Any]:
     spec = ENGINES.get(name, name)
-    module_name, sep, attr = spec.partition(":")
-    if not sep:
+    if ":" not in spec:
         known = ", ".join(sorted(ENGINES))
         raise EngineNotFound(f"unknown engine {name!r}; known engines: {known}, or module:Class")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise EngineNotFound(f"engine {name!r}: cannot import {module_name}: {exc}") from None
-    cls = getattr(module, attr, None)
+        cls = import_object(spec)
+    except ValueError as exc:
+        raise EngineNotFound(f"engine {name!r}: {exc}") from None
     if not isinstance(cls, type):
-        raise EngineNotFound(f"engine {name!r}: {module_name} has no class {attr}")
+        raise EngineNotFound(f"engine {name!r}: {spec} is not a class")
     return cls
 
 

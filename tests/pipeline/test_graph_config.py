@@ -68,7 +68,7 @@ def test_a_good_graph_loads() -> None:
             ),
             8,
             "edges.0.transform",
-            "has no function 'x'",
+            "module 'pipeline.transforms' has no 'x'",
         ),
         (
             BASE.replace("process: main", "").replace(
