@@ -51,8 +51,12 @@ class ThinkerEngine:
         model_file: str = DEFAULT_FILE,
         cache_dir: str | None = None,
         default_instructions: str = DEFAULT_INSTRUCTIONS,
+        context_tokens: int = 1024,
     ) -> None:
         self.max_new_tokens = max_new_tokens
+        self.context_tokens = context_tokens
+        """Prompt plus reply stay within this many tokens: older turns are dropped first.
+        SmolLM2 takes far more, but on a CPU a long prompt costs first-token latency."""
         self.batch_window_ms = batch_window_ms
         self.max_batch = max_batch
         self.threads = threads
@@ -147,16 +151,24 @@ class ThinkerEngine:
         system += [item.text for item in request.history if item.role == "system"]
         if scene:
             system.append(f"What the camera shows: {scene}")
-        messages = [{"role": "system", "content": "\n".join(system)}]
-        messages += [
+        turns = [
             {"role": item.role, "content": item.text}
             for item in request.history
             if item.role != "system" and item.text
         ]
-        messages.append({"role": "user", "content": user_text.strip()})
         if self._lm is None:
             raise RuntimeError("the thinker was not started")
-        prompt = self._lm.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
-        return str(prompt)
+        tokenizer = self._lm.tokenizer
+        budget = self.context_tokens - self.max_new_tokens
+        while True:  # the oldest turns go first when the conversation outgrows the context
+            messages = [
+                {"role": "system", "content": "\n".join(system)},
+                *turns,
+                {"role": "user", "content": user_text.strip()},
+            ]
+            prompt = str(
+                tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            )
+            if not turns or len(tokenizer(prompt).input_ids) <= budget:
+                return prompt
+            del turns[: min(2, len(turns))]

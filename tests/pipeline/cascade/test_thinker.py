@@ -137,3 +137,19 @@ async def test_the_prompt_carries_instructions_history_and_camera(thinker: Think
     assert prompt.index("You are Parley.") < prompt.index("Hi!") < prompt.index("What do you see?")
     assert "What the camera shows: a dark scene, mostly red" in prompt
     assert prompt.rstrip().endswith("assistant")
+
+
+async def test_a_long_conversation_keeps_its_latest_turns_within_the_context(
+    thinker: ThinkerEngine,
+) -> None:
+    history = tuple(
+        HistoryItem("user" if i % 2 == 0 else "assistant", f"Turn number {i}: " + "blah " * 40)
+        for i in range(60)
+    )
+    request = typed("r6", "And now?", instructions="You are Parley.", history=history)
+    prompt = thinker.chat_prompt(request, "And now?")
+    assert thinker._lm is not None  # noqa: SLF001
+    tokens = len(thinker._lm.tokenizer(prompt).input_ids)  # noqa: SLF001
+    assert tokens <= thinker.context_tokens - thinker.max_new_tokens
+    assert "Turn number 59" in prompt and "Turn number 0:" not in prompt
+    assert "You are Parley." in prompt and prompt.index("Turn number 59") < prompt.index("And now?")
