@@ -90,8 +90,13 @@ class StageGraph:
             raise
 
     async def close(self) -> None:
-        for stage in reversed(self.config.stages):
-            await self.engines[stage.name].close()
+        """Close every engine at once (worker shutdowns overlap); idempotent."""
+        results = await asyncio.gather(
+            *(engine.close() for engine in self.engines.values()), return_exceptions=True
+        )
+        for stage, result in zip(self.engines, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("stage %s did not close cleanly: %r", stage, result)
 
     def active_requests(self) -> int:
         return sum(engine.active_requests() for engine in self.engines.values())

@@ -36,7 +36,8 @@ log = logging.getLogger("parley.pipeline.shm")
 HEADER = 64
 """Bytes at the start of a ring: the tail counter (uint64), written by the reader only."""
 ALIGN = 64
-DEFAULT_CAPACITY = 32 * 1024 * 1024
+DEFAULT_CAPACITY = 16 * 1024 * 1024
+"""Per direction. Segments live in /dev/shm: keep two per worker within its size."""
 INLINE_MAX = 16 * 1024
 """Buffers up to this size ride in the socket frame: a ring slot would cost more than it saves."""
 _LEN = struct.Struct("<I")
