@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-SYSTEM_PACKAGES := redis-server espeak-ng sox
+SYSTEM_PACKAGES := redis-server espeak-ng sox chromium
 
 .PHONY: serve test check system-deps deps clean
 

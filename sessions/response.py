@@ -90,11 +90,11 @@ class Response:
     async def run(self) -> None:
         self._emit(ResponseCreated(response_id=self.response_id))
         try:
-            previous = await self._history.last_id()
-        except Exception:  # Redis down: the item still exists for this connection
-            previous = None
-        self._emit(ConversationItemCreated(item=self.item, previous_item_id=previous))
-        try:
+            try:
+                previous = await self._history.last_id()
+            except Exception:  # Redis down: the item still exists for this connection
+                previous = None
+            self._emit(ConversationItemCreated(item=self.item, previous_item_id=previous))
             status: ResponseStatus
             try:
                 self.request = await self._build_request(self.response_id)

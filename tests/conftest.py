@@ -11,8 +11,10 @@ import shutil
 import subprocess
 import tempfile
 import time
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis as redis_sync
@@ -89,6 +91,36 @@ async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
         yield client
     finally:
         await client.aclose()
+
+
+_peer_connections: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _track_peer_connections() -> None:
+    """Remember every RTCPeerConnection made in tests, so a test that leaves one open fails."""
+    from aiortc import RTCPeerConnection
+
+    original = RTCPeerConnection.__init__
+    if getattr(original, "_parley_tracked", False):
+        return
+
+    def tracked(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        _peer_connections.add(self)
+
+    tracked._parley_tracked = True  # type: ignore[attr-defined]
+    RTCPeerConnection.__init__ = tracked  # type: ignore[method-assign]
+
+
+_track_peer_connections()
+
+
+@pytest.fixture(autouse=True)
+def _no_open_peer_connections() -> Iterator[None]:
+    yield
+    left = [pc for pc in _peer_connections if pc.connectionState != "closed"]
+    if left:
+        pytest.fail(f"test left {len(left)} RTCPeerConnection(s) open")
 
 
 @pytest.fixture(autouse=True)

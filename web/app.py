@@ -25,9 +25,13 @@ from starlette.staticfiles import StaticFiles
 from pipeline.metrics import PipelineMetrics
 from pipeline.registry import load_pipeline
 from pipeline.types import Pipeline
+from realtime.auth import Authenticator
+from realtime.ice import IceSettings, parse_ice_servers
+from realtime.webrtc.registry import CallRegistry
 from sessions.manager import SessionManager
 from sessions.metrics import SessionMetrics
 
+from .realtime_routes import ROUTES as REALTIME_ROUTES
 from .settings import Settings
 
 log = logging.getLogger("parley.web")
@@ -47,6 +51,8 @@ class Services:
     pipeline_error: str | None = None
     pipeline_ready: bool = False
     manager: SessionManager | None = None
+    auth: Authenticator = field(default_factory=lambda: Authenticator(None))
+    calls: CallRegistry | None = None
 
 
 async def _start_pipeline(services: Services, pipeline: Pipeline) -> None:
@@ -90,8 +96,13 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
         try:
             async with manager:
                 services.manager = manager
-                yield
-                log.info("shutting down: closing %d session(s)", len(manager))
+                services.calls = CallRegistry(manager, _ice_settings(services.settings))
+                try:
+                    yield
+                finally:
+                    log.info("shutting down: closing %d session(s)", len(manager))
+                    await services.calls.close()
+                    services.calls = None
         finally:
             services.manager = None
             loader.cancel()
@@ -100,6 +111,13 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
         if services.pipeline is not None:
             await services.pipeline.close()
         await services.redis.aclose()
+
+
+def _ice_settings(settings: Settings) -> IceSettings:
+    addresses = [a.strip() for a in settings.ice_host_addresses.split(",") if a.strip()]
+    return IceSettings.for_listen_host(
+        settings.host, parse_ice_servers(settings.ice_servers), addresses
+    )
 
 
 async def healthz(request: Request) -> Response:
@@ -145,7 +163,9 @@ async def index(request: Request) -> Response:
 
 
 def create_app(settings: Settings, redis_url: str) -> Starlette:
-    services = Services(settings=settings, redis_url=redis_url)
+    services = Services(
+        settings=settings, redis_url=redis_url, auth=Authenticator(settings.api_key)
+    )
     ready = Gauge(
         "parley_pipeline_loaded",
         "1 when the pipeline is loaded",
@@ -158,6 +178,7 @@ def create_app(settings: Settings, redis_url: str) -> Starlette:
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             Route("/metrics", metrics),
+            *REALTIME_ROUTES,
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ],
         lifespan=_lifespan,

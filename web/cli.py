@@ -18,6 +18,7 @@ from collections.abc import Generator, Sequence
 import uvicorn
 
 from pipeline.remote import serve_remote_stage
+from realtime.ice import is_loopback
 
 from .app import create_app
 from .redis_server import EmbeddedRedis, RedisServerMissing
@@ -73,6 +74,13 @@ async def _serve(settings: Settings, redis_url: str) -> None:
 
 
 def serve(settings: Settings) -> int:
+    if settings.api_key is None and not is_loopback(settings.host):
+        print(
+            f"parley: refusing to listen on {settings.host} without an API key: "
+            "set --api-key (or PARLEY_API_KEY), or listen on 127.0.0.1",
+            file=sys.stderr,
+        )
+        return 2
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -28,6 +28,12 @@ class Settings:
     log_level: str = "info"
     stage: str | None = None
     """`parley stage`: which stage of the pipeline to serve for another host."""
+    api_key: str | None = None
+    """Required on every signaling request when set; without it only loopback is served."""
+    ice_servers: str = ""
+    """`stun:host:port,turn:user:pass@host:port`; empty: host candidates only."""
+    ice_host_addresses: str = ""
+    """Comma list of addresses to gather host candidates on; empty: automatic."""
 
     @property
     def base_url(self) -> str:
@@ -70,6 +76,9 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--pipeline", default=_env("pipeline", d.pipeline))
     serve.add_argument("--max-sessions", default=_env("max_sessions", str(d.max_sessions)))
     serve.add_argument("--log-level", default=_env("log_level", d.log_level))
+    serve.add_argument("--api-key", default=_env("api_key", None))
+    serve.add_argument("--ice-servers", default=_env("ice_servers", ""))
+    serve.add_argument("--ice-host-addresses", default=_env("ice_host_addresses", ""))
     stage = sub.add_parser(
         "stage", help="serve one stage of a pipeline for a `parley serve` on another host"
     )
@@ -101,4 +110,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[str, Settings]:
         pipeline=args.pipeline,
         max_sessions=_int("max_sessions", args.max_sessions, 1, 100_000),
         log_level=level,
+        api_key=args.api_key or None,
+        ice_servers=args.ice_servers,
+        ice_host_addresses=args.ice_host_addresses,
     )

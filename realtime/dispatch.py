@@ -1,0 +1,204 @@
+"""Client events -> Session calls, one connection's worth.
+
+A transport parses each message (`parse_client_event`) and hands it here, in the order it
+arrived. Nothing a client sends can end the connection: every failure, whether the
+session refuses (a ParleyError) or the event makes no sense (a ProtocolError), becomes an
+`error` event pointing at the client's `event_id`, and the session goes on.
+
+The dispatcher is a small class because a connection has state the session does not:
+its audio formats (base64 PCM at some rate, or G.711, is a wire matter) and how to clear
+its playout.
+
+Decisions, following OpenAI where it has one:
+
+- `input_audio_buffer.append` over WebRTC is an error: the microphone travels on the
+  audio track, and two inputs into one buffer would interleave. `session.update` audio
+  formats are ignored over WebRTC (the SDP negotiates the codecs), so they never lower
+  the session's output rate.
+- `output_audio_buffer.clear` calls the transport's `clear_output`; a transport without
+  playout of its own (WebSocket: the client plays the audio) gets an error.
+- `conversation.item.create` takes user or system messages of `input_text` and
+  `input_image` parts. Images go to the frame cache first (so the next answer sees them),
+  then the text becomes one item. The client's item `id` and `previous_item_id` are not
+  honoured: items get the session's ids and go at the end of the conversation. An
+  image-only item adds frames and creates no conversation item.
+- `response.create` overrides (`response: {...}`) are accepted and ignored for now; the
+  session's settings apply. `response.cancel` with nothing in progress is the error
+  OpenAI sends, `response_cancel_not_active`.
+- `conversation.item.delete` is not supported (the session's history is append-only).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Literal, Protocol, assert_never
+
+from sessions.errors import ParleyError
+from sessions.session import Session
+
+from .client_events import (
+    G711_RATE,
+    AudioFormats,
+    ClientEvent,
+    ConversationItemCreate,
+    ConversationItemDelete,
+    ConversationItemTruncate,
+    InputAudioBufferAppend,
+    InputAudioBufferClear,
+    InputAudioBufferCommit,
+    OutputAudioBufferClear,
+    ProtocolError,
+    ResponseCancel,
+    ResponseCreate,
+    SessionUpdate,
+    parse_client_event,
+    session_patch,
+)
+
+log = logging.getLogger("parley.realtime.dispatch")
+
+Transport = Literal["webrtc", "websocket"]
+
+
+class G711Codec(Protocol):
+    """G.711 <-> PCM16 at 8 kHz; the transport's, which encodes the output with it too."""
+
+    def decode(self, payload: bytes, fmt: str) -> bytes:
+        """`audio/pcmu` or `audio/pcma` bytes -> PCM16 mono at 8 kHz."""
+        ...
+
+
+class ClientEventDispatcher:
+    def __init__(
+        self,
+        session: Session,
+        *,
+        transport: Transport,
+        clear_output: Callable[[], None] | None = None,
+        g711: G711Codec | None = None,
+    ) -> None:
+        self.session = session
+        self.transport = transport
+        self.formats = AudioFormats.for_config(session.config)
+        """The connection's audio formats; pass them to `to_wire(formats=...)`."""
+        self._clear_output = clear_output
+        self._g711 = g711
+
+    async def handle_raw(self, raw: str | bytes) -> None:
+        """Parse and perform one message; a malformed one becomes an error event."""
+        try:
+            event = parse_client_event(raw)
+        except ProtocolError as exc:
+            self.session.report_error(exc, exc.event_id)
+            return
+        await self.handle(event)
+
+    async def handle(self, event: ClientEvent) -> None:
+        """Perform `event` on the session; failures become error events, never raise."""
+        try:
+            await self._perform(event)
+        except ParleyError as exc:
+            self.session.report_error(exc, event.event_id)
+        except Exception:
+            log.exception("session %s: %s failed", self.session.session_id, event.type)
+            failure = ParleyError(f"{event.type} failed on the server; the session goes on")
+            self.session.report_error(failure, event.event_id)
+
+    async def _perform(self, event: ClientEvent) -> None:
+        session = self.session
+        match event:
+            case SessionUpdate():
+                await self._update(event)
+            case InputAudioBufferAppend():
+                await self._append(event)
+            case InputAudioBufferCommit():
+                await session.commit_audio()
+            case InputAudioBufferClear():
+                await session.clear_audio()
+            case ConversationItemCreate():
+                await self._create_item(event)
+            case ConversationItemTruncate():
+                if event.content_index != 0:
+                    raise ProtocolError(
+                        "invalid_value",
+                        "Parley's items have one content part: content_index must be 0",
+                        param="content_index",
+                    )
+                await session.truncate_item(event.item_id, event.audio_end_ms)
+            case ConversationItemDelete():
+                raise ProtocolError(
+                    "unsupported", "conversation.item.delete is not supported by Parley"
+                )
+            case ResponseCreate():
+                await session.create_response()
+            case ResponseCancel():
+                if not await session.cancel_response():
+                    raise ProtocolError(
+                        "response_cancel_not_active", "there is no response in progress to cancel"
+                    )
+            case OutputAudioBufferClear():
+                if self._clear_output is None:
+                    raise ProtocolError(
+                        "unsupported",
+                        "output_audio_buffer.clear is for WebRTC; over a WebSocket the client "
+                        "plays the audio and clears it itself",
+                    )
+                self._clear_output()
+            case _:
+                assert_never(event)
+
+    async def _update(self, event: SessionUpdate) -> None:
+        patch, formats = session_patch(event, self.formats)
+        if self.transport == "webrtc":
+            patch.pop("output_sample_rate", None)
+            formats = self.formats
+        elif formats.uses_g711 and self._g711 is None:
+            raise ProtocolError(
+                "unsupported",
+                "G.711 (audio/pcmu, audio/pcma) is not available on this connection; use audio/pcm",
+                param="session.audio",
+            )
+        vad = patch.get("turn_detection")
+        if (
+            isinstance(vad, dict)
+            and "type" not in vad
+            and self.session.config.turn_detection is None
+        ):
+            raise ProtocolError(
+                "invalid_value",
+                "parley.min_speech_ms needs server_vad turn detection, which is off; "
+                "set session.audio.input.turn_detection too",
+                param="session.parley.min_speech_ms",
+            )
+        # The new formats are in place before session.updated goes out, so the transport
+        # renders the effective ones; a refused update puts the old ones back.
+        previous, self.formats = self.formats, formats
+        try:
+            await self.session.update(patch)
+        except BaseException:
+            self.formats = previous
+            raise
+
+    async def _append(self, event: InputAudioBufferAppend) -> None:
+        if self.transport == "webrtc":
+            raise ProtocolError(
+                "unsupported",
+                "input_audio_buffer.append is not used over WebRTC: the microphone audio "
+                "travels on the call's audio track",
+            )
+        payload, fmt = event.pcm(), self.formats.input
+        if fmt == "audio/pcm":
+            await self.session.append_audio(payload, self.formats.input_rate, 1)
+            return
+        assert self._g711 is not None  # checked when the format was set
+        await self.session.append_audio(self._g711.decode(payload, fmt), G711_RATE, 1)
+
+    async def _create_item(self, event: ConversationItemCreate) -> None:
+        item = event.item
+        images = [part.image_bytes() for part in item.content if part.type == "input_image"]
+        texts = [part.text or "" for part in item.content if part.type == "input_text"]
+        for image in images:
+            await self.session.add_frame(image)
+        if texts:
+            await self.session.add_text("\n".join(texts), item.role)

@@ -1,0 +1,240 @@
+"""Session events -> OpenAI Realtime (GA) server events, as JSON-ready dicts.
+
+Every transport speaks the same JSON: the WebRTC data channel (`oai-events`) now, the
+WebSocket API later. The mapping lives here once so the two cannot drift apart. Each
+event carries `event_id` and `type`; ids are the session's own, so a resumed connection
+replaying the event log sends the same ids again.
+
+Where OpenAI has no field for something Parley knows (the resume token, the video cache,
+timings), it goes under a `parley` key or into `usage`, which OpenAI clients ignore.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+from typing import Any, Literal
+
+from sessions.config import SessionConfig, TurnDetectionConfig
+from sessions.events import (
+    AudioBufferCleared,
+    AudioBufferCommitted,
+    ConversationItem,
+    ConversationItemCreated,
+    ConversationItemTruncated,
+    ErrorEvent,
+    Event,
+    InputTranscriptionCompleted,
+    OutputAudioDelta,
+    OutputAudioTranscriptDelta,
+    OutputTextDelta,
+    ResponseCreated,
+    ResponseDone,
+    SessionCreated,
+    SessionUpdated,
+    SpeechStarted,
+    SpeechStopped,
+    new_id,
+)
+from sessions.records import event_to_dict
+
+from .client_events import AudioFormats, format_object
+
+MODEL = "parley"
+AudioMode = Literal["omit", "base64"]
+
+_CANCEL_REASONS = {"barge_in": "turn_detected", "client_cancelled": "client_cancelled"}
+"""The session's cancel reasons in OpenAI's words; others (superseded, session closed)
+pass through as they are."""
+
+
+def to_wire(
+    event: Event, *, audio: AudioMode = "base64", formats: AudioFormats | None = None
+) -> dict[str, Any] | None:
+    """The GA JSON of `event`, or None when this transport does not send it.
+
+    `audio="omit"` drops `response.output_audio.delta` (WebRTC: audio goes on the media
+    track). `formats` are the connection's audio formats, shown in the session object;
+    the default is PCM at the session's rates. A G.711 connection encodes the audio
+    itself and builds the delta with `output_audio_delta`.
+    """
+    body: dict[str, Any]
+    match event:
+        case SessionCreated():
+            session = session_object(
+                event.config,
+                session_id=event.session_id,
+                formats=formats,
+                resume_token=event.resume_token,
+            )
+            body = {"session": session}
+        case SessionUpdated():
+            body = {"session": session_object(event.config, event.session_id, formats=formats)}
+        case SpeechStarted():
+            body = {"audio_start_ms": event.audio_start_ms, "item_id": event.item_id}
+        case SpeechStopped():
+            body = {"audio_end_ms": event.audio_end_ms, "item_id": event.item_id}
+        case AudioBufferCommitted():
+            body = {"item_id": event.item_id, "previous_item_id": event.previous_item_id}
+        case AudioBufferCleared():
+            body = {}
+        case ConversationItemCreated():
+            body = {"previous_item_id": event.previous_item_id, "item": item_object(event.item)}
+        case ConversationItemTruncated():
+            body = {
+                "item_id": event.item_id,
+                "content_index": event.content_index,
+                "audio_end_ms": event.audio_end_ms,
+            }
+        case InputTranscriptionCompleted():
+            body = {"item_id": event.item_id, "content_index": 0, "transcript": event.transcript}
+        case ResponseCreated():
+            body = {"response": _response(event.response_id, "in_progress", None, [], None)}
+        case OutputTextDelta() | OutputAudioTranscriptDelta():
+            body = _part_fields(event.response_id, event.item_id) | {"delta": event.delta}
+        case OutputAudioDelta():
+            return None if audio == "omit" else output_audio_delta(event, event.pcm)
+        case ResponseDone():
+            body = {"response": _done_response(event)}
+        case ErrorEvent():
+            body = {"error": _error(event)}
+        case _:  # Parley's own events (session.state_changed, .expiring, .closed)
+            return event_to_dict(event)
+    return {"type": event.type, "event_id": event.event_id, **body}
+
+
+def output_audio_delta(event: OutputAudioDelta, payload: bytes) -> dict[str, Any]:
+    """`response.output_audio.delta` carrying `payload`: the PCM16, or its G.711 coding."""
+    return {
+        "type": event.type,
+        "event_id": event.event_id,
+        **_part_fields(event.response_id, event.item_id),
+        "delta": base64.b64encode(payload).decode("ascii"),
+    }
+
+
+def output_audio_buffer_event(
+    kind: Literal["started", "stopped", "cleared"], response_id: str | None
+) -> dict[str, Any]:
+    """WebRTC only: the transport's own playout news (OpenAI sends these on WebRTC too)."""
+    return {
+        "type": f"output_audio_buffer.{kind}",
+        "event_id": new_id("evt"),
+        "response_id": response_id,
+    }
+
+
+def session_object(
+    config: SessionConfig,
+    session_id: str | None = None,
+    *,
+    formats: AudioFormats | None = None,
+    resume_token: str | None = None,
+) -> dict[str, Any]:
+    """The GA `realtime.session` object for `config`; no `id` before the session exists."""
+    formats = formats or AudioFormats.for_config(config)
+    td = config.turn_detection
+    parley: dict[str, Any] = {
+        "video": config.video.model_dump(mode="json"),
+        "min_speech_ms": td.min_speech_ms if td is not None else None,
+        "max_audio_seconds": config.max_audio_seconds,
+        "output_sample_rate": config.output_sample_rate,
+    }
+    if resume_token is not None:
+        parley["resume_token"] = resume_token
+    session: dict[str, Any] = {"type": "realtime", "object": "realtime.session"}
+    if session_id is not None:
+        session["id"] = session_id
+    session |= {
+        "model": MODEL,
+        "instructions": config.instructions,
+        "output_modalities": list(config.output_modalities),
+        "audio": {
+            "input": {
+                "format": format_object(formats.input, formats.input_rate),
+                "turn_detection": _turn_detection(td),
+            },
+            "output": {
+                "format": format_object(formats.output, formats.output_rate),
+                "voice": config.voice,
+            },
+        },
+        "parley": parley,
+    }
+    return session
+
+
+def item_object(item: ConversationItem) -> dict[str, Any]:
+    """A GA `realtime.item` message with one content part, as the session knows it."""
+    part: dict[str, Any]
+    if item.role != "assistant":
+        if item.has_audio:  # the transcript arrives later, with ...transcription.completed
+            part = {"type": "input_audio", "transcript": item.text or None}
+        else:
+            part = {"type": "input_text", "text": item.text}
+    elif item.has_audio:
+        part = {"type": "output_audio", "transcript": item.text}
+    else:
+        part = {"type": "output_text", "text": item.text}
+    return {
+        "id": item.id,
+        "object": "realtime.item",
+        "type": "message",
+        "status": item.status,
+        "role": item.role,
+        "content": [part],
+    }
+
+
+def _turn_detection(td: TurnDetectionConfig | None) -> dict[str, Any] | None:
+    if td is None:
+        return None
+    return td.model_dump(exclude={"min_speech_ms"})  # min_speech_ms is under `parley`
+
+
+def _part_fields(response_id: str, item_id: str) -> dict[str, Any]:
+    """Where a delta belongs: Parley answers with one item of one content part."""
+    return {"response_id": response_id, "item_id": item_id, "output_index": 0, "content_index": 0}
+
+
+def _response(
+    response_id: str,
+    status: str,
+    status_details: dict[str, Any] | None,
+    output: list[dict[str, Any]],
+    usage: dict[str, Any] | None,
+) -> dict[str, Any]:
+    return {
+        "id": response_id,
+        "object": "realtime.response",
+        "status": status,
+        "status_details": status_details,
+        "output": output,
+        "usage": usage,
+    }
+
+
+def _done_response(event: ResponseDone) -> dict[str, Any]:
+    details: dict[str, Any] | None = None
+    if event.status == "cancelled":
+        details = {"type": "cancelled", "reason": _CANCEL_REASONS.get(event.reason, event.reason)}
+    elif event.status == "failed":
+        details = {
+            "type": "failed",
+            "reason": "error",
+            "error": {"type": "server_error", "code": "response_failed", "message": event.reason},
+        }
+    output = [item_object(event.item)] if event.item is not None else []
+    # No token counts: Parley reports what it measures, audio and text and timings.
+    usage = dataclasses.asdict(event.usage)
+    return _response(event.response_id, event.status, details, output, usage)
+
+
+def _error(event: ErrorEvent) -> dict[str, Any]:
+    return {
+        "type": event.error_type,
+        "code": event.code,
+        "message": event.message,
+        "param": event.param,
+        "event_id": event.client_event_id,
+    }

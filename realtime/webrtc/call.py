@@ -1,0 +1,239 @@
+"""One WebRTC call: a peer connection bound to one session.
+
+The call is the session's output sink: assistant audio goes to the outbound track's playout
+buffer, events go out on the `oai-events` data channel as OpenAI Realtime JSON, and `clear`
+empties the playout at the next frame. It owns every task it starts (the track drains, the
+data-channel reader) and `close()` ends them, the session and the peer connection, once.
+`watch()` is the call's life: it returns when the call should end (hang-up, a peer that
+never connects or stays disconnected, the session closing itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
+
+from sessions.events import Event, ResponseCreated, SessionClosed
+from sessions.playout import PlayoutBuffer
+from sessions.session import Session
+
+from ..client_events import ProtocolError, parse_client_event
+from ..dispatch import ClientEventDispatcher
+from ..server_events import output_audio_buffer_event, to_wire
+from .inbound import drain_audio, drain_video
+from .outbound import OUTPUT_RATE, OutboundAudioTrack
+
+log = logging.getLogger("parley.realtime.webrtc")
+
+DATA_CHANNEL = "oai-events"
+PENDING_EVENTS = 512
+"""Events held until the data channel opens (session.created comes first)."""
+MAX_CHANNEL_BUFFER = 4 * 1024 * 1024
+INBOUND_MESSAGES = 64
+
+
+@dataclass(frozen=True, slots=True)
+class CallOptions:
+    video_fps_idle: float = 1.0
+    video_fps_speaking: float = 2.0
+    connect_timeout_s: float = 30.0
+    disconnected_timeout_s: float = 15.0
+    playout_ms: int = 2_000
+
+
+class WebRTCCall:
+    def __init__(self, call_id: str, pc: RTCPeerConnection, options: CallOptions) -> None:
+        self.call_id = call_id
+        self.pc = pc
+        self.options = options
+        self.session: Session | None = None
+        self.playout = PlayoutBuffer(OUTPUT_RATE, options.playout_ms)
+        self.track = OutboundAudioTrack(self.playout, self._audio_started, self._audio_stopped)
+        self.close_reason = ""
+        self.dropped_events = 0
+        self._channel: RTCDataChannel | None = None
+        self._pending: collections.deque[str] = collections.deque(maxlen=PENDING_EVENTS)
+        self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue(INBOUND_MESSAGES)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._end = asyncio.Event()
+        self._closed = False
+        self._response_id: str | None = None
+        self._dispatcher: ClientEventDispatcher | None = None
+        self._created = time.monotonic()
+        pc.on("track", self._on_track)
+        pc.on("datachannel", self._on_datachannel)
+
+    # --- setup ---------------------------------------------------------------------------
+
+    def attach(self, session: Session) -> None:
+        self.session = session
+        self._dispatcher = ClientEventDispatcher(
+            session, transport="webrtc", clear_output=self._clear_output
+        )
+        self._spawn(self._read_channel(), "events-in")
+
+    def _spawn(self, coro: Any, what: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=f"{self.call_id}:{what}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if self.session is None or self._closed:
+            return
+        if track.kind == "audio":
+            self._spawn(drain_audio(track, self.session), "audio-in")
+        elif track.kind == "video":
+            self._spawn(drain_video(track, self.session, self._video_fps), "video-in")
+
+    def _video_fps(self, speaking: bool) -> float:
+        return self.options.video_fps_speaking if speaking else self.options.video_fps_idle
+
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        if channel.label != DATA_CHANNEL:
+            log.info("call %s: ignoring data channel %r", self.call_id, channel.label)
+            return
+        self._channel = channel
+        channel.on("message", self._on_message)
+        if channel.readyState == "open":
+            self._flush_pending()
+        else:
+            channel.on("open", self._flush_pending)
+
+    def _on_message(self, message: str | bytes) -> None:
+        try:
+            self._inbox.put_nowait(message)
+        except asyncio.QueueFull:
+            self._send(
+                {
+                    "type": "error",
+                    "error": {
+                        "type": "invalid_request_error",
+                        "code": "rate_limited",
+                        "message": "too many client events at once; this one was dropped",
+                    },
+                }
+            )
+
+    async def _read_channel(self) -> None:
+        """One reader, so client events are applied in the order they were sent."""
+        while True:
+            raw = await self._inbox.get()
+            assert self._dispatcher is not None and self.session is not None
+            try:
+                event = parse_client_event(raw)
+            except ProtocolError as exc:
+                self.session.report_error(exc, exc.event_id)
+                continue
+            await self._dispatcher.handle(event)
+
+    # --- the call's life -----------------------------------------------------------------
+
+    def request_close(self, reason: str) -> None:
+        if not self._end.is_set():
+            self.close_reason = reason
+            self._end.set()
+
+    async def watch(self) -> None:
+        """Returns when the call should end."""
+        disconnected_since: float | None = None
+        connected = False
+        while not self._end.is_set():
+            state = self.pc.connectionState
+            now = time.monotonic()
+            if state == "connected":
+                connected, disconnected_since = True, None
+            elif state in ("failed", "closed"):
+                self.request_close(f"peer connection {state}")
+            elif state == "disconnected":
+                disconnected_since = disconnected_since or now
+                if now - disconnected_since >= self.options.disconnected_timeout_s:
+                    self.request_close("peer disconnected")
+            if not connected and now - self._created >= self.options.connect_timeout_s:
+                self.request_close("peer never connected")
+            try:
+                async with asyncio.timeout(0.25):
+                    await self._end.wait()
+            except TimeoutError:
+                pass
+
+    async def close(self, reason: str = "hangup") -> None:
+        """End the session, the tasks and the peer connection. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.request_close(reason)
+        if self.session is not None:
+            await self.session.close(self.close_reason)
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        self.track.stop()
+        await self.pc.close()
+
+    # --- OutputSink ----------------------------------------------------------------------
+
+    async def audio(self, pcm: npt.NDArray[np.int16], sample_rate: int) -> None:
+        await self.playout.write(pcm, sample_rate)
+
+    def event(self, event: Event) -> None:
+        if isinstance(event, ResponseCreated):
+            self._response_id = event.response_id
+        wire = to_wire(event, audio="omit")
+        if wire is not None:
+            self._send(wire)
+        if isinstance(event, SessionClosed):
+            self.request_close(event.reason)
+
+    def clear(self) -> None:
+        had_audio = self.playout.queued_ms > 0
+        self.playout.clear()
+        if had_audio:
+            self._send(output_audio_buffer_event("cleared", self._response_id))
+
+    @property
+    def played_ms(self) -> int:
+        return self.playout.played_ms
+
+    async def drained(self) -> None:
+        await self.playout.drained()
+
+    # --- helpers -------------------------------------------------------------------------
+
+    def _clear_output(self) -> None:
+        """output_audio_buffer.clear from the client: stop playing what is queued."""
+        self.clear()
+
+    def _audio_started(self) -> None:
+        self._send(output_audio_buffer_event("started", self._response_id))
+
+    def _audio_stopped(self) -> None:
+        self._send(output_audio_buffer_event("stopped", self._response_id))
+
+    def _send(self, wire: dict[str, Any]) -> None:
+        text = json.dumps(wire, separators=(",", ":"))
+        channel = self._channel
+        if channel is None or channel.readyState != "open":
+            if len(self._pending) == self._pending.maxlen:
+                self.dropped_events += 1
+            self._pending.append(text)
+            return
+        if channel.bufferedAmount > MAX_CHANNEL_BUFFER:
+            self.dropped_events += 1
+            return
+        channel.send(text)
+
+    def _flush_pending(self) -> None:
+        channel = self._channel
+        while self._pending and channel is not None and channel.readyState == "open":
+            channel.send(self._pending.popleft())

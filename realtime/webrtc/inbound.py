@@ -1,0 +1,86 @@
+"""Draining the caller's tracks into the session, whatever the session is doing.
+
+An aiortc track that nobody reads queues decoded frames without bound, so each inbound
+track gets one drain task for the life of the call. Audio goes to the session as it comes
+(decoded Opus: 48 kHz PCM16, resampled to 16 kHz by the session). Video is sampled: one
+frame per `1/fps` seconds (faster while the user speaks), JPEG-encoded off the event loop,
+into the session's frame cache; the frames in between are read and dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import time
+from collections.abc import Callable
+
+import av
+from aiortc import MediaStreamTrack
+from aiortc.mediastreams import MediaStreamError
+
+from sessions.errors import ParleyError, SessionClosedError
+from sessions.session import Session
+from sessions.state import SessionState
+
+log = logging.getLogger("parley.realtime.webrtc")
+
+JPEG_QUALITY = 80
+MAX_WIDTH = 640
+
+
+async def drain_audio(track: MediaStreamTrack, session: Session) -> None:
+    while True:
+        try:
+            frame = await track.recv()
+        except MediaStreamError:
+            return
+        assert isinstance(frame, av.AudioFrame)
+        if frame.format.name != "s16":
+            frame = _to_s16(frame)
+        pcm = frame.to_ndarray().tobytes()
+        try:
+            await session.append_audio(pcm, frame.sample_rate, len(frame.layout.channels))
+        except SessionClosedError:
+            continue  # keep draining until the track ends
+        except ParleyError as exc:
+            log.warning("session %s: inbound audio refused: %s", session.session_id, exc)
+
+
+def _to_s16(frame: av.AudioFrame) -> av.AudioFrame:
+    resampler = av.AudioResampler(format="s16", layout=frame.layout.name, rate=frame.sample_rate)
+    (converted,) = resampler.resample(frame)
+    return converted
+
+
+def encode_jpeg(frame: av.VideoFrame) -> bytes:
+    image = frame.to_image()  # type: ignore[no-untyped-call]
+    if image.width > MAX_WIDTH:
+        image = image.resize((MAX_WIDTH, round(image.height * MAX_WIDTH / image.width)))
+    out = io.BytesIO()
+    image.save(out, "JPEG", quality=JPEG_QUALITY)
+    return out.getvalue()
+
+
+async def drain_video(
+    track: MediaStreamTrack, session: Session, fps: Callable[[bool], float]
+) -> None:
+    """`fps(speaking)` gives the sampling rate for the current moment."""
+    next_at = 0.0
+    while True:
+        try:
+            frame = await track.recv()
+        except MediaStreamError:
+            return
+        now = time.monotonic()
+        if now < next_at:
+            continue
+        next_at = now + 1.0 / max(0.01, fps(session.state is SessionState.USER_SPEAKING))
+        assert isinstance(frame, av.VideoFrame)
+        try:
+            jpeg = await asyncio.to_thread(encode_jpeg, frame)
+            await session.add_frame(jpeg, round(time.time() * 1000))
+        except SessionClosedError:
+            continue
+        except ParleyError as exc:
+            log.warning("session %s: video frame refused: %s", session.session_id, exc)

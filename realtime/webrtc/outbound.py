@@ -1,0 +1,71 @@
+"""The call's outbound audio: one track that plays the session's output in real time.
+
+aiortc pulls `recv()` for each packet; we hand it the next 20 ms of the playout buffer at
+its due time (silence when nothing is queued, so the stream never stalls). Clearing the
+buffer takes effect at the next frame. Edges between silence and speech are reported, which
+is what OpenAI's `output_audio_buffer.started` / `stopped` events describe on WebRTC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import time
+from collections.abc import Callable
+
+import av
+from aiortc import MediaStreamTrack
+
+from sessions.playout import PlayoutBuffer
+
+OUTPUT_RATE = 48_000
+"""Opus runs at 48 kHz: playing out at that rate spares aiortc a resampling step."""
+
+
+class OutboundAudioTrack(MediaStreamTrack):
+    kind = "audio"
+
+    def __init__(
+        self,
+        playout: PlayoutBuffer,
+        on_start: Callable[[], None] | None = None,
+        on_stop: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__()
+        if playout.sample_rate != OUTPUT_RATE:
+            raise ValueError("the outbound track plays a 48 kHz playout buffer")
+        self.playout = playout
+        self._on_start = on_start
+        self._on_stop = on_stop
+        self._start: float | None = None
+        self._pts = 0
+        self._speaking = False
+        self.frames_sent = 0
+        self.last_audio_at: float | None = None
+        self._time_base = fractions.Fraction(1, OUTPUT_RATE)
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise ConnectionError("the outbound track has ended")
+        samples = self.playout.frame_samples
+        if self._start is None:
+            self._start = time.monotonic()
+        else:
+            self._pts += samples
+            due = self._start + self._pts / OUTPUT_RATE
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+        pcm = self.playout.next_frame()
+        audible = pcm is not self.playout.silence
+        if audible:
+            self.last_audio_at = time.monotonic()
+        if audible != self._speaking:
+            self._speaking = audible
+            callback = self._on_start if audible else self._on_stop
+            if callback is not None:
+                callback()
+        frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = OUTPUT_RATE
+        frame.pts = self._pts
+        frame.time_base = self._time_base
+        self.frames_sent += 1
+        return frame

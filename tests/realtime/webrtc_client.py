@@ -1,0 +1,158 @@
+"""A real aiortc client for tests: a microphone that speaks on cue, a camera, an ear.
+
+It calls Parley the way OpenAI's browser guide calls OpenAI: data channel `oai-events`,
+offer POSTed to /v1/realtime/calls, answer applied. Everything it hears is timestamped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import av
+import httpx
+import numpy as np
+import soxr
+from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+
+RATE = 48_000
+FRAME = 960
+LOUD = 300.0
+
+
+class Microphone(MediaStreamTrack):
+    kind = "audio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._queue = np.zeros(0, dtype=np.int16)
+        self._start: float | None = None
+        self._pts = 0
+        self.speech_started_at: list[float] = []
+
+    def say(self, pcm16k: np.ndarray) -> None:
+        """Queue speech (PCM16 mono 16 kHz); it goes out in real time after what is queued."""
+        pcm = soxr.resample(pcm16k, 16_000, RATE).astype(np.int16)
+        self._queue = np.concatenate([self._queue, pcm])
+
+    async def recv(self) -> av.AudioFrame:
+        if self._start is None:
+            self._start = time.monotonic()
+        else:
+            self._pts += FRAME
+            await asyncio.sleep(max(0.0, self._start + self._pts / RATE - time.monotonic()))
+        chunk, self._queue = self._queue[:FRAME], self._queue[FRAME:]
+        if len(chunk) and (not self.speech_started_at or self._was_silent):
+            self.speech_started_at.append(time.monotonic())
+        self._was_silent = not len(chunk)
+        if len(chunk) < FRAME:
+            chunk = np.concatenate([chunk, np.zeros(FRAME - len(chunk), dtype=np.int16)])
+        frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate, frame.pts, frame.time_base = RATE, self._pts, fractions.Fraction(1, RATE)
+        return frame
+
+    _was_silent = True
+
+
+class Camera(MediaStreamTrack):
+    """15 fps of a scene whose brightness keeps changing (a similar-frame filter keeps it)."""
+
+    kind = "video"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pts = 0
+        self._count = 0
+
+    async def recv(self) -> av.VideoFrame:
+        await asyncio.sleep(1 / 15)
+        self._pts += 6000
+        self._count += 1
+        level = (self._count * 7) % 256
+        pixels = np.full((120, 160, 3), level, dtype=np.uint8)
+        frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
+        frame.pts, frame.time_base = self._pts, fractions.Fraction(1, 90_000)
+        return frame
+
+
+class Caller:
+    def __init__(self, http: httpx.AsyncClient, camera: bool = False) -> None:
+        self.http = http
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.mic = Microphone()
+        self.camera = Camera() if camera else None
+        self.events: list[dict[str, Any]] = []
+        self.heard: list[tuple[float, float]] = []
+        self.call_id: str | None = None
+        self._new_event = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.channel = self.pc.createDataChannel("oai-events")
+        self.channel.on("message", self._on_message)
+        self.pc.on("track", self._on_track)
+
+    def _on_message(self, message: str | bytes) -> None:
+        self.events.append(json.loads(message))
+        self._new_event.set()
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "audio":
+            self._tasks.append(asyncio.create_task(self._listen(track)))
+
+    async def _listen(self, track: MediaStreamTrack) -> None:
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            assert isinstance(frame, av.AudioFrame)
+            pcm = frame.to_ndarray().astype(np.float64)
+            self.heard.append((time.monotonic(), float(np.sqrt(np.mean(pcm**2)))))
+
+    async def connect(self, headers: dict[str, str] | None = None) -> httpx.Response:
+        self.pc.addTrack(self.mic)
+        if self.camera is not None:
+            self.pc.addTrack(self.camera)
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        response = await self.http.post(
+            "/v1/realtime/calls",
+            content=self.pc.localDescription.sdp,
+            headers={"Content-Type": "application/sdp", **(headers or {})},
+        )
+        if response.status_code == 201:
+            self.call_id = response.headers["location"].rsplit("/", 1)[1]
+            await self.pc.setRemoteDescription(RTCSessionDescription(response.text, "answer"))
+        return response
+
+    def send(self, event: dict[str, Any]) -> None:
+        self.channel.send(json.dumps(event))
+
+    def types(self) -> list[str]:
+        return [e["type"] for e in self.events]
+
+    async def wait_for(
+        self, match: Callable[[dict[str, Any]], bool], timeout: float = 20
+    ) -> dict[str, Any]:
+        async with asyncio.timeout(timeout):
+            seen = 0
+            while True:
+                for event in self.events[seen:]:
+                    if match(event):
+                        return event
+                seen = len(self.events)
+                self._new_event.clear()
+                await self._new_event.wait()
+
+    def loud_since(self, since: float) -> list[float]:
+        return [t for t, level in self.heard if t >= since and level > LOUD]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks)
+        await self.pc.close()

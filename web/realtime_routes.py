@@ -1,0 +1,151 @@
+"""OpenAI Realtime's WebRTC signaling: client secrets, calls, hang-up.
+
+Code written for OpenAI's browser guide works against Parley by changing the base URL:
+`POST /v1/realtime/client_secrets` mints an ephemeral secret carrying session settings;
+`POST /v1/realtime/calls` takes the SDP offer (raw `application/sdp`, or the multipart form
+with `sdp` and `session` parts that the `openai` SDK sends) and answers 201 with the SDP
+answer and a `Location` for the call; `POST /v1/realtime/calls/{call_id}/hangup` ends it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from realtime.auth import DEFAULT_TTL_S, Authenticator, AuthError
+from realtime.client_events import ProtocolError, SessionUpdate, session_patch
+from realtime.sdp import OfferError
+from realtime.server_events import session_object
+from realtime.webrtc.call import CallOptions
+from realtime.webrtc.registry import CallNotFound, CallRegistry
+from sessions.config import SessionConfig
+from sessions.errors import ConfigError, SessionLimitError
+
+log = logging.getLogger("parley.web.realtime")
+
+
+def error(status: int, code: str, message: str, kind: str = "invalid_request_error") -> Response:
+    return JSONResponse({"error": {"type": kind, "code": code, "message": message}}, status)
+
+
+def _settings(session: dict[str, Any] | None) -> tuple[SessionConfig, CallOptions]:
+    """An OpenAI-style session object -> Parley settings; ConfigError / ProtocolError."""
+    body = dict(session or {})
+    body.setdefault("type", "realtime")
+    patch, _formats = session_patch(SessionUpdate.model_validate({"session": body}))
+    extras = body.get("parley") or {}
+    defaults = CallOptions()
+    try:
+        options = CallOptions(
+            video_fps_idle=float(extras.get("video_fps_idle", defaults.video_fps_idle)),
+            video_fps_speaking=float(extras.get("video_fps_speaking", defaults.video_fps_speaking)),
+        )
+    except (TypeError, ValueError):
+        raise ConfigError("parley.video_fps", "must be a number of frames per second") from None
+    if not (0 < options.video_fps_idle <= 30 and 0 < options.video_fps_speaking <= 30):
+        raise ConfigError("parley.video_fps", "must be between 0 and 30 frames per second")
+    return SessionConfig().updated(patch), options
+
+
+async def client_secrets(request: Request) -> Response:
+    auth: Authenticator = request.app.state.services.auth
+    try:
+        auth.check_key(request.headers.get("authorization"))
+    except AuthError as exc:
+        return error(401, "invalid_api_key", str(exc))
+    try:
+        body = await request.json() if await request.body() else {}
+    except json.JSONDecodeError:
+        return error(400, "invalid_json", "the body is not valid JSON")
+    if not isinstance(body, dict):
+        return error(400, "invalid_request", "the body must be a JSON object")
+    expires = body.get("expires_after") or {}
+    ttl = expires.get("seconds", DEFAULT_TTL_S) if isinstance(expires, dict) else None
+    session = body.get("session") or {}
+    if not isinstance(ttl, int) or not isinstance(session, dict):
+        return error(400, "invalid_request", "expires_after.seconds and session must be given")
+    try:
+        config, _ = _settings(session)
+        value, expires_at = auth.mint(session, ttl)
+    except (ConfigError, ProtocolError, ValueError) as exc:
+        return error(400, getattr(exc, "code", "invalid_value"), str(exc))
+    return JSONResponse(
+        {"value": value, "expires_at": expires_at, "session": session_object(config)}
+    )
+
+
+async def _part(value: UploadFile | str | None) -> bytes:
+    if value is None:
+        return b""
+    if isinstance(value, str):
+        return value.encode()
+    return await value.read()
+
+
+async def _offer_and_session(request: Request) -> tuple[bytes, dict[str, Any] | None]:
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind == "multipart/form-data":
+        async with request.form(max_files=2, max_fields=4) as form:
+            offer = await _part(form.get("sdp"))
+            raw = await _part(form.get("session"))
+        return offer, json.loads(raw) if raw else None
+    if kind not in ("application/sdp", "text/plain", ""):
+        raise OfferError(f"send the offer as application/sdp (got {kind})")
+    return await request.body(), None
+
+
+async def create_call(request: Request) -> Response:
+    services = request.app.state.services
+    registry: CallRegistry | None = services.calls
+    if registry is None:
+        return error(503, "not_ready", "the server is not ready yet", "server_error")
+    try:
+        grant = services.auth.check(request.headers.get("authorization"))
+    except AuthError as exc:
+        return error(401, "invalid_api_key", str(exc))
+    try:
+        offer, form_session = await _offer_and_session(request)
+        config, options = _settings({**(grant.session or {}), **(form_session or {})})
+        call, answer = await registry.create(offer, config, options)
+    except (OfferError, json.JSONDecodeError) as exc:
+        return error(400, "invalid_offer", str(exc))
+    except (ConfigError, ProtocolError) as exc:
+        return error(400, getattr(exc, "code", "invalid_value"), str(exc))
+    except SessionLimitError as exc:
+        return error(503, "session_limit", str(exc), "server_error")
+    return Response(
+        answer,
+        status_code=201,
+        media_type="application/sdp",
+        headers={"Location": f"/v1/realtime/calls/{call.call_id}"},
+    )
+
+
+async def hangup(request: Request) -> Response:
+    services = request.app.state.services
+    try:
+        services.auth.check(request.headers.get("authorization"))
+    except AuthError as exc:
+        return error(401, "invalid_api_key", str(exc))
+    registry: CallRegistry | None = services.calls
+    call_id = request.path_params["call_id"]
+    try:
+        if registry is None:
+            raise CallNotFound(call_id)
+        await registry.hangup(call_id)
+    except CallNotFound:
+        return error(404, "call_not_found", f"no live call {call_id}")
+    return Response(status_code=200)
+
+
+ROUTES = [
+    Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
+    Route("/v1/realtime/calls", create_call, methods=["POST"]),
+    Route("/v1/realtime/calls/{call_id}/hangup", hangup, methods=["POST"]),
+]
