@@ -27,6 +27,7 @@ from pipeline.registry import load_pipeline
 from pipeline.types import Pipeline
 from realtime.auth import Authenticator
 from realtime.ice import IceSettings, parse_ice_servers
+from realtime.metrics import TransportMetrics
 from realtime.webrtc.registry import CallRegistry
 from sessions.manager import SessionManager
 from sessions.metrics import SessionMetrics
@@ -96,7 +97,11 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
         try:
             async with manager:
                 services.manager = manager
-                services.calls = CallRegistry(manager, _ice_settings(services.settings))
+                services.calls = CallRegistry(
+                    manager,
+                    _ice_settings(services.settings),
+                    TransportMetrics(services.metrics.registry),
+                )
                 try:
                     yield
                 finally:

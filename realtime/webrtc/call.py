@@ -28,6 +28,7 @@ from sessions.session import Session
 
 from ..client_events import ProtocolError, parse_client_event
 from ..dispatch import ClientEventDispatcher
+from ..metrics import TransportMetrics
 from ..server_events import output_audio_buffer_event, to_wire
 from .inbound import drain_audio, drain_video
 from .outbound import OUTPUT_RATE, OutboundAudioTrack
@@ -51,13 +52,22 @@ class CallOptions:
 
 
 class WebRTCCall:
-    def __init__(self, call_id: str, pc: RTCPeerConnection, options: CallOptions) -> None:
+    def __init__(
+        self,
+        call_id: str,
+        pc: RTCPeerConnection,
+        options: CallOptions,
+        metrics: TransportMetrics | None = None,
+    ) -> None:
         self.call_id = call_id
         self.pc = pc
         self.options = options
         self.session: Session | None = None
         self.playout = PlayoutBuffer(OUTPUT_RATE, options.playout_ms)
-        self.track = OutboundAudioTrack(self.playout, self._audio_started, self._audio_stopped)
+        self.metrics = metrics or TransportMetrics()
+        self.track = OutboundAudioTrack(
+            self.playout, self._audio_started, self._audio_stopped, self.metrics.frame
+        )
         self.close_reason = ""
         self.dropped_events = 0
         self._channel: RTCDataChannel | None = None

@@ -30,6 +30,7 @@ class OutboundAudioTrack(MediaStreamTrack):
         playout: PlayoutBuffer,
         on_start: Callable[[], None] | None = None,
         on_stop: Callable[[], None] | None = None,
+        on_frame: Callable[[float], None] | None = None,
     ) -> None:
         super().__init__()
         if playout.sample_rate != OUTPUT_RATE:
@@ -37,6 +38,7 @@ class OutboundAudioTrack(MediaStreamTrack):
         self.playout = playout
         self._on_start = on_start
         self._on_stop = on_stop
+        self._on_frame = on_frame
         self._start: float | None = None
         self._pts = 0
         self._speaking = False
@@ -50,10 +52,13 @@ class OutboundAudioTrack(MediaStreamTrack):
         samples = self.playout.frame_samples
         if self._start is None:
             self._start = time.monotonic()
+            due = self._start
         else:
             self._pts += samples
             due = self._start + self._pts / OUTPUT_RATE
             await asyncio.sleep(max(0.0, due - time.monotonic()))
+        if self._on_frame is not None:
+            self._on_frame(time.monotonic() - due)
         pcm = self.playout.next_frame()
         audible = pcm is not self.playout.silence
         if audible:

@@ -16,6 +16,7 @@ from sessions.events import new_id
 from sessions.manager import SessionManager
 
 from ..ice import IceSettings
+from ..metrics import TransportMetrics
 from ..sdp import OfferError, check_offer
 from .call import CallOptions, WebRTCCall
 
@@ -27,9 +28,12 @@ class CallNotFound(LookupError):
 
 
 class CallRegistry:
-    def __init__(self, manager: SessionManager, ice: IceSettings) -> None:
+    def __init__(
+        self, manager: SessionManager, ice: IceSettings, metrics: TransportMetrics | None = None
+    ) -> None:
         self.manager = manager
         self.ice = ice
+        self.metrics = metrics or TransportMetrics()
         self._calls: dict[str, WebRTCCall] = {}
         self._owners: dict[str, asyncio.Task[None]] = {}
         ice.apply()
@@ -45,7 +49,7 @@ class CallRegistry:
         sdp = check_offer(offer)
         call_id = new_id("rtc")
         pc = RTCPeerConnection(self.ice.rtc_configuration())
-        call = WebRTCCall(call_id, pc, options or CallOptions())
+        call = WebRTCCall(call_id, pc, options or CallOptions(), self.metrics)
         try:
             session = await self.manager.create(call, config, session_id=new_id("sess"))
             call.attach(session)
@@ -60,6 +64,7 @@ class CallRegistry:
             await call.close("setup failed")
             raise
         self._calls[call_id] = call
+        self.metrics.calls.inc()
         self._owners[call_id] = asyncio.create_task(self._own(call), name=f"{call_id}:owner")
         log.info("call %s answered (session %s)", call_id, call.session and call.session.session_id)
         return call, pc.localDescription.sdp
@@ -69,7 +74,8 @@ class CallRegistry:
             await call.watch()
         finally:
             await call.close(call.close_reason or "hangup")
-            self._calls.pop(call.call_id, None)
+            if self._calls.pop(call.call_id, None) is not None:
+                self.metrics.calls.dec()
             self._owners.pop(call.call_id, None)
             log.info("call %s closed (%s)", call.call_id, call.close_reason)
 

@@ -18,10 +18,9 @@ import pytest
 from starlette.applications import Starlette
 
 from loadtest.speech import silence, speak, trim_silence
+from loadtest.webrtc_client import Caller
 from web.app import Services, create_app
 from web.settings import Settings
-
-from .webrtc_client import Caller
 
 FAKE = "tests.fakes.fake_engine:FakeEngine"
 
@@ -79,7 +78,7 @@ async def test_a_spoken_question_gets_an_audible_answer_and_transcript_events(
     assert response.headers["content-type"].startswith("application/sdp")
     await caller.wait_for(lambda e: e["type"] == "session.created")
     caller.mic.say(question())
-    done = await caller.wait_for(lambda e: e["type"] == "response.done", timeout=30)
+    done = await caller.wait_for(lambda e: e["type"] == "response.done", within_s=30)
     assert done["response"]["status"] == "completed"
     types = caller.types()
     for expected in (
@@ -92,7 +91,7 @@ async def test_a_spoken_question_gets_an_audible_answer_and_transcript_events(
     ):
         assert expected in types, expected
     assert "response.output_audio.delta" not in types  # audio travels on the track
-    await caller.wait_for(lambda e: e["type"] == "output_audio_buffer.stopped", timeout=15)
+    await caller.wait_for(lambda e: e["type"] == "output_audio_buffer.stopped", within_s=15)
     assert len(caller.loud_since(0)) > 100  # seconds of audible answer on the remote track
     transcript = "".join(
         e["delta"] for e in caller.events if e["type"] == "response.output_audio_transcript.delta"
@@ -103,12 +102,12 @@ async def test_a_spoken_question_gets_an_audible_answer_and_transcript_events(
 async def test_speaking_over_the_answer_stops_it_and_truncates_the_item(caller: Caller) -> None:
     assert (await caller.connect()).status_code == 201
     caller.mic.say(question())
-    await caller.wait_for(lambda e: e["type"] == "output_audio_buffer.started", timeout=30)
+    await caller.wait_for(lambda e: e["type"] == "output_audio_buffer.started", within_s=30)
     await asyncio.sleep(1.0)
     caller.mic.say(trim_silence(speak("Hold on, stop.")))
     await asyncio.sleep(0.05)
     interrupted_at = caller.mic.speech_started_at[-1]
-    done = await caller.wait_for(lambda e: e["type"] == "response.done", timeout=10)
+    done = await caller.wait_for(lambda e: e["type"] == "response.done", within_s=10)
     assert done["response"]["status"] == "cancelled"
     truncated = await caller.wait_for(lambda e: e["type"] == "conversation.item.truncated")
     assert 800 <= truncated["audio_end_ms"] <= 3000

@@ -1,4 +1,4 @@
-"""A real aiortc client for tests: a microphone that speaks on cue, a camera, an ear.
+"""A real aiortc caller for tests and load tests: a microphone, a camera, an ear.
 
 It calls Parley the way OpenAI's browser guide calls OpenAI: data channel `oai-events`,
 offer POSTed to /v1/realtime/calls, answer applied. Everything it hears is timestamped.
@@ -135,9 +135,9 @@ class Caller:
         return [e["type"] for e in self.events]
 
     async def wait_for(
-        self, match: Callable[[dict[str, Any]], bool], timeout: float = 20
+        self, match: Callable[[dict[str, Any]], bool], within_s: float = 20
     ) -> dict[str, Any]:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(within_s):
             seen = 0
             while True:
                 for event in self.events[seen:]:

@@ -1,0 +1,28 @@
+"""Transport instruments: calls, and outbound audio frames sent on time or late."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+LATE_AFTER_S = 0.040
+"""A 20 ms frame handed over more than this after its due time counts as late."""
+
+
+class TransportMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.calls = Gauge("parley_webrtc_calls", "WebRTC calls open in this process", registry=r)
+        self.frames = Counter(
+            "parley_webrtc_outbound_frames", "Outbound 20 ms audio frames", registry=r
+        )
+        self.late_frames = Counter(
+            "parley_webrtc_late_frames",
+            "Outbound audio frames handed to the encoder more than 40 ms after their due time",
+            registry=r,
+        )
+
+    def frame(self, lateness_s: float) -> None:
+        self.frames.inc()
+        if lateness_s > LATE_AFTER_S:
+            self.late_frames.inc()
