@@ -147,6 +147,22 @@ class Caller:
                 self._new_event.clear()
                 await self._new_event.wait()
 
+    def count(self, event_type: str) -> int:
+        return sum(1 for e in self.events if e["type"] == event_type)
+
+    async def wait_count(self, event_type: str, n: int, within_s: float = 20) -> None:
+        """Wait until `n` events of `event_type` have arrived in all."""
+        seen = 0
+
+        def nth(event: dict[str, Any]) -> bool:
+            nonlocal seen
+            if event["type"] == event_type:
+                seen += 1
+            return seen >= n
+
+        if self.count(event_type) < n:
+            await self.wait_for(nth, within_s)
+
     def loud_since(self, since: float) -> list[float]:
         return [t for t, level in self.heard if t >= since and level > LOUD]
 

@@ -107,7 +107,11 @@ class Response:
             raise
         await self._finish(status, reason)
         if status == "completed" and self._spoken.audio_ms > 0:
-            await self._sink.drained()
+            try:
+                await self._sink.drained()
+            except asyncio.CancelledError:  # cut off while its last audio was still playing
+                await asyncio.wait_for(self._finish_cancelled(), FINALIZE_TIMEOUT_S)
+                raise
         self._state.to(SessionState.LISTENING, f"response {status}")
 
     async def _generate(self, request: PipelineRequest) -> tuple[ResponseStatus, str]:

@@ -292,3 +292,22 @@ async def test_a_redis_outage_does_not_end_the_call(engine: FakeEngine) -> None:
                 assert isinstance(sink.events[-1], SessionClosed)
         finally:
             await client.aclose()
+
+
+async def test_barge_in_after_generation_truncates_what_is_still_playing(
+    make_session: MakeSession, engine: FakeEngine
+) -> None:
+    """A fast model finishes long before its audio has played: speaking then still cuts it."""
+    engine.audio_ms, engine.realtime_factor = 6_000, 1_000.0
+    session, sink = await make_session()
+    await feed(session, spoken_turn()[0])
+    done = await sink.wait_for(is_done)  # the last 2 s are still queued for playout
+    assert isinstance(done, ResponseDone) and done.status == "completed"
+    interruption = np.concatenate([trim_silence(speak("Wait, stop there.")), silence(800)])
+    await feed(session, interruption, realtime=True)
+    truncated = await sink.wait_for(lambda e: isinstance(e, ConversationItemTruncated))
+    assert isinstance(truncated, ConversationItemTruncated)
+    assert 3_000 <= truncated.audio_end_ms <= 5_800
+    answer = await session.history.get(truncated.item_id)
+    assert answer is not None and answer.status == "incomplete"
+    assert answer.audio_ms == truncated.audio_end_ms

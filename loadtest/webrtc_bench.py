@@ -1,0 +1,219 @@
+"""Benchmark: WebRTC barge-in latency and how many calls one server holds.
+
+Starts `parley serve --pipeline echo` (the loopback pipeline: answers are the caller's own
+words, so no model time is measured) with its embedded Redis, then calls it with real aiortc
+peers over loopback (Opus both ways).
+
+- barge-in: a question, its answer starts, 1 s later the caller says "Hold on, stop.".
+  Latency = first frame of the interruption sent -> last frame of the interrupted answer
+  received (a frame with RMS > 300 before the next `response.created`).
+- capacity: for each step N, N calls loop "question, wait for the answer" for a window; the
+  server's `parley_webrtc_late_frames_total / parley_webrtc_outbound_frames_total` over the
+  window must stay under 1 %, and every call must get answers. CPU is the server process's
+  (its own /proc stat), per call.
+
+    .venv/bin/python -m loadtest.webrtc_bench [--barge 30] [--steps 1,10,20,30] [--window 20]
+
+The callers run on the same 2 cores as the server, so capacity is a lower bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from .speech import silence, speak, trim_silence
+from .webrtc_client import Caller
+
+QUESTION = "What is the weather going to be like tomorrow in Boston?"
+STOP = "Hold on, stop."
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def server(port: int, max_sessions: int) -> Iterator[int]:
+    exe = Path(sys.executable).parent / "parley"
+    cmd = [str(exe), "serve", "--pipeline", "echo", "--port", str(port)]
+    cmd += ["--max-sessions", str(max_sessions), "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+                    break
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("the server did not become ready")
+            time.sleep(0.2)
+        yield proc.pid
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def late_frames(http: httpx.AsyncClient) -> tuple[float, float]:
+    text = (await http.get("/metrics")).text
+
+    def value(name: str) -> float:
+        match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M)
+        return float(match.group(1)) if match else 0.0
+
+    return value("parley_webrtc_late_frames_total"), value("parley_webrtc_outbound_frames_total")
+
+
+def utterance(text: str) -> np.ndarray:
+    return trim_silence(speak(text))
+
+
+async def barge_in(http: httpx.AsyncClient, tries: int) -> list[float]:
+    caller = Caller(http)
+    latencies: list[float] = []
+    try:
+        if (await caller.connect()).status_code != 201:
+            raise RuntimeError("call refused")
+        await caller.wait_for(lambda e: e["type"] == "session.created")
+        question, stop = utterance(QUESTION), utterance(STOP)
+        for _ in range(tries):
+            answers = caller.count("response.created")
+            caller.mic.say(np.concatenate([question, silence(100)]))
+            await caller.wait_count("response.created", answers + 1, within_s=30)
+            await caller.wait_count(
+                "output_audio_buffer.started", caller.count("output_audio_buffer.stopped") + 1
+            )
+            await asyncio.sleep(1.0)
+            caller.mic.say(stop)
+            await asyncio.sleep(0.1)
+            sent = caller.mic.speech_started_at[-1]
+            await caller.wait_count(
+                "conversation.item.truncated", caller.count("conversation.item.truncated") + 1, 10
+            )
+            # The interruption is a turn of its own: once its answer starts, every frame of
+            # the old answer is in; then let that answer play out.
+            await caller.wait_count("response.created", answers + 2, within_s=10)
+            next_reply = time.monotonic()
+            old = [t for t in caller.loud_since(sent) if t < next_reply]
+            latencies.append(((old[-1] - sent) if old else 0.0) * 1000)
+            await caller.wait_count(
+                "output_audio_buffer.stopped", caller.count("output_audio_buffer.started"), 15
+            )
+            await asyncio.sleep(0.3)
+    except TimeoutError:
+        print("timed out; events:", caller.types()[-25:], file=sys.stderr)
+        raise
+    finally:
+        await caller.close()
+    return latencies
+
+
+async def loop_calls(
+    http: httpx.AsyncClient, n: int, warm_s: float, window_s: float, pid: int
+) -> dict[str, float]:
+    question = utterance(QUESTION)
+    callers = [Caller(http) for _ in range(n)]
+    answers = [0] * n
+    stop = asyncio.Event()
+
+    async def talk(i: int, caller: Caller) -> None:
+        await asyncio.sleep(i * min(0.3, 9.0 / max(1, n)))  # stagger the starts
+        if (await caller.connect()).status_code != 201:
+            raise RuntimeError(f"call {i} refused")
+        while not stop.is_set():
+            done = caller.count("output_audio_buffer.stopped")
+            caller.mic.say(np.concatenate([question, silence(100)]))
+            await caller.wait_count("output_audio_buffer.stopped", done + 1, within_s=30)
+            answers[i] += 1
+            await asyncio.sleep(0.3)
+
+    tasks = [asyncio.create_task(talk(i, c)) for i, c in enumerate(callers)]
+    try:
+        await asyncio.sleep(warm_s + min(9.0, 0.3 * n))
+        late0, frames0 = await late_frames(http)
+        cpu0, t0 = cpu_seconds(pid), time.monotonic()
+        answered0 = sum(answers)
+        await asyncio.sleep(window_s)
+        late1, frames1 = await late_frames(http)
+        cpu = (cpu_seconds(pid) - cpu0) / (time.monotonic() - t0)
+        answered = sum(answers) - answered0
+        failed = [t for t in tasks if t.done() and t.exception() is not None]
+    finally:
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks)
+        await asyncio.gather(*(c.close() for c in callers))
+    frames = frames1 - frames0
+    return {
+        "calls": n,
+        "late_pct": 100 * (late1 - late0) / frames if frames else 100.0,
+        "answers_in_window": answered,
+        "failed_calls": len(failed),
+        "server_cpu_pct": 100 * cpu,
+        "cpu_pct_per_call": 100 * cpu / n,
+    }
+
+
+async def run(args: argparse.Namespace) -> None:
+    steps = [int(s) for s in args.steps.split(",") if s]
+    port = free_port()
+    with server(port, max(steps + [4]) + 2) as pid:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            if args.barge:
+                latencies = await barge_in(http, args.barge)
+                p50, p95 = np.percentile(latencies, 50), np.percentile(latencies, 95)
+                print(
+                    f"barge-in ({len(latencies)} interruptions): p50 {p50:.0f} ms, "
+                    f"p95 {p95:.0f} ms (max {max(latencies):.0f} ms)",
+                    flush=True,
+                )
+            for n in steps:
+                row = await loop_calls(http, n, args.warm, args.window, pid)
+                ok = (
+                    row["late_pct"] < 1.0
+                    and not row["failed_calls"]
+                    and row["answers_in_window"] >= n
+                )
+                print(
+                    f"{n:3d} calls: late {row['late_pct']:5.2f} %, "
+                    f"answers {row['answers_in_window']:.0f}, "
+                    f"server CPU {row['server_cpu_pct']:5.1f} % "
+                    f"({row['cpu_pct_per_call']:.1f} %/call) -> {'ok' if ok else 'FAIL'}",
+                    flush=True,
+                )
+                if not ok:
+                    break
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="WebRTC barge-in latency and capacity")
+    parser.add_argument("--barge", type=int, default=30, help="interruptions (0 skips)")
+    parser.add_argument("--steps", default="1,10,20,30", help="concurrent calls per step")
+    parser.add_argument("--warm", type=float, default=4.0)
+    parser.add_argument("--window", type=float, default=20.0)
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
