@@ -68,6 +68,12 @@ class _Sink:
     def clear(self) -> None:
         return None
 
+    def pause(self) -> None:
+        return None
+
+    def resume(self) -> None:
+        return None
+
     @property
     def played_ms(self) -> int:
         return 0

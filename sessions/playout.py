@@ -1,5 +1,9 @@
 """A bounded, clearable playout buffer with a playback cursor.
 
+While paused (the user started talking over the answer, not yet long enough to count as
+an interruption) it plays silence and keeps its queue, so a cough costs a pause, not the
+answer.
+
 Transports drive it from their media clock: a WebRTC track pulls one 20 ms frame per
 packet time with `next_frame()`, getting silence when nothing is queued. Audio is cut into
 20 ms frames on the way in, so `clear()` takes effect at the next frame. Writers wait while
@@ -29,6 +33,7 @@ class PlayoutBuffer:
         self._room.set()
         self._empty = asyncio.Event()
         self._empty.set()
+        self.paused = False
         self._played_frames = 0
         self._played_partial_samples = 0
         self.silence = np.zeros(self.frame_samples, dtype=np.int16)
@@ -70,8 +75,17 @@ class PlayoutBuffer:
             self._frames.append(frame)
             self._partial = np.zeros(0, dtype=np.int16)
 
+    def pause(self) -> None:
+        """Hold playback (the user may be interrupting): silence, nothing consumed."""
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+
     def next_frame(self) -> npt.NDArray[np.int16]:
-        """The next 20 ms to play: queued audio, or silence when idle."""
+        """The next 20 ms to play: queued audio, or silence when idle or paused."""
+        if self.paused:
+            return self.silence
         if not self._frames:
             if len(self._partial):  # generation paused mid-frame: play what we have
                 self.flush_partial()

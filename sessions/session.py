@@ -258,6 +258,7 @@ class Session:
             self.audio.max_seconds = new.max_audio_seconds
             if new.turn_detection is None:
                 self._detector = None
+                self._sink.resume()  # no detector left to end a pause it began
             elif self._detector is None:
                 self._detector = TurnDetector(new.turn_detection)
             else:
@@ -327,6 +328,8 @@ class Session:
                 self._emit(SpeechStarted(audio_start_ms=start, item_id=self._speech_item_id))
                 if state is SessionState.LISTENING:
                     self.machine.to(SessionState.USER_SPEAKING, "speech started")
+                elif td.interrupt_response and self.responding:
+                    self._sink.pause()  # silent at once; cut when confirmed, resumed if not
             case SpeechConfirmed():
                 if (
                     state in (SessionState.THINKING, SessionState.SPEAKING)
@@ -339,7 +342,8 @@ class Session:
                 self._speech_item_id = None
                 self._emit(SpeechStopped(audio_end_ms=end, item_id=item_id))
                 if self.machine.state is not SessionState.USER_SPEAKING:
-                    return  # too short to interrupt the answer: treated as noise
+                    self._sink.resume()  # too short to interrupt the answer: noise
+                    return
                 begin = max(self._uncommitted_from_ms, start - td.prefix_padding_ms, 0)
                 await self._commit(item_id, begin, self._offset_ms)
                 if td.create_response:
@@ -373,6 +377,7 @@ class Session:
                 )
             if self._detector is not None:
                 self._detector.reset()
+            self._sink.resume()
             if self.machine.state is SessionState.USER_SPEAKING:
                 self.machine.to(SessionState.LISTENING, "buffer committed")
             return await self._commit(new_id("item"), self._uncommitted_from_ms, self._offset_ms)
@@ -385,6 +390,7 @@ class Session:
             if self._detector is not None:
                 self._detector.reset()
             self._speech_item_id = None
+            self._sink.resume()
             if self.machine.state is SessionState.USER_SPEAKING:
                 self.machine.to(SessionState.LISTENING, "buffer cleared")
         self._emit(AudioBufferCleared())
@@ -473,6 +479,7 @@ class Session:
         response.cancel_reason = reason
         task.cancel()
         await asyncio.wait({task})  # the task's own CancelledError stays in the task
+        self._sink.resume()
         self._response_task = self._response = None
         if self.machine.state is not next_state and self.machine.can(next_state):
             self.machine.to(next_state, reason)

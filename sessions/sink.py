@@ -29,6 +29,14 @@ class OutputSink(Protocol):
         """Drop all queued, unplayed audio at once (barge-in)."""
         ...
 
+    def pause(self) -> None:
+        """Hold playback at once, keeping what is queued (the user may be interrupting)."""
+        ...
+
+    def resume(self) -> None:
+        """Go on playing after a pause (it was not an interruption, or it was cleared)."""
+        ...
+
     @property
     def played_ms(self) -> int: ...
 

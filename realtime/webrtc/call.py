@@ -211,6 +211,12 @@ class WebRTCCall:
         if had_audio:
             self._send(output_audio_buffer_event("cleared", self._response_id))
 
+    def pause(self) -> None:
+        self.playout.pause()
+
+    def resume(self) -> None:
+        self.playout.resume()
+
     @property
     def played_ms(self) -> int:
         return self.playout.played_ms

@@ -25,6 +25,7 @@ class ClockedSink:
         self.last_audio_at: float | None = None
         self.cleared_at: list[float] = []
         self.played_ms_at_clear: list[int] = []
+        self.paused_at: list[float] = []
         self._clock: asyncio.Task[None] | None = None
         self._new_event = asyncio.Event()
 
@@ -60,6 +61,13 @@ class ClockedSink:
         self.cleared_at.append(time.monotonic())
         self.played_ms_at_clear.append(self.playout.played_ms)
         self.playout.clear()
+
+    def pause(self) -> None:
+        self.paused_at.append(time.monotonic())
+        self.playout.pause()
+
+    def resume(self) -> None:
+        self.playout.resume()
 
     @property
     def played_ms(self) -> int:

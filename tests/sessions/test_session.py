@@ -104,6 +104,8 @@ async def test_barge_in_cancels_and_truncates_at_the_played_position(
     assert sink.played_audio_frames - frames_before < 200 // 20 * 20  # sanity
     assert sink.cleared_at and sink.last_audio_at is not None
     assert sink.last_audio_at - sink.cleared_at[0] <= 0.045
+    # Playback paused as soon as the speech began, before it was long enough to cut.
+    assert sink.paused_at and sink.paused_at[0] < sink.cleared_at[0] - 0.1
     await feeding
     assert isinstance(done, ResponseDone)
     assert done.status == "cancelled" and done.reason == "barge_in"
