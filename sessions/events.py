@@ -135,6 +135,12 @@ class ConversationItemTruncated(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ConversationItemDeleted(Event):
+    type: ClassVar[str] = "conversation.item.deleted"
+    item_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class InputTranscriptionCompleted(Event):
     type: ClassVar[str] = "conversation.item.input_audio_transcription.completed"
     item_id: str

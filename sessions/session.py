@@ -9,6 +9,7 @@ ends all of it, deletes its Redis keys, and sends a goodbye event.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import secrets
 import time
@@ -30,6 +31,7 @@ from .events import (
     AudioBufferCommitted,
     ConversationItem,
     ConversationItemCreated,
+    ConversationItemDeleted,
     ErrorEvent,
     Event,
     SessionClosed,
@@ -47,7 +49,7 @@ from .keys import DEFAULT_KEY_TTL_S, SessionKeys
 from .metrics import SessionMetrics
 from .resample import FRAME_MS, SAMPLE_RATE, InputResampler
 from .response import Response
-from .sink import OutputSink
+from .sink import DetachedSink, OutputSink
 from .state import SessionState, StateMachine
 from .turn_detection import SpeechConfirmed, SpeechEnd, SpeechStart, TurnDetector
 
@@ -117,6 +119,7 @@ class Session:
         self.close_reason = ""
         self._created = time.monotonic()
         self._last_media = self._created
+        self._detached_until: float | None = None
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -210,6 +213,9 @@ class Session:
             await asyncio.sleep(limits.watchdog_interval_s)
             now = time.monotonic()
             age = now - self._created
+            if self._detached_until is not None and now >= self._detached_until:
+                self.request_close("client_gone")
+                return
             if now - self._last_media >= limits.idle_timeout_s:
                 self.request_close("idle_timeout")
                 return
@@ -219,6 +225,27 @@ class Session:
             if not warned and age >= limits.max_lifetime_s - limits.lifetime_warning_s:
                 warned = True
                 self._emit(SessionExpiring(seconds_left=round(limits.max_lifetime_s - age)))
+
+    # --- connections ---------------------------------------------------------------------
+
+    def matches_token(self, token: str) -> bool:
+        return hmac.compare_digest(token.encode(), self.resume_token.encode())
+
+    async def detach(self, grace_s: float) -> None:
+        """The client's connection dropped: stop answering, keep the session `grace_s` for a
+        resume (its events go on into the event log), then close it."""
+        self._check_open()
+        async with self._writer_lock:
+            await self._cancel_response("client_disconnected")
+        self._sink = DetachedSink()
+        self._detached_until = time.monotonic() + grace_s
+
+    def attach(self, sink: OutputSink) -> None:
+        """A client (re)connected: output goes to `sink` from now on."""
+        self._check_open()
+        self._sink = sink
+        self._detached_until = None
+        self._last_media = time.monotonic()
 
     # --- events --------------------------------------------------------------------------
 
@@ -514,6 +541,16 @@ class Session:
             output_sample_rate=self.config.output_sample_rate,
             output_text_only=not self.config.audio_output,
         )
+
+    async def delete_item(self, item_id: str) -> None:
+        """conversation.item.delete: the item leaves the history (and the model's context)."""
+        self._check_open()
+        if not await self.history.delete(item_id):
+            raise InvalidRequestError(f"no item {item_id} in the conversation")
+        self._turn_ranges.pop(item_id, None)
+        if self._pending_user_item == item_id:
+            self._pending_user_item = None
+        self._emit(ConversationItemDeleted(item_id=item_id))
 
     async def truncate_item(self, item_id: str, audio_end_ms: int) -> None:
         """conversation.item.truncate for the answer in progress or just played."""

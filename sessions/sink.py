@@ -43,3 +43,30 @@ class OutputSink(Protocol):
     async def drained(self) -> None:
         """Return once every queued frame has been played (or cleared)."""
         ...
+
+
+class DetachedSink:
+    """The sink of a session whose client is gone for now (it may resume): output goes
+    nowhere, and the event log keeps what happened for the client to replay."""
+
+    async def audio(self, pcm: npt.NDArray[np.int16], sample_rate: int) -> None:
+        return None
+
+    def event(self, event: Event) -> None:
+        return None
+
+    def clear(self) -> None:
+        return None
+
+    def pause(self) -> None:
+        return None
+
+    def resume(self) -> None:
+        return None
+
+    @property
+    def played_ms(self) -> int:
+        return 0
+
+    async def drained(self) -> None:
+        return None

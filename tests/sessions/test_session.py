@@ -313,3 +313,37 @@ async def test_barge_in_after_generation_truncates_what_is_still_playing(
     answer = await session.history.get(truncated.item_id)
     assert answer is not None and answer.status == "incomplete"
     assert answer.audio_ms == truncated.audio_end_ms
+
+
+async def test_a_detached_session_waits_for_its_client_then_closes(
+    make_session: MakeSession, engine: FakeEngine
+) -> None:
+    engine.audio_ms = 5_000
+    session, sink = await make_session()
+    await session.add_text("Tell me something long.")
+    await session.create_response()
+    await sink.wait_for(lambda e: isinstance(e, OutputAudioDelta))
+    await session.detach(grace_s=0.5)  # the connection dropped mid-answer
+    assert not session.responding
+    assert session.matches_token(session.resume_token) and not session.matches_token("nope")
+    back = ClockedSink()
+    session.attach(back)  # the client came back in time
+    await session.add_text("Still there?")
+    await asyncio.sleep(0.8)
+    assert not session.closed
+    await session.detach(grace_s=0.3)  # gone for good this time
+    async with asyncio.timeout(5):
+        while not session.closed:
+            await asyncio.sleep(0.05)
+    assert session.close_reason == "client_gone"
+    assert not any(isinstance(e, SessionClosed) for e in back.events)  # nobody was there
+
+
+async def test_items_can_be_deleted_from_the_conversation(make_session: MakeSession) -> None:
+    session, sink = await make_session({"turn_detection": None})
+    item = await session.add_text("Forget I said this.")
+    await session.delete_item(item.id)
+    assert await session.history.items() == []
+    assert any(e.type == "conversation.item.deleted" for e in sink.events)
+    with pytest.raises(InvalidRequestError, match="no item"):
+        await session.delete_item(item.id)
