@@ -1,6 +1,6 @@
 """A stage placed in a worker process, seen from the main process as an ordinary Engine.
 
-`WorkerEngine` spawns a child (`worker_main.run_worker`) that runs the real engine and
+`WorkerEngine` starts a child (`python -m pipeline.worker_main`) that runs the real engine and
 talks to it over a shared-memory link, so model compute never runs on the media event loop
 and arrays cross with one copy. If the child dies, every request it was serving gets an
 ErrorChunk (see `LinkedStage`) and a new child is started, with backoff if it keeps dying.
@@ -11,14 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import multiprocessing
 import socket
-from multiprocessing.process import BaseProcess
+import subprocess
 
 from .connectors.base import LinkClosed
 from .connectors.shm import DEFAULT_CAPACITY, ShmLink
 from .stage_client import LinkedStage
-from .worker_main import WorkerSpec, run_worker
+from .worker_main import WorkerSpec, launch_args
 
 log = logging.getLogger("parley.pipeline.worker")
 
@@ -40,7 +39,7 @@ class WorkerEngine(LinkedStage):
         self.spec = spec
         self.ring_capacity = ring_capacity
         self.restarts = 0
-        self._process: BaseProcess | None = None
+        self._process: subprocess.Popen[bytes] | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._dead = asyncio.Event()
 
@@ -56,13 +55,9 @@ class WorkerEngine(LinkedStage):
     async def _spawn(self) -> None:
         parent_sock, child_sock = socket.socketpair()
         out, back, rings = ShmLink.create_rings(self.ring_capacity)
-        process = multiprocessing.get_context("spawn").Process(
-            target=run_worker,
-            args=(self.spec, child_sock, rings),
-            name=f"parley-{self.name}",
-            daemon=True,
-        )
-        process.start()
+        fd = child_sock.fileno()
+        # fork+exec takes milliseconds, and only when a worker (re)starts
+        process = subprocess.Popen(launch_args(self.spec, fd, rings), pass_fds=(fd,))  # noqa: ASYNC220
         child_sock.close()
         link = await ShmLink.open(parent_sock, out, back)
         try:
@@ -113,19 +108,19 @@ class WorkerEngine(LinkedStage):
             with contextlib.suppress(LinkClosed):
                 await self._link.send(("close",))
         if self._process is not None:
-            await asyncio.to_thread(self._process.join, 3.0)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(self._process.wait, 3.0)
         await self._detach()
         if self._process is not None:
             await asyncio.to_thread(_stop_process, self._process)
             self._process = None
 
 
-def _stop_process(process: BaseProcess) -> None:
-    if process.is_alive():
+def _stop_process(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
         process.terminate()
-        process.join(2.0)
-    if process.is_alive():
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(2.0)
+    if process.poll() is None:
         process.kill()
-        process.join(2.0)
-    with contextlib.suppress(ValueError):
-        process.close()
+        process.wait(2.0)

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import socket
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,9 +42,33 @@ class WorkerSpec:
 
 
 def run_worker(spec: WorkerSpec, sock: socket.socket, rings: RingSpec) -> None:
-    """Process entry point (multiprocessing spawn target)."""
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s worker[{spec.stage}] %(message)s")
     asyncio.run(_serve(spec, sock, rings))
+
+
+def launch_args(spec: WorkerSpec, fd: int, rings: RingSpec) -> list[str]:
+    """The command line that starts a worker on inherited socket `fd`.
+
+    Workers are plain `python -m pipeline.worker_main` processes rather than multiprocessing
+    children: a spawned multiprocessing child re-imports the parent's `__main__`, which runs
+    whatever a launcher script does at import time a second time.
+    """
+    body = {
+        "stage": spec.stage,
+        "engine": spec.engine,
+        "engine_args": spec.engine_args,
+        "fd": fd,
+        "rings": {"send": rings.send_ring, "recv": rings.recv_ring, "capacity": rings.capacity},
+    }
+    return [sys.executable, "-m", "pipeline.worker_main", json.dumps(body)]
+
+
+def main(argv: list[str]) -> None:
+    body = json.loads(argv[1])
+    spec = WorkerSpec(body["stage"], body["engine"], body["engine_args"])
+    rings = body["rings"]
+    sock = socket.socket(fileno=body["fd"])
+    run_worker(spec, sock, RingSpec(rings["send"], rings["recv"], rings["capacity"]))
 
 
 async def _serve(spec: WorkerSpec, sock: socket.socket, rings: RingSpec) -> None:
@@ -137,3 +163,7 @@ class _Server:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

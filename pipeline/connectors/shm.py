@@ -24,7 +24,7 @@ import struct
 import threading
 import weakref
 from dataclasses import dataclass, field
-from multiprocessing import shared_memory
+from multiprocessing import resource_tracker, shared_memory
 from typing import Any
 
 import numpy as np
@@ -40,6 +40,8 @@ DEFAULT_CAPACITY = 16 * 1024 * 1024
 """Per direction. Segments live in /dev/shm: keep two per worker within its size."""
 INLINE_MAX = 16 * 1024
 """Buffers up to this size ride in the socket frame: a ring slot would cost more than it saves."""
+_CREATED_HERE: set[str] = set()
+"""Segments this process created (an in-process pair must not untrack its own rings)."""
 _LEN = struct.Struct("<I")
 _TAIL = struct.Struct("<Q")
 
@@ -79,13 +81,16 @@ class _Ring:
     def create(cls, capacity: int) -> _Ring:
         ring = cls(shared_memory.SharedMemory(create=True, size=HEADER + capacity), capacity, True)
         _TAIL.pack_into(ring.buf, 0, 0)
+        _CREATED_HERE.add(ring.shm.name)
         return ring
 
     @classmethod
     def attach(cls, name: str, capacity: int) -> _Ring:
-        # Processes we spawn share our resource tracker, so attaching registers nothing new;
-        # the creator unlinks the segment (and the tracker does, if the creator crashes).
         shm = shared_memory.SharedMemory(name=name)
+        # Attaching registers the segment with this process's resource tracker, which would
+        # unlink it when this process exits; the creator owns it and unlinks it.
+        if name not in _CREATED_HERE:
+            resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]  # noqa: SLF001
         return cls(shm, capacity, owner=False)
 
     @property
@@ -137,6 +142,7 @@ class _Ring:
         with contextlib.suppress(BufferError):  # arrays still view it: it goes with the process
             self.shm.close()
         if self.owner:
+            _CREATED_HERE.discard(self.shm.name)
             with contextlib.suppress(FileNotFoundError):
                 self.shm.unlink()
 
