@@ -35,6 +35,7 @@ def samples() -> list[Event]:
         ev.AudioBufferCleared(),
         ev.ConversationItemCreated(item=USER_AUDIO, previous_item_id="item_0"),
         ev.ConversationItemTruncated(item_id="item_a", audio_end_ms=350),
+        ev.ConversationItemDeleted(item_id="item_0"),
         ev.InputTranscriptionCompleted(item_id="item_u", transcript="hello"),
         ev.ResponseCreated(response_id="resp_1"),
         ev.OutputTextDelta(response_id="resp_1", item_id="item_a", delta="Hi"),
