@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import json
 from typing import Any
 
 from pydantic import BaseModel
 
-from .events import ConversationItem, Event
+from . import events
+from .config import SessionConfig
+from .events import ConversationItem, Event, ResponseUsage
 
 
 def to_plain(value: Any) -> Any:
@@ -31,6 +34,41 @@ def event_to_dict(event: Event) -> dict[str, Any]:
     body = to_plain(event)
     assert isinstance(body, dict)
     return {"type": event.type, **body}
+
+
+def event_from_dict(body: dict[str, Any]) -> Event:
+    """The inverse of `event_to_dict`, for events read back from the event log.
+
+    Raises KeyError for an unknown type (a newer process wrote it) and TypeError or
+    ValueError for a body that does not fit its type.
+    """
+    cls = _event_types()[body["type"]]
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in body:
+            continue
+        value = body[f.name]
+        if f.name == "config" and isinstance(value, dict):
+            value = SessionConfig.model_validate(value)
+        elif f.name == "item" and isinstance(value, dict):
+            value = ConversationItem(**value)
+        elif f.name == "usage" and isinstance(value, dict):
+            value = ResponseUsage(**value)
+        elif f.name == "pcm" and isinstance(value, str):
+            value = base64.b64decode(value)
+        fields[f.name] = value
+    return cls(**fields)
+
+
+@functools.cache
+def _event_types() -> dict[str, type[Event]]:
+    # The module's own names: dataclass(slots=True) replaces each class, and the replaced
+    # originals may linger among Event.__subclasses__().
+    return {
+        obj.type: obj
+        for obj in vars(events).values()
+        if isinstance(obj, type) and issubclass(obj, Event) and obj is not Event
+    }
 
 
 def item_to_json(item: ConversationItem) -> str:

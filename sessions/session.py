@@ -109,6 +109,9 @@ class Session:
         self._turn_ranges: dict[str, tuple[int, int]] = {}
         """User audio items awaiting an answer -> their range on the audio timeline."""
         self._pending_user_item: str | None = None
+        self._pending_speech: str | None = None
+        """Committed speech that a typed message followed before any answer: one turn, so
+        the answer's request carries both (video chat: what was heard, then the question)."""
         self._response: Response | None = None
         self._response_task: asyncio.Task[None] | None = None
         self._media_lock = asyncio.Lock()
@@ -389,6 +392,7 @@ class Session:
         self._uncommitted_from_ms = end_ms
         self._turn_ranges[item_id] = (begin_ms, end_ms)
         self._pending_user_item = item_id
+        self._pending_speech = None
         self.metrics.turns.inc()
         self._emit(AudioBufferCommitted(item_id=item_id, previous_item_id=previous))
         self._emit(ConversationItemCreated(item=item, previous_item_id=previous))
@@ -432,6 +436,8 @@ class Session:
         item = ConversationItem(role="user" if role == "user" else "system", text=text)
         previous = await self.history.append(item)
         if role == "user":
+            if self._pending_user_item in self._turn_ranges:
+                self._pending_speech = self._pending_user_item
             self._pending_user_item = item.id
         self._emit(ConversationItemCreated(item=item, previous_item_id=previous))
         return item
@@ -459,20 +465,20 @@ class Session:
             await self._cancel_response("superseded")
             if self._tg is None:
                 raise SessionClosedError("the session is not running")
-            user_item = self._pending_user_item
+            user_item, speech_item = self._pending_user_item, self._pending_speech
             response = Response(
                 response_id=new_id("resp"),
-                build_request=lambda rid: self._build_request(rid, user_item),
+                build_request=lambda rid: self._build_request(rid, user_item, speech_item),
                 audio_output=self.config.audio_output,
                 pipeline=self._pipeline,
                 sink=self._sink,
                 history=self.history,
                 state=self.machine,
                 emit=self._emit,
-                user_item_id=user_item,
+                user_item_id=speech_item or user_item,  # the transcript goes on the speech
                 chunk_timeout_s=self.limits.chunk_timeout_s,
             )
-            self._pending_user_item = None
+            self._pending_user_item = self._pending_speech = None
             if self.machine.state is not SessionState.THINKING:
                 self.machine.to(SessionState.THINKING, "response started")
             self._response = response
@@ -507,28 +513,33 @@ class Session:
         task.cancel()
         await asyncio.wait({task})  # the task's own CancelledError stays in the task
         self._sink.resume()
-        self._response_task = self._response = None
+        # The response stays in `_response`: a client may still truncate its item (OpenAI
+        # clients send response.cancel, then conversation.item.truncate).
+        self._response_task = None
         if self.machine.state is not next_state and self.machine.can(next_state):
             self.machine.to(next_state, reason)
         return True
 
-    async def _build_request(self, request_id: str, user_id: str | None) -> PipelineRequest:
+    async def _build_request(
+        self, request_id: str, user_id: str | None, speech_id: str | None = None
+    ) -> PipelineRequest:
         audio = np.zeros(0, dtype=np.int16)
         text: str | None = None
         items = await self.history.items()
-        if user_id in self._turn_ranges:
-            begin, end = self._turn_ranges.pop(user_id)
+        audio_id = user_id if user_id in self._turn_ranges else speech_id
+        if audio_id is not None and audio_id in self._turn_ranges:
+            begin, end = self._turn_ranges.pop(audio_id)
             try:
                 audio = await self.audio.read(begin, end)
             except Exception:
                 self.metrics.redis_errors.inc()
                 raise
-        elif user_id is not None:
+        if user_id is not None and user_id != audio_id:
             text = next((item.text for item in items if item.id == user_id), None)
         history = tuple(
             HistoryItem(role=item.role, text=item.text)
             for item in items
-            if item.id != user_id and item.text
+            if item.id not in (user_id, speech_id) and item.text
         )
         frames = tuple(await self.frames.sample())
         return PipelineRequest(
@@ -550,6 +561,8 @@ class Session:
         self._turn_ranges.pop(item_id, None)
         if self._pending_user_item == item_id:
             self._pending_user_item = None
+        if self._pending_speech == item_id:
+            self._pending_speech = None
         self._emit(ConversationItemDeleted(item_id=item_id))
 
     async def truncate_item(self, item_id: str, audio_end_ms: int) -> None:

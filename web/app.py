@@ -29,6 +29,7 @@ from realtime.auth import Authenticator
 from realtime.ice import IceSettings, parse_ice_servers
 from realtime.metrics import TransportMetrics
 from realtime.webrtc.registry import CallRegistry
+from realtime.websocket.openai_accept import OpenAIConnections
 from sessions.manager import SessionManager
 from sessions.metrics import SessionMetrics
 
@@ -54,6 +55,8 @@ class Services:
     manager: SessionManager | None = None
     auth: Authenticator = field(default_factory=lambda: Authenticator(None))
     calls: CallRegistry | None = None
+    websockets: OpenAIConnections = field(default_factory=OpenAIConnections)
+    """OpenAI Realtime WebSocket connections by session, for resumes."""
 
 
 async def _start_pipeline(services: Services, pipeline: Pipeline) -> None:

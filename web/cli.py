@@ -26,6 +26,8 @@ from .settings import Settings, SettingsError, parse_settings
 
 log = logging.getLogger("parley")
 GRACEFUL_SHUTDOWN_S = 5
+WS_MAX_SIZE = 16 * 1024 * 1024
+"""OpenAI Realtime's message limit: a bigger WebSocket message closes with 1009."""
 
 
 class _Server(uvicorn.Server):
@@ -61,6 +63,7 @@ async def _serve(settings: Settings, redis_url: str) -> None:
         log_level=settings.log_level,
         lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        ws_max_size=WS_MAX_SIZE,
     )
     server = _Server(config)
     announce = asyncio.create_task(_announce_when_listening(server, settings))

@@ -16,7 +16,7 @@ from typing import Any
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
 from realtime.auth import DEFAULT_TTL_S, Authenticator, AuthError
 from realtime.client_events import ProtocolError, SessionUpdate, session_patch
@@ -24,8 +24,11 @@ from realtime.sdp import OfferError
 from realtime.server_events import session_object
 from realtime.webrtc.call import CallOptions
 from realtime.webrtc.registry import CallNotFound, CallRegistry
+from realtime.websocket.video_stream import video_chat_stream
 from sessions.config import SessionConfig
 from sessions.errors import ConfigError, SessionLimitError
+
+from .realtime_ws import openai_realtime
 
 log = logging.getLogger("parley.web.realtime")
 
@@ -148,4 +151,6 @@ ROUTES = [
     Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
     Route("/v1/realtime/calls", create_call, methods=["POST"]),
     Route("/v1/realtime/calls/{call_id}/hangup", hangup, methods=["POST"]),
+    WebSocketRoute("/v1/realtime", openai_realtime),
+    WebSocketRoute("/v1/video/chat/stream", video_chat_stream),
 ]

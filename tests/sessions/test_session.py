@@ -347,3 +347,18 @@ async def test_items_can_be_deleted_from_the_conversation(make_session: MakeSess
     assert any(e.type == "conversation.item.deleted" for e in sink.events)
     with pytest.raises(InvalidRequestError, match="no item"):
         await session.delete_item(item.id)
+
+
+async def test_speech_then_a_typed_question_is_one_turn(
+    make_session: MakeSession, engine: FakeEngine
+) -> None:
+    session, sink = await make_session({"turn_detection": None})
+    await feed(session, spoken_turn()[0])
+    speech = await session.commit_audio()
+    await session.add_text("What was that?")
+    await session.create_response()
+    await sink.wait_for(is_done)
+    request = engine.requests[0]
+    assert request.text == "What was that?"
+    assert len(request.audio) / 16 == pytest.approx(speech.audio_ms, abs=20)
+    assert request.history == ()  # neither half of the turn is history yet

@@ -1,0 +1,1 @@
+"""WebSocket transports: OpenAI Realtime at /v1/realtime, and the shared paced sender."""

@@ -1,0 +1,164 @@
+"""Accepting an OpenAI Realtime WebSocket: a new session, or the resume of a live one.
+
+The web route authenticates and reads the upgrade request into a `ConnectRequest`; this
+accepts the socket and binds it to its session. Refusals after the upgrade are an
+`error` event and a close: `session_limit` (1013, try again later), `session_not_found`
+(1008: unknown session or wrong resume token).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from starlette.websockets import WebSocket
+
+from sessions.config import SessionConfig
+from sessions.errors import SessionClosedError, SessionLimitError, SessionNotFoundError
+from sessions.manager import SessionManager
+from sessions.session import Session
+
+from ..client_events import AudioFormats
+from .openai_ws import DEFAULT_GRACE_S, SOCKET_ERRORS, OpenAIRealtimeConnection, error_message
+
+log = logging.getLogger("parley.realtime.websocket.accept")
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectRequest:
+    """What the route read from the upgrade request, after auth."""
+
+    config: SessionConfig
+    """Settings for a new session (an ephemeral secret may carry some)."""
+    formats: AudioFormats
+    beta: bool = False
+    subprotocol: str | None = None
+    session_id: str | None = None
+    resume_token: str | None = None
+    last_event_id: str | None = None
+    grace_s: float = DEFAULT_GRACE_S
+
+
+class OpenAIConnections:
+    """Per process: the connection that last served each session, live or dropped.
+
+    A resume asks here for the old connection: to take the session over from it (a
+    half-open socket the server has not noticed yet) and to keep its audio formats.
+    """
+
+    def __init__(self) -> None:
+        self._by_session: dict[str, OpenAIRealtimeConnection] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_session)
+
+    def get(self, session_id: str) -> OpenAIRealtimeConnection | None:
+        return self._by_session.get(session_id)
+
+    def register(self, connection: OpenAIRealtimeConnection) -> None:
+        assert connection.session is not None
+        for session_id, old in list(self._by_session.items()):
+            if old.session is None or old.session.closed:
+                del self._by_session[session_id]
+        self._by_session[connection.session.session_id] = connection
+
+    def discard(self, connection: OpenAIRealtimeConnection) -> None:
+        session = connection.session
+        if session is not None and self._by_session.get(session.session_id) is connection:
+            del self._by_session[session.session_id]
+
+
+async def serve_openai_realtime(
+    websocket: WebSocket,
+    manager: SessionManager,
+    connections: OpenAIConnections,
+    request: ConnectRequest,
+) -> None:
+    """Serve one accepted-to-be WebSocket until it closes."""
+    await websocket.accept(subprotocol=request.subprotocol)
+    if request.session_id is not None:
+        connection = await _resume(websocket, manager, connections, request)
+    else:
+        connection = await _start(websocket, manager, request)
+    if connection is None:
+        return
+    connections.register(connection)
+    try:
+        await connection.serve()
+    finally:
+        if connection.close_reason == "session_closed":
+            connections.discard(connection)
+
+
+async def _start(
+    websocket: WebSocket, manager: SessionManager, request: ConnectRequest
+) -> OpenAIRealtimeConnection | None:
+    connection = OpenAIRealtimeConnection(
+        websocket, formats=request.formats, beta=request.beta, grace_s=request.grace_s
+    )
+    try:
+        session = await manager.create(connection, request.config)
+    except SessionLimitError as exc:
+        await _refuse(websocket, "session_limit", str(exc), 1013, "server_error")
+        return None
+    connection.bind(session)
+    return connection
+
+
+async def _resume(
+    websocket: WebSocket,
+    manager: SessionManager,
+    connections: OpenAIConnections,
+    request: ConnectRequest,
+) -> OpenAIRealtimeConnection | None:
+    assert request.session_id is not None
+    session = _session(manager, request.session_id, request.resume_token)
+    if session is None:
+        await _refuse(
+            websocket,
+            "session_not_found",
+            f"no resumable session {request.session_id} (it ended, or the token is wrong)",
+            1008,
+        )
+        return None
+    old = connections.get(session.session_id)
+    if old is not None:
+        await old.take_over()  # its teardown (a detach, maybe) ends before we attach
+    formats = old.formats if old is not None else AudioFormats.for_config(session.config)
+    connection = OpenAIRealtimeConnection(
+        websocket, formats=formats, beta=request.beta, grace_s=request.grace_s
+    )
+    connection.hold()
+    try:
+        session.attach(connection)
+    except SessionClosedError:
+        await _refuse(websocket, "session_not_found", "the session has just ended", 1008)
+        return None
+    connection.bind(session)
+    log.info("session %s resumed after %s", session.session_id, request.last_event_id)
+    await connection.catch_up(request.last_event_id)
+    return connection
+
+
+def _session(manager: SessionManager, session_id: str, token: str | None) -> Session | None:
+    try:
+        session = manager.get(session_id)
+    except SessionNotFoundError:
+        return None
+    if token is None or not session.matches_token(token) or session.closed:
+        return None
+    return session
+
+
+async def _refuse(
+    websocket: WebSocket,
+    code: str,
+    message: str,
+    close_code: int,
+    error_type: str = "invalid_request_error",
+) -> None:
+    try:
+        await websocket.send_json(error_message(code, message, error_type))
+        await websocket.close(close_code, code)
+    except SOCKET_ERRORS:
+        pass

@@ -1,0 +1,75 @@
+"""What a reconnecting client missed: the event log after its last event, as GA JSON.
+
+The log holds the session's own events (`sessions.records.event_to_dict`), not wire JSON.
+We rebuild each event and run the *whole* log through the connection's fresh GAExpander:
+the expander's state (the response in progress, its text so far) must be what it was
+live, and its ids are deterministic, so the replay carries exactly the ids the client
+would have seen. Everything after the client's `last_event_id` is missed.
+
+`last_event_id` may be any id the client received: a logged event (`evt_…`), an event
+the expander added (`evt_….2`), or an audio delta (`<last event id>~<n>`, named after the
+event sent just before it). Audio is never replayed: it is stale by now, and the items
+and transcripts say what was said.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from sessions.records import event_from_dict
+
+from ..client_events import AudioFormats
+from ..server_events import to_wire
+from .ga_events import GAExpander, source_id
+
+log = logging.getLogger("parley.realtime.websocket.resume")
+
+Message = dict[str, Any]
+
+
+@dataclass(slots=True)
+class Replay:
+    missed: list[Message] = field(default_factory=list)
+    """What to send, in order; everything logged when `found` is False."""
+    found: bool = False
+    """Whether `last_event_id` was in the log (False: trimmed, or not ours)."""
+    logged_ids: set[str] = field(default_factory=set)
+    """Ids of the session events the replay covered (live copies of these are skipped)."""
+
+
+def replay_after(
+    bodies: list[dict[str, Any]],
+    expander: GAExpander,
+    formats: AudioFormats,
+    last_event_id: str | None,
+) -> Replay:
+    """The events after `last_event_id` (all of them when None) in this connection's
+    spelling; `expander` is left in the state the live stream continues from."""
+    anchor = last_event_id.split("~", 1)[0] if last_event_id else None
+    source = source_id(anchor) if anchor else None
+    replay = Replay(found=anchor is None)
+    everything: list[Message] = []
+    for body in bodies:
+        try:
+            event = event_from_dict(body)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("event log entry %r skipped: %s", body.get("type"), exc)
+            continue
+        replay.logged_ids.add(event.event_id)
+        wire = to_wire(event, formats=formats)
+        if wire is None:
+            continue
+        group = expander.expand(event, wire)
+        everything.extend(group)
+        if replay.found:
+            replay.missed.extend(group)
+        elif event.event_id == source:
+            replay.found = True
+            ids = [message["event_id"] for message in group]
+            if anchor in ids:
+                replay.missed.extend(group[ids.index(anchor) + 1 :])
+    if not replay.found:
+        replay.missed = everything
+    return replay

@@ -1,0 +1,488 @@
+"""OpenAI Realtime over a WebSocket, end to end: the official SDK and raw clients against
+a real uvicorn server on a loopback port, with a fake model engine behind a graph file."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import uvicorn
+from openai import AsyncOpenAI
+from starlette.applications import Starlette
+from starlette.testclient import TestClient, WebSocketTestSession
+from starlette.websockets import WebSocketDisconnect
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from loadtest.speech import silence, speak, trim_silence
+from realtime.g711 import ulaw_encode
+from realtime.websocket.ga_events import source_id
+from realtime.websocket.openai_ws import MAX_MESSAGE_BYTES
+from web.app import Services, create_app
+from web.cli import WS_MAX_SIZE
+from web.settings import Settings
+
+KEY = "sk-test-parley-ws"
+RATE = 24_000
+FAKE = "tests.fakes.fake_engine:FakeEngine"
+Event = dict[str, Any]
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn without its signal handlers: the test owns the process."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@dataclass
+class Server:
+    app: Starlette
+    port: int
+
+    @property
+    def services(self) -> Services:
+        services: Services = self.app.state.services
+        return services
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/realtime"
+
+
+@pytest.fixture
+def graph(tmp_path: Path) -> str:
+    path = tmp_path / "fake.yaml"
+    path.write_text(
+        f"name: fake\nstages:\n  - name: model\n    engine: '{FAKE}'\n"
+        "    engine_args: {audio_ms: 6000, realtime_factor: 4.0}\noutputs: [model]\n"
+    )
+    return str(path)
+
+
+@pytest.fixture
+async def server(graph: str, redis_url: str) -> AsyncIterator[Server]:
+    app = create_app(Settings(pipeline=graph, api_key=KEY, max_sessions=2), redis_url)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(
+        app, lifespan="on", log_config=None, log_level="warning", ws_max_size=WS_MAX_SIZE
+    )
+    uv = _QuietServer(config)
+    task = asyncio.create_task(uv.serve(sockets=[sock]))
+    try:
+        async with asyncio.timeout(10):
+            while not (uv.started and app.state.services.pipeline_ready):
+                await asyncio.sleep(0.02)
+        yield Server(app, sock.getsockname()[1])
+    finally:
+        uv.should_exit = True
+        await asyncio.wait({task}, timeout=15)
+        sock.close()
+
+
+class Client:
+    """A raw WebSocket client that keeps every event it read."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+        self.events: list[Event] = []
+
+    async def next(self, within_s: float = 10) -> Event:
+        async with asyncio.timeout(within_s):
+            event: Event = json.loads(await self.ws.recv())
+        self.events.append(event)
+        return event
+
+    async def wait_for(self, match: Callable[[Event], bool], within_s: float = 15) -> Event:
+        async with asyncio.timeout(within_s):
+            while True:
+                event = await self.next(within_s)
+                if match(event):
+                    return event
+
+    async def until_quiet(self, quiet_s: float = 0.6) -> list[Event]:
+        got: list[Event] = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                got.append(await self.next(quiet_s))
+        return got
+
+    async def read_to_the_end(self, within_s: float = 5) -> None:
+        """Read until the server closes the connection (ConnectionClosed)."""
+        async with asyncio.timeout(within_s):
+            while True:
+                await self.next(within_s)
+
+    async def send(self, event: Event) -> None:
+        await self.ws.send(json.dumps(event))
+
+    async def say(self, pcm: np.ndarray, chunk_ms: int = 100) -> None:
+        step = RATE * chunk_ms // 1000
+        for start in range(0, len(pcm), step):
+            chunk = pcm[start : start + step].astype("<i2").tobytes()
+            await self.send({"type": "input_audio_buffer.append", "audio": b64(chunk)})
+
+
+@contextlib.asynccontextmanager
+async def raw(
+    server: Server, query: str = "", headers: dict[str, str] | None = None, **kwargs: Any
+) -> AsyncIterator[Client]:
+    headers = {"Authorization": f"Bearer {KEY}"} if headers is None else headers
+    url = f"{server.ws_url}?model=parley{'&' + query if query else ''}"
+    async with connect(url, additional_headers=headers, proxy=None, **kwargs) as ws:
+        yield Client(ws)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def utterance(text: str) -> np.ndarray:
+    """Speech at 24 kHz with silence around it, long enough to end the turn."""
+    speech = trim_silence(speak(text, rate=RATE))
+    return np.concatenate([silence(300, RATE), speech, silence(900, RATE)])
+
+
+def types(events: list[Any]) -> list[str]:
+    return [e["type"] if isinstance(e, dict) else e.type for e in events]
+
+
+async def test_the_openai_sdk_holds_a_spoken_turn(server: Server) -> None:
+    base_url = f"http://127.0.0.1:{server.port}/v1"
+    async with (
+        AsyncOpenAI(api_key=KEY, base_url=base_url) as client,
+        client.realtime.connect(model="parley") as conn,
+    ):
+        created = await conn.recv()
+        assert created.type == "session.created"
+        pcm = utterance("What is the weather like today?")
+        step = RATE // 10
+        for start in range(0, len(pcm), step):
+            chunk = pcm[start : start + step].astype("<i2").tobytes()
+            await conn.input_audio_buffer.append(audio=b64(chunk))
+        events: list[Any] = []
+        async with asyncio.timeout(30):
+            while not events or events[-1].type != "response.done":
+                events.append(await conn.recv())
+    got = types(events)
+    order = [
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "response.created",
+        "rate_limits.updated",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_audio_transcript.delta",
+        "response.output_audio.delta",
+        "response.output_audio.done",
+        "response.output_audio_transcript.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.done",
+    ]
+    positions = [got.index(name) for name in order]
+    assert positions == sorted(positions), got
+    assert all(getattr(e, "event_id", None) for e in events)
+    done = events[-1]
+    assert done.response.status == "completed"
+    deltas = [e.delta for e in events if e.type == "response.output_audio_transcript.delta"]
+    transcript = next(e for e in events if e.type == "response.output_audio_transcript.done")
+    assert transcript.transcript == "".join(deltas)
+    assert transcript.transcript.startswith("Hello there")
+    audio = b"".join(
+        base64.b64decode(e.delta) for e in events if e.type == "response.output_audio.delta"
+    )
+    assert len(audio) // 2 == 6 * RATE  # all 6 s of the answer, PCM16 at 24 kHz
+    last_delta = max(i for i, name in enumerate(got) if name == "response.output_audio.delta")
+    assert last_delta < got.index("response.output_audio.done")
+
+
+async def test_speaking_over_the_answer_cancels_it_and_truncates_to_what_was_sent(
+    server: Server,
+) -> None:
+    base_url = f"http://127.0.0.1:{server.port}/v1"
+    async with (
+        AsyncOpenAI(api_key=KEY, base_url=base_url) as client,
+        client.realtime.connect(model="parley") as conn,
+    ):
+        pcm = utterance("What is the weather like today?")
+        await conn.input_audio_buffer.append(audio=b64(pcm.astype("<i2").tobytes()))
+        events: list[Any] = []
+        received_ms = 0.0
+
+        async def read_until(name: str) -> Any:
+            nonlocal received_ms
+            async with asyncio.timeout(20):
+                while True:
+                    event = await conn.recv()
+                    events.append(event)
+                    if event.type == "response.output_audio.delta":
+                        received_ms += len(base64.b64decode(event.delta)) / 2 / RATE * 1000
+                    if event.type == name:
+                        return event
+
+        await read_until("response.output_audio.delta")
+        await asyncio.sleep(0.8)  # the answer plays on
+        interruption = utterance("Hold on, stop.")
+        await conn.input_audio_buffer.append(audio=b64(interruption.astype("<i2").tobytes()))
+        done = await read_until("response.done")
+        assert done.response.status == "cancelled"
+        assert done.response.status_details.reason == "turn_detected"
+        truncated = await read_until("conversation.item.truncated")
+        # The interruption is a turn of its own: stop its answer too, so the socket is
+        # quiet and closes at once (a client that stops reading holds up the close).
+        await read_until("response.created")
+        await conn.response.cancel()
+        await read_until("response.done")
+    assert 700 <= truncated.audio_end_ms < 4000
+    # The cursor is the audio sent: what this client received, to within one piece.
+    assert abs(truncated.audio_end_ms - received_ms) <= 120
+    answer_item = done.response.output[0].id
+    after = events[types(events).index("response.done") :]
+    assert not [
+        e for e in after if e.type == "response.output_audio.delta" and e.item_id == answer_item
+    ]
+
+
+async def test_manual_turns_cancel_and_truncate_from_the_client(server: Server) -> None:
+    async with raw(server) as client:
+        await client.wait_for(lambda e: e["type"] == "session.created")
+        await client.send(
+            {"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}
+        )
+        await client.wait_for(lambda e: e["type"] == "session.updated")
+        await client.send(
+            {
+                "type": "conversation.item.create",
+                "item": {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "Hello?"}],
+                },
+            }
+        )
+        await client.send({"type": "response.create"})
+        delta = await client.wait_for(lambda e: e["type"] == "response.output_audio.delta")
+        await client.send({"type": "response.cancel"})
+        done = await client.wait_for(lambda e: e["type"] == "response.done")
+        assert done["response"]["status"] == "cancelled"
+        await client.send(
+            {
+                "type": "conversation.item.truncate",
+                "item_id": delta["item_id"],
+                "content_index": 0,
+                "audio_end_ms": 50,
+            }
+        )
+        truncated = await client.wait_for(
+            lambda e: e["type"] == "conversation.item.truncated" and e["audio_end_ms"] == 50
+        )
+        assert truncated["item_id"] == delta["item_id"]
+        assert "error" not in types(client.events)
+
+
+async def test_malformed_messages_get_errors_and_the_connection_stays_open(
+    server: Server,
+) -> None:
+    async with raw(server) as client:
+        await client.wait_for(lambda e: e["type"] == "session.created")
+        cases = [
+            ("{not json", "invalid_json"),
+            (json.dumps({"type": "no.such.event", "event_id": "c1"}), "unknown_event_type"),
+            (json.dumps({"type": "input_audio_buffer.append", "audio": 5}), "invalid_type"),
+            (json.dumps(["an", "array"]), "invalid_event"),
+        ]
+        for raw_message, code in cases:
+            await client.ws.send(raw_message)
+            error = await client.wait_for(lambda e: e["type"] == "error")
+            assert error["error"]["code"] == code, error
+            assert error["event_id"]
+        await client.send({"type": "session.update", "session": {"instructions": "Be brief."}})
+        updated = await client.wait_for(lambda e: e["type"] == "session.updated")
+        assert updated["session"]["instructions"] == "Be brief."
+        await client.ws.send("x" * (WS_MAX_SIZE + 1))
+        with pytest.raises(ConnectionClosed) as closed:
+            await client.read_to_the_end()
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+
+
+async def test_g711_both_ways(server: Server) -> None:
+    async with raw(server) as client:
+        await client.wait_for(lambda e: e["type"] == "session.created")
+        await client.send(
+            {
+                "type": "session.update",
+                "session": {
+                    "audio": {
+                        "input": {"format": {"type": "audio/pcmu"}},
+                        "output": {"format": {"type": "audio/pcmu"}},
+                    }
+                },
+            }
+        )
+        updated = await client.wait_for(lambda e: e["type"] == "session.updated")
+        assert updated["session"]["audio"]["output"]["format"] == {"type": "audio/pcmu"}
+        speech = trim_silence(speak("What is the weather like today?", rate=8_000))
+        pcm = np.concatenate([silence(300, 8_000), speech, silence(900, 8_000)])
+        for start in range(0, len(pcm), 800):
+            payload = ulaw_encode(pcm[start : start + 800])
+            await client.send({"type": "input_audio_buffer.append", "audio": b64(payload)})
+        await client.wait_for(lambda e: e["type"] == "response.done", within_s=30)
+    audio = b"".join(
+        base64.b64decode(e["delta"])
+        for e in client.events
+        if e["type"] == "response.output_audio.delta"
+    )
+    assert len(audio) == 6 * 8_000  # one byte a sample at 8 kHz
+
+
+async def test_auth_by_header_subprotocol_or_secret(server: Server) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        with pytest.raises(InvalidStatus) as refused:
+            async with raw(server, headers=headers):
+                pass
+        assert refused.value.response.status_code == 401
+    protocols = ["realtime", f"openai-insecure-api-key.{KEY}"]
+    async with raw(server, headers={}, subprotocols=protocols) as client:
+        assert client.ws.subprotocol == "realtime"
+        await client.wait_for(lambda e: e["type"] == "session.created")
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as http:
+        minted = await http.post(
+            "/v1/realtime/client_secrets",
+            headers={"Authorization": f"Bearer {KEY}"},
+            json={"session": {"type": "realtime", "instructions": "Speak like a pirate."}},
+        )
+    secret = minted.json()["value"]
+    async with raw(server, headers={"Authorization": f"Bearer {secret}"}) as client:
+        created = await client.wait_for(lambda e: e["type"] == "session.created")
+        assert created["session"]["instructions"] == "Speak like a pirate."
+
+
+async def test_the_session_cap_is_an_error_event_then_a_close(server: Server) -> None:
+    async with raw(server) as one, raw(server) as two:
+        for client in (one, two):
+            await client.wait_for(lambda e: e["type"] == "session.created")
+        async with raw(server) as three:
+            error = await three.next()
+            assert error["type"] == "error" and error["error"]["code"] == "session_limit"
+            with pytest.raises(ConnectionClosed) as closed:
+                await three.ws.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+
+
+async def test_a_dropped_connection_resumes_with_the_missed_events_exactly_once(
+    server: Server,
+) -> None:
+    async with raw(server) as first:
+        created = await first.wait_for(lambda e: e["type"] == "session.created")
+        session_id = created["session"]["id"]
+        token = created["session"]["parley"]["resume_token"]
+        await first.say(utterance("What is the weather like today?"))
+        await first.wait_for(lambda e: e["type"] == "response.output_audio.delta")
+        for _ in range(3):
+            await first.next()
+        last = first.events[-1]["event_id"]
+        first.ws.transport.abort()  # the network drops: no close frame, nothing more read
+    manager = server.services.manager
+    assert manager is not None
+    session = manager.get(session_id)
+    async with asyncio.timeout(5):
+        while session.responding:  # the server noticed and stopped the answer
+            await asyncio.sleep(0.02)
+    assert not session.closed
+
+    async with raw(server, f"session_id={session_id}&resume_token=wrong") as intruder:
+        error = await intruder.next()
+        assert error["error"]["code"] == "session_not_found"
+    query = f"session_id={session_id}&resume_token={token}&last_event_id={last}"
+    async with raw(server, query) as second:
+        replayed = await second.until_quiet()
+        await second.send({"type": "session.update", "session": {"instructions": "Go on."}})
+        live = await second.wait_for(lambda e: e["type"] == "session.updated")
+
+    ids_before = [e["event_id"] for e in first.events]
+    ids_after = [e["event_id"] for e in replayed]
+    assert len(set(ids_after)) == len(ids_after)
+    assert not set(ids_before) & set(ids_after)
+    assert live["event_id"] not in ids_after
+    # Every session event logged after the client's last one, in order, and nothing else.
+    logged = [body["event_id"] for body in await session.event_log.replay()]
+    after_last = logged[logged.index(source_id(last)) + 1 : logged.index(live["event_id"])]
+    assert [i for i in ids_after if i in set(logged)] == after_last
+    assert {source_id(i) for i in ids_after} <= set(after_last) | {source_id(last)}
+    done = [e for e in replayed if e["type"] == "response.done"]
+    assert len(done) == 1 and done[0]["response"]["status"] == "cancelled"
+    assert "response.output_audio.delta" not in types(replayed)  # stale audio is not replayed
+
+
+async def test_a_resume_takes_over_from_a_connection_the_server_still_holds(
+    server: Server,
+) -> None:
+    async with raw(server) as first:
+        created = await first.wait_for(lambda e: e["type"] == "session.created")
+        session = created["session"]
+        query = (
+            f"session_id={session['id']}&resume_token={session['parley']['resume_token']}"
+            f"&last_event_id={created['event_id']}"
+        )
+        async with raw(server, query) as second:
+            with pytest.raises(ConnectionClosed) as closed:
+                await first.read_to_the_end()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
+            await second.send({"type": "session.update", "session": {"instructions": "Hi."}})
+            updated = await second.wait_for(lambda e: e["type"] == "session.updated")
+            assert updated["session"]["id"] == session["id"]
+
+
+async def test_beta_clients_get_beta_event_names(server: Server) -> None:
+    async with raw(
+        server, headers={"Authorization": f"Bearer {KEY}", "OpenAI-Beta": "realtime=v1"}
+    ) as client:
+        await client.wait_for(lambda e: e["type"] == "session.created")
+        await client.send(
+            {
+                "type": "conversation.item.create",
+                "item": {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "Hello?"}],
+                },
+            }
+        )
+        created = await client.wait_for(lambda e: e["type"].startswith("conversation.item."))
+        assert created["type"] == "conversation.item.created"
+
+
+def test_in_process_clients_are_held_to_the_size_limit_too(graph: str, redis_url: str) -> None:
+    """Without uvicorn's ws_max_size (an ASGI test client), the connection checks itself."""
+    app = create_app(Settings(pipeline=graph, api_key=KEY), redis_url)
+    with TestClient(app) as http:
+        deadline = time.monotonic() + 10
+        while not app.state.services.pipeline_ready and time.monotonic() < deadline:
+            time.sleep(0.02)
+        headers = {"Authorization": f"Bearer {KEY}"}
+        with http.websocket_connect("/v1/realtime?model=parley", headers=headers) as ws:
+            assert ws.receive_json()["type"] == "session.created"
+            ws.send_text("x" * (MAX_MESSAGE_BYTES + 1))
+            with pytest.raises(WebSocketDisconnect) as closed:
+                _read_until_closed(ws)
+            assert closed.value.code == 1009
+
+
+def _read_until_closed(ws: WebSocketTestSession) -> None:
+    while True:
+        ws.receive_json()

@@ -1,0 +1,422 @@
+"""vLLM-Omni's video chat stream end to end: a real WebSocket client and the real server.
+
+The app runs under uvicorn in process on 127.0.0.1, with a fake model engine behind a graph
+file (quick answers, a tone as speech), so the engine's `requests` show what a query sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import wave
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+import uvicorn
+from PIL import Image
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from loadtest.speech import speak, trim_silence
+from realtime.auth import Authenticator
+from realtime.websocket import video_stream
+from sessions.session import SessionLimits
+from tests.fakes.fake_engine import FakeEngine
+from web.app import Services, create_app
+from web.settings import Settings
+
+FAKE = "tests.fakes.fake_engine:FakeEngine"
+Message = dict[str, Any]
+
+
+@dataclass
+class Server:
+    url: str
+    services: Services
+
+    @property
+    def engine(self) -> FakeEngine:
+        pipeline: Any = self.services.pipeline
+        engine = pipeline.engines["model"]
+        assert isinstance(engine, FakeEngine)
+        return engine
+
+
+@dataclass
+class Client:
+    ws: ClientConnection
+    messages: list[Message] = field(default_factory=list)
+
+    async def send(self, **message: Any) -> None:
+        await self.ws.send(json.dumps(message))
+
+    async def next(self, within_s: float = 10.0) -> Message:
+        async with asyncio.timeout(within_s):
+            raw = await self.ws.recv()
+        message: Message = json.loads(raw)
+        self.messages.append(message)
+        return message
+
+    async def wait_for(self, kind: str, within_s: float = 10.0, **fields: Any) -> Message:
+        """The next message of `kind` (with `fields`), keeping everything read on the way."""
+        async with asyncio.timeout(within_s):
+            while True:
+                message = await self.next(within_s)
+                if message["type"] == kind and all(message.get(k) == v for k, v in fields.items()):
+                    return message
+
+    async def error(self) -> str:
+        return str((await self.wait_for("error"))["message"])
+
+    async def closed_with(self) -> int | None:
+        """Read until the server closes; its close code."""
+        with suppress(ConnectionClosed):
+            async with asyncio.timeout(10):
+                while True:
+                    await self.next()
+        return self.ws.close_code
+
+    def of(self, kind: str) -> list[Message]:
+        return [m for m in self.messages if m["type"] == kind]
+
+    def types(self) -> list[str]:
+        return [m["type"] for m in self.messages]
+
+
+OpenClient = Callable[..., AbstractAsyncContextManager[Client]]
+
+
+@pytest.fixture
+def graph(tmp_path: Path) -> str:
+    path = tmp_path / "fake.yaml"
+    path.write_text(
+        f"""\
+name: fake
+stages:
+  - name: model
+    engine: "{FAKE}"
+    engine_args: {{audio_ms: 600, chunk_ms: 100, realtime_factor: 4.0}}
+outputs: [model]
+"""
+    )
+    return str(path)
+
+
+@pytest.fixture
+async def server(graph: str, redis_url: str) -> AsyncIterator[Server]:
+    app = create_app(Settings(pipeline=graph, max_sessions=4), redis_url)
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=0,
+        lifespan="on",
+        ws="websockets-sansio",
+        log_config=None,
+        log_level="warning",
+    )
+    runner = uvicorn.Server(config)
+    task = asyncio.create_task(runner.serve(), name="uvicorn")
+    try:
+        services: Services = app.state.services
+        async with asyncio.timeout(10):
+            while not (runner.started and services.pipeline_ready):
+                await asyncio.sleep(0.01)
+        port = runner.servers[0].sockets[0].getsockname()[1]
+        yield Server(f"ws://127.0.0.1:{port}/v1/video/chat/stream", services)
+    finally:
+        runner.should_exit = True
+        await task
+
+
+@pytest.fixture
+def open_client(server: Server) -> OpenClient:
+    @asynccontextmanager
+    async def open_(
+        config: Message | None = None, headers: dict[str, str] | None = None
+    ) -> AsyncIterator[Client]:
+        async with connect(server.url, additional_headers=headers, max_size=None) as ws:
+            client = Client(ws)
+            if config is not None:
+                await client.send(type="session.config", **config)
+            yield client
+
+    return open_
+
+
+def jpeg(color: tuple[int, int, int]) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (64, 48), color).save(out, format="JPEG")
+    return out.getvalue()
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def wav_pcm(message: Message) -> tuple[int, int, int, npt.NDArray[np.int16]]:
+    """rate, channels, sample width and samples of one response.audio.delta."""
+    with wave.open(io.BytesIO(base64.b64decode(message["data"]))) as reader:
+        pcm = np.frombuffer(reader.readframes(reader.getnframes()), dtype="<i2")
+        return reader.getframerate(), reader.getnchannels(), reader.getsampwidth(), pcm
+
+
+async def test_a_query_over_frames_and_speech_streams_text_and_wav_audio(
+    open_client: OpenClient, server: Server
+) -> None:
+    frames = [jpeg((220, 30, 30)), jpeg((30, 220, 30)), jpeg((30, 30, 220))]
+    speech = trim_silence(speak("What colour is the box?"))
+    async with open_client({"system_prompt": "You watch a camera."}) as client:
+        for image in frames:
+            await client.send(type="video.frame", data=b64(image))
+        for start in range(0, len(speech), 1600):  # 100 ms chunks
+            await client.send(type="audio.chunk", data=b64(speech[start : start + 1600].tobytes()))
+        await client.send(type="video.query", text="What changed?")
+        await client.wait_for("response.audio.done")
+        types = client.types()
+        assert types[0] == "response.start"
+        assert types.index("response.text.done") < types.index("response.audio.done")
+        deltas = "".join(m["delta"] for m in client.of("response.text.delta"))
+        done = client.of("response.text.done")[0]
+        assert done["text"] == deltas.strip() and done["status"] == "completed"
+        assert done["text"].startswith("Hello there")
+        audio = client.of("response.audio.delta")
+        assert len(audio) >= 5
+        for message in audio:
+            assert message["format"] == "wav"
+            rate, channels, width, pcm = wav_pcm(message)
+            assert (rate, channels, width) == (24_000, 1, 2)
+            assert 0 < len(pcm) <= 2_400  # a small delta: at most 100 ms
+        assert int(np.abs(np.concatenate([wav_pcm(m)[3] for m in audio])).max()) > 4_000
+        request = server.engine.requests[-1]
+        assert [f.image for f in request.frames] == frames
+        assert request.text == "What changed?"
+        assert request.instructions == "You watch a camera."
+        assert len(speech) - 320 < len(request.audio) <= len(speech)  # whole 20 ms frames
+        assert np.array_equal(request.audio, speech[: len(request.audio)])
+        assert request.output_sample_rate == 24_000 and not request.output_text_only
+
+
+async def test_text_only_output_legacy_names_and_ping(
+    open_client: OpenClient, server: Server
+) -> None:
+    config = {"modalities": ["text"], "num_sample_frames": 2, "use_audio_in_video": False}
+    async with open_client(config) as client:
+        await client.send(type="ping")
+        await client.wait_for("pong")
+        for color in ((200, 0, 0), (0, 200, 0), (0, 0, 200)):
+            await client.send(type="video.frame", data=b64(jpeg(color)))
+        await client.send(type="audio.chunk", data=b64(np.full(8000, 500, np.int16).tobytes()))
+        await client.send(type="video.query", text="Describe it.")
+        done = await client.wait_for("response.text.done")
+        assert done["status"] == "completed"
+        await client.send(type="ping")
+        await client.wait_for("pong")
+        assert not client.of("response.audio.delta") and not client.of("response.audio.done")
+        request = server.engine.requests[-1]
+        assert request.output_text_only
+        assert len(request.frames) == 2  # num_sample_frames means num_frames
+        assert len(request.audio) == 0  # use_audio_in_video off: the audio is not sent
+
+
+async def test_bad_settings_are_named_and_a_corrected_config_is_taken(
+    open_client: OpenClient,
+) -> None:
+    async with open_client() as client:
+        await client.send(type="session.config", num_frames=500)
+        message = await client.error()
+        assert "num_frames" in message and "between 1 and 128" in message
+        await client.send(type="session.config", evs_threshold=1.5)
+        message = await client.error()
+        assert "frame_filter_threshold" in message and "between 0 and 1" in message
+        await client.send(type="session.config", max_frames=0)
+        assert "max_frames" in await client.error()
+        await client.send(type="session.config", sampling_strategy="random")
+        assert "sampling_strategy" in await client.error()
+        await client.send(type="session.config", num_frames=4, colour="blue")
+        assert "colour: unknown setting" in await client.error()
+        await client.send(type="session.config", sampling_strategy="latest")
+        await client.send(type="ping")
+        await client.wait_for("pong")
+        await client.send(type="session.config")
+        assert "configured already" in await client.error()
+
+
+async def test_the_first_message_must_be_session_config(
+    open_client: OpenClient,
+) -> None:
+    async with open_client() as client:
+        await client.send(type="ping")
+        assert "must be session.config" in await client.error()
+        assert await client.closed_with() == 1008
+
+
+async def test_no_session_config_in_time_closes_the_connection(
+    open_client: OpenClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(video_stream, "CONFIG_TIMEOUT_S", 0.3)
+    async with open_client() as client:
+        assert "No session.config within 0.3 s" in await client.error()
+        assert await client.closed_with() == 1008
+
+
+async def test_malformed_messages_get_errors_and_the_connection_stays_open(
+    open_client: OpenClient,
+) -> None:
+    async with open_client({}) as client:
+        cases: list[tuple[str | bytes, str]] = [
+            ("{not json", "Malformed JSON"),
+            ("[1, 2]", "JSON object"),
+            ('{"type": 5}', "string type"),
+            ('{"type": "video.flame"}', "Unknown message type 'video.flame'"),
+            ('{"type": "video.frame"}', "video.frame: data: Field required"),
+            ('{"type": "audio.chunk", "data": 7}', "audio.chunk: data"),
+            ('{"type": "video.query", "text": "  "}', "video.query: text: must not be empty"),
+            ('{"type": "audio.chunk", "data": "@@@"}', "Invalid audio data"),
+            ('{"type": "audio.chunk", "data": "AA=="}', "even number of bytes"),
+            (b"\x00\x01", "not binary"),
+        ]
+        for raw, expected in cases:
+            await client.ws.send(raw)
+            assert expected in await client.error()
+        await client.send(type="ping")
+        await client.wait_for("pong")
+
+
+async def test_frames_too_large_or_not_images_are_refused(
+    open_client: OpenClient,
+) -> None:
+    async with open_client({}) as client:
+        await client.send(type="video.frame", data=b64(bytes(10 * 1024 * 1024 + 1)))
+        assert "Frame too large" in await client.error()
+        await client.send(type="video.frame", data=b64(b"GIF89a not really"))
+        assert "Invalid image data" in await client.error()
+        await client.send(type="video.frame", data="%%% not base64 %%%")
+        assert "Invalid image data" in await client.error()
+        await client.send(type="video.frame", data="data:image/jpeg;base64," + b64(jpeg((9, 9, 9))))
+        await client.send(type="ping")
+        await client.wait_for("pong")
+        assert len(client.of("error")) == 3
+
+
+async def test_a_message_over_16_mib_closes_with_1009(open_client: OpenClient) -> None:
+    async with open_client({}) as client:
+        with suppress(ConnectionClosed):
+            await client.ws.send("x" * (16 * 1024 * 1024 + 1))
+        assert await client.closed_with() == 1009
+
+
+async def test_the_app_keeps_its_own_message_limit_behind_any_server(
+    open_client: OpenClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(video_stream, "MAX_MESSAGE_BYTES", 64 * 1024)  # under uvicorn's
+    async with open_client({}) as client:
+        await client.send(type="ping")
+        await client.wait_for("pong")
+        await client.ws.send("y" * (64 * 1024 + 1))
+        assert await client.closed_with() == 1009
+
+
+async def test_audio_overflow_drops_the_oldest_audio_and_says_how_much(
+    open_client: OpenClient, server: Server
+) -> None:
+    mib = 1024 * 1024
+    rng = np.random.default_rng(7)
+    sent = rng.integers(-3000, 3000, size=5 * mib // 2, dtype=np.int16)  # 5 MiB
+    async with open_client({"modalities": ["text"]}) as client:
+        for start in range(0, len(sent), mib // 2):  # 1 MiB chunks
+            await client.send(
+                type="audio.chunk", data=b64(sent[start : start + mib // 2].tobytes())
+            )
+        warning = await client.wait_for("error")
+        assert warning["code"] == "audio_buffer_overflow"
+        kept = video_stream.MAX_AUDIO_BYTES - video_stream.MAX_AUDIO_BYTES % 640  # whole frames
+        dropped = len(sent) * 2 - kept
+        assert f"dropped the oldest {dropped // 32} ms ({dropped} bytes)" in warning["message"]
+        await client.send(type="video.query", text="What did you hear?")
+        await client.wait_for("response.text.done")
+        assert len(client.of("error")) == 1  # everything dropped was reported at once
+        request = server.engine.requests[-1]
+        assert len(request.audio) * 2 == kept  # the newest 4 MiB, never the whole buffer
+        assert np.array_equal(request.audio, sent[-len(request.audio) :])
+
+
+async def test_a_second_query_cuts_the_first_answer_off(
+    open_client: OpenClient, server: Server
+) -> None:
+    engine = server.engine
+    engine.audio_ms = 5_000
+    async with open_client({}) as client:
+        await client.send(type="video.query", text="Tell me a long story.")
+        await client.wait_for("response.audio.delta")
+        engine.audio_ms = 300
+        await client.send(type="video.query", text="Actually, just say hi.")
+        cut = await client.wait_for("response.text.done")
+        assert cut["status"] == "cancelled" and cut["text"].startswith("Hello there")
+        assert (await client.next())["type"] == "response.audio.done"
+        assert client.messages[-1]["status"] == "cancelled"
+        assert (await client.next())["type"] == "response.start"  # no old audio in between
+        done = await client.wait_for("response.text.done")
+        assert done["status"] == "completed"
+        await client.wait_for("response.audio.done", status="completed")
+        first, second = engine.requests[-2:]
+        assert first.request_id in engine.aborted
+        assert second.text == "Actually, just say hi."
+
+
+async def test_video_done_waits_for_the_answer_then_says_session_done(
+    open_client: OpenClient,
+) -> None:
+    async with open_client({}) as client:
+        await client.send(type="video.frame", data=b64(jpeg((1, 2, 3))))
+        await client.send(type="video.query", text="Anything there?")
+        await client.send(type="video.done")
+        assert await client.closed_with() == 1000
+        types = client.types()
+        assert types[-3:] == ["response.text.done", "response.audio.done", "session.done"]
+        assert client.of("response.text.done")[0]["status"] == "completed"
+        assert len(client.of("response.audio.delta")) == 6  # all of it: 600 ms in 100 ms
+
+
+async def test_a_third_query_carries_the_whole_history(
+    open_client: OpenClient, server: Server
+) -> None:
+    questions = ["First question?", "Second question?", "Third question?"]
+    async with open_client({"modalities": ["text"]}) as client:
+        for question in questions:
+            await client.send(type="video.query", text=question)
+            await client.wait_for("response.text.done")
+        third = server.engine.requests[-1]
+        assert third.text == "Third question?"
+        assert [h.role for h in third.history] == ["user", "assistant", "user", "assistant"]
+        assert [h.text for h in third.history if h.role == "user"] == questions[:2]
+        assert all(h.text.startswith("Hello there") for h in third.history[1::2])
+
+
+async def test_an_idle_session_says_why_and_closes(open_client: OpenClient, server: Server) -> None:
+    assert server.services.manager is not None
+    server.services.manager.limits = SessionLimits(idle_timeout_s=0.3, watchdog_interval_s=0.05)
+    async with open_client({}) as client:
+        assert "idle_timeout" in await client.error()
+        await client.wait_for("session.done")
+        assert await client.closed_with() == 1000
+
+
+async def test_an_api_key_is_required_when_configured(
+    open_client: OpenClient, server: Server
+) -> None:
+    server.services.auth = Authenticator("sk-video")
+    with pytest.raises(InvalidStatus) as refused:
+        async with open_client({}):
+            pass
+    assert refused.value.response.status_code == 403
+    async with open_client({}, headers={"Authorization": "Bearer sk-video"}) as client:
+        await client.send(type="ping")
+        await client.wait_for("pong")

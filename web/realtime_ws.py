@@ -1,0 +1,81 @@
+"""`/v1/realtime`: OpenAI Realtime over a WebSocket, as the `openai` SDKs connect to it.
+
+Auth is the signaling's: `Authorization: Bearer <API key or ephemeral secret>`, or, for a
+browser (which cannot set headers on a WebSocket), the subprotocol
+`openai-insecure-api-key.<key>`; the `realtime` subprotocol is echoed when offered. A bad
+key is refused before the upgrade: HTTP 401 where the server supports denial responses,
+else a close with 1008. `model` is accepted and ignored (the pipeline is the server's).
+`session_id`, `resume_token` and `last_event_id` resume a session after a dropped
+connection (see realtime.websocket.openai_ws).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from starlette.responses import JSONResponse
+from starlette.websockets import WebSocket
+
+from realtime.auth import AuthError
+from realtime.client_events import ProtocolError, SessionUpdate, session_patch
+from realtime.websocket.openai_accept import ConnectRequest, serve_openai_realtime
+from sessions.config import SessionConfig
+from sessions.errors import ConfigError
+
+if TYPE_CHECKING:
+    from .app import Services
+
+KEY_PROTOCOL = "openai-insecure-api-key."
+BETA_PROTOCOL = "openai-beta.realtime-v1"
+
+
+async def openai_realtime(websocket: WebSocket) -> None:
+    services: Services = websocket.app.state.services
+    offered: list[str] = list(websocket.scope.get("subprotocols") or [])
+    authorization = websocket.headers.get("authorization")
+    for protocol in offered:
+        if protocol.startswith(KEY_PROTOCOL):
+            authorization = f"Bearer {protocol[len(KEY_PROTOCOL) :]}"
+    try:
+        grant = services.auth.check(authorization)
+    except AuthError as exc:
+        await _deny(websocket, 401, "invalid_api_key", str(exc))
+        return
+    manager = services.manager
+    if manager is None:
+        await _deny(websocket, 503, "not_ready", "the server is not ready yet", "server_error")
+        return
+    try:
+        body: dict[str, Any] = {"type": "realtime", **(grant.session or {})}
+        patch, formats = session_patch(SessionUpdate.model_validate({"session": body}))
+        config = SessionConfig().updated(patch)
+    except (ConfigError, ProtocolError) as exc:  # a secret minted with bad settings
+        await _deny(websocket, 400, getattr(exc, "code", "invalid_value"), str(exc))
+        return
+    query = websocket.query_params
+    beta = "realtime=v1" in websocket.headers.get("openai-beta", "") or BETA_PROTOCOL in offered
+    request = ConnectRequest(
+        config=config,
+        formats=formats,
+        beta=beta,
+        subprotocol="realtime" if "realtime" in offered else None,
+        session_id=query.get("session_id") or None,
+        resume_token=query.get("resume_token") or None,
+        last_event_id=query.get("last_event_id") or None,
+    )
+    await serve_openai_realtime(websocket, manager, services.websockets, request)
+
+
+async def _deny(
+    websocket: WebSocket,
+    status: int,
+    code: str,
+    message: str,
+    kind: str = "invalid_request_error",
+) -> None:
+    """Refuse the upgrade: an HTTP error where the server can send one, else 1008."""
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        body = {"error": {"type": kind, "code": code, "message": message}}
+        await websocket.send_denial_response(JSONResponse(body, status))
+    else:
+        await websocket.close(1008, code)
