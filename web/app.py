@@ -29,7 +29,9 @@ from realtime.auth import Authenticator
 from realtime.ice import IceSettings, parse_ice_servers
 from realtime.metrics import TransportMetrics
 from realtime.webrtc.registry import CallRegistry
+from realtime.websocket.connections import DEFAULT_GRACE_S
 from realtime.websocket.openai_accept import OpenAIConnections
+from realtime.websocket.video_stream import VideoStreams
 from sessions.manager import SessionManager
 from sessions.metrics import SessionMetrics
 
@@ -57,6 +59,10 @@ class Services:
     calls: CallRegistry | None = None
     websockets: OpenAIConnections = field(default_factory=OpenAIConnections)
     """OpenAI Realtime WebSocket connections by session, for resumes."""
+    video_streams: VideoStreams = field(default_factory=VideoStreams)
+    """Video chat streams by session, for resumes."""
+    resume_grace_s: float = DEFAULT_GRACE_S
+    """How long a WebSocket session outlives its dropped connection, for a resume."""
 
 
 async def _start_pipeline(services: Services, pipeline: Pipeline) -> None:

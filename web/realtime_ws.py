@@ -62,6 +62,7 @@ async def openai_realtime(websocket: WebSocket) -> None:
         session_id=query.get("session_id") or None,
         resume_token=query.get("resume_token") or None,
         last_event_id=query.get("last_event_id") or None,
+        grace_s=services.resume_grace_s,
     )
     await serve_openai_realtime(websocket, manager, services.websockets, request)
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from starlette.websockets import WebSocket
 
 from sessions.config import SessionConfig
-from sessions.errors import SessionClosedError, SessionLimitError, SessionNotFoundError
+from sessions.errors import SessionClosedError, SessionLimitError
 from sessions.manager import SessionManager
-from sessions.session import Session
 
 from ..client_events import AudioFormats
-from .openai_ws import DEFAULT_GRACE_S, SOCKET_ERRORS, OpenAIRealtimeConnection, error_message
+from .connections import DEFAULT_GRACE_S, ConnectionRegistry, resumable_session
+from .openai_ws import SOCKET_ERRORS, OpenAIRealtimeConnection, error_message
 
 log = logging.getLogger("parley.realtime.websocket.accept")
 
@@ -39,33 +39,12 @@ class ConnectRequest:
     grace_s: float = DEFAULT_GRACE_S
 
 
-class OpenAIConnections:
-    """Per process: the connection that last served each session, live or dropped.
+class OpenAIConnections(ConnectionRegistry[OpenAIRealtimeConnection]):
+    """Per process: the OpenAI Realtime connection that last served each session.
 
     A resume asks here for the old connection: to take the session over from it (a
     half-open socket the server has not noticed yet) and to keep its audio formats.
     """
-
-    def __init__(self) -> None:
-        self._by_session: dict[str, OpenAIRealtimeConnection] = {}
-
-    def __len__(self) -> int:
-        return len(self._by_session)
-
-    def get(self, session_id: str) -> OpenAIRealtimeConnection | None:
-        return self._by_session.get(session_id)
-
-    def register(self, connection: OpenAIRealtimeConnection) -> None:
-        assert connection.session is not None
-        for session_id, old in list(self._by_session.items()):
-            if old.session is None or old.session.closed:
-                del self._by_session[session_id]
-        self._by_session[connection.session.session_id] = connection
-
-    def discard(self, connection: OpenAIRealtimeConnection) -> None:
-        session = connection.session
-        if session is not None and self._by_session.get(session.session_id) is connection:
-            del self._by_session[session.session_id]
 
 
 async def serve_openai_realtime(
@@ -112,7 +91,7 @@ async def _resume(
     request: ConnectRequest,
 ) -> OpenAIRealtimeConnection | None:
     assert request.session_id is not None
-    session = _session(manager, request.session_id, request.resume_token)
+    session = resumable_session(manager, request.session_id, request.resume_token)
     if session is None:
         await _refuse(
             websocket,
@@ -138,16 +117,6 @@ async def _resume(
     log.info("session %s resumed after %s", session.session_id, request.last_event_id)
     await connection.catch_up(request.last_event_id)
     return connection
-
-
-def _session(manager: SessionManager, session_id: str, token: str | None) -> Session | None:
-    try:
-        session = manager.get(session_id)
-    except SessionNotFoundError:
-        return None
-    if token is None or not session.matches_token(token) or session.closed:
-        return None
-    return session
 
 
 async def _refuse(

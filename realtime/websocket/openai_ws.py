@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import soxr
-from redis.exceptions import RedisError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from sessions.errors import SessionClosedError
@@ -42,19 +41,16 @@ from ..client_events import AudioFormats
 from ..dispatch import ClientEventDispatcher
 from ..g711 import G711, PCMA, PCMU
 from ..server_events import to_wire
+from .connections import DEFAULT_GRACE_S
 from .ga_events import AFTER_AUDIO, GAExpander
-from .resume import replay_after
+from .resume import HELD_EVENTS, read_log, replay_after
 from .sender import PacedSender, SlowClientError
 
 log = logging.getLogger("parley.realtime.websocket.openai")
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-DEFAULT_GRACE_S = 30.0
 FLUSH_TIMEOUT_S = 2.0
 """How long the goodbye (session.closed and what precedes it) may take to go out."""
-REPLAY_TIMEOUT_S = 5.0
-HELD_EVENTS = 1_024
-"""Live events held while the missed ones are read from the log (milliseconds' worth)."""
 
 SOCKET_ERRORS = (WebSocketDisconnect, RuntimeError, OSError)
 """What a send or receive raises once the client is gone."""
@@ -162,13 +158,8 @@ class OpenAIRealtimeConnection(PacedSender):
     async def catch_up(self, last_event_id: str | None) -> None:
         """Send what the client missed after `last_event_id`, then the held live events."""
         assert self.session is not None
-        event_log = self.session.event_log
-        try:
-            async with asyncio.timeout(REPLAY_TIMEOUT_S):
-                await event_log.flushed()
-                bodies = await event_log.replay()
-        except (RedisError, OSError, TimeoutError) as exc:
-            log.warning("session %s: event log unreadable: %s", self.session.session_id, exc)
+        bodies = await read_log(self.session.event_log, self.session.session_id)
+        if bodies is None:
             self.post(error_message("resume_failed", "the missed events could not be read"))
             bodies = []
         replay = replay_after(bodies, self.expander, self.formats, last_event_id)

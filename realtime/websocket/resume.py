@@ -10,14 +10,23 @@ would have seen. Everything after the client's `last_event_id` is missed.
 the expander added (`evt_….2`), or an audio delta (`<last event id>~<n>`, named after the
 event sent just before it). Audio is never replayed: it is stale by now, and the items
 and transcripts say what was said.
+
+The video chat stream (video_sink.py) replays the same way, through its own message
+mapper: `replay_messages` is the part the two share.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.exceptions import RedisError
+
+from sessions.event_log import EventLog
+from sessions.events import Event
 from sessions.records import event_from_dict
 
 from ..client_events import AudioFormats
@@ -27,6 +36,11 @@ from .ga_events import GAExpander, source_id
 log = logging.getLogger("parley.realtime.websocket.resume")
 
 Message = dict[str, Any]
+
+REPLAY_TIMEOUT_S = 5.0
+"""How long reading the missed events from the log may take."""
+HELD_EVENTS = 1_024
+"""Live events held while the missed ones are read from the log (milliseconds' worth)."""
 
 
 @dataclass(slots=True)
@@ -39,14 +53,30 @@ class Replay:
     """Ids of the session events the replay covered (live copies of these are skipped)."""
 
 
-def replay_after(
+async def read_log(event_log: EventLog, session_id: str) -> list[dict[str, Any]] | None:
+    """Every event logged so far, the pending writes included; None when the log cannot
+    be read (Redis down or slow)."""
+    try:
+        async with asyncio.timeout(REPLAY_TIMEOUT_S):
+            await event_log.flushed()
+            return await event_log.replay()
+    except (RedisError, OSError, TimeoutError) as exc:
+        log.warning("session %s: event log unreadable: %s", session_id, exc)
+        return None
+
+
+def replay_messages(
     bodies: list[dict[str, Any]],
-    expander: GAExpander,
-    formats: AudioFormats,
+    expand: Callable[[Event], list[Message]],
     last_event_id: str | None,
 ) -> Replay:
-    """The events after `last_event_id` (all of them when None) in this connection's
-    spelling; `expander` is left in the state the live stream continues from."""
+    """The messages after `last_event_id` (all of them when None): every logged event goes
+    through `expand` (a connection's own, fresh mapper, so its state ends up as it was
+    live), and what follows the message the client saw last is missed.
+
+    Message ids are the logged event's id for the first message of its group and
+    `<id>.<n>` for the others; a client's `<id>~<n>` names a message sent after `<id>`
+    that no event produced (audio, a pong), so the replay starts right after `<id>`."""
     anchor = last_event_id.split("~", 1)[0] if last_event_id else None
     source = source_id(anchor) if anchor else None
     replay = Replay(found=anchor is None)
@@ -58,10 +88,9 @@ def replay_after(
             log.warning("event log entry %r skipped: %s", body.get("type"), exc)
             continue
         replay.logged_ids.add(event.event_id)
-        wire = to_wire(event, formats=formats)
-        if wire is None:
+        group = expand(event)
+        if not group:
             continue
-        group = expander.expand(event, wire)
         everything.extend(group)
         if replay.found:
             replay.missed.extend(group)
@@ -73,3 +102,19 @@ def replay_after(
     if not replay.found:
         replay.missed = everything
     return replay
+
+
+def replay_after(
+    bodies: list[dict[str, Any]],
+    expander: GAExpander,
+    formats: AudioFormats,
+    last_event_id: str | None,
+) -> Replay:
+    """The events after `last_event_id` (all of them when None) in this OpenAI Realtime
+    connection's spelling; `expander` is left in the state the live stream continues from."""
+
+    def expand(event: Event) -> list[Message]:
+        wire = to_wire(event, formats=formats)
+        return [] if wire is None else expander.expand(event, wire)
+
+    return replay_messages(bodies, expand, last_event_id)

@@ -3,7 +3,14 @@
 Clients send JSON text messages with a `type`: `session.config` first, then `video.frame`,
 `audio.chunk`, `video.query`, `video.done` and `ping`. The server answers with
 `response.start`, `response.text.delta`/`.done`, `response.audio.delta`/`.done`,
-`session.done`, `pong` and `error`. `parse_message` validates every client message and
+`session.done`, `pong` and `error`.
+
+Parley's resume extension, which a vLLM-Omni client may ignore: after `session.config` the
+server sends `session.created {session_id, resume_token}`, and every server message has an
+`event_id`. A client whose connection dropped reconnects and sends `session.resume
+{session_id, resume_token, last_event_id}` as its first message instead of the config.
+
+`parse_message` validates every client message and
 turns each problem into a `MessageError` whose text names the message type and the field,
 so the connection can say what was wrong and go on.
 
@@ -127,8 +134,19 @@ class PingMessage(_ClientMessage):
     type: Literal["ping"]
 
 
+class SessionResumeMessage(_ClientMessage):
+    """Parley's own, instead of `session.config`: go on with a session after a drop."""
+
+    type: Literal["session.resume"]
+    session_id: str
+    resume_token: str
+    last_event_id: str | None = None
+    """The `event_id` of the last message received; None: everything is sent again."""
+
+
 ClientMessage = (
     SessionConfigMessage
+    | SessionResumeMessage
     | VideoFrameMessage
     | AudioChunkMessage
     | VideoQueryMessage
@@ -138,6 +156,7 @@ ClientMessage = (
 
 _MODELS: dict[str, type[ClientMessage]] = {
     "session.config": SessionConfigMessage,
+    "session.resume": SessionResumeMessage,
     "video.frame": VideoFrameMessage,
     "audio.chunk": AudioChunkMessage,
     "video.query": VideoQueryMessage,
@@ -187,6 +206,14 @@ class ServerMessage(BaseModel):
     def wire(self) -> dict[str, Any]:
         """The JSON-ready message (fields that are not set are left out)."""
         return self.model_dump(exclude_none=True)
+
+
+class SessionCreatedMessage(ServerMessage):
+    """Parley's own: what a client needs to resume the session after a drop."""
+
+    type: Literal["session.created"] = "session.created"
+    session_id: str
+    resume_token: str
 
 
 class ResponseStart(ServerMessage):

@@ -31,6 +31,18 @@ Decisions:
 - `video.done` waits for the running answer to finish (its audio played out), then
   `session.done` and close 1000. A session that ends by itself (idle for 60 s, its
   maximum lifetime) sends an `error` saying why, then `session.done`, then closes 1000.
+
+Resume (Parley's own; a vLLM-Omni client may ignore it): after `session.config` the server
+sends `session.created {session_id, resume_token}`, and every server message carries an
+`event_id` (video_sink.py says how they are made). A connection that drops (anything but
+`video.done` or the session's own end) leaves the session alive for a grace period (30 s,
+as on the OpenAI endpoint), its events logged. A client that reconnects and sends
+`session.resume {session_id, resume_token, last_event_id}` first, instead of the config,
+gets the messages it missed (not the audio), each exactly once and in order, then the live
+ones; the connection keeps the first one's settings and the audio since the last query. A
+wrong token or a session that has ended: `error`, close 1008. A resume while the server
+still holds the old, half-open connection takes the session over (the old one closes).
+Sessions live in the process that created them: route resumes to it.
 """
 
 from __future__ import annotations
@@ -43,7 +55,7 @@ import json
 import logging
 import math
 import re
-from typing import Any
+from typing import Any, TypeAlias
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -54,6 +66,7 @@ from sessions.session import MIN_COMMIT_MS, Session
 
 from ..auth import AuthError
 from .audio_window import BYTES_PER_MS, AudioWindow, ms_of
+from .connections import DEFAULT_GRACE_S, ConnectionRegistry, resumable_session
 from .sender import Message, SlowClientError
 from .video_messages import (
     AudioChunkMessage,
@@ -63,12 +76,13 @@ from .video_messages import (
     PingMessage,
     Pong,
     SessionConfigMessage,
+    SessionResumeMessage,
     VideoDoneMessage,
     VideoFrameMessage,
     VideoQueryMessage,
     parse_message,
 )
-from .video_sink import VideoStreamSink
+from .video_sink import VideoStreamSink, with_id
 
 log = logging.getLogger("parley.realtime.websocket.video")
 
@@ -90,6 +104,9 @@ CLOSE_INTERNAL_ERROR = 1011
 CLOSE_POLICY = 1008
 CLOSE_TOO_BIG = 1009
 CLOSE_TRY_AGAIN = 1013
+
+RESUMABLE = frozenset({"client_gone", "slow_client", "taken_over"})
+"""Why a connection ended that leaves its session waiting for a resume."""
 
 _DATA_URL = re.compile(r"data:[\w/+.-]*;base64,")
 
@@ -129,7 +146,9 @@ async def video_chat_stream(websocket: WebSocket) -> None:
         await websocket.close(CLOSE_TRY_AGAIN, "the server is not ready yet")
         return
     await websocket.accept()
-    await VideoChatStream(websocket, manager).run()
+    streams: VideoStreams = services.video_streams
+    grace_s: float = services.resume_grace_s
+    await VideoChatStream(websocket, manager, streams, grace_s=grace_s).run()
 
 
 def _decoded_size(data: str) -> int:
@@ -145,9 +164,20 @@ def _pieces(pcm: bytes) -> list[bytes]:
 class VideoChatStream:
     """One connection: its settings, its audio window, its session and sink."""
 
-    def __init__(self, websocket: WebSocket, manager: SessionManager) -> None:
+    def __init__(
+        self,
+        websocket: WebSocket,
+        manager: SessionManager,
+        streams: VideoStreams,
+        *,
+        grace_s: float = DEFAULT_GRACE_S,
+    ) -> None:
         self._ws = websocket
         self._manager = manager
+        self._streams = streams
+        self.grace_s = grace_s
+        """How long the session outlives a dropped connection, for a resume."""
+        self.session: Session | None = None
         self._window = AudioWindow(MAX_AUDIO_BYTES)
         self._config = SessionConfigMessage(type="session.config")
         self._sink: VideoStreamSink | None = None
@@ -158,29 +188,97 @@ class VideoChatStream:
         self._unreported_drop = 0
         self._last_warning = -math.inf
         self._closed = False
+        self._last_id = "evt"
+        """The last id sent that a session event gave (`evt` until there is one)."""
+        self._seq = 0
+        self._taken_over = asyncio.Event()
+        self._done = asyncio.Event()
 
     async def run(self) -> None:
         try:
-            config = await self._configure()
-            if config is None:
+            first = await self._configure()
+            if first is None:
                 return
-            self._config = config
-            sink = VideoStreamSink(self._send, audio_output=config.audio_output)
+            resume: SessionResumeMessage | None = None
+            if isinstance(first, SessionResumeMessage):
+                resume, started = first, await self._resume(first)
+            else:
+                started = await self._start(first)
+            if not started:
+                return
+            assert self.session is not None and self._sink is not None
+            self._streams.register(self)
             try:
-                session = await self._manager.create(sink, session_settings(config))
-            except ParleyError as exc:
-                await self._report(str(exc), exc.code)
-                limited = isinstance(exc, SessionLimitError)
-                self._close_code = CLOSE_TRY_AGAIN if limited else CLOSE_POLICY
-                return
-            self._sink = sink
-            await self._live(session, sink)
+                await self._live(self.session, self._sink, resume)
+            finally:
+                if self._close_reason not in RESUMABLE:
+                    self._streams.discard(self)
         finally:
             await self._close()
+            self._done.set()
+
+    async def _start(self, config: SessionConfigMessage) -> bool:
+        """A new session with `config`; False when refused."""
+        self._config = config
+        sink = VideoStreamSink(self._send, audio_output=config.audio_output)
+        try:
+            session = await self._manager.create(sink, session_settings(config))
+        except ParleyError as exc:
+            await self._report(str(exc), exc.code)
+            limited = isinstance(exc, SessionLimitError)
+            self._close_code = CLOSE_TRY_AGAIN if limited else CLOSE_POLICY
+            return False
+        self.session, self._sink = session, sink
+        return True
+
+    async def _resume(self, message: SessionResumeMessage) -> bool:
+        """Take over the session of a dropped connection; False when refused."""
+        session = resumable_session(self._manager, message.session_id, message.resume_token)
+        old = self._streams.get(message.session_id) if session is not None else None
+        if session is None or old is None:
+            await self._refuse(
+                f"No resumable session {message.session_id} (it ended, or the resume token "
+                "is wrong)"
+            )
+            return False
+        await old.take_over()  # its teardown (the detach) ends before we attach
+        self._config, self._window = old._config, old._window
+        self._unreported_drop, self._last_warning = old._unreported_drop, old._last_warning
+        sink = VideoStreamSink(self._send, audio_output=self._config.audio_output)
+        sink.hold()
+        try:
+            session.attach(sink)
+        except SessionClosedError:
+            await self._refuse(f"The session {message.session_id} has just ended")
+            return False
+        self.session, self._sink = session, sink
+        # Messages of our own before the first replayed one are named after what the
+        # client saw last, so resuming from one of them again starts at the same place.
+        anchor, _, seq = (message.last_event_id or "evt").partition("~")
+        self._last_id, self._seq = anchor, int(seq) if seq.isdigit() else 0
+        log.info("video stream %s resumed after %s", session.session_id, message.last_event_id)
+        return True
+
+    async def _refuse(self, text: str) -> None:
+        await self._report(text, "session_not_found")
+        if self._close_code is not None:
+            self._close_code = CLOSE_POLICY
+
+    async def take_over(self) -> None:
+        """Another connection resumes this one's session: close this one (detaching the
+        session), and return once that is done."""
+        self._taken_over.set()
+        await self._done.wait()
 
     # --- the socket ----------------------------------------------------------------------
 
     async def _send(self, message: Message) -> None:
+        event_id = message.get("event_id")
+        if event_id is None:  # no session event behind it: named after the last one sent
+            self._seq += 1
+            message = with_id(message, f"{self._last_id}~{self._seq}")
+        elif "~" not in event_id:
+            self._last_id = event_id
         await self._ws.send_text(json.dumps(message, separators=(",", ":")))
 
     async def _report(self, text: str, code: str) -> None:
@@ -224,8 +322,9 @@ class VideoChatStream:
 
     # --- before the session --------------------------------------------------------------
 
-    async def _configure(self) -> SessionConfigMessage | None:
-        """Wait for the first valid message, which must be `session.config`."""
+    async def _configure(self) -> SessionConfigMessage | SessionResumeMessage | None:
+        """Wait for the first valid message, which must be `session.config` (or
+        `session.resume`)."""
         deadline = asyncio.get_running_loop().time() + CONFIG_TIMEOUT_S
         while True:
             try:
@@ -245,7 +344,7 @@ class VideoChatStream:
             except MessageError as exc:
                 await self._report(str(exc), exc.code)
                 continue
-            if isinstance(message, SessionConfigMessage):
+            if isinstance(message, SessionConfigMessage | SessionResumeMessage):
                 return message
             await self._report(
                 f"The first message must be session.config, not {message.type}",
@@ -256,28 +355,40 @@ class VideoChatStream:
 
     # --- the session's life --------------------------------------------------------------
 
-    async def _live(self, session: Session, sink: VideoStreamSink) -> None:
-        """Read the client's messages until it is done, it goes, or the session ends."""
+    async def _live(
+        self,
+        session: Session,
+        sink: VideoStreamSink,
+        resume: SessionResumeMessage | None = None,
+    ) -> None:
+        """Read the client's messages until it is done, it goes, or the session ends (or
+        another connection takes it over). A resumed connection first sends what the
+        client missed."""
         sid = session.session_id
-        sender = asyncio.create_task(sink.run(), name=f"{sid}:video-send")
+        output = self._output(session, sink, resume)
+        sender = asyncio.create_task(output, name=f"{sid}:video-send")
         reader = asyncio.create_task(self._serve(session, sink), name=f"{sid}:video-read")
         ended = asyncio.create_task(sink.session_closed.wait(), name=f"{sid}:video-ended")
-        tasks = (sender, reader, ended)
+        taken = asyncio.create_task(self._taken_over.wait(), name=f"{sid}:video-taken")
+        tasks = (sender, reader, ended, taken)
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for task in (reader, ended):
+            for task in (reader, ended, taken):
                 task.cancel()
-            await asyncio.wait({reader, ended})
+            await asyncio.wait({reader, ended, taken})
             if sender.done():
                 self._sender_ended(sender)
+            elif taken.done() and not taken.cancelled():
+                self._close_code, self._close_reason = CLOSE_NORMAL, "taken_over"
             elif not reader.cancelled() and reader.exception() is not None:
                 log.error("video stream %s failed", sid, exc_info=reader.exception())
                 self._close_code, self._close_reason = CLOSE_INTERNAL_ERROR, "server_error"
-            await self._manager.close_session(sid, self._close_reason)
-            if self._close_code == CLOSE_NORMAL and not sender.done():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(FLUSH_TIMEOUT_S):
-                        await sink.flushed()  # session.done is the last message queued
+            if self._close_reason not in RESUMABLE:
+                await self._manager.close_session(sid, self._close_reason)
+                if self._close_code == CLOSE_NORMAL and not sender.done():
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(FLUSH_TIMEOUT_S):
+                            await sink.flushed()  # session.done is the last message queued
         finally:
             sink.close()
             for task in tasks:
@@ -288,7 +399,16 @@ class VideoChatStream:
                     log.debug(
                         "video stream %s: %s ended: %r", sid, task.get_name(), task.exception()
                     )
-            await self._manager.close_session(sid, self._close_reason)
+            await self._leave(session)
+
+    async def _output(
+        self, session: Session, sink: VideoStreamSink, resume: SessionResumeMessage | None
+    ) -> None:
+        """The sender: on a resume, what the client missed first; then the live output.
+        Meanwhile the reader may already apply new messages: their output waits."""
+        if resume is not None:
+            await sink.catch_up(session.event_log, session.session_id, resume.last_event_id)
+        await sink.run()
 
     def _sender_ended(self, sender: asyncio.Task[None]) -> None:
         error = None if sender.cancelled() else sender.exception()
@@ -297,6 +417,23 @@ class VideoChatStream:
             self._close_code, self._close_reason = CLOSE_POLICY, "slow_client"
         else:  # the socket is gone: nothing more can be sent
             self._close_code, self._close_reason = None, "client_gone"
+
+    async def _leave(self, session: Session) -> None:
+        """Close the session, or leave it to wait for a resume when the client may come
+        back (it dropped, or a resume took over)."""
+        if self._close_reason not in RESUMABLE:
+            await self._manager.close_session(session.session_id, self._close_reason)
+            return
+        try:
+            await session.detach(self.grace_s)
+        except SessionClosedError:
+            return
+        log.info(
+            "video stream %s: connection ended (%s); resumable for %g s",
+            session.session_id,
+            self._close_reason,
+            self.grace_s,
+        )
 
     async def _serve(self, session: Session, sink: VideoStreamSink) -> None:
         while True:
@@ -335,6 +472,11 @@ class VideoChatStream:
                     "session.config: the session is configured already; its settings are "
                     "fixed for the connection",
                     "config_fixed",
+                )
+            case SessionResumeMessage():
+                raise MessageError(
+                    "session.resume: only as the first message of a new connection",
+                    "resume_not_first",
                 )
         return False
 
@@ -415,3 +557,7 @@ class VideoChatStream:
         await session.add_text(text)
         await session.create_response()
         sink.expect_response()
+
+
+VideoStreams: TypeAlias = ConnectionRegistry[VideoChatStream]
+"""Per process: the video stream that last served each session, for resumes."""

@@ -10,6 +10,7 @@ import asyncio
 import base64
 import io
 import json
+import time
 import wave
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
@@ -28,6 +29,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from loadtest.speech import speak, trim_silence
 from realtime.auth import Authenticator
 from realtime.websocket import video_stream
+from realtime.websocket.ga_events import source_id
 from sessions.session import SessionLimits
 from tests.fakes.fake_engine import FakeEngine
 from web.app import Services, create_app
@@ -181,7 +183,11 @@ async def test_a_query_over_frames_and_speech_streams_text_and_wav_audio(
         await client.send(type="video.query", text="What changed?")
         await client.wait_for("response.audio.done")
         types = client.types()
-        assert types[0] == "response.start"
+        assert types[:2] == ["session.created", "response.start"]
+        created = client.messages[0]
+        assert created["session_id"].startswith("sess_") and created["resume_token"]
+        ids = [m["event_id"] for m in client.messages]  # every message has its own id
+        assert all(ids) and len(set(ids)) == len(ids)
         assert types.index("response.text.done") < types.index("response.audio.done")
         deltas = "".join(m["delta"] for m in client.of("response.text.delta"))
         done = client.of("response.text.done")[0]
@@ -420,3 +426,129 @@ async def test_an_api_key_is_required_when_configured(
     async with open_client({}, headers={"Authorization": "Bearer sk-video"}) as client:
         await client.send(type="ping")
         await client.wait_for("pong")
+
+
+TEXT_DELTAS = {"response.output_text.delta", "response.output_audio_transcript.delta"}
+
+
+async def test_a_dropped_stream_resumes_with_the_missed_messages_exactly_once(
+    open_client: OpenClient, server: Server
+) -> None:
+    manager = server.services.manager
+    assert manager is not None
+    engine = server.engine
+    engine.text_interval_s = 0.1  # the answer's text streams for about a second
+    async with open_client({}) as first:
+        created = await first.wait_for("session.created")
+        session_id, token = created["session_id"], created["resume_token"]
+        await first.send(type="video.query", text="Tell me about it.")
+        await first.wait_for("response.text.delta")
+        seen = list(first.messages)
+        last = seen[-1]["event_id"]
+        await first.wait_for("response.text.delta")  # read, but as good as lost: replayed
+        first.ws.transport.abort()  # the network drops: no close frame, nothing more read
+    session = manager.get(session_id)
+    async with asyncio.timeout(5):
+        while session.responding:  # the server noticed and stopped the answer
+            await asyncio.sleep(0.02)
+    assert not session.closed
+
+    for wrong in ({"resume_token": "wrong"}, {"session_id": "sess_nope"}):
+        async with open_client() as intruder:
+            resume = {"session_id": session_id, "resume_token": token, **wrong}
+            await intruder.send(type="session.resume", last_event_id=last, **resume)
+            assert "No resumable session" in await intruder.error()
+            assert await intruder.closed_with() == 1008
+    assert not session.closed
+
+    engine.text_interval_s = 0.005
+    async with open_client() as second:
+        await second.send(
+            type="session.resume", session_id=session_id, resume_token=token, last_event_id=last
+        )
+        await second.wait_for("response.audio.done", status="cancelled")
+        replayed = list(second.messages)
+        await session.event_log.flushed()
+        logged = await session.event_log.replay()
+        await second.send(type="video.query", text="And now?")
+        done = await second.wait_for("response.text.done")
+        assert done["status"] == "completed" and done["text"].startswith("Hello there")
+        await second.wait_for("response.audio.done", status="completed")
+        assert engine.requests[-1].text == "And now?"
+        await second.send(type="video.done")
+        assert await second.closed_with() == 1000
+
+    # Only what the first connection had not read, in order: the rest of the cut answer.
+    types = [m["type"] for m in replayed]
+    assert types[-2:] == ["response.text.done", "response.audio.done"]
+    assert set(types[:-2]) == {"response.text.delta"}  # no audio, no resume_gap error
+    assert replayed[0] == first.messages[len(seen)]  # the delta the client did not count
+    cut = replayed[-2]
+    assert cut["status"] == "cancelled"
+    deltas = [m["delta"] for m in seen + replayed if m["type"] == "response.text.delta"]
+    assert cut["text"] == "".join(deltas).strip()  # no delta lost, none twice
+    assert engine.text.startswith(cut["text"])
+    ids = [m["event_id"] for m in seen + second.messages]
+    assert len(set(ids)) == len(ids)
+    # Exactly the logged events after the client's last one that make a message.
+    logged_ids = [body["event_id"] for body in logged]
+    after = logged[logged_ids.index(source_id(last)) + 1 :]
+    expected = [b["event_id"] for b in after if b["type"] in TEXT_DELTAS | {"response.done"}]
+    assert [source_id(m["event_id"]) for m in replayed[:-1]] == expected
+    assert session.closed and session.close_reason == "client_done"
+    assert server.services.video_streams.get(session_id) is None
+
+
+async def test_a_resume_takes_over_from_a_connection_the_server_still_holds(
+    open_client: OpenClient,
+) -> None:
+    async with open_client({"modalities": ["text"]}) as first:
+        created = await first.wait_for("session.created")
+        await first.send(type="video.query", text="Hi?")
+        await first.wait_for("response.text.done")
+        await first.send(type="session.resume", session_id="x", resume_token="y")
+        assert "only as the first message" in await first.error()
+        last = first.messages[-1]["event_id"]  # the error's, named after the answer's end
+        async with open_client() as second:
+            await second.send(
+                type="session.resume",
+                session_id=created["session_id"],
+                resume_token=created["resume_token"],
+                last_event_id=last,
+            )
+            assert await first.closed_with() == 1000
+            await second.send(type="ping")
+            pong = await second.wait_for("pong")
+            assert second.messages == [pong]  # nothing missed, nothing sent twice
+            assert pong["event_id"] != last and source_id(pong["event_id"]) == source_id(last)
+            await second.send(type="video.query", text="Still there?")
+            assert (await second.wait_for("response.text.done"))["status"] == "completed"
+            await second.send(type="video.done")
+            assert await second.closed_with() == 1000
+
+
+async def test_a_dropped_stream_is_closed_after_the_grace_period(
+    open_client: OpenClient, server: Server
+) -> None:
+    manager = server.services.manager
+    assert manager is not None
+    manager.limits = SessionLimits(watchdog_interval_s=0.05)
+    server.services.resume_grace_s = 0.3
+    async with open_client({}) as client:
+        created = await client.wait_for("session.created")
+        dropped = time.monotonic()
+        client.ws.transport.abort()
+    session = manager.get(created["session_id"])
+    async with asyncio.timeout(5):
+        while not session.closed:
+            await asyncio.sleep(0.02)
+    assert time.monotonic() - dropped >= 0.3 and session.close_reason == "client_gone"
+    async with open_client() as late:
+        await late.send(
+            type="session.resume",
+            session_id=created["session_id"],
+            resume_token=created["resume_token"],
+            last_event_id=created["event_id"],
+        )
+        assert "No resumable session" in await late.error()
+        assert await late.closed_with() == 1008

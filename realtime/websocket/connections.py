@@ -1,0 +1,74 @@
+"""The connections of one process by session, for resuming a session after a drop.
+
+Both WebSocket endpoints (OpenAI Realtime, vLLM-Omni's video chat) keep their sessions
+alive for `DEFAULT_GRACE_S` after a dropped connection. A client that reconnects with the
+session id and resume token asks the endpoint's `ConnectionRegistry` for the connection
+that last served the session: to take the session over from it (a half-open socket the
+server has not noticed yet) and to carry on with its settings. Sessions live in the
+process that created them, and so do the registries: a resume must reach that process.
+"""
+
+from __future__ import annotations
+
+from typing import Generic, Protocol, TypeVar
+
+from sessions.errors import SessionNotFoundError
+from sessions.manager import SessionManager
+from sessions.session import Session
+
+DEFAULT_GRACE_S = 30.0
+"""How long a session outlives its dropped connection, waiting for a resume."""
+
+
+class Resumable(Protocol):
+    @property
+    def session(self) -> Session | None: ...
+
+    async def take_over(self) -> None:
+        """Another connection resumes this one's session: end this one (detaching the
+        session), and return once that is done."""
+        ...
+
+
+C = TypeVar("C", bound=Resumable)
+
+
+class ConnectionRegistry(Generic[C]):
+    """Per process: the connection that last served each session, live or dropped."""
+
+    def __init__(self) -> None:
+        self._by_session: dict[str, C] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_session)
+
+    def get(self, session_id: str) -> C | None:
+        return self._by_session.get(session_id)
+
+    def register(self, connection: C) -> None:
+        """`connection` serves its session from now on; entries of closed sessions go."""
+        session = connection.session
+        assert session is not None
+        for session_id, old in list(self._by_session.items()):
+            if old.session is None or old.session.closed:
+                del self._by_session[session_id]
+        self._by_session[session.session_id] = connection
+
+    def discard(self, connection: C) -> None:
+        """Forget `connection` (its session has ended), unless another one took over."""
+        session = connection.session
+        if session is not None and self._by_session.get(session.session_id) is connection:
+            del self._by_session[session.session_id]
+
+
+def resumable_session(
+    manager: SessionManager, session_id: str, token: str | None
+) -> Session | None:
+    """The live session `session_id` if `token` is its resume token, else None."""
+    try:
+        session = manager.get(session_id)
+    except SessionNotFoundError:
+        return None
+    if token is None or not session.matches_token(token) or session.closed:
+        return None
+    return session
