@@ -26,6 +26,7 @@ from pipeline.engines.echo import EchoEngine
 from pipeline.types import Chunk
 from sessions.events import Event, ResponseCreated
 from sessions.manager import SessionManager
+from sessions.sink import DetachedSink
 from web.redis_server import EmbeddedRedis
 
 from .speech import silence, speak, trim_silence
@@ -52,34 +53,15 @@ class _TimedEcho(EchoEngine):
             yield chunk
 
 
-class _Sink:
+class _Sink(DetachedSink):
     """Discards audio at once (no playout wait) and timestamps response.created."""
 
     def __init__(self) -> None:
         self.created: list[float] = []
 
-    async def audio(self, pcm: np.ndarray, sample_rate: int) -> None:
-        return None
-
     def event(self, event: Event) -> None:
         if isinstance(event, ResponseCreated):
             self.created.append(time.monotonic())
-
-    def clear(self) -> None:
-        return None
-
-    def pause(self) -> None:
-        return None
-
-    def resume(self) -> None:
-        return None
-
-    @property
-    def played_ms(self) -> int:
-        return 0
-
-    async def drained(self) -> None:
-        return None
 
 
 def _pct(values: list[float], q: float) -> float:

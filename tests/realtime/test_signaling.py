@@ -15,8 +15,10 @@ from loadtest.webrtc_client import Caller
 from realtime.auth import Authenticator, AuthError
 from realtime.webrtc.call import CallOptions
 from sessions.config import SessionConfig
-from web.app import Services, create_app
+from web.app import Services
 from web.settings import Settings
+
+from .apps import asgi_client, fake_graph, running_app
 
 KEY = "sk-test-parley"
 
@@ -42,23 +44,14 @@ def test_secrets_carry_settings_and_expire() -> None:
 @pytest.fixture
 async def app(tmp_path: Path, redis_url: str) -> AsyncIterator[Starlette]:
     graph = tmp_path / "fake.yaml"
-    graph.write_text(
-        "name: fake\nstages:\n  - {name: model, engine: 'tests.fakes.fake_engine:FakeEngine'}\n"
-        "outputs: [model]\n"
-    )
-    application = create_app(Settings(pipeline=str(graph), api_key=KEY), redis_url)
-    async with application.router.lifespan_context(application):
-        services: Services = application.state.services
-        async with asyncio.timeout(10):
-            while not services.pipeline_ready:
-                await asyncio.sleep(0.01)
+    graph.write_text(fake_graph())
+    async with running_app(Settings(pipeline=str(graph), api_key=KEY), redis_url) as application:
         yield application
 
 
 @pytest.fixture
 async def http(app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://parley.test") as client:
+    async with asgi_client(app) as client:
         yield client
 
 

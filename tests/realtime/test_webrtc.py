@@ -19,43 +19,28 @@ from starlette.applications import Starlette
 
 from loadtest.speech import silence, speak, trim_silence
 from loadtest.webrtc_client import Caller
-from web.app import Services, create_app
+from web.app import Services
 from web.settings import Settings
 
-FAKE = "tests.fakes.fake_engine:FakeEngine"
+from .apps import asgi_client, fake_graph, running_app
 
 
 @pytest.fixture
 def graph(tmp_path: Path) -> str:
     path = tmp_path / "fake.yaml"
-    path.write_text(
-        f"""\
-name: fake
-stages:
-  - name: model
-    engine: "{FAKE}"
-    engine_args: {{audio_ms: 6000, realtime_factor: 4.0}}
-outputs: [model]
-"""
-    )
+    path.write_text(fake_graph("audio_ms: 6000, realtime_factor: 4.0"))
     return str(path)
 
 
 @pytest.fixture
 async def app(graph: str, redis_url: str) -> AsyncIterator[Starlette]:
-    application = create_app(Settings(pipeline=graph, max_sessions=4), redis_url)
-    async with application.router.lifespan_context(application):
-        services: Services = application.state.services
-        async with asyncio.timeout(10):
-            while not services.pipeline_ready:
-                await asyncio.sleep(0.01)
+    async with running_app(Settings(pipeline=graph, max_sessions=4), redis_url) as application:
         yield application
 
 
 @pytest.fixture
 async def http(app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://parley.test") as client:
+    async with asgi_client(app) as client:
         yield client
 
 
