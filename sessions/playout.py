@@ -107,3 +107,31 @@ class PlayoutBuffer:
 
     async def drained(self) -> None:
         await self._empty.wait()
+
+
+class PlayoutSink:
+    """The audio half of an OutputSink for transports with a media clock: everything goes
+    through one PlayoutBuffer, which the transport drains frame by frame. Subclasses add
+    `event()` and may extend `clear`/`pause` (calling these)."""
+
+    def __init__(self, playout: PlayoutBuffer) -> None:
+        self.playout = playout
+
+    async def audio(self, pcm: npt.NDArray[np.int16], sample_rate: int) -> None:
+        await self.playout.write(pcm, sample_rate)
+
+    def clear(self) -> None:
+        self.playout.clear()
+
+    def pause(self) -> None:
+        self.playout.pause()
+
+    def resume(self) -> None:
+        self.playout.resume()
+
+    @property
+    def played_ms(self) -> int:
+        return self.playout.played_ms
+
+    async def drained(self) -> None:
+        await self.playout.drained()

@@ -18,12 +18,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
 from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
 
 from sessions.events import Event, ResponseCreated, SessionClosed
-from sessions.playout import PlayoutBuffer
+from sessions.playout import PlayoutBuffer, PlayoutSink
 from sessions.session import Session
 
 from ..client_events import ProtocolError, parse_client_event
@@ -51,7 +49,7 @@ class CallOptions:
     playout_ms: int = 2_000
 
 
-class WebRTCCall:
+class WebRTCCall(PlayoutSink):
     def __init__(
         self,
         call_id: str,
@@ -63,7 +61,7 @@ class WebRTCCall:
         self.pc = pc
         self.options = options
         self.session: Session | None = None
-        self.playout = PlayoutBuffer(OUTPUT_RATE, options.playout_ms)
+        super().__init__(PlayoutBuffer(OUTPUT_RATE, options.playout_ms))
         self.metrics = metrics or TransportMetrics()
         self.track = OutboundAudioTrack(
             self.playout, self._audio_started, self._audio_stopped, self.metrics.frame
@@ -87,7 +85,7 @@ class WebRTCCall:
     def attach(self, session: Session) -> None:
         self.session = session
         self._dispatcher = ClientEventDispatcher(
-            session, transport="webrtc", clear_output=self._clear_output
+            session, transport="webrtc", clear_output=self.clear
         )
         self._spawn(self._read_channel(), "events-in")
 
@@ -193,9 +191,6 @@ class WebRTCCall:
 
     # --- OutputSink ----------------------------------------------------------------------
 
-    async def audio(self, pcm: npt.NDArray[np.int16], sample_rate: int) -> None:
-        await self.playout.write(pcm, sample_rate)
-
     def event(self, event: Event) -> None:
         if isinstance(event, ResponseCreated):
             self._response_id = event.response_id
@@ -207,28 +202,11 @@ class WebRTCCall:
 
     def clear(self) -> None:
         had_audio = self.playout.queued_ms > 0
-        self.playout.clear()
+        super().clear()
         if had_audio:
             self._send(output_audio_buffer_event("cleared", self._response_id))
 
-    def pause(self) -> None:
-        self.playout.pause()
-
-    def resume(self) -> None:
-        self.playout.resume()
-
-    @property
-    def played_ms(self) -> int:
-        return self.playout.played_ms
-
-    async def drained(self) -> None:
-        await self.playout.drained()
-
     # --- helpers -------------------------------------------------------------------------
-
-    def _clear_output(self) -> None:
-        """output_audio_buffer.clear from the client: stop playing what is queued."""
-        self.clear()
 
     def _audio_started(self) -> None:
         self._send(output_audio_buffer_event("started", self._response_id))

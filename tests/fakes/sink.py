@@ -10,16 +10,13 @@ import asyncio
 import time
 from collections.abc import Callable
 
-import numpy as np
-import numpy.typing as npt
-
 from sessions.events import Event
-from sessions.playout import FRAME_MS, PlayoutBuffer
+from sessions.playout import FRAME_MS, PlayoutBuffer, PlayoutSink
 
 
-class ClockedSink:
+class ClockedSink(PlayoutSink):
     def __init__(self, sample_rate: int = 24_000) -> None:
-        self.playout = PlayoutBuffer(sample_rate)
+        super().__init__(PlayoutBuffer(sample_rate))
         self.events: list[Event] = []
         self.played_audio_frames = 0
         self.last_audio_at: float | None = None
@@ -50,9 +47,6 @@ class ClockedSink:
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
 
     # --- OutputSink ---
-    async def audio(self, pcm: npt.NDArray[np.int16], sample_rate: int) -> None:
-        await self.playout.write(pcm, sample_rate)
-
     def event(self, event: Event) -> None:
         self.events.append(event)
         self._new_event.set()
@@ -60,21 +54,11 @@ class ClockedSink:
     def clear(self) -> None:
         self.cleared_at.append(time.monotonic())
         self.played_ms_at_clear.append(self.playout.played_ms)
-        self.playout.clear()
+        super().clear()
 
     def pause(self) -> None:
         self.paused_at.append(time.monotonic())
-        self.playout.pause()
-
-    def resume(self) -> None:
-        self.playout.resume()
-
-    @property
-    def played_ms(self) -> int:
-        return self.playout.played_ms
-
-    async def drained(self) -> None:
-        await self.playout.drained()
+        super().pause()
 
     # --- test helpers ---
     def types(self) -> list[str]:
