@@ -1,16 +1,21 @@
 """The app in process for transport tests: started, with its pipeline ready, and an ASGI
-client for signaling (media and data channels still go over real loopback sockets)."""
+client for signaling (media and data channels still go over real loopback sockets); or the
+same app under a real uvicorn on a loopback port, for WebSocket clients."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import socket
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 
 import httpx
+import uvicorn
 from starlette.applications import Starlette
 
 from web.app import Services, create_app
+from web.cli import WS_MAX_SIZE
 from web.settings import Settings
 
 
@@ -40,3 +45,60 @@ def fake_graph(engine_args: str = "") -> str:
         f"  - {{name: model, engine: 'tests.fakes.fake_engine:FakeEngine'{args}}}\n"
         "outputs: [model]\n"
     )
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn without its signal handlers: the test owns the process."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@dataclass
+class ServedApp:
+    """An app under a real uvicorn on a loopback port, its pipeline ready."""
+
+    app: Starlette
+    port: int
+
+    @property
+    def services(self) -> Services:
+        services: Services = self.app.state.services
+        return services
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+
+@contextlib.asynccontextmanager
+async def served_app(settings: Settings, redis_url: str) -> AsyncIterator[ServedApp]:
+    """`create_app` under uvicorn on 127.0.0.1 (a free port), with the server's own
+    WebSocket size limit; stopped (sessions closed, pipeline closed) on exit."""
+    app = create_app(settings, redis_url)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(
+        app, lifespan="on", log_config=None, log_level="warning", ws_max_size=WS_MAX_SIZE
+    )
+    server = _QuietServer(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]), name="uvicorn")
+    try:
+        async with asyncio.timeout(30):
+            while not (server.started and app.state.services.pipeline_ready):
+                if task.done():
+                    raise RuntimeError("uvicorn stopped while starting")
+                await asyncio.sleep(0.02)
+        yield ServedApp(app, sock.getsockname()[1])
+    finally:
+        server.should_exit = True
+        await asyncio.wait({task}, timeout=15)
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+        sock.close()
