@@ -17,6 +17,7 @@ from pathlib import Path
 import redis.asyncio as aioredis
 from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -35,6 +36,7 @@ from realtime.websocket.video_stream import VideoStreams
 from sessions.manager import SessionManager
 from sessions.metrics import SessionMetrics
 
+from .origins import OriginAllowlist, OriginPolicy
 from .realtime_routes import ROUTES as REALTIME_ROUTES
 from .settings import Settings
 
@@ -195,6 +197,7 @@ def create_app(settings: Settings, redis_url: str) -> Starlette:
             *REALTIME_ROUTES,
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ],
+        middleware=[Middleware(OriginPolicy, allowlist=OriginAllowlist.from_settings(settings))],
         lifespan=_lifespan,
     )
     app.state.services = services

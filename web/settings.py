@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pipeline.registry import DEFAULT_PIPELINE
 from sessions.manager import DEFAULT_MAX_SESSIONS
 
+from .origins import ANY_ORIGIN, normalize_origin
+
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
@@ -34,6 +36,9 @@ class Settings:
     """`stun:host:port,turn:user:pass@host:port`; empty: host candidates only."""
     ice_host_addresses: str = ""
     """Comma list of addresses to gather host candidates on; empty: automatic."""
+    allowed_origins: tuple[str, ...] = ()
+    """Origins of other web pages that may use the server (`*`: any, with an API key only);
+    its own origin and clients that send no Origin are always allowed."""
 
     @property
     def base_url(self) -> str:
@@ -61,6 +66,24 @@ def _int(name: str, value: str, lo: int, hi: int) -> int:
     return number
 
 
+def _origins(value: str, api_key: str | None) -> tuple[str, ...]:
+    origins = []
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        if item == ANY_ORIGIN:
+            if api_key is None:
+                raise SettingsError(
+                    "--allowed-origins: '*' needs --api-key (without a key it would let "
+                    "every web page the user opens start sessions)"
+                )
+            origins.append(item)
+            continue
+        try:
+            origins.append(normalize_origin(item))
+        except ValueError as exc:
+            raise SettingsError(f"--allowed-origins: {exc}") from None
+    return tuple(dict.fromkeys(origins))
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="parley", description="Parley realtime voice sessions")
     sub = p.add_subparsers(dest="command", required=True)
@@ -79,6 +102,12 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=_env("api_key", None))
     serve.add_argument("--ice-servers", default=_env("ice_servers", ""))
     serve.add_argument("--ice-host-addresses", default=_env("ice_host_addresses", ""))
+    serve.add_argument(
+        "--allowed-origins",
+        default=_env("allowed_origins", ""),
+        help="comma list of scheme://host[:port] whose web pages may use the server, "
+        "or * (needs --api-key); its own origin is always allowed",
+    )
     stage = sub.add_parser(
         "stage", help="serve one stage of a pipeline for a `parley serve` on another host"
     )
@@ -103,6 +132,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[str, Settings]:
         return args.command, Settings(
             redis_url=args.redis_url, pipeline=args.pipeline, stage=args.stage, log_level=level
         )
+    api_key = args.api_key or None
     return args.command, Settings(
         host=args.host,
         port=_int("port", args.port, 0, 65535),
@@ -110,7 +140,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[str, Settings]:
         pipeline=args.pipeline,
         max_sessions=_int("max_sessions", args.max_sessions, 1, 100_000),
         log_level=level,
-        api_key=args.api_key or None,
+        api_key=api_key,
         ice_servers=args.ice_servers,
         ice_host_addresses=args.ice_host_addresses,
+        allowed_origins=_origins(args.allowed_origins, api_key),
     )
