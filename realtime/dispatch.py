@@ -3,7 +3,10 @@
 A transport parses each message (`parse_client_event`) and hands it here, in the order it
 arrived. Nothing a client sends can end the connection: every failure, whether the
 session refuses (a ParleyError) or the event makes no sense (a ProtocolError), becomes an
-`error` event pointing at the client's `event_id`, and the session goes on.
+`error` event pointing at the client's `event_id`, and the session goes on. With an
+`error_limit`, a burst of such errors is throttled (realtime.error_throttle): at most that
+many a second, the rest summarised in one `errors_suppressed` error; the transport calls
+`close()` when the connection ends.
 
 The dispatcher is a small class because a connection has state the session does not:
 its audio formats (base64 PCM at some rate, or G.711, is a wire matter) and how to clear
@@ -11,6 +14,9 @@ its playout.
 
 Decisions, following OpenAI where it has one:
 
+- `input_audio_buffer.append` carries at most 1 MiB of PCM16 (`MAX_APPEND_BYTES`; 512 KiB
+  of G.711, which decodes to twice that); a larger one is an `audio_too_large` error
+  that says the limit, and the connection goes on.
 - `input_audio_buffer.append` over WebRTC is an error: the microphone travels on the
   audio track, and two inputs into one buffer would interleave. `session.update` audio
   formats are ignored over WebRTC (the SDP negotiates the codecs), so they never lower
@@ -35,6 +41,7 @@ from collections.abc import Callable
 from typing import Literal, Protocol, assert_never
 
 from sessions.errors import ParleyError
+from sessions.resample import MAX_APPEND_BYTES
 from sessions.session import Session
 
 from .client_events import (
@@ -55,6 +62,7 @@ from .client_events import (
     parse_client_event,
     session_patch,
 )
+from .error_throttle import ErrorThrottle, summary_text
 
 log = logging.getLogger("parley.realtime.dispatch")
 
@@ -77,6 +85,7 @@ class ClientEventDispatcher:
         transport: Transport,
         clear_output: Callable[[], None] | None = None,
         g711: G711Codec | None = None,
+        error_limit: int | None = None,
     ) -> None:
         self.session = session
         self.transport = transport
@@ -84,13 +93,22 @@ class ClientEventDispatcher:
         """The connection's audio formats; pass them to `to_wire(formats=...)`."""
         self._clear_output = clear_output
         self._g711 = g711
+        self.errors: ErrorThrottle | None = None
+        """The throttle on error events (with an `error_limit`), for its counts."""
+        if error_limit is not None:
+            self.errors = ErrorThrottle(self._summarise, limit=error_limit)
+
+    def close(self) -> None:
+        """The connection is ending: no summary of throttled errors goes out. Idempotent."""
+        if self.errors is not None:
+            self.errors.close()
 
     async def handle_raw(self, raw: str | bytes) -> None:
         """Parse and perform one message; a malformed one becomes an error event."""
         try:
             event = parse_client_event(raw)
         except ProtocolError as exc:
-            self.session.report_error(exc, exc.event_id)
+            self._report(exc, exc.event_id)
             return
         await self.handle(event)
 
@@ -99,11 +117,21 @@ class ClientEventDispatcher:
         try:
             await self._perform(event)
         except ParleyError as exc:
-            self.session.report_error(exc, event.event_id)
+            self._report(exc, event.event_id)
         except Exception:
             log.exception("session %s: %s failed", self.session.session_id, event.type)
             failure = ParleyError(f"{event.type} failed on the server; the session goes on")
-            self.session.report_error(failure, event.event_id)
+            self._report(failure, event.event_id)
+
+    def _report(self, error: ParleyError, client_event_id: str | None) -> None:
+        if self.errors is None or self.errors.admit(error.code, str(error)):
+            self.session.report_error(error, client_event_id)
+
+    def _summarise(self, count: int, first: str) -> None:
+        if self.session.closed or self.errors is None:
+            return
+        text = summary_text(count, first, self.errors.limit, self.errors.window_s)
+        self.session.report_error(ProtocolError("errors_suppressed", text))
 
     async def _perform(self, event: ClientEvent) -> None:
         session = self.session
@@ -188,11 +216,26 @@ class ClientEventDispatcher:
                 "travels on the call's audio track",
             )
         payload, fmt = event.pcm(), self.formats.input
+        if len(payload) > (limit := self._append_limit()):
+            seconds = limit / (2 * self.formats.input_rate if fmt == "audio/pcm" else G711_RATE)
+            size = "1 MiB" if limit == 1 << 20 else f"{limit // 1024} KiB"
+            raise ProtocolError(
+                "audio_too_large",
+                f"input_audio_buffer.append: the audio is {len(payload):,} bytes; the limit "
+                f"is {limit:,} bytes ({size}, {seconds:.1f} s of {fmt}) per append: send it "
+                "in smaller appends",
+                event.event_id,
+                param="audio",
+            )
         if fmt == "audio/pcm":
             await self.session.append_audio(payload, self.formats.input_rate, 1)
             return
         assert self._g711 is not None  # checked when the format was set
         await self.session.append_audio(self._g711.decode(payload, fmt), G711_RATE, 1)
+
+    def _append_limit(self) -> int:
+        """The most audio bytes one append may carry: 1 MiB of PCM16 once decoded."""
+        return MAX_APPEND_BYTES if self.formats.input == "audio/pcm" else MAX_APPEND_BYTES // 2
 
     async def _create_item(self, event: ConversationItemCreate) -> None:
         item = event.item

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket
 
 from realtime.auth import AuthError
 from realtime.client_events import ProtocolError, SessionUpdate, session_patch
+from realtime.websocket.denial import deny
 from realtime.websocket.openai_accept import ConnectRequest, serve_openai_realtime
 from sessions.config import SessionConfig
 from sessions.errors import ConfigError
@@ -39,18 +39,18 @@ async def openai_realtime(websocket: WebSocket) -> None:
     try:
         grant = services.auth.check(authorization)
     except AuthError as exc:
-        await _deny(websocket, 401, "invalid_api_key", str(exc))
+        await deny(websocket, 401, "invalid_api_key", str(exc))
         return
     manager = services.manager
     if manager is None:
-        await _deny(websocket, 503, "not_ready", "the server is not ready yet", "server_error")
+        await deny(websocket, 503, "not_ready", "the server is not ready yet", "server_error")
         return
     try:
         body: dict[str, Any] = {"type": "realtime", **(grant.session or {})}
         patch, formats = session_patch(SessionUpdate.model_validate({"session": body}))
         config = SessionConfig().updated(patch)
     except (ConfigError, ProtocolError) as exc:  # a secret minted with bad settings
-        await _deny(websocket, 400, getattr(exc, "code", "invalid_value"), str(exc))
+        await deny(websocket, 400, getattr(exc, "code", "invalid_value"), str(exc))
         return
     query = websocket.query_params
     beta = "realtime=v1" in websocket.headers.get("openai-beta", "") or BETA_PROTOCOL in offered
@@ -65,18 +65,3 @@ async def openai_realtime(websocket: WebSocket) -> None:
         grace_s=services.resume_grace_s,
     )
     await serve_openai_realtime(websocket, manager, services.websockets, request)
-
-
-async def _deny(
-    websocket: WebSocket,
-    status: int,
-    code: str,
-    message: str,
-    kind: str = "invalid_request_error",
-) -> None:
-    """Refuse the upgrade: an HTTP error where the server can send one, else 1008."""
-    if "websocket.http.response" in websocket.scope.get("extensions", {}):
-        body = {"error": {"type": kind, "code": code, "message": message}}
-        await websocket.send_denial_response(JSONResponse(body, status))
-    else:
-        await websocket.close(1008, code)

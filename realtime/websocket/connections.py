@@ -1,7 +1,8 @@
 """The connections of one process by session, for resuming a session after a drop.
 
 Both WebSocket endpoints (OpenAI Realtime, vLLM-Omni's video chat) keep their sessions
-alive for `DEFAULT_GRACE_S` after a dropped connection. A client that reconnects with the
+alive for `DEFAULT_GRACE_S` after a dropped connection; a clean close (the client's close
+frame with 1000 or 1001) ends the session at once. A client that reconnects with the
 session id and resume token asks the endpoint's `ConnectionRegistry` for the connection
 that last served the session: to take the session over from it (a half-open socket the
 server has not noticed yet) and to carry on with its settings. Sessions live in the
@@ -18,6 +19,23 @@ from sessions.session import Session
 
 DEFAULT_GRACE_S = 30.0
 """How long a session outlives its dropped connection, waiting for a resume."""
+
+CLEAN_CLOSE_CODES = frozenset({1000, 1001})
+"""Close codes that mean the client ended the connection on purpose: its session ends at
+once. Only a close frame the client sent carries one of these. uvicorn reports a dropped
+TCP connection (no close frame) as 1005 with its default, sans-I/O websockets protocol
+and as 1006 with the others; a half-open socket caught by the keepalive ping shows up
+the same way (or as 1011); a close frame with no code is 1005 too. None of those is
+clean: the session waits `DEFAULT_GRACE_S` for a resume."""
+
+CLOSE_VERDICT_S = 1.0
+"""How long a connection whose send failed waits for the reader to report the client's
+close frame (a clean close races the last send) before it treats the end as a drop."""
+
+
+def closed_cleanly(code: object) -> bool:
+    """Whether a `websocket.disconnect` code says the client closed on purpose."""
+    return code in CLEAN_CLOSE_CODES
 
 
 class Resumable(Protocol):

@@ -19,7 +19,7 @@ from sessions.manager import SessionManager
 
 from ..client_events import AudioFormats
 from .connections import DEFAULT_GRACE_S, ConnectionRegistry, resumable_session
-from .openai_ws import SOCKET_ERRORS, OpenAIRealtimeConnection, error_message
+from .openai_ws import ENDED, SOCKET_ERRORS, OpenAIRealtimeConnection, error_message
 
 log = logging.getLogger("parley.realtime.websocket.accept")
 
@@ -65,7 +65,10 @@ async def serve_openai_realtime(
     try:
         await connection.serve()
     finally:
-        if connection.close_reason == "session_closed":
+        if connection.close_reason == "client_closed" and connection.session is not None:
+            # A clean close: the session ends now, its slot, lease and keys freed.
+            await manager.close_session(connection.session.session_id, "client_closed")
+        if connection.close_reason in ENDED:
             connections.discard(connection)
 
 

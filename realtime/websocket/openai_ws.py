@@ -6,10 +6,17 @@ completed by a GAExpander; assistant audio goes out as `response.output_audio.de
 lead, so "sent" is what the client has played and a barge-in truncates there.
 
 Client messages are read by one task and applied in order by a ClientEventDispatcher; a
-malformed one gets an `error` event and the connection stays open. A message over 16 MiB
-closes it with 1009.
+malformed one gets an `error` event and the connection stays open. Those errors are
+throttled (`ERROR_LIMIT` a second, the rest summarised in one `errors_suppressed` error),
+so a burst of bad messages neither fills the outbound queue of a client that reads (which
+would close it as too slow) nor floods the session's resume log. A message over 16 MiB
+closes the connection with 1009.
 
-Resume. A dropped connection leaves its session alive for a grace period (30 s): the
+Close. The client's close frame with 1000 or 1001 ends the session at once (its slot,
+lease and keys freed); `serve_openai_realtime` closes it.
+
+Resume. A dropped connection (no close frame: 1005/1006 as uvicorn reports it, a network
+error, a half-open socket) leaves its session alive for a grace period (30 s): the
 session goes on logging events. A client that reconnects with `session_id`,
 `resume_token` (from `session.created`, under `session.parley`) and `last_event_id` gets
 the events it missed, then the live ones, each exactly once. Sessions live in the process
@@ -41,7 +48,7 @@ from ..client_events import AudioFormats
 from ..dispatch import ClientEventDispatcher
 from ..g711 import G711, PCMA, PCMU
 from ..server_events import to_wire
-from .connections import DEFAULT_GRACE_S
+from .connections import CLOSE_VERDICT_S, DEFAULT_GRACE_S, closed_cleanly
 from .ga_events import AFTER_AUDIO, GAExpander
 from .resume import HELD_EVENTS, read_log, replay_after
 from .sender import PacedSender, SlowClientError
@@ -54,6 +61,10 @@ FLUSH_TIMEOUT_S = 2.0
 
 SOCKET_ERRORS = (WebSocketDisconnect, RuntimeError, OSError)
 """What a send or receive raises once the client is gone."""
+ERROR_LIMIT = 20
+"""`error` events about the client's own messages per second; the rest are summarised."""
+ENDED = frozenset({"session_closed", "client_closed"})
+"""Why a connection ended that ends its session too (no resume)."""
 
 
 def error_message(
@@ -100,7 +111,9 @@ class OpenAIRealtimeConnection(PacedSender):
 
     def bind(self, session: Session) -> None:
         self.session = session
-        self.dispatcher = ClientEventDispatcher(session, transport="websocket", g711=self._codec)
+        self.dispatcher = ClientEventDispatcher(
+            session, transport="websocket", g711=self._codec, error_limit=ERROR_LIMIT
+        )
         self.dispatcher.formats = self._formats
 
     # --- OutputSink ----------------------------------------------------------------------
@@ -212,14 +225,16 @@ class OpenAIRealtimeConnection(PacedSender):
             sender.cancel()
             await asyncio.wait({sender})
             self.close()
+            if self.dispatcher is not None:
+                self.dispatcher.close()
             await self._close_socket()
             await self._leave_session()
             self._done.set()
 
     async def _leave_session(self) -> None:
         session = self.session
-        if session is None or self.close_reason == "session_closed":
-            return
+        if session is None or self.close_reason in ENDED:
+            return  # ended already, or the owner ends it (client_closed)
         # Taken over too: the answer in progress writes to this (closed) sink, so it is
         # stopped here, and the new connection attaches to a quiet session.
         try:
@@ -234,7 +249,7 @@ class OpenAIRealtimeConnection(PacedSender):
             pass
 
     async def _close_socket(self) -> None:
-        if self.close_reason == "client_gone":
+        if self.close_reason in ("client_gone", "client_closed"):
             return  # nothing to say goodbye to (and 1005/1006 are never sent)
         with contextlib.suppress(*SOCKET_ERRORS):  # already gone
             await self.websocket.close(self.close_code, self.close_reason[:120])
@@ -246,6 +261,10 @@ class OpenAIRealtimeConnection(PacedSender):
             log.warning("session %s: %s", self.session and self.session.session_id, exc)
             self.finish("client_too_slow", 1008)
         except SOCKET_ERRORS:
+            # The reader may be about to see the client's close frame: its verdict wins.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CLOSE_VERDICT_S):
+                    await self._end.wait()
             self.finish("client_gone", 1006)
 
     async def _read(self) -> None:
@@ -255,7 +274,8 @@ class OpenAIRealtimeConnection(PacedSender):
             while True:
                 message = await self.websocket.receive()
                 if message["type"] == "websocket.disconnect":
-                    self.finish("client_gone", int(message.get("code") or 1005))
+                    code = int(message.get("code") or 1005)
+                    self.finish("client_closed" if closed_cleanly(code) else "client_gone", code)
                     return
                 raw: str | bytes | None = message.get("text")
                 if raw is None:

@@ -70,7 +70,7 @@ from .video_messages import (
 )
 from .wav import wav_bytes
 
-CLIENT_REASONS = frozenset({"client", "client_done", "client_gone"})
+CLIENT_REASONS = frozenset({"client", "client_done", "client_closed", "client_gone"})
 """Session close reasons that need no explanation: the client ended it."""
 
 

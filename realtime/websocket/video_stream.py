@@ -27,16 +27,23 @@ Decisions:
   closes (1008), as does 10 s of silence. A second `session.config` is an error: the
   settings are fixed for the connection.
 - A message over 16 MiB closes the connection with 1009; every other bad message gets an
-  `error` and the connection stays open.
+  `error` and the connection stays open. Those errors are throttled (`ERROR_LIMIT` a
+  second, the rest summarised in one `errors_suppressed` error), so a burst of bad
+  messages never fills the outbound queue of a client that reads.
+- A missing or wrong API key is refused before the upgrade with HTTP 401 (503 while the
+  server starts), as on `/v1/realtime`.
+- The client's close frame with 1000 or 1001 ends the session at once, like `video.done`
+  without waiting for the answer.
 - `video.done` waits for the running answer to finish (its audio played out), then
   `session.done` and close 1000. A session that ends by itself (idle for 60 s, its
   maximum lifetime) sends an `error` saying why, then `session.done`, then closes 1000.
 
 Resume (Parley's own; a vLLM-Omni client may ignore it): after `session.config` the server
 sends `session.created {session_id, resume_token}`, and every server message carries an
-`event_id` (video_sink.py says how they are made). A connection that drops (anything but
-`video.done` or the session's own end) leaves the session alive for a grace period (30 s,
-as on the OpenAI endpoint), its events logged. A client that reconnects and sends
+`event_id` (video_sink.py says how they are made). A connection that drops (no close
+frame: a network error, a half-open socket; not `video.done`, a clean close or the
+session's own end) leaves the session alive for a grace period (30 s, as on the OpenAI
+endpoint), its events logged. A client that reconnects and sends
 `session.resume {session_id, resume_token, last_event_id}` first, instead of the config,
 gets the messages it missed (not the audio), each exactly once and in order, then the live
 ones; the connection keeps the first one's settings and the audio since the last query. A
@@ -65,8 +72,16 @@ from sessions.resample import MAX_APPEND_BYTES, SAMPLE_RATE
 from sessions.session import MIN_COMMIT_MS, Session
 
 from ..auth import AuthError
+from ..error_throttle import ErrorThrottle, summary_text
 from .audio_window import BYTES_PER_MS, AudioWindow, ms_of
-from .connections import DEFAULT_GRACE_S, ConnectionRegistry, resumable_session
+from .connections import (
+    CLOSE_VERDICT_S,
+    DEFAULT_GRACE_S,
+    ConnectionRegistry,
+    closed_cleanly,
+    resumable_session,
+)
+from .denial import deny
 from .sender import Message, SlowClientError
 from .video_messages import (
     AudioChunkMessage,
@@ -94,6 +109,8 @@ MAX_FRAME_BYTES = 10 * 1024 * 1024
 MAX_AUDIO_BYTES = 4 * 1024 * 1024
 OUTPUT_SAMPLE_RATE = 24_000
 OVERFLOW_WARNING_INTERVAL_S = 1.0
+ERROR_LIMIT = 20
+"""`error` messages about the client's own messages per second; the rest are summarised."""
 MIN_QUERY_AUDIO_BYTES = MIN_COMMIT_MS * BYTES_PER_MS
 SESSION_AUDIO_SECONDS = math.ceil(MAX_AUDIO_BYTES / (BYTES_PER_MS * 1000)) + 1
 """The session's audio buffer holds a little more than the window, so nothing in the
@@ -139,11 +156,11 @@ async def video_chat_stream(websocket: WebSocket) -> None:
     try:
         services.auth.check(websocket.headers.get("authorization"))
     except AuthError as exc:
-        await websocket.close(CLOSE_POLICY, str(exc))
+        await deny(websocket, 401, "invalid_api_key", str(exc))
         return
     manager: SessionManager | None = services.manager
     if manager is None:
-        await websocket.close(CLOSE_TRY_AGAIN, "the server is not ready yet")
+        await deny(websocket, 503, "not_ready", "the server is not ready yet", "server_error")
         return
     await websocket.accept()
     streams: VideoStreams = services.video_streams
@@ -193,6 +210,7 @@ class VideoChatStream:
         self._seq = 0
         self._taken_over = asyncio.Event()
         self._done = asyncio.Event()
+        self._errors = ErrorThrottle(self._summarise_errors, limit=ERROR_LIMIT)
 
     async def run(self) -> None:
         try:
@@ -214,6 +232,7 @@ class VideoChatStream:
                 if self._close_reason not in RESUMABLE:
                     self._streams.discard(self)
         finally:
+            self._errors.close()
             await self._close()
             self._done.set()
 
@@ -298,7 +317,9 @@ class VideoChatStream:
         while True:
             message = await self._ws.receive()
             if message["type"] == "websocket.disconnect":
-                self._close_code, self._close_reason = None, "client_gone"
+                clean = closed_cleanly(message.get("code"))
+                self._close_code = None
+                self._close_reason = "client_closed" if clean else "client_gone"
                 return None
             text: str | None = message.get("text")
             size = len(text) if text is not None else len(message.get("bytes") or b"")
@@ -373,10 +394,13 @@ class VideoChatStream:
         tasks = (sender, reader, ended, taken)
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            if sender.done() and not reader.done() and not self._too_slow(sender):
+                # A send failed: the reader may be about to see the client's close frame.
+                await asyncio.wait({reader}, timeout=CLOSE_VERDICT_S)
             for task in (reader, ended, taken):
                 task.cancel()
             await asyncio.wait({reader, ended, taken})
-            if sender.done():
+            if sender.done() and self._close_reason != "client_closed":
                 self._sender_ended(sender)
             elif taken.done() and not taken.cancelled():
                 self._close_code, self._close_reason = CLOSE_NORMAL, "taken_over"
@@ -410,10 +434,13 @@ class VideoChatStream:
             await sink.catch_up(session.event_log, session.session_id, resume.last_event_id)
         await sink.run()
 
+    @staticmethod
+    def _too_slow(sender: asyncio.Task[None]) -> bool:
+        return not sender.cancelled() and isinstance(sender.exception(), SlowClientError)
+
     def _sender_ended(self, sender: asyncio.Task[None]) -> None:
-        error = None if sender.cancelled() else sender.exception()
-        if isinstance(error, SlowClientError):
-            log.warning("video stream: %s", error)
+        if self._too_slow(sender):
+            log.warning("video stream: %s", sender.exception())
             self._close_code, self._close_reason = CLOSE_POLICY, "slow_client"
         else:  # the socket is gone: nothing more can be sent
             self._close_code, self._close_reason = None, "client_gone"
@@ -444,11 +471,21 @@ class VideoChatStream:
                 if await self._handle(parse_message(raw), session, sink):
                     return
             except MessageError as exc:
-                sink.send_message(ErrorMessage(message=str(exc), code=exc.code))
+                self._error(sink, str(exc), exc.code)
             except SessionClosedError:
                 return
             except ParleyError as exc:
-                sink.send_message(ErrorMessage(message=str(exc), code=exc.code))
+                self._error(sink, str(exc), exc.code)
+
+    def _error(self, sink: VideoStreamSink, text: str, code: str) -> None:
+        """An `error` about a client message, within the connection's error budget."""
+        if self._errors.admit(code, text):
+            sink.send_message(ErrorMessage(message=text, code=code))
+
+    def _summarise_errors(self, count: int, first: str) -> None:
+        if self._sink is not None and not self._sink.closed:
+            text = summary_text(count, first, self._errors.limit, self._errors.window_s)
+            self._sink.send_message(ErrorMessage(message=text, code="errors_suppressed"))
 
     async def _handle(
         self, message: ClientMessage, session: Session, sink: VideoStreamSink

@@ -419,10 +419,13 @@ async def test_an_api_key_is_required_when_configured(
     open_client: OpenClient, server: Server
 ) -> None:
     server.services.auth = Authenticator("sk-video")
-    with pytest.raises(InvalidStatus) as refused:
-        async with open_client({}):
-            pass
-    assert refused.value.response.status_code == 403
+    for headers in (None, {"Authorization": "Bearer wrong"}):
+        with pytest.raises(InvalidStatus) as refused:
+            async with open_client({}, headers=headers):
+                pass
+        assert refused.value.response.status_code == 401  # as on /v1/realtime
+        body = json.loads(refused.value.response.body)
+        assert body["error"]["code"] == "invalid_api_key"
     async with open_client({}, headers={"Authorization": "Bearer sk-video"}) as client:
         await client.send(type="ping")
         await client.wait_for("pong")
