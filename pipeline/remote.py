@@ -3,9 +3,14 @@
 The main process holds a `RemoteEngine`; the other host runs `parley stage`, which serves
 the stage's engine over the other end of the same link (named in the graph file, so both
 sides agree). The remote side announces itself with a "ready" message whenever it starts;
-requests wait for it up to the start timeout. A remote stage that dies is noticed by the
-caller's own deadline (the session's chunk timeout), since a Redis link cannot see a peer
-vanish; when it comes back, it announces itself again.
+requests wait for it up to the start timeout.
+
+A Redis link cannot see a peer vanish, so the remote side says "alive" every `HEARTBEAT_S`
+and the main side marks the stage down after `LIVENESS_S` without a word: requests in flight
+fail at once (not at the session's 30 s chunk deadline) and new ones fail fast until the
+stage speaks again. A Redis outage is ridden out by both sides: the main side marks the
+stage down, the remote side drops its requests in flight, and once Redis answers the remote
+side says "ready" again. A stage killed and started again announces itself the same way.
 """
 
 from __future__ import annotations
@@ -15,18 +20,30 @@ import logging
 
 import redis.asyncio as aioredis
 
-from .connectors.base import LinkClosed
+from .connectors.base import LinkClosed, LinkUnavailable
 from .connectors.redis_streams import RedisStreamLink
-from .stage_client import LinkedStage
+from .stage_client import RETRY_S, LinkedStage
 
 log = logging.getLogger("parley.pipeline.remote")
+
+HEARTBEAT_S = 1.0
+LIVENESS_S = 3.0
+"""Three heartbeats missed: the stage is down."""
+SOCKET_TIMEOUT_S = 5.0
+"""Above the link's 1 s blocking read; a Redis that stops answering fails reads after this."""
+
+
+def _redis(url: str) -> aioredis.Redis:
+    return aioredis.Redis.from_url(
+        url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S
+    )
 
 
 class RemoteEngine(LinkedStage):
     def __init__(
         self, stage: str, link_name: str, redis_url: str, start_timeout_s: float = 30.0
     ) -> None:
-        super().__init__(stage, start_timeout_s)
+        super().__init__(stage, start_timeout_s, liveness_s=LIVENESS_S)
         self.link_name = link_name
         self.redis_url = redis_url
         self._redis: aioredis.Redis | None = None
@@ -35,13 +52,22 @@ class RemoteEngine(LinkedStage):
 
     async def start(self) -> None:
         """Open our end and wait (in the background) for the remote side's "ready"."""
-        self._redis = aioredis.Redis.from_url(self.redis_url)
+        self._redis = _redis(self.redis_url)
         link = self._pending = RedisStreamLink.end(self._redis, self.link_name, "a")
         self._waiter = asyncio.create_task(self._await_ready(link), name=f"remote:{self.name}")
 
     async def _await_ready(self, link: RedisStreamLink) -> None:
+        """Wait for the remote side's first word: "ready", or "alive" from a stage that was
+        already serving when this process started."""
         try:
-            while (message := await link.recv())[0] != "ready":
+            while True:
+                try:
+                    message = await link.recv()
+                except LinkUnavailable:
+                    await asyncio.sleep(RETRY_S)
+                    continue
+                if message[0] in ("ready", "alive"):
+                    break
                 log.warning("stage %s: ignoring %r before ready", self.name, message[0])
         except LinkClosed:
             return
@@ -73,10 +99,10 @@ async def serve_remote_stage(graph_file: str, stage: str, redis_url: str) -> Non
     config = load_graph(graph_path(graph_file))
     stage_config = config.stage(stage)
     spec = WorkerSpec(stage, stage_config.engine, dict(stage_config.engine_args))
-    redis = aioredis.Redis.from_url(redis_url)
+    redis = _redis(redis_url)
     try:
         link = RedisStreamLink.end(redis, link_name(config, stage), "b")
         log.info("serving stage %s of %s on link %s", stage, config.name, link_name(config, stage))
-        await serve_stage(spec, link)
+        await serve_stage(spec, link, heartbeat_s=HEARTBEAT_S)
     finally:
         await redis.aclose()

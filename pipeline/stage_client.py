@@ -5,6 +5,12 @@ back: one reader task owns the link's inbound side and hands chunks to per-reque
 channels. When the link is lost, every request in flight gets an ErrorChunk at once, and
 the subclass decides what happens next (a worker is restarted; a remote stage is waited
 for). Subclasses provide `start`, `close` and call `_attach` / react in `_on_lost`.
+
+A stage whose link cannot see it die (a remote stage over Redis) says "alive" every
+second; with `liveness_s` set, a stage silent that long, or a link whose transport is down,
+is marked down: its requests in flight fail at once, new ones fail fast instead of waiting
+for a deadline, and the first message it sends again (it says "ready" after riding out an
+outage) marks it up.
 """
 
 from __future__ import annotations
@@ -17,18 +23,23 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from .channel import Channel, ChannelClosed
-from .connectors.base import Link, LinkClosed
+from .connectors.base import Link, LinkClosed, LinkUnavailable
 from .types import Chunk, End, ErrorChunk, PipelineRequest, StageInput
 
 log = logging.getLogger("parley.pipeline.stage_client")
 
 REQUEST_CHANNEL_SIZE = 64
+RETRY_S = 0.5
+"""How long the reader waits before reading again from a link whose transport is down."""
 
 
 class LinkedStage:
-    def __init__(self, name: str, start_timeout_s: float) -> None:
+    def __init__(self, name: str, start_timeout_s: float, liveness_s: float | None = None) -> None:
         self.name = name
         self.start_timeout_s = start_timeout_s
+        self.liveness_s = liveness_s
+        self.down_reason: str | None = None
+        """Why the stage is down (silent, or its link unavailable); None while it answers."""
         self._link: Link | None = None
         self._reader: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
@@ -64,7 +75,16 @@ class LinkedStage:
     async def _read(self, link: Link) -> None:
         try:
             while True:
-                message = await link.recv()
+                try:
+                    message = await self._next_message(link)
+                except TimeoutError:
+                    self._mark_down(f"no word from it for {self.liveness_s:g} s")
+                    continue
+                except LinkUnavailable as exc:
+                    self._mark_down(str(exc))
+                    await asyncio.sleep(RETRY_S)
+                    continue
+                self._mark_up()
                 kind = message[0]
                 if kind == "chunk":
                     if (channel := self._requests.get(message[1])) is not None:
@@ -81,6 +101,27 @@ class LinkedStage:
             pass
         finally:
             await self._lost(link)
+
+    async def _next_message(self, link: Link) -> Any:
+        if self.liveness_s is None:
+            return await link.recv()
+        async with asyncio.timeout(self.liveness_s):
+            return await link.recv()
+
+    def _mark_down(self, reason: str) -> None:
+        """Fail every request in flight; log once per outage, not once per retry."""
+        if self.down_reason is None:
+            log.warning("stage %s is not answering: %s", self.name, reason)
+        self.down_reason = reason
+        for channel in list(self._requests.values()):
+            channel.close_with(
+                ErrorChunk(f"the {self.name} stage stopped answering ({reason})", self.name)
+            )
+
+    def _mark_up(self) -> None:
+        if self.down_reason is not None:
+            log.info("stage %s is answering again", self.name)
+            self.down_reason = None
 
     async def _lost(self, link: Link) -> None:
         self._ready.clear()
@@ -123,10 +164,15 @@ class LinkedStage:
         if channel is not None:
             channel.discard()
         if self._link is not None:
-            with contextlib.suppress(LinkClosed):
+            with contextlib.suppress(LinkClosed, LinkUnavailable):
                 await self._link.send(("abort", request_id))
 
     async def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]:
+        if self.down_reason is not None:
+            yield ErrorChunk(
+                f"the {self.name} stage is not answering ({self.down_reason})", self.name
+            )
+            return
         try:
             link = await self._live_link()
         except TimeoutError:
@@ -151,6 +197,10 @@ class LinkedStage:
         except LinkClosed:
             finished = True
             yield ErrorChunk(f"the {self.name} worker stopped", self.name)
+        except LinkUnavailable as exc:
+            finished = True
+            self._mark_down(str(exc))
+            yield ErrorChunk(f"the {self.name} stage is not answering ({exc})", self.name)
         finally:
             if feeder is not None:
                 feeder.cancel()
@@ -162,7 +212,7 @@ class LinkedStage:
 
     async def _feed(self, link: Link, request_id: str, inputs: StageInput) -> None:
         """Forward the upstream chunks of a streamed request to the stage."""
-        with contextlib.suppress(LinkClosed):
+        with contextlib.suppress(LinkClosed, LinkUnavailable):
             async for chunk in inputs.chunks:
                 await link.send(("input", request_id, chunk))
             await link.send(("input_end", request_id))

@@ -9,7 +9,11 @@ aborts on cancellation); the end of the link (the parent closed it or died) ends
 Messages, parent -> child: ("generate", rid, inputs, streamed), ("input", rid, chunk),
 ("input_end", rid), ("abort", rid), ("stats", token), ("close",).
 Child -> parent: ("ready",), ("fatal", message), ("chunk", rid, chunk), ("done", rid),
-("stats", token, active_requests).
+("stats", token, active_requests), and from a remote stage ("alive",) every `heartbeat_s`.
+
+A remote stage also rides out its link's outages (Redis down or restarting): the requests in
+flight are dropped (the main process has failed them already), and once the link works
+again the stage says "ready" again.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .channel import Channel, ChannelClosed
-from .connectors.base import Link, LinkClosed
+from .connectors.base import Link, LinkClosed, LinkUnavailable
 from .connectors.shm import RingSpec, ShmLink
 from .engines.registry import create_engine
 from .types import Chunk, End, Engine, ErrorChunk, StageInput
@@ -32,6 +36,8 @@ from .types import Chunk, End, Engine, ErrorChunk, StageInput
 log = logging.getLogger("parley.pipeline.worker")
 
 INPUT_CHANNEL_SIZE = 256
+RETRY_MIN_S = 0.25
+RETRY_MAX_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +81,10 @@ async def _serve(spec: WorkerSpec, sock: socket.socket, rings: RingSpec) -> None
     await serve_stage(spec, await ShmLink.attach(sock, rings))
 
 
-async def serve_stage(spec: WorkerSpec, link: Link) -> None:
-    """Build the engine and serve it over `link` until the link ends or says close."""
+async def serve_stage(spec: WorkerSpec, link: Link, heartbeat_s: float | None = None) -> None:
+    """Build the engine and serve it over `link` until the link ends or says close.
+
+    `heartbeat_s` (a remote stage): say "alive" that often, and ride out link outages."""
     try:
         engine = create_engine(spec.engine, spec.engine_args)
         await engine.start()
@@ -88,14 +96,53 @@ async def serve_stage(spec: WorkerSpec, link: Link) -> None:
         return
     server = _Server(engine, link)
     try:
-        await link.send(("ready",))
-        await server.serve()
-    except LinkClosed:
-        pass
+        await _serve_until_closed(server, link, heartbeat_s)
     finally:
         await server.stop()
         await engine.close()
         await link.close()
+
+
+async def _serve_until_closed(server: _Server, link: Link, heartbeat_s: float | None) -> None:
+    retry_s = RETRY_MIN_S
+    while True:
+        try:
+            await link.send(("ready",))
+            if retry_s > RETRY_MIN_S:
+                log.info("the link works again; serving")
+                retry_s = RETRY_MIN_S
+            if heartbeat_s is None:
+                await server.serve()
+            else:
+                await _serve_with_heartbeat(server, link, heartbeat_s)
+            return
+        except LinkClosed:
+            return
+        except LinkUnavailable as exc:
+            if heartbeat_s is None:
+                raise
+            if retry_s == RETRY_MIN_S:
+                log.warning("the link is unavailable (%s); dropping requests in flight", exc)
+            await server.stop()
+            await asyncio.sleep(retry_s)
+            retry_s = min(retry_s * 2, RETRY_MAX_S)
+
+
+async def _serve_with_heartbeat(server: _Server, link: Link, every_s: float) -> None:
+    beat = asyncio.create_task(_heartbeat(link, every_s), name="stage:heartbeat")
+    try:
+        await server.serve()
+    finally:
+        beat.cancel()
+        await asyncio.wait({beat})
+
+
+async def _heartbeat(link: Link, every_s: float) -> None:
+    """Say "alive" every `every_s`: a Redis link cannot tell the other side we died."""
+    with contextlib.suppress(LinkClosed, LinkUnavailable):  # serve() sees the same failure
+        while True:
+            await asyncio.sleep(every_s)
+            await link.send(("alive",))
 
 
 class _Server:
@@ -137,17 +184,17 @@ class _Server:
                     await self.link.send(("chunk", rid, chunk))
                     if isinstance(chunk, End | ErrorChunk):
                         break
-        except LinkClosed:
+        except (LinkClosed, LinkUnavailable):
             return
         except Exception as exc:
             log.exception("request %s failed", rid)
-            with contextlib.suppress(LinkClosed):
+            with contextlib.suppress(LinkClosed, LinkUnavailable):
                 await self.link.send(("chunk", rid, ErrorChunk(f"{type(exc).__name__}: {exc}")))
         finally:
             self.tasks.pop(rid, None)
             if (feed := self.inputs.pop(rid, None)) is not None:
                 feed.discard()
-        with contextlib.suppress(LinkClosed):
+        with contextlib.suppress(LinkClosed, LinkUnavailable):
             await self.link.send(("done", rid))
 
     async def _abort(self, rid: str) -> None:

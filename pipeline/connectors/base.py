@@ -18,13 +18,19 @@ class LinkClosed(Exception):
     """The other side is gone (closed, crashed or disconnected)."""
 
 
+class LinkUnavailable(Exception):
+    """The link's transport failed for now (its Redis is down or restarting). Unlike
+    LinkClosed this says nothing about the other side, and the same link may work again."""
+
+
 class Link(Protocol):
     async def send(self, message: Any) -> None:
         """Send one message; waits while the link is full."""
         ...
 
     async def recv(self) -> Any:
-        """The next message; raises LinkClosed when the other side is gone."""
+        """The next message; raises LinkClosed when the other side is gone, and
+        LinkUnavailable while the transport is down (a link that can recover)."""
         ...
 
     async def close(self) -> None:

@@ -21,9 +21,11 @@ both keys, so once both ends have closed no key is left. One Lua script per clos
 "has the other side closed?" and the writes that follow atomic, so two ends closing at
 once still leave nothing. Every XADD refreshes its stream's TTL: an end that dies without
 closing leaves keys that expire, not keys that stay. The link does not detect such a death
-itself (a recv just keeps waiting); that takes a liveness signal, like a lease, owned by
-whoever runs the stage. For the same reason an end must not outlive its closed peer by more
-than `ttl_s`: once the tombstone has expired, its sends fill a stream nobody reads.
+itself (a recv just keeps waiting); that takes a liveness signal owned by whoever runs the
+stage (a remote stage's heartbeat, pipeline/remote.py). A Redis that is down or restarting
+makes send and recv raise LinkUnavailable: the same end works again once Redis answers.
+An end must not outlive its closed peer by more than `ttl_s`: once the tombstone has
+expired, its sends fill a stream nobody reads.
 
 Trust: messages are unpickled, so anyone who can write these keys can run code in the
 reading process. The link trusts its Redis as much as the rest of the pipeline does.
@@ -38,7 +40,7 @@ from typing import Any, Literal
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from .base import LinkClosed, decode, encode
+from .base import LinkClosed, LinkUnavailable, decode, encode
 
 log = logging.getLogger("parley.pipeline.redis_streams")
 
@@ -64,6 +66,15 @@ redis.call('XADD', KEYS[1], '*', 'c', '1')
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 return 0
 """
+
+
+async def _execute(pipe: Any) -> Any:
+    """Run a pipeline; a Redis that is down or restarting is LinkUnavailable (it may come
+    back, and the link with it), not an error of the caller's."""
+    try:
+        return await pipe.execute()
+    except (RedisError, OSError) as exc:
+        raise LinkUnavailable(f"redis: {exc}") from exc
 
 
 def link_keys(name: str, namespace: str = NAMESPACE) -> tuple[str, str]:
@@ -166,7 +177,7 @@ class RedisStreamLink:
             pipe.expire(self._outbox, self._ttl_s)
             pipe.xlen(self._outbox)
             pipe.xrange(self._outbox, TOMBSTONE_ID, TOMBSTONE_ID)
-            _, _, length, tombstone = await pipe.execute()
+            _, _, length, tombstone = await _execute(pipe)
             self._outbox_len = int(length)
             if tombstone:
                 # The reader closed before this entry landed: nobody will read it, and the
@@ -182,7 +193,7 @@ class RedisStreamLink:
             pipe = self._redis.pipeline(transaction=False)
             pipe.xlen(self._outbox)
             pipe.xrange(self._outbox, TOMBSTONE_ID, TOMBSTONE_ID)
-            length, tombstone = await pipe.execute()
+            length, tombstone = await _execute(pipe)
             if tombstone:
                 self._peer_closed = True
                 raise LinkClosed("the other side closed the link")
@@ -211,7 +222,7 @@ class RedisStreamLink:
             if deleting:
                 pipe.xdel(self._inbox, *deleting)
             pipe.xread({self._inbox: self._last_id}, count=1, block=self._block_ms)
-            results = await pipe.execute()
+            results = await _execute(pipe)
             del self._undeleted[: len(deleting)]
             entries = _stream_entries(results[-1])
             if not entries:
