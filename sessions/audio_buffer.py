@@ -8,18 +8,30 @@ Frames are written in batches of `batch_frames` (100 ms by default): a call send
 a second, and one Redis round trip per frame per call costs more event-loop time than the
 rest of the inbound path. Reading a range writes what is pending first, so a turn's audio is
 always complete.
+
+Writes go through the session's spill: while Redis is unreachable the frames are kept
+locally (bounded) and written back when it answers. The last `recent_seconds` of audio are
+kept in memory too (320 kB for 10 s), so the turn being spoken when Redis goes away can
+still be answered: a turn whose audio is all in the local copies is read from there.
 """
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import numpy.typing as npt
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 
+from .errors import RedisUnavailableError
 from .keys import DEFAULT_KEY_TTL_S, SessionKeys
+from .redis_link import RedisLink
 from .resample import FRAME_MS
+from .spill import Spill
 
 FRAMES_PER_SECOND = 1000 // FRAME_MS
+RECENT_SECONDS = 10
 
 
 class AudioBuffer:
@@ -30,8 +42,10 @@ class AudioBuffer:
         max_seconds: int,
         ttl_s: int = DEFAULT_KEY_TTL_S,
         batch_frames: int = 5,
+        spill: Spill | None = None,
+        recent_seconds: int = RECENT_SECONDS,
     ) -> None:
-        self._redis = redis
+        self._spill = spill if spill is not None else Spill(RedisLink(redis))
         self._key = keys.audio
         self._ttl_s = ttl_s
         self.max_seconds = max_seconds
@@ -39,6 +53,9 @@ class AudioBuffer:
         self.dropped_frames = 0
         self.batch_frames = batch_frames
         self._pending: list[tuple[int, bytes]] = []
+        self._recent: collections.deque[tuple[int, bytes]] = collections.deque(
+            maxlen=recent_seconds * FRAMES_PER_SECOND
+        )
 
     @property
     def max_frames(self) -> int:
@@ -46,44 +63,74 @@ class AudioBuffer:
 
     async def append(self, frames: list[bytes], first_offset_ms: int) -> None:
         """Add consecutive 20 ms frames, the first starting at `first_offset_ms`."""
-        self._pending += [(first_offset_ms + i * FRAME_MS, f) for i, f in enumerate(frames)]
+        timed = [(first_offset_ms + i * FRAME_MS, f) for i, f in enumerate(frames)]
+        self._pending += timed
+        self._recent.extend(timed)
         if len(self._pending) >= self.batch_frames:
             await self.flush()
 
     async def flush(self) -> None:
-        """Write the pending frames now."""
+        """Write the pending frames now (or keep them in the spill while Redis is down)."""
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        cap = self.max_frames
-        pipe = self._redis.pipeline(transaction=False)
-        for offset, frame in pending:
-            pipe.xadd(self._key, {"pcm": frame}, id=f"{offset}-1", maxlen=cap, approximate=True)
-        pipe.expire(self._key, self._ttl_s)
-        await pipe.execute()
+        cap, key, ttl = self.max_frames, self._key, self._ttl_s
+
+        def apply(pipe: Pipeline) -> None:
+            for offset, frame in pending:
+                pipe.xadd(key, {"pcm": frame}, id=f"{offset}-1", maxlen=cap, approximate=True)
+            pipe.expire(key, ttl)
+
+        size = sum(len(frame) for _, frame in pending)
+        await self._spill.write("audio", apply, size=size, values=pending)
         self._held += len(pending)
         if self._held > cap:
             self.dropped_frames += self._held - cap
             self._held = cap
 
     async def read(self, start_ms: int, end_ms: int) -> npt.NDArray[np.int16]:
-        """The frames whose start lies in [start_ms, end_ms), as one PCM16 array."""
+        """The frames whose start lies in [start_ms, end_ms), as one PCM16 array.
+
+        Raises RedisUnavailableError when Redis is unreachable and the local copy does not
+        hold the whole range."""
         if end_ms <= start_ms:
             return np.zeros(0, dtype=np.int16)
         await self.flush()
-        entries = await self._redis.xrange(
-            self._key, min=str(max(start_ms, 0)), max=str(end_ms - 1)
-        )
-        if not entries:
-            return np.zeros(0, dtype=np.int16)
-        pcm = b"".join(fields[b"pcm"] for _, fields in entries)
+        await self._spill.settle()
+        if self._spill.link.up and not self._spill.holds("audio"):
+            try:
+                entries = await self._spill.link.call(
+                    lambda: self._spill.link.redis.xrange(
+                        self._key, min=str(max(start_ms, 0)), max=str(end_ms - 1)
+                    )
+                )
+            except RedisUnavailableError:
+                pass
+            else:
+                pcm = b"".join(fields[b"pcm"] for _, fields in entries)
+                return np.frombuffer(pcm, dtype=np.int16).copy()
+        return self._read_local(start_ms, end_ms)
+
+    def _read_local(self, start_ms: int, end_ms: int) -> npt.NDArray[np.int16]:
+        wanted = range(-(-max(start_ms, 0) // FRAME_MS) * FRAME_MS, end_ms, FRAME_MS)
+        local = dict(self._recent)
+        local.update(self._spill.pending("audio"))
+        if not all(offset in local for offset in wanted):
+            raise RedisUnavailableError(
+                "the session store (Redis) is unreachable and holds part of this turn's audio"
+            )
+        pcm = b"".join(local[offset] for offset in wanted)
         return np.frombuffer(pcm, dtype=np.int16).copy()
 
     async def clear(self) -> None:
         self._pending = []
-        await self._redis.delete(self._key)
+        self._recent.clear()
+        self._spill.discard("audio")
+        key = self._key
+        await self._spill.write("audio", lambda pipe: pipe.delete(key))
         self._held = 0
 
     async def length(self) -> int:
         await self.flush()
-        return int(await self._redis.xlen(self._key))
+        await self._spill.settle()
+        return int(await self._spill.link.call(lambda: self._spill.link.redis.xlen(self._key)))

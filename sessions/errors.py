@@ -58,3 +58,13 @@ class SessionNotFoundError(InvalidRequestError):
     """No live session has this id."""
 
     code = "session_not_found"
+
+
+class RedisUnavailableError(ParleyError, ConnectionError):
+    """The session store (Redis) cannot be reached right now; the session goes on.
+
+    A ConnectionError too, so code that already treats an unreachable Redis as an OSError
+    (the resume path) handles it the same way."""
+
+    code = "redis_unavailable"
+    error_type = "server_error"

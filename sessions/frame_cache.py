@@ -4,6 +4,10 @@ Frames arrive as encoded images (JPEG or PNG) with a timestamp and are stored as
 came. An optional similar-frame filter drops a frame whose tiny grey thumbnail is nearly
 identical to the last kept one, so a still camera does not flush the cache. Sampling for a
 turn fetches only the frames it picks.
+
+Writes go through the session's spill: while Redis is unreachable the frames are kept
+locally (bounded), a turn samples from the frames kept since, and they are written back
+when Redis answers.
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ import numpy as np
 import numpy.typing as npt
 import redis.asyncio as aioredis
 from PIL import Image, UnidentifiedImageError
+from redis.asyncio.client import Pipeline
 
 from pipeline.types import VideoFrame
 
 from .config import VideoConfig
-from .errors import MediaError
+from .errors import MediaError, RedisUnavailableError
 from .keys import DEFAULT_KEY_TTL_S, SessionKeys
+from .redis_link import RedisLink
+from .spill import Spill
 
 MAX_FRAME_BYTES = 10 * 1024 * 1024
 THUMB_SIZE = 16
@@ -67,8 +74,10 @@ class FrameCache:
         keys: SessionKeys,
         config: VideoConfig,
         ttl_s: int = DEFAULT_KEY_TTL_S,
+        spill: Spill | None = None,
     ) -> None:
-        self._redis = redis
+        self._spill = spill if spill is not None else Spill(RedisLink(redis))
+        self._link = self._spill.link
         self._key = keys.frames
         self._ttl_s = ttl_s
         self.config = config
@@ -92,12 +101,19 @@ class FrameCache:
         ):
             self.filtered += 1
             return False
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.rpush(self._key, _TS.pack(timestamp_ms) + image)
-        pipe.ltrim(self._key, -self.config.max_frames, -1)
-        pipe.expire(self._key, self._ttl_s)
-        length, _, _ = await pipe.execute()
-        self.evicted += max(0, int(length) - self.config.max_frames)
+        key, cap, ttl = self._key, self.config.max_frames, self._ttl_s
+        packed = _TS.pack(timestamp_ms) + image
+
+        def apply(pipe: Pipeline) -> None:
+            pipe.rpush(key, packed)
+            pipe.ltrim(key, -cap, -1)
+            pipe.expire(key, ttl)
+
+        results = await self._spill.write("frames", apply, size=len(packed), values=[packed])
+        if results is not None:
+            self.evicted += max(0, int(results[0]) - cap)
+        elif len(self._spill.pending("frames")) > cap:
+            self.evicted += 1  # kept locally: the write back trims the oldest
         self._last_kept = thumb
         return True
 
@@ -105,30 +121,60 @@ class FrameCache:
         """Apply new settings; a smaller cap evicts the oldest frames now."""
         if config.max_frames < self.config.max_frames:
             before = await self.count()
-            await self._redis.ltrim(self._key, -config.max_frames, -1)
+            key, cap = self._key, config.max_frames
+            await self._spill.write("frames", lambda pipe: pipe.ltrim(key, -cap, -1))
             self.evicted += max(0, before - config.max_frames)
         self.config = config
 
     async def count(self) -> int:
-        return int(await self._redis.llen(self._key))
+        """Frames held; during a Redis outage, those kept locally since it began."""
+        try:
+            return await self._redis_count()
+        except RedisUnavailableError:
+            return len(self._local())
+
+    async def _redis_count(self) -> int:
+        await self._spill.settle()
+        if self._spill.holds("frames"):
+            raise self._link.unavailable()
+        return int(await self._link.call(lambda: self._link.redis.llen(self._key)))
+
+    def _local(self) -> list[bytes]:
+        return self._spill.pending("frames")[-self.config.max_frames :]
 
     async def sample(self, n: int | None = None, strategy: str | None = None) -> list[VideoFrame]:
-        """Pick frames for a turn (oldest first), fetching only the picked ones."""
+        """Pick frames for a turn (oldest first), fetching only the picked ones. During a
+        Redis outage the picks come from the frames kept locally since it began."""
         n = self.config.num_frames if n is None else n
         strategy = strategy or self.config.sampling_strategy
-        picks = sample_indices(await self.count(), n, strategy)
-        if not picks:
-            return []
-        pipe = self._redis.pipeline(transaction=False)
-        for index in dict.fromkeys(picks):
-            pipe.lindex(self._key, index)
+        try:
+            raws = await self._sample_redis(n, strategy)
+        except RedisUnavailableError:
+            local = self._local()
+            raws = [local[i] for i in dict.fromkeys(sample_indices(len(local), n, strategy))]
         frames = []
-        for raw in await pipe.execute():
+        for raw in raws:
             if raw is not None:  # evicted between LLEN and LINDEX
                 (ts,) = _TS.unpack_from(raw)
                 frames.append(VideoFrame(image=bytes(raw[_TS.size :]), timestamp_ms=ts))
         return frames
 
+    async def _sample_redis(self, n: int, strategy: str) -> list[bytes | None]:
+        picks = sample_indices(await self._redis_count(), n, strategy)
+        if not picks:
+            return []
+        key = self._key
+
+        async def fetch() -> list[bytes | None]:
+            pipe = self._link.redis.pipeline(transaction=False)
+            for index in dict.fromkeys(picks):
+                pipe.lindex(key, index)
+            return list(await pipe.execute())
+
+        return await self._link.call(fetch)
+
     async def clear(self) -> None:
-        await self._redis.delete(self._key)
+        self._spill.discard("frames")
+        key = self._key
+        await self._spill.write("frames", lambda pipe: pipe.delete(key))
         self._last_kept = None

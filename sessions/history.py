@@ -1,17 +1,25 @@
-"""Conversation history in Redis: committed items, in order.
+"""Conversation history: committed items, in order, in Redis and in memory.
 
 Items live in a hash (id -> JSON) with their order in a list, so an item can be updated
 in place (an assistant answer truncated by barge-in) or deleted without rewriting the rest.
 The history is bounded: past `max_items` the oldest items are dropped and counted.
+
+The session that owns the history also keeps it in memory (items are small and bounded),
+and reads from there: a Redis outage cannot stop a turn from knowing its context, and after
+a restart that lost the keys, `rewrite()` puts the whole history back. Writes go through
+the session's spill, so those made during an outage reach Redis when it answers.
 """
 
 from __future__ import annotations
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 
 from .events import ConversationItem
 from .keys import DEFAULT_KEY_TTL_S, SessionKeys
 from .records import item_from_json, item_to_json
+from .redis_link import RedisLink
+from .spill import Spill
 
 DEFAULT_MAX_ITEMS = 1_000
 
@@ -23,58 +31,88 @@ class History:
         keys: SessionKeys,
         max_items: int = DEFAULT_MAX_ITEMS,
         ttl_s: int = DEFAULT_KEY_TTL_S,
+        spill: Spill | None = None,
     ) -> None:
-        self._redis = redis
-        self._order = keys.history
-        self._items = keys.items
+        self._spill = spill if spill is not None else Spill(RedisLink(redis))
+        self._order_key = keys.history
+        self._items_key = keys.items
         self._ttl_s = ttl_s
         self.max_items = max_items
         self.dropped = 0
+        self._items: dict[str, str] = {}
+        """Item id -> JSON, in order (dicts keep insertion order)."""
 
     async def append(self, item: ConversationItem) -> str | None:
         """Commit `item` at the end; returns the id of the item before it, if any."""
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.lindex(self._order, -1)
-        pipe.hset(self._items, item.id, item_to_json(item))
-        pipe.rpush(self._order, item.id)
-        pipe.expire(self._order, self._ttl_s)
-        pipe.expire(self._items, self._ttl_s)
-        previous, _, length, _, _ = await pipe.execute()
-        if int(length) > self.max_items:
-            await self._drop_oldest(int(length) - self.max_items)
-        return previous.decode() if previous else None
+        previous = next(reversed(self._items), None)
+        body = item_to_json(item)
+        self._items[item.id] = body
+        old: list[str] = []
+        while len(self._items) > self.max_items:
+            oldest = next(iter(self._items))
+            del self._items[oldest]
+            old.append(oldest)
+        self.dropped += len(old)
+        order, items, ttl = self._order_key, self._items_key, self._ttl_s
 
-    async def _drop_oldest(self, count: int) -> None:
-        old = await self._redis.lpop(self._order, count)
-        if old:
-            await self._redis.hdel(self._items, *old)
-            self.dropped += len(old)
+        def apply(pipe: Pipeline) -> None:
+            pipe.hset(items, item.id, body)
+            pipe.rpush(order, item.id)
+            for oldest in old:
+                pipe.lrem(order, 1, oldest)
+            if old:
+                pipe.hdel(items, *old)
+            pipe.expire(order, ttl)
+            pipe.expire(items, ttl)
+
+        await self._spill.write("history", apply, size=len(body), values=[item.id])
+        return previous
 
     async def update(self, item: ConversationItem) -> bool:
         """Replace a committed item; False if it is not in the history."""
-        if not await self._redis.hexists(self._items, item.id):
+        if item.id not in self._items:
             return False
-        await self._redis.hset(self._items, item.id, item_to_json(item))
+        body = self._items[item.id] = item_to_json(item)
+        items = self._items_key
+        await self._spill.write(
+            "history", lambda pipe: pipe.hset(items, item.id, body), size=len(body)
+        )
         return True
 
     async def get(self, item_id: str) -> ConversationItem | None:
-        raw = await self._redis.hget(self._items, item_id)
-        return item_from_json(raw) if raw else None
+        body = self._items.get(item_id)
+        return item_from_json(body) if body else None
 
     async def delete(self, item_id: str) -> bool:
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.lrem(self._order, 1, item_id)
-        pipe.hdel(self._items, item_id)
-        removed, _ = await pipe.execute()
-        return bool(removed)
+        if self._items.pop(item_id, None) is None:
+            return False
+        order, items = self._order_key, self._items_key
+
+        def apply(pipe: Pipeline) -> None:
+            pipe.lrem(order, 1, item_id)
+            pipe.hdel(items, item_id)
+
+        await self._spill.write("history", apply)
+        return True
 
     async def last_id(self) -> str | None:
-        raw = await self._redis.lindex(self._order, -1)
-        return raw.decode() if raw else None
+        return next(reversed(self._items), None)
 
     async def items(self) -> list[ConversationItem]:
-        ids = await self._redis.lrange(self._order, 0, -1)
-        if not ids:
-            return []
-        raws = await self._redis.hmget(self._items, ids)
-        return [item_from_json(raw) for raw in raws if raw]
+        return [item_from_json(body) for body in self._items.values()]
+
+    async def rewrite(self) -> None:
+        """Write the whole history again (Redis came back empty after a restart)."""
+        snapshot = dict(self._items)
+        order, items, ttl = self._order_key, self._items_key, self._ttl_s
+
+        def apply(pipe: Pipeline) -> None:
+            pipe.delete(order, items)
+            if snapshot:
+                pipe.hset(items, mapping=snapshot)
+                pipe.rpush(order, *snapshot)
+                pipe.expire(order, ttl)
+                pipe.expire(items, ttl)
+
+        size = sum(len(body) for body in snapshot.values())
+        await self._spill.write("history", apply, size=size, values=list(snapshot))

@@ -40,12 +40,12 @@ class LeaseRegistry:
         self._redis = redis
         self.cap = cap
         self.ttl_s = ttl_s
-        self._key = leases_key(namespace)
+        self.key = leases_key(namespace)
         self._script = redis.register_script(_ACQUIRE)
 
     async def acquire(self, session_id: str) -> bool:
         """Take a slot for `session_id`; False when the cap is reached."""
-        result = await self._script(keys=[self._key], args=[session_id, self.cap, self.ttl_s])
+        result = await self._script(keys=[self.key], args=[session_id, self.cap, self.ttl_s])
         return int(result) == 1
 
     async def renew(self, session_id: str) -> bool:
@@ -54,7 +54,7 @@ class LeaseRegistry:
         return await self.acquire(session_id)
 
     async def release(self, session_id: str) -> None:
-        await self._redis.zrem(self._key, session_id)
+        await self._redis.zrem(self.key, session_id)
 
     async def count(self) -> int:
-        return int(await self._redis.zcard(self._key))
+        return int(await self._redis.zcard(self.key))

@@ -1,14 +1,19 @@
 """The sessions of one server process: admission, lookup, upkeep and shutdown.
 
-The manager owns each session's task (it starts `Session.run()` and awaits it on close)
-and one upkeep task that renews leases and key expiries. Admission goes through
+The manager owns each session's task (it starts `Session.run()` and awaits it on close),
+an upkeep task that renews leases and key expiries, and the process's watch on Redis (the
+link's heartbeat/probe and the reaction to an outage). Admission goes through
 `LeaseRegistry`, so the session cap holds across every process sharing the Redis.
+
+A Redis outage: every live session's client is told once; sessions go on with their writes
+kept locally; new sessions are refused (the cap cannot be checked). When Redis answers
+again, every live session takes its lease again (a restarted Redis has none), rewrites what
+a restart lost, and writes back what it kept, at once rather than at the next upkeep tick.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -19,10 +24,11 @@ from redis.exceptions import RedisError
 from pipeline.types import Pipeline
 
 from .config import SessionConfig
-from .errors import SessionLimitError, SessionNotFoundError
+from .errors import RedisUnavailableError, SessionLimitError, SessionNotFoundError
 from .events import new_id
 from .leases import LeaseRegistry
 from .metrics import SessionMetrics
+from .redis_link import RedisLink
 from .session import Session, SessionLimits
 from .sink import OutputSink
 
@@ -42,15 +48,19 @@ class SessionManager:
         limits: SessionLimits | None = None,
         lease_ttl_s: float = 30.0,
         metrics: SessionMetrics | None = None,
+        link: RedisLink | None = None,
     ) -> None:
         self.redis = redis
+        self.link = link or RedisLink(redis)
         self.pipeline = pipeline
         self.limits = limits or SessionLimits()
         self.metrics = metrics or SessionMetrics()
         self.leases = LeaseRegistry(redis, max_sessions, ttl_s=lease_ttl_s)
         self._sessions: dict[str, Session] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._upkeep: asyncio.Task[None] | None = None
+        self._background: list[asyncio.Task[None]] = []
+        self._unreleased: set[str] = set()
+        """Leases of sessions that closed during an outage; released when Redis is back."""
         self._accepting = True
 
     @property
@@ -58,7 +68,11 @@ class SessionManager:
         return self.leases.cap
 
     async def __aenter__(self) -> SessionManager:
-        self._upkeep = asyncio.create_task(self._upkeep_loop(), name="sessions:upkeep")
+        self._background = [
+            asyncio.create_task(self._upkeep_loop(), name="sessions:upkeep"),
+            asyncio.create_task(self.link.run(), name="sessions:redis-link"),
+            asyncio.create_task(self._watch_redis(), name="sessions:redis-outages"),
+        ]
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -80,7 +94,15 @@ class SessionManager:
         if not isinstance(config, SessionConfig):
             config = SessionConfig.parse(config)
         session_id = session_id or new_id("sess")
-        if not await self.leases.acquire(session_id):
+        try:
+            admitted = await self.link.call(lambda: self.leases.acquire(session_id))
+        except RedisUnavailableError:
+            self.metrics.session_limit_rejections.inc()
+            raise SessionLimitError(
+                "the session store (Redis) is unreachable, so no new session can be counted; "
+                "try again shortly"
+            ) from None
+        if not admitted:
             self.metrics.session_limit_rejections.inc()
             raise SessionLimitError(
                 f"all {self.leases.cap} session slots are in use; try again shortly"
@@ -93,6 +115,7 @@ class SessionManager:
             sink=sink,
             limits=self.limits,
             metrics=self.metrics,
+            link=self.link,
         )
         self._sessions[session_id] = session
         self.metrics.active_sessions.inc()
@@ -108,8 +131,10 @@ class SessionManager:
         finally:
             self._sessions.pop(session.session_id, None)
             self.metrics.active_sessions.dec()
-            with contextlib.suppress(RedisError, OSError, TimeoutError):
-                await asyncio.wait_for(self.leases.release(session.session_id), 2.0)
+            try:
+                await self.link.call(lambda: self.leases.release(session.session_id))
+            except (RedisError, OSError):  # RedisUnavailableError is an OSError
+                self._unreleased.add(session.session_id)
             log.info("session %s closed (%s)", session.session_id, session.close_reason)
 
     def get(self, session_id: str) -> Session:
@@ -144,10 +169,11 @@ class SessionManager:
             if slow:
                 await asyncio.wait(slow)
         self._tasks.clear()
-        if self._upkeep is not None:
-            self._upkeep.cancel()
-            await asyncio.wait({self._upkeep})
-            self._upkeep = None
+        background, self._background = self._background, []
+        for task in background:
+            task.cancel()
+        if background:
+            await asyncio.wait(background)
 
     async def _upkeep_loop(self) -> None:
         interval = max(0.5, self.leases.ttl_s / 3)
@@ -155,14 +181,58 @@ class SessionManager:
             await asyncio.sleep(interval)
             for task_id in [sid for sid, t in self._tasks.items() if t.done()]:
                 self._tasks.pop(task_id, None)
+            if not self.link.up:
+                continue  # the outage watch renews everything when Redis is back
             for session in list(self._sessions.values()):
                 try:
-                    if not await self.leases.renew(session.session_id):
-                        log.warning(
-                            "session %s lost its lease and the cap is full; it goes on uncounted",
-                            session.session_id,
-                        )
-                    await session.refresh_keys()
-                except (RedisError, OSError, TimeoutError) as exc:
+                    await self._renew(session)
+                except RedisUnavailableError:
+                    self.metrics.redis_errors.inc()
+                    break  # logged once by the link; the outage watch takes over
+                except RedisError as exc:
                     self.metrics.redis_errors.inc()
                     log.warning("lease renewal failed: %s", exc)
+
+    async def _renew(self, session: Session) -> None:
+        if not await self.link.call(lambda: self.leases.renew(session.session_id)):
+            log.warning(
+                "session %s lost its lease and the cap is full; it goes on uncounted",
+                session.session_id,
+            )
+        await session.refresh_keys()
+
+    async def _watch_redis(self) -> None:
+        """Tell every session of an outage once; put everything back when Redis returns."""
+        outage = 0
+        while True:
+            outage = await self.link.next_outage(outage)
+            self.metrics.redis_outages.inc()
+            self.metrics.redis_up.set(0)
+            for session in list(self._sessions.values()):
+                session.redis_unavailable(outage)
+            await self.link.wait_up()
+            try:
+                restored = await self._restore()
+            except RedisUnavailableError:
+                continue  # down again: the next outage is reported and restored in turn
+            except RedisError as exc:
+                log.error("Redis is back but restoring the sessions failed: %s", exc)
+                continue
+            finally:
+                self.metrics.redis_up.set(1 if self.link.up else 0)
+            log.info(
+                "Redis is back %s; %d live sessions restored (leases, records, spilled writes)",
+                self.link.summary(),
+                restored,
+            )
+
+    async def _restore(self) -> int:
+        """After an outage: leases taken again, records rewritten, spills written back."""
+        if self._unreleased:
+            gone, self._unreleased = list(self._unreleased), set()
+            await self.link.call(lambda: self.redis.zrem(self.leases.key, *gone))
+        sessions = list(self._sessions.values())
+        for session in sessions:
+            await self._renew(session)
+            await session.restore_after_outage()
+        return len(sessions)

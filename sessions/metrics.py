@@ -35,3 +35,28 @@ class SessionMetrics:
         self.session_limit_rejections = Counter(
             "parley_session_limit_rejections", "Sessions refused at the cap", registry=r
         )
+        self.redis_up = Gauge(
+            "parley_redis_up",
+            "1 while this process reaches its Redis, 0 during an outage",
+            registry=r,
+        )
+        self.redis_up.set(1)
+        self.redis_outages = Counter(
+            "parley_redis_outages", "Times this process lost its Redis", registry=r
+        )
+        self.redis_spilled_writes = Counter(
+            "parley_redis_spilled_writes",
+            "Session writes kept in memory because Redis was unreachable (written back later)",
+            registry=r,
+        )
+        self.redis_spill_dropped = Counter(
+            "parley_redis_spill_dropped",
+            "Values dropped from a full spill during a Redis outage (oldest first), by buffer",
+            ["kind"],
+            registry=r,
+        )
+        self.redis_restored_writes = Counter(
+            "parley_redis_restored_writes",
+            "Spilled writes written back to Redis after an outage",
+            registry=r,
+        )

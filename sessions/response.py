@@ -17,10 +17,12 @@ from contextlib import aclosing
 
 from pipeline.types import AudioChunk, End, ErrorChunk, Pipeline, PipelineRequest, TextDelta
 
+from .errors import ParleyError, RedisUnavailableError
 from .events import (
     ConversationItem,
     ConversationItemCreated,
     ConversationItemTruncated,
+    ErrorEvent,
     Event,
     InputTranscriptionCompleted,
     OutputAudioDelta,
@@ -79,6 +81,9 @@ class Response:
         self.committed = False
         self.cancel_reason = "cancelled"
         self.status: ResponseStatus | None = None
+        self.redis_unavailable = False
+        """The answer failed because the session store was unreachable; the session tells
+        its client about the outage (once), so this response sends no error of its own."""
 
     @property
     def played_ms(self) -> int:
@@ -96,15 +101,23 @@ class Response:
                 previous = None
             self._emit(ConversationItemCreated(item=self.item, previous_item_id=previous))
             status: ResponseStatus
+            error: str | None = None
             try:
                 self.request = await self._build_request(self.response_id)
-            except Exception as exc:  # e.g. Redis down: this answer fails, the session goes on
+            except RedisUnavailableError as exc:  # this answer fails, the session goes on
+                self.redis_unavailable = True
+                status, reason = "failed", f"{exc.code}: could not prepare the request: {exc}"
+            except Exception as exc:
+                log.exception("response %s: could not prepare the request", self.response_id)
                 status, reason = "failed", f"could not prepare the request: {exc}"
+                error = ParleyError.code
             else:
-                status, reason = await self._generate(self.request)
+                status, reason, error = await self._generate(self.request)
         except asyncio.CancelledError:
             await asyncio.wait_for(self._finish_cancelled(), FINALIZE_TIMEOUT_S)
             raise
+        if error is not None:  # the client hears of a failure as an error, not only in .done
+            self._emit(ErrorEvent(code=error, message=reason, error_type="server_error"))
         await self._finish(status, reason)
         if status == "completed" and self._spoken.audio_ms > 0:
             try:
@@ -114,7 +127,8 @@ class Response:
                 raise
         self._state.to(SessionState.LISTENING, f"response {status}")
 
-    async def _generate(self, request: PipelineRequest) -> tuple[ResponseStatus, str]:
+    async def _generate(self, request: PipelineRequest) -> tuple[ResponseStatus, str, str | None]:
+        """Stream the answer; returns its status, the reason, and an error code if it failed."""
         stream = self._pipeline.generate(request)
         async with aclosing(stream):
             while True:
@@ -122,9 +136,10 @@ class Response:
                     async with asyncio.timeout(self._chunk_timeout_s):
                         chunk = await anext(stream)
                 except TimeoutError:
-                    return "failed", f"the model sent nothing for {self._chunk_timeout_s:g} s"
+                    reason = f"the model sent nothing for {self._chunk_timeout_s:g} s"
+                    return "failed", reason, "model_timeout"
                 except StopAsyncIteration:
-                    return "failed", "the pipeline ended without an end marker"
+                    return "failed", "the pipeline ended without an end marker", "model_error"
                 match chunk:
                     case TextDelta(kind="input_transcript"):
                         if self._input_transcript is not None:
@@ -137,10 +152,10 @@ class Response:
                         await self._on_audio(chunk)
                     case End():
                         await self._flush_input_transcript()
-                        return "completed", ""
+                        return "completed", "", None
                     case ErrorChunk():
                         where = f" in {chunk.stage}" if chunk.stage else ""
-                        return "failed", f"model error{where}: {chunk.message}"
+                        return "failed", f"model error{where}: {chunk.message}", "model_error"
 
     def _on_text(self, text: str) -> None:
         if not text:
@@ -198,7 +213,7 @@ class Response:
         if self.item.text or self.item.audio_ms:
             await self._history.append(self.item)
             self.committed = True
-        if status == "failed":
+        if status == "failed" and not self.redis_unavailable:  # an outage is logged once
             log.warning("response %s failed: %s", self.response_id, reason)
         self._emit(
             ResponseDone(

@@ -19,12 +19,13 @@ from typing import Any
 
 import numpy as np
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline as RedisPipeline
 
 from pipeline.types import HistoryItem, Pipeline, PipelineRequest
 
 from .audio_buffer import AudioBuffer
 from .config import SessionConfig
-from .errors import InvalidRequestError, SessionClosedError
+from .errors import InvalidRequestError, RedisUnavailableError, SessionClosedError
 from .event_log import EventLog
 from .events import (
     AudioBufferCleared,
@@ -47,9 +48,11 @@ from .frame_cache import FrameCache
 from .history import History
 from .keys import DEFAULT_KEY_TTL_S, SessionKeys
 from .metrics import SessionMetrics
+from .redis_link import RedisLink
 from .resample import FRAME_MS, SAMPLE_RATE, InputResampler
 from .response import Response
 from .sink import DetachedSink, OutputSink
+from .spill import DEFAULT_MAX_BYTES, Spill
 from .state import SessionState, StateMachine
 from .turn_detection import SpeechConfirmed, SpeechEnd, SpeechStart, TurnDetector
 
@@ -70,6 +73,9 @@ class SessionLimits:
     """Fail a response when the pipeline sends nothing for this long."""
     key_ttl_s: int = DEFAULT_KEY_TTL_S
     watchdog_interval_s: float = 1.0
+    spill_max_bytes: int = DEFAULT_MAX_BYTES
+    """Writes kept in memory per session while Redis is unreachable (oldest media dropped
+    first past this)."""
 
 
 class Session:
@@ -83,6 +89,7 @@ class Session:
         sink: OutputSink,
         limits: SessionLimits | None = None,
         metrics: SessionMetrics | None = None,
+        link: RedisLink | None = None,
     ) -> None:
         self.session_id = session_id
         self.config = config
@@ -94,10 +101,15 @@ class Session:
         self._pipeline = pipeline
         self._sink = sink
         ttl = self.limits.key_ttl_s
-        self.audio = AudioBuffer(redis, self.keys, config.max_audio_seconds, ttl)
-        self.frames = FrameCache(redis, self.keys, config.video, ttl)
-        self.history = History(redis, self.keys, ttl_s=ttl)
-        self.event_log = EventLog(redis, self.keys, ttl_s=ttl)
+        self.link = link or RedisLink(redis)
+        self.spill = Spill(self.link, self.limits.spill_max_bytes, self.metrics)
+        spill = self.spill
+        self.audio = AudioBuffer(redis, self.keys, config.max_audio_seconds, ttl, spill=spill)
+        self.frames = FrameCache(redis, self.keys, config.video, ttl, spill=spill)
+        self.history = History(redis, self.keys, ttl_s=ttl, spill=spill)
+        self.event_log = EventLog(redis, self.keys, ttl_s=ttl, spill=spill)
+        self._told_of_outage = 0
+        """The number of the last Redis outage this session's client was told about."""
         self.machine = StateMachine(session_id, self._on_transition)
         self._detector = TurnDetector(config.turn_detection) if config.turn_detection else None
         self._resampler: InputResampler | None = None
@@ -121,6 +133,7 @@ class Session:
         self._closed = asyncio.Event()
         self.close_reason = ""
         self._created = time.monotonic()
+        self._created_wall = time.time()
         self._last_media = self._created
         self._detached_until: float | None = None
 
@@ -177,37 +190,77 @@ class Session:
             self._emit(SessionClosed(reason=self.close_reason))
 
     async def _write_record(self) -> None:
-        """The session record: what another process needs to find and resume it."""
-        try:
-            pipe = self._redis.pipeline(transaction=True)
-            pipe.hset(
-                self.keys.meta,
-                mapping={
-                    "config": self.config.model_dump_json(),
-                    "resume_token": self.resume_token,
-                    "created": f"{time.time():.3f}",
-                },
-            )
-            pipe.expire(self.keys.meta, self.limits.key_ttl_s)
-            await pipe.execute()
-        except Exception as exc:  # a Redis outage must not stop a call from starting
-            self.metrics.redis_errors.inc()
-            log.warning("session %s: could not write its record: %s", self.session_id, exc)
+        """The session record: what another process needs to find and resume it. Kept in
+        the spill while Redis is unreachable: an outage must not stop a call."""
+        meta, ttl = self.keys.meta, self.limits.key_ttl_s
+        record = {
+            "config": self.config.model_dump_json(),
+            "resume_token": self.resume_token,
+            "created": f"{self._created_wall:.3f}",
+        }
+
+        def apply(pipe: RedisPipeline) -> None:
+            pipe.hset(meta, mapping=record)
+            pipe.expire(meta, ttl)
+
+        await self.spill.write("record", apply)
 
     async def refresh_keys(self) -> None:
         """Push every key's expiry out again; the manager calls this while the session lives."""
-        pipe = self._redis.pipeline(transaction=False)
-        for key in self.keys.all():
-            pipe.expire(key, self.limits.key_ttl_s)
-        await pipe.execute()
+
+        async def expire_all() -> None:
+            pipe = self._redis.pipeline(transaction=False)
+            for key in self.keys.all():
+                pipe.expire(key, self.limits.key_ttl_s)
+            await pipe.execute()
+
+        await self.link.call(expire_all)
 
     async def _delete_keys(self) -> None:
+        await self.spill.aclose()  # nothing kept is written back after the keys are gone
+        if not self.link.up:
+            return  # the keys expire by their TTL; the outage was reported once already
         try:
             async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                await self._redis.delete(*self.keys.all())
+                await self.link.call(lambda: self._redis.delete(*self.keys.all()))
         except Exception as exc:  # keys expire by TTL anyway; never fail a close
             self.metrics.redis_errors.inc()
-            log.warning("session %s: could not delete keys: %s", self.session_id, exc)
+            log.debug("session %s: could not delete keys: %s", self.session_id, exc)
+
+    # --- Redis outages ---------------------------------------------------------------------
+
+    def redis_unavailable(self, outage: int) -> None:
+        """Tell the client, once per outage, that the session store is unreachable."""
+        if outage <= self._told_of_outage or self._close_requested.is_set():
+            return
+        self._told_of_outage = outage
+        mib = self.limits.spill_max_bytes / (1024 * 1024)
+        self._emit(
+            ErrorEvent(
+                code=RedisUnavailableError.code,
+                error_type=RedisUnavailableError.error_type,
+                message=(
+                    "The session store (Redis) is unreachable. The conversation goes on: "
+                    f"new audio, items and events are kept on this server (up to {mib:g} MiB) "
+                    "and stored when it is back. Until then a dropped connection cannot be "
+                    "resumed, and a turn whose audio was stored before the outage cannot be "
+                    "answered."
+                ),
+            )
+        )
+
+    async def restore_after_outage(self) -> None:
+        """Redis answers again: put back what a restart lost (the record, the history),
+        write back what was kept locally, and push the expiries out. Raises
+        RedisUnavailableError if Redis goes away again meanwhile."""
+        if self._close_requested.is_set():
+            return
+        await self._write_record()  # small, and a restarted Redis lost them
+        await self.history.rewrite()  # also undoes a write that reached a stalled server twice
+        await self.spill.settle()
+        if len(self.spill):  # the write-back stopped: Redis went away again
+            raise self.link.unavailable()
+        await self.refresh_keys()
 
     async def _watchdog(self) -> None:
         limits = self.limits
@@ -492,6 +545,10 @@ class Session:
             await response.run()
         except asyncio.CancelledError:
             raise
+        except RedisUnavailableError:  # not a bug: the client hears of the outage once
+            self.redis_unavailable(self.link.outages)
+            if self.machine.can(SessionState.LISTENING):
+                self.machine.to(SessionState.LISTENING, "session store unreachable")
         except Exception:
             log.exception("session %s: response %s crashed", self.session_id, response.response_id)
             self.report_error(RuntimeError("the response failed unexpectedly"))
@@ -500,6 +557,8 @@ class Session:
         finally:
             if response.status is not None:
                 self.metrics.responses.labels(response.status).inc()
+            if response.redis_unavailable:
+                self.redis_unavailable(self.link.outages)
 
     async def _cancel_response(
         self, reason: str, next_state: SessionState = SessionState.LISTENING

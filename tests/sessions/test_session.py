@@ -14,6 +14,7 @@ from sessions.errors import ConfigError, InvalidRequestError, MediaError, Sessio
 from sessions.events import (
     AudioBufferCommitted,
     ConversationItemTruncated,
+    ErrorEvent,
     OutputAudioDelta,
     OutputAudioTranscriptDelta,
     ResponseDone,
@@ -200,6 +201,11 @@ async def test_a_failing_engine_fails_the_response_not_the_session(
     done = await sink.wait_for(is_done)
     assert isinstance(done, ResponseDone) and done.status == "failed"
     assert "out of memory" in done.reason
+    # The client hears of it as an error too, not only inside response.done.
+    (error,) = [e for e in sink.events if isinstance(e, ErrorEvent)]
+    assert (error.code, error.error_type) == ("model_error", "server_error")
+    assert "out of memory" in error.message
+    assert sink.events.index(error) < sink.events.index(done)
     assert session.state is SessionState.LISTENING
     engine.fail_with = None
     await session.create_response()
@@ -273,7 +279,9 @@ async def test_lifetime_warning_then_close(
 
 
 async def test_a_redis_outage_does_not_end_the_call(engine: FakeEngine) -> None:
-    """Redis dies mid-call: turn detection goes on, the answer fails, the session lives."""
+    """Redis dies after a long turn's audio was stored: that answer fails (its audio is
+    out of reach: only the last 10 s are kept in memory) and says why, the client hears of
+    the outage once, and the session lives."""
     with EmbeddedRedis() as private:
         client = aioredis.Redis.from_url(private.url, socket_timeout=1, socket_connect_timeout=1)
         try:
@@ -281,14 +289,23 @@ async def test_a_redis_outage_does_not_end_the_call(engine: FakeEngine) -> None:
                 SessionManager(client, EnginePipeline(engine)) as manager,
                 ClockedSink() as sink,
             ):
-                session = await manager.create(sink)
+                session = await manager.create(sink, {"turn_detection": None})
+                await sink.wait_for(lambda e: e.type == "session.created")
+                long_turn = np.concatenate([silence(10_000), spoken_turn()[0]])
+                await feed(session, long_turn)  # stored in Redis
                 private.stop()
-                await feed(session, spoken_turn()[0])
+                await session.commit_audio()
+                await session.create_response()
                 done = await sink.wait_for(is_done)
                 assert isinstance(done, ResponseDone) and done.status == "failed"
-                assert "prepare the request" in done.reason
-                assert "input_audio_buffer.speech_stopped" in sink.types()
-                assert session.state is SessionState.LISTENING
+                assert done.reason.startswith("redis_unavailable: could not prepare the request")
+                errors = [e for e in sink.events if isinstance(e, ErrorEvent)]
+                assert [(e.code, e.error_type) for e in errors] == [
+                    ("redis_unavailable", "server_error")
+                ]
+                await sink.wait_for(
+                    lambda e: isinstance(e, SessionStateChanged) and e.state == "listening"
+                )
                 assert manager.metrics.redis_errors._value.get() >= 1
                 await manager.close_session(session.session_id)
                 assert isinstance(sink.events[-1], SessionClosed)

@@ -1,0 +1,185 @@
+"""A session's Redis writes that Redis has not taken yet: kept locally, in order, bounded.
+
+All buffers of a session (audio, frames, history, event log, its record) write through one
+`Spill`. While the link is up a write goes straight to Redis. While it is down (or while
+older writes are still waiting) the write is kept here instead, and written back in order
+once Redis answers, so a short outage loses nothing and a long one loses the oldest media
+first. The kept values stay readable, so a turn can still be built from the local copy.
+
+Order matters only within a buffer (an audio stream's ids must grow, the event log must
+replay in order), so each buffer has its own queue. The bound is on bytes for the whole
+session: past it, the oldest entry of the most expendable buffer goes (audio, then frames,
+then events, then history), and is counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio.client import Pipeline
+from redis.exceptions import RedisError
+
+from .errors import RedisUnavailableError
+from .metrics import SessionMetrics
+from .redis_link import RedisLink
+
+log = logging.getLogger("parley.sessions.spill")
+
+DEFAULT_MAX_BYTES = 4 * 1024 * 1024
+"""About two minutes of input audio (32 kB/s) with its events; per session."""
+DRAIN_BATCH = 256
+"""Entries per pipeline when writing back."""
+
+DROP_ORDER = ("audio", "frames", "events", "history", "record")
+"""Which buffer gives up its oldest entry first when the spill is full: media is a cache,
+the history and the event log are what a resume promises."""
+
+Apply = Callable[[Pipeline], None]
+
+
+@dataclass(slots=True)
+class SpilledWrite:
+    apply: Apply
+    """Adds the write's commands to a pipeline."""
+    size: int
+    values: Sequence[Any]
+    """What was written, for local reads (audio frames, images, event bodies)."""
+
+
+class Spill:
+    def __init__(
+        self,
+        link: RedisLink,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        metrics: SessionMetrics | None = None,
+    ) -> None:
+        self.link = link
+        self.max_bytes = max_bytes
+        self._metrics = metrics
+        self._queues: dict[str, collections.deque[SpilledWrite]] = {
+            kind: collections.deque() for kind in DROP_ORDER
+        }
+        self._lock = asyncio.Lock()
+        self._closed = False
+        self.bytes = 0
+        self.kept = 0
+        """Writes kept locally so far (the session's lifetime)."""
+        self.dropped: collections.Counter[str] = collections.Counter()
+        """Values given up because the spill was full, by buffer."""
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+    def pending(self, kind: str) -> list[Any]:
+        """The values of `kind` kept locally, oldest first."""
+        return [value for write in self._queues[kind] for value in write.values]
+
+    def holds(self, kind: str) -> bool:
+        return bool(self._queues[kind])
+
+    async def write(
+        self, kind: str, apply: Apply, *, size: int = 0, values: Sequence[Any] = ()
+    ) -> list[Any] | None:
+        """Write now and return the pipeline's results, or keep the write and return None.
+
+        Raises only for a Redis error that is not an outage (a bug in the commands)."""
+        if self._closed:
+            return None
+        async with self._lock:
+            if self._closed:
+                return None
+            if self.link.up and len(self):
+                await self._drain_locked()
+            if self.link.up and not len(self):
+                try:
+                    return await self.link.call(lambda: self._execute([apply]))
+                except RedisUnavailableError:
+                    pass
+            self._keep(kind, SpilledWrite(apply, size, values))
+            return None
+
+    def discard(self, kind: str) -> None:
+        """Forget the kept writes of `kind` (its buffer was cleared)."""
+        queue = self._queues[kind]
+        self.bytes -= sum(w.size for w in queue)
+        queue.clear()
+
+    async def settle(self) -> None:
+        """If Redis answers, write back everything kept, so a read from Redis sees it."""
+        if self.link.up and len(self) and not self._closed:
+            async with self._lock:
+                await self._drain_locked()
+
+    async def aclose(self) -> None:
+        """The session ended: take no more writes, wait out the one in flight (so nothing
+        lands after the session's keys are deleted), drop what is kept. Idempotent."""
+        self._closed = True
+        async with self._lock:
+            for kind in DROP_ORDER:
+                self.discard(kind)
+
+    # --- internals -------------------------------------------------------------------------
+
+    def _keep(self, kind: str, write: SpilledWrite) -> None:
+        self._queues[kind].append(write)
+        self.bytes += write.size
+        self.kept += 1
+        self.link.stats.spilled += 1
+        if self._metrics is not None:
+            self._metrics.redis_spilled_writes.inc()
+        while self.bytes > self.max_bytes:
+            victim_kind = next(k for k in DROP_ORDER if self._queues[k])
+            victim = self._queues[victim_kind].popleft()
+            self.bytes -= victim.size
+            count = max(1, len(victim.values))
+            self.dropped[victim_kind] += count
+            self.link.stats.dropped += 1
+            if self._metrics is not None:
+                self._metrics.redis_spill_dropped.labels(victim_kind).inc(count)
+
+    async def _execute(self, applies: list[Apply], raise_on_error: bool = True) -> list[Any]:
+        pipe = self.link.redis.pipeline(transaction=False)
+        for apply in applies:
+            apply(pipe)
+        return list(await pipe.execute(raise_on_error=raise_on_error))
+
+    async def _drain_locked(self) -> None:
+        """Write back the kept entries, buffer by buffer, in order; stops at an outage."""
+        for kind in reversed(DROP_ORDER):
+            queue = self._queues[kind]
+            while queue:
+                if not self.link.up:
+                    return
+                batch = [w.apply for w in itertools.islice(queue, DRAIN_BATCH)]
+                try:
+                    results = await self.link.call(
+                        functools.partial(self._execute, batch, raise_on_error=False)
+                    )
+                except RedisUnavailableError:
+                    return
+                for _ in batch:
+                    self.bytes -= queue.popleft().size
+                self.link.stats.restored += len(batch)
+                if self._metrics is not None:
+                    self._metrics.redis_restored_writes.inc(len(batch))
+                failed = [r for r in results if isinstance(r, RedisError) and not _landed(r)]
+                if failed:  # a command Redis refused: writing it again would not help
+                    log.error(
+                        "%d spilled %s writes were refused by Redis: %s",
+                        len(failed),
+                        kind,
+                        failed[0],
+                    )
+
+
+def _landed(error: RedisError) -> bool:
+    """An XADD refused because its id is there already: the write timed out on our side
+    (a stalled server) but reached Redis, so it is not lost."""
+    return "equal or smaller than the target stream top item" in str(error)
