@@ -26,6 +26,7 @@ from pipeline.types import Pipeline
 from .config import SessionConfig
 from .errors import RedisUnavailableError, SessionLimitError, SessionNotFoundError
 from .events import new_id
+from .keys import SessionKeys
 from .leases import LeaseRegistry
 from .metrics import SessionMetrics
 from .redis_link import RedisLink
@@ -60,7 +61,8 @@ class SessionManager:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._background: list[asyncio.Task[None]] = []
         self._unreleased: set[str] = set()
-        """Leases of sessions that closed during an outage; released when Redis is back."""
+        """Sessions that closed during an outage: their lease and keys go when Redis is back
+        (rather than at their TTLs)."""
         self._accepting = True
 
     @property
@@ -229,8 +231,17 @@ class SessionManager:
     async def _restore(self) -> int:
         """After an outage: leases taken again, records rewritten, spills written back."""
         if self._unreleased:
-            gone, self._unreleased = list(self._unreleased), set()
-            await self.link.call(lambda: self.redis.zrem(self.leases.key, *gone))
+            gone = list(self._unreleased)
+            keys = [key for sid in gone for key in SessionKeys(sid).all()]
+
+            async def forget() -> None:
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.zrem(self.leases.key, *gone)
+                pipe.delete(*keys)
+                await pipe.execute()
+
+            await self.link.call(forget)
+            self._unreleased.difference_update(gone)
         sessions = list(self._sessions.values())
         for session in sessions:
             await self._renew(session)

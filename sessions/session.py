@@ -219,7 +219,7 @@ class Session:
     async def _delete_keys(self) -> None:
         await self.spill.aclose()  # nothing kept is written back after the keys are gone
         if not self.link.up:
-            return  # the keys expire by their TTL; the outage was reported once already
+            return  # the manager removes them when Redis is back (or their TTL does)
         try:
             async with asyncio.timeout(CLOSE_TIMEOUT_S):
                 await self.link.call(lambda: self._redis.delete(*self.keys.all()))
