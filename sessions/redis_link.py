@@ -88,12 +88,21 @@ class RedisLink:
         command, a wrong type) pass through: they are bugs, not outages."""
         if not self.up:
             raise self.unavailable()
+        task = asyncio.current_task()
+        cancels = task.cancelling() if task is not None else 0
         try:
             async with asyncio.timeout(self.call_timeout_s):
-                return await make()
+                result = await make()
         except OUTAGE_ERRORS as exc:
             self.went_down(exc)
             raise self.unavailable() from exc
+        if task is not None and task.cancelling() > cancels:
+            # On Python 3.11, redis-py's `asyncio.wait_for` around a socket write swallows
+            # a cancel that lands as the write completes; the owner's cancel (a session
+            # closing its event-log writer) would then never take, and its close would
+            # wait forever, holding the session slot. Deliver it here.
+            raise asyncio.CancelledError
+        return result
 
     def unavailable(self) -> RedisUnavailableError:
         return RedisUnavailableError("the session store (Redis) is unreachable")
