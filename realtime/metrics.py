@@ -1,4 +1,5 @@
-"""Transport instruments: calls, and outbound audio frames sent on time or late."""
+"""Transport instruments: calls, outbound audio frames sent on time or late, offers
+refused, and inbound media that could not be used."""
 
 from __future__ import annotations
 
@@ -19,6 +20,21 @@ class TransportMetrics:
         self.late_frames = Counter(
             "parley_webrtc_late_frames",
             "Outbound audio frames handed to the encoder more than 40 ms after their due time",
+            registry=r,
+        )
+        self.offers_refused = Counter(
+            "parley_webrtc_offers_refused",
+            "SDP offers refused: by Parley's checks (checks), because aiortc could not answer "
+            "them (unanswerable), or by the server's own failure (timeout, server)",
+            ["reason"],
+            registry=r,
+        )
+        self.media_errors = Counter(
+            "parley_webrtc_media_errors",
+            "Inbound media dropped: datagrams that are not media (datagram), RTP or RTCP "
+            "packets that could not be handled (rtp, rtcp), audio or video that failed to "
+            "decode (decode)",
+            ["kind"],
             registry=r,
         )
 

@@ -5,6 +5,12 @@ Code written for OpenAI's browser guide works against Parley by changing the bas
 `POST /v1/realtime/calls` takes the SDP offer (raw `application/sdp`, or the multipart form
 with `sdp` and `session` parts that the `openai` SDK sends) and answers 201 with the SDP
 answer and a `Location` for the call; `POST /v1/realtime/calls/{call_id}/hangup` ends it.
+
+A call that cannot be made is refused with a JSON error, never a 5xx unless the server is
+at fault: 415 for any other Content-Type (a missing one included), 413 for an offer over
+64 KiB (or a form over 1 MiB), 400 for an offer that is not UTF-8, not SDP, or one that
+Parley or aiortc cannot answer, 503 at the session cap or when the server cannot set the
+call up.
 """
 
 from __future__ import annotations
@@ -14,16 +20,18 @@ import logging
 from typing import Any
 
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
 from realtime.auth import DEFAULT_TTL_S, Authenticator, AuthError
 from realtime.client_events import ProtocolError, SessionUpdate, session_patch
-from realtime.sdp import OfferError
+from realtime.sdp import MAX_OFFER_BYTES, OfferError, OfferTooLarge
 from realtime.server_events import session_object
 from realtime.webrtc.call import CallOptions
-from realtime.webrtc.registry import CallNotFound, CallRegistry
+from realtime.webrtc.registry import CallNotFound, CallRegistry, CallSetupError
 from realtime.websocket.video_stream import video_chat_stream
 from sessions.config import SessionConfig
 from sessions.errors import ConfigError, SessionLimitError
@@ -31,6 +39,14 @@ from sessions.errors import ConfigError, SessionLimitError
 from .realtime_ws import openai_realtime
 
 log = logging.getLogger("parley.web.realtime")
+
+OFFER_TYPES = ("application/sdp", "multipart/form-data")
+MAX_FORM_BYTES = 1024 * 1024
+"""The openai SDK's form: the offer (64 KiB at most) and the session object."""
+
+
+class UnsupportedMediaType(ValueError):
+    pass
 
 
 def error(status: int, code: str, message: str, kind: str = "invalid_request_error") -> Response:
@@ -91,16 +107,54 @@ async def _part(value: UploadFile | str | None) -> bytes:
     return await value.read()
 
 
+async def _capped_body(request: Request, limit: int) -> bytes:
+    """The body, read no further than `limit` bytes (OfferTooLarge past it)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise OfferTooLarge(f"the request body is {int(declared)} bytes; the limit is {limit}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise OfferTooLarge(f"the request body is over the limit of {limit} bytes")
+    return bytes(body)
+
+
 async def _offer_and_session(request: Request) -> tuple[bytes, dict[str, Any] | None]:
+    """The offer and the form's session object; UnsupportedMediaType, OfferError."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind == "multipart/form-data":
-        async with request.form(max_files=2, max_fields=4) as form:
+    if kind not in OFFER_TYPES:
+        got = f"got {kind!r}" if kind else "got no Content-Type"
+        raise UnsupportedMediaType(
+            "send the SDP offer as the body with Content-Type: application/sdp, or as the "
+            f"'sdp' part of a multipart/form-data form (as the openai SDK does); {got}"
+        )
+    if kind == "application/sdp":
+        return await _capped_body(request, MAX_OFFER_BYTES), None
+    body = await _capped_body(request, MAX_FORM_BYTES)
+
+    async def replay() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    try:
+        async with Request(request.scope, replay).form(max_files=2, max_fields=4) as form:
             offer = await _part(form.get("sdp"))
             raw = await _part(form.get("session"))
-        return offer, json.loads(raw) if raw else None
-    if kind not in ("application/sdp", "text/plain", ""):
-        raise OfferError(f"send the offer as application/sdp (got {kind})")
-    return await request.body(), None
+    except (MultiPartException, HTTPException) as exc:
+        raise OfferError(f"the multipart form could not be read: {_detail(exc)}") from None
+    if not raw:
+        return offer, None
+    try:
+        session = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise OfferError("the form's 'session' part is not valid JSON") from None
+    if not isinstance(session, dict):
+        raise OfferError("the form's 'session' part must be a JSON object")
+    return offer, session
+
+
+def _detail(exc: MultiPartException | HTTPException) -> str:
+    return exc.detail if isinstance(exc, HTTPException) else exc.message
 
 
 async def create_call(request: Request) -> Response:
@@ -116,12 +170,20 @@ async def create_call(request: Request) -> Response:
         offer, form_session = await _offer_and_session(request)
         config, options = _settings({**(grant.session or {}), **(form_session or {})})
         call, answer = await registry.create(offer, config, options)
-    except (OfferError, json.JSONDecodeError) as exc:
+    except UnsupportedMediaType as exc:
+        return error(415, "unsupported_media_type", str(exc))
+    except OfferTooLarge as exc:
+        return error(413, "offer_too_large", str(exc))
+    except OfferError as exc:
         return error(400, "invalid_offer", str(exc))
     except (ConfigError, ProtocolError) as exc:
         return error(400, getattr(exc, "code", "invalid_value"), str(exc))
+    except ValueError as exc:  # pydantic's ValidationError on a malformed session object
+        return error(400, "invalid_session", f"the session object is not valid: {exc}")
     except SessionLimitError as exc:
         return error(503, "session_limit", str(exc), "server_error")
+    except CallSetupError as exc:
+        return error(503, exc.code, str(exc), "server_error")
     return Response(
         answer,
         status_code=201,

@@ -6,6 +6,13 @@ empties the playout at the next frame. It owns every task it starts (the track d
 data-channel reader) and `close()` ends them, the session and the peer connection, once.
 `watch()` is the call's life: it returns when the call should end (hang-up, a peer that
 never connects or stays disconnected, the session closing itself).
+
+The peer connection is answered before the session exists (a bad offer must cost no
+session slot), so tracks that arrive first are held until `attach`. Client events wait in
+an inbox bounded in count and bytes: the data channel cannot push back on a client, so a
+burst beyond it is dropped, and an oversized message is refused; each gets an `error`,
+and those errors share the dispatcher's throttle (a few a second, then one summary), so a
+flood of bad messages cannot flood the channel, the session's event log or the log file.
 """
 
 from __future__ import annotations
@@ -24,12 +31,13 @@ from sessions.events import Event, ResponseCreated, SessionClosed
 from sessions.playout import PlayoutBuffer, PlayoutSink
 from sessions.session import Session
 
-from ..client_events import ProtocolError, parse_client_event
+from ..client_events import ProtocolError
 from ..dispatch import ClientEventDispatcher
 from ..metrics import TransportMetrics
 from ..server_events import output_audio_buffer_event, to_wire
 from .inbound import drain_audio, drain_video
 from .outbound import OUTPUT_RATE, OutboundAudioTrack
+from .peer import close_peer
 
 log = logging.getLogger("parley.realtime.webrtc")
 
@@ -38,6 +46,13 @@ PENDING_EVENTS = 512
 """Events held until the data channel opens (session.created comes first)."""
 MAX_CHANNEL_BUFFER = 4 * 1024 * 1024
 INBOUND_MESSAGES = 64
+INBOUND_BYTES = 2 * 1024 * 1024
+"""What the inbox holds at most: a few large events (images) or many small ones."""
+MAX_MESSAGE_BYTES = 256 * 1024
+"""aiortc's SCTP `max-message-size` in our answer; a conforming client sends no more."""
+ERROR_LIMIT = 20
+"""`error` events about the client's own messages per second; the rest are summarised."""
+SESSION_CLOSE_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +86,10 @@ class WebRTCCall(PlayoutSink):
         self._channel: RTCDataChannel | None = None
         self._pending: collections.deque[str] = collections.deque(maxlen=PENDING_EVENTS)
         self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue(INBOUND_MESSAGES)
+        self._inbox_bytes = 0
+        self._early_tracks: list[MediaStreamTrack] = []
+        self.refused_messages = 0
+        """Client messages dropped (inbox full) or refused (too large)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._end = asyncio.Event()
         self._closed = False
@@ -85,9 +104,12 @@ class WebRTCCall(PlayoutSink):
     def attach(self, session: Session) -> None:
         self.session = session
         self._dispatcher = ClientEventDispatcher(
-            session, transport="webrtc", clear_output=self.clear
+            session, transport="webrtc", clear_output=self.clear, error_limit=ERROR_LIMIT
         )
         self._spawn(self._read_channel(), "events-in")
+        early, self._early_tracks = self._early_tracks, []
+        for track in early:
+            self._on_track(track)
 
     def _spawn(self, coro: Any, what: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=f"{self.call_id}:{what}")
@@ -95,7 +117,10 @@ class WebRTCCall(PlayoutSink):
         task.add_done_callback(self._tasks.discard)
 
     def _on_track(self, track: MediaStreamTrack) -> None:
-        if self.session is None or self._closed:
+        if self._closed:
+            return
+        if self.session is None:  # the offer is being answered; the session comes next
+            self._early_tracks.append(track)
             return
         if track.kind == "audio":
             self._spawn(drain_audio(track, self.session), "audio-in")
@@ -117,31 +142,39 @@ class WebRTCCall(PlayoutSink):
             channel.on("open", self._flush_pending)
 
     def _on_message(self, message: str | bytes) -> None:
-        try:
-            self._inbox.put_nowait(message)
-        except asyncio.QueueFull:
-            self._send(
-                {
-                    "type": "error",
-                    "error": {
-                        "type": "invalid_request_error",
-                        "code": "rate_limited",
-                        "message": "too many client events at once; this one was dropped",
-                    },
-                }
+        size = len(message)
+        if size > MAX_MESSAGE_BYTES:
+            self._refuse(
+                "message_too_large",
+                f"the message is {size:,} bytes; the limit is {MAX_MESSAGE_BYTES:,} per event",
             )
+        elif self._inbox.full() or self._inbox_bytes + size > INBOUND_BYTES:
+            self._refuse(
+                "rate_limited",
+                "too many client events at once; this one was dropped (send them more slowly)",
+            )
+        else:
+            self._inbox_bytes += size
+            self._inbox.put_nowait(message)
+
+    def _refuse(self, code: str, message: str) -> None:
+        self.refused_messages += 1
+        dispatcher, session = self._dispatcher, self.session
+        if dispatcher is None or session is None or session.closed:
+            return
+        if dispatcher.errors is None or dispatcher.errors.admit(code, message):
+            session.report_error(ProtocolError(code, message))
 
     async def _read_channel(self) -> None:
         """One reader, so client events are applied in the order they were sent."""
-        while True:
-            raw = await self._inbox.get()
-            assert self._dispatcher is not None and self.session is not None
-            try:
-                event = parse_client_event(raw)
-            except ProtocolError as exc:
-                self.session.report_error(exc, exc.event_id)
-                continue
-            await self._dispatcher.handle(event)
+        assert self._dispatcher is not None
+        try:
+            while True:
+                raw = await self._inbox.get()
+                self._inbox_bytes -= len(raw)
+                await self._dispatcher.handle_raw(raw)
+        finally:
+            self._dispatcher.close()
 
     # --- the call's life -----------------------------------------------------------------
 
@@ -174,20 +207,33 @@ class WebRTCCall(PlayoutSink):
                 pass
 
     async def close(self, reason: str = "hangup") -> None:
-        """End the session, the tasks and the peer connection. Idempotent."""
+        """End the session, the tasks and the peer connection. Idempotent.
+
+        Each step has a deadline, so a session that is slow to end cannot keep the peer
+        connection (its sockets) open."""
         if self._closed:
             return
         self._closed = True
         self.request_close(reason)
         if self.session is not None:
-            await self.session.close(self.close_reason)
+            try:
+                async with asyncio.timeout(SESSION_CLOSE_TIMEOUT_S):
+                    await self.session.close(self.close_reason)
+            except TimeoutError:
+                log.warning(
+                    "call %s: session %s did not close within %.0f s; closing the call anyway",
+                    self.call_id,
+                    self.session.session_id,
+                    SESSION_CLOSE_TIMEOUT_S,
+                )
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks)
+        self._early_tracks.clear()
         self.track.stop()
-        await self.pc.close()
+        await close_peer(self.pc)
 
     # --- OutputSink ----------------------------------------------------------------------
 

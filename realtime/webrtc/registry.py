@@ -2,6 +2,14 @@
 
 The registry owns one task per call, which waits for the call's end (`WebRTCCall.watch`) and
 then closes it, so every call is closed exactly once by its owner however it ends.
+
+Answering an offer is two steps, in this order: aiortc answers it (under a deadline), then
+the session is created. A bad offer therefore never holds a session slot, and whatever goes
+wrong, the half-made call is closed before `create` returns (or, if the request itself is
+cancelled, by a cleanup task that `close()` waits for): no peer connection, session or task
+is left. aiortc raises all sorts for offers it cannot use (AttributeError, ValueError,
+AssertionError, StopIteration...), so any exception from its three offer/answer calls is
+the offer's fault (OfferError, a 400), except an OSError (no sockets: the server's fault).
 """
 
 from __future__ import annotations
@@ -22,20 +30,36 @@ from .call import CallOptions, WebRTCCall
 
 log = logging.getLogger("parley.realtime.webrtc")
 
+SETUP_TIMEOUT_S = 10.0
+"""aiortc's part of answering: ~10 ms on loopback; resolving mDNS candidates takes up to 1 s
+and gathering from STUN/TURN servers up to 5 s."""
+
 
 class CallNotFound(LookupError):
     pass
 
 
+class CallSetupError(RuntimeError):
+    """The server could not answer a valid-looking offer (sockets, a deadline): a 503."""
+
+    code = "call_setup_failed"
+
+
 class CallRegistry:
     def __init__(
-        self, manager: SessionManager, ice: IceSettings, metrics: TransportMetrics | None = None
+        self,
+        manager: SessionManager,
+        ice: IceSettings,
+        metrics: TransportMetrics | None = None,
+        setup_timeout_s: float = SETUP_TIMEOUT_S,
     ) -> None:
         self.manager = manager
         self.ice = ice
         self.metrics = metrics or TransportMetrics()
+        self.setup_timeout_s = setup_timeout_s
         self._calls: dict[str, WebRTCCall] = {}
         self._owners: dict[str, asyncio.Task[None]] = {}
+        self._cleanups: set[asyncio.Task[None]] = set()
         ice.apply()
 
     def __len__(self) -> int:
@@ -45,29 +69,62 @@ class CallRegistry:
         self, offer: bytes, config: SessionConfig, options: CallOptions | None = None
     ) -> tuple[WebRTCCall, str]:
         """Answer `offer`: (the call, the answer SDP). OfferError for a bad offer;
-        SessionLimitError at the session cap. Nothing is left behind on failure."""
-        sdp = check_offer(offer)
+        CallSetupError when the server cannot answer; SessionLimitError at the session
+        cap. Nothing is left behind on failure."""
+        try:
+            sdp = check_offer(offer)
+        except OfferError:
+            self.metrics.offers_refused.labels(reason="checks").inc()
+            raise
         call_id = new_id("rtc")
         pc = RTCPeerConnection(self.ice.rtc_configuration())
         call = WebRTCCall(call_id, pc, options or CallOptions(), self.metrics)
         try:
+            answer = await self._answer(call, sdp)
             session = await self.manager.create(call, config, session_id=new_id("sess"))
             call.attach(session)
-            try:
-                await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
-            except Exception as exc:  # aiortc's parser: anything it cannot take is a bad offer
-                raise OfferError(f"the offer could not be used: {exc}") from None
-            pc.addTrack(call.track)
-            answer = await pc.createAnswer()
-            await pc.setLocalDescription(answer)
         except BaseException:
-            await call.close("setup failed")
+            await self._discard(call)
             raise
         self._calls[call_id] = call
         self.metrics.calls.inc()
         self._owners[call_id] = asyncio.create_task(self._own(call), name=f"{call_id}:owner")
-        log.info("call %s answered (session %s)", call_id, call.session and call.session.session_id)
-        return call, pc.localDescription.sdp
+        log.info("call %s answered (session %s)", call_id, session.session_id)
+        return call, answer
+
+    async def _answer(self, call: WebRTCCall, sdp: str) -> str:
+        """aiortc's part: the answer SDP, under the setup deadline."""
+        pc = call.pc
+        try:
+            async with asyncio.timeout(self.setup_timeout_s):
+                await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+                pc.addTrack(call.track)
+                await pc.setLocalDescription(await pc.createAnswer())
+        except TimeoutError:  # before OSError: a TimeoutError is one
+            self.metrics.offers_refused.labels(reason="timeout").inc()
+            raise CallSetupError(
+                f"answering the offer took over {self.setup_timeout_s:g} s; try again"
+            ) from None
+        except OSError as exc:
+            self.metrics.offers_refused.labels(reason="server").inc()
+            log.warning("call %s: no media sockets: %s", call.call_id, exc)
+            raise CallSetupError(f"the server could not open media sockets: {exc}") from None
+        except Exception as exc:
+            self.metrics.offers_refused.labels(reason="unanswerable").inc()
+            log.info("call %s: aiortc could not answer the offer: %r", call.call_id, exc)
+            detail = str(exc) or type(exc).__name__
+            raise OfferError(f"the offer could not be answered: {detail}") from None
+        description = pc.localDescription
+        assert description is not None
+        return description.sdp
+
+    async def _discard(self, call: WebRTCCall) -> None:
+        """Close a call that was never answered. It runs in a task of its own, so that a
+        cancelled request still leaves nothing behind; `close()` waits for those tasks."""
+        cleanup = asyncio.create_task(call.close("setup failed"), name=f"{call.call_id}:discard")
+        self._cleanups.add(cleanup)
+        cleanup.add_done_callback(self._cleanups.discard)
+        await asyncio.shield(cleanup)
 
     async def _own(self, call: WebRTCCall) -> None:
         try:
@@ -96,6 +153,6 @@ class CallRegistry:
         """Hang up every call and wait for them to close. Idempotent."""
         for call in list(self._calls.values()):
             call.request_close(reason)
-        owners = list(self._owners.values())
-        if owners:
-            await asyncio.wait(owners)
+        pending = [*self._owners.values(), *self._cleanups]
+        if pending:
+            await asyncio.wait(pending)
