@@ -9,7 +9,9 @@ Client messages are read by one task and applied in order by a ClientEventDispat
 malformed one gets an `error` event and the connection stays open. Those errors are
 throttled (`ERROR_LIMIT` a second, the rest summarised in one `errors_suppressed` error),
 so a burst of bad messages neither fills the outbound queue of a client that reads (which
-would close it as too slow) nor floods the session's resume log. A message over 16 MiB
+would close it as too slow) nor floods the session's resume log; and the reader waits
+while the outbound queue is half full (`PacedSender.input_room`), so no burst of valid
+messages that each get a reply can fill it either. A message over 16 MiB
 closes the connection with 1009.
 
 Close. The client's close frame with 1000 or 1001 ends the session at once (its slot,
@@ -272,6 +274,7 @@ class OpenAIRealtimeConnection(PacedSender):
         assert self.dispatcher is not None
         try:
             while True:
+                await self.input_room()  # the replies to what we read so far go out first
                 message = await self.websocket.receive()
                 if message["type"] == "websocket.disconnect":
                     code = int(message.get("code") or 1005)
@@ -288,5 +291,8 @@ class OpenAIRealtimeConnection(PacedSender):
                     self.finish("message_too_big", 1009)
                     return
                 await self.dispatcher.handle_raw(raw)
+        except SlowClientError as exc:
+            log.warning("session %s: %s", self.session and self.session.session_id, exc)
+            self.finish("client_too_slow", 1008)
         except SOCKET_ERRORS:
             self.finish("client_gone", 1006)

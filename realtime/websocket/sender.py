@@ -15,6 +15,13 @@ client then never holds much more than the lead, which makes "sent" a fair estim
   bounded: the oldest audio goes first, counted in `dropped_audio`. If only events are
   left there is nothing safe to drop, so `run()` raises `SlowClientError` and the owner
   ends the connection; memory stays bounded either way.
+- The client's own messages must not fill the queue either: a reader that has a burst of
+  them buffered applies them without ever yielding to the sender, and each may earn a
+  reply (a `pong`, a `session.updated`). So the owner's reader awaits `input_room()`
+  before each message: it returns at once while the queue is less than half full, else
+  once the sender has caught up (the reader stops reading, and TCP slows the client
+  down). A queue that stays half full for `stall_s` means the client is not reading:
+  `input_room()` raises `SlowClientError`.
 
 Encoding is the owner's: `send` writes one JSON-ready message, `audio_message` turns one
 PCM16 piece into its wire message (a `response.output_audio.delta`, a WAV delta, ...).
@@ -47,6 +54,7 @@ DEFAULT_LEAD_MS = 300
 DEFAULT_PIECE_MS = 100
 DEFAULT_MAX_ITEMS = 512
 DEFAULT_MAX_QUEUED_MS = 2_000
+DEFAULT_STALL_S = 10.0
 
 
 class SlowClientError(Exception):
@@ -79,6 +87,7 @@ class PacedSender:
         piece_ms: int = DEFAULT_PIECE_MS,
         max_items: int = DEFAULT_MAX_ITEMS,
         max_queued_ms: int = DEFAULT_MAX_QUEUED_MS,
+        stall_s: float = DEFAULT_STALL_S,
     ) -> None:
         self._send = send
         self._audio_message = audio_message
@@ -86,6 +95,7 @@ class PacedSender:
         self.piece_ms = piece_ms
         self.max_items = max_items
         self.max_queued_ms = max_queued_ms
+        self.stall_s = stall_s
         self._queue: collections.deque[_Audio | _Post] = collections.deque()
         self._audio_items = 0
         self._queued_ms = 0.0
@@ -100,6 +110,8 @@ class PacedSender:
         self._no_audio.set()
         self._empty = asyncio.Event()
         self._empty.set()
+        self._input_room = asyncio.Event()
+        self._input_room.set()
         self._in_flight = False
         self._generation = 0
         """Bumped by clear(): an audio() call that was waiting drops the rest of its audio."""
@@ -165,6 +177,7 @@ class PacedSender:
         self._room.set()
         self._wake.set()
         self._check_empty()
+        self._check_room()
 
     def pause(self) -> None:
         self.paused = True
@@ -189,6 +202,21 @@ class PacedSender:
         """Return once everything queued so far is sent (or dropped)."""
         await self._empty.wait()
 
+    async def input_room(self) -> None:
+        """The reader's backpressure: return once the queue is less than half full (at
+        once, without yielding, when it is). Raises SlowClientError when it stays half
+        full for `stall_s`."""
+        if self._input_room.is_set():
+            return
+        try:
+            async with asyncio.timeout(self.stall_s):
+                await self._input_room.wait()
+        except TimeoutError:
+            raise SlowClientError(
+                f"outbound queue over half full ({len(self._queue)} items) for "
+                f"{self.stall_s:g} s: the client is not reading"
+            ) from None
+
     # --- events ------------------------------------------------------------------------------
 
     def post(self, message: Message, *, after_audio: bool = False) -> None:
@@ -198,9 +226,10 @@ class PacedSender:
             self._push(_Post(message, after_audio))
 
     def close(self) -> None:
-        """Stop taking output; a waiting `audio()` returns. Idempotent."""
+        """Stop taking output; a waiting `audio()` or `input_room()` returns. Idempotent."""
         self.closed = True
         self._room.set()
+        self._input_room.set()
         self._wake.set()
 
     # --- the sender task ---------------------------------------------------------------------
@@ -221,6 +250,7 @@ class PacedSender:
             item = self._queue[index]
             if isinstance(item, _Post):
                 del self._queue[index]
+                self._check_room()
                 await self._sending(item.message)
                 continue
             delay = self._play_end - self.lead_s - time.monotonic()
@@ -232,6 +262,7 @@ class PacedSender:
                     pass
                 continue
             del self._queue[index]
+            self._check_room()
             self._audio_items -= 1
             self._queued_ms = max(0.0, self._queued_ms - item.ms)
             if self._queued_ms < self.max_queued_ms:
@@ -253,6 +284,13 @@ class PacedSender:
     def _check_empty(self) -> None:
         if not self._queue and not self._in_flight:
             self._empty.set()
+
+    def _check_room(self) -> None:
+        """`input_room()` is open while the queue is less than half full (or closed)."""
+        if len(self._queue) < self.max_items // 2 or self.closed:
+            self._input_room.set()
+        else:
+            self._input_room.clear()
 
     def _next_index(self) -> int | None:
         """Where the next item to send is: the head, or while paused the first event
@@ -282,6 +320,7 @@ class PacedSender:
             return
         self._queue.append(item)
         self._empty.clear()
+        self._check_room()
         if isinstance(item, _Audio):
             self._audio_items += 1
             self._queued_ms += item.ms

@@ -29,7 +29,9 @@ Decisions:
 - A message over 16 MiB closes the connection with 1009; every other bad message gets an
   `error` and the connection stays open. Those errors are throttled (`ERROR_LIMIT` a
   second, the rest summarised in one `errors_suppressed` error), so a burst of bad
-  messages never fills the outbound queue of a client that reads.
+  messages never fills the outbound queue of a client that reads; nor does a burst of
+  valid ones that each get a reply (`ping`): the reader waits while that queue is half
+  full.
 - A missing or wrong API key is refused before the upgrade with HTTP 401 (503 while the
   server starts), as on `/v1/realtime`.
 - The client's close frame with 1000 or 1001 ends the session at once, like `video.done`
@@ -464,6 +466,12 @@ class VideoChatStream:
 
     async def _serve(self, session: Session, sink: VideoStreamSink) -> None:
         while True:
+            try:
+                await sink.input_room()  # the replies to what we read so far go out first
+            except SlowClientError as exc:
+                log.warning("video stream %s: %s", session.session_id, exc)
+                self._close_code, self._close_reason = CLOSE_POLICY, "slow_client"
+                return
             raw = await self._receive()
             if raw is None:
                 return

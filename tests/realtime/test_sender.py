@@ -166,3 +166,44 @@ async def test_close_releases_a_waiting_writer() -> None:
     sender.close()
     await asyncio.wait_for(writer, 1)
     sender.close()  # idempotent
+
+
+async def test_the_reader_waits_while_replies_fill_half_the_queue() -> None:
+    """A burst of client messages that each get a reply must not overflow the queue: the
+    reader holds off at half full until the sender has caught up."""
+    wire = Wire()
+    wire.gate.clear()  # the client has not read yet
+    sender = PacedSender(wire.send, audio_message, max_items=8)
+    replied = 0
+
+    async def reader() -> None:
+        nonlocal replied
+        for i in range(20):
+            await sender.input_room()
+            sender.post({"type": f"pong{i}"})
+            replied += 1
+
+    async with running(sender):
+        burst = asyncio.create_task(reader())
+        await asyncio.sleep(0.05)
+        assert not burst.done() and sender.queued_items <= 5  # half, plus the one in flight
+        wire.gate.set()  # the client reads
+        await asyncio.wait_for(burst, 2)
+        await sender.flushed()
+    assert replied == 20 and wire.kinds() == [f"pong{i}" for i in range(20)]
+    assert sender.dropped_events == 0
+
+
+async def test_a_reader_held_up_by_a_client_that_never_reads_gives_up() -> None:
+    wire = Wire()
+    wire.gate.clear()
+    sender = PacedSender(wire.send, audio_message, max_items=8, stall_s=0.2)
+    async with running(sender):
+        for i in range(4):
+            sender.post({"type": f"reply{i}"})
+        await sender.input_room()  # the one in flight has left the queue
+        sender.post({"type": "reply4"})
+        with pytest.raises(SlowClientError):
+            await asyncio.wait_for(sender.input_room(), 2)
+        sender.close()
+        await asyncio.wait_for(sender.input_room(), 1)  # closed: nothing to wait for
