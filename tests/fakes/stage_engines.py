@@ -91,3 +91,45 @@ class ScriptedStage:
         if self.emit == "audio":
             return AudioChunk(pcm=np.full(len(text), index, dtype=np.int16), sample_rate=24_000)
         return TextDelta(text=text.upper())
+
+
+class Relay:
+    """Downstream: passes every upstream chunk on, `delay_s` late each (a slow stage).
+
+    It keeps per-request state until the request ends or is aborted, so tests can see
+    that an interrupted answer leaves nothing behind in a middle stage."""
+
+    name = "relay"
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
+        self.relayed = 0
+        self._active: set[str] = set()
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        self._active.clear()
+
+    def active_requests(self) -> int:
+        return len(self._active)
+
+    async def abort(self, request_id: str) -> None:
+        self._active.discard(request_id)
+
+    async def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]:
+        if not isinstance(inputs, StageInput):
+            yield ErrorChunk(message="relay is a downstream stage", stage="relay")
+            return
+        self._active.add(request_id)
+        try:
+            async for chunk in inputs.chunks:
+                if request_id not in self._active:
+                    return
+                if self.delay_s:
+                    await asyncio.sleep(self.delay_s)
+                self.relayed += 1
+                yield chunk
+        finally:
+            self._active.discard(request_id)

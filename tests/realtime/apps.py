@@ -93,6 +93,8 @@ async def served_app(settings: Settings, redis_url: str) -> AsyncIterator[Served
             while not (server.started and app.state.services.pipeline_ready):
                 if task.done():
                     raise RuntimeError("uvicorn stopped while starting")
+                if app.state.services.pipeline_error:
+                    raise RuntimeError(app.state.services.pipeline_error)
                 await asyncio.sleep(0.02)
         yield ServedApp(app, sock.getsockname()[1])
     finally:

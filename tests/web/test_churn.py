@@ -1,0 +1,50 @@
+"""Hundreds of short sessions over every transport leave the server as they found it:
+no session, lease, task, Redis key, file descriptor or thread left, and memory flat."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+import redis.asyncio as aioredis
+
+from loadtest.churn import Resources, churn
+from tests.realtime.apps import served_app
+from web.settings import Settings
+
+RSS_SLACK_MB = 40.0
+"""Allocator arenas and caches settle unevenly; a leak of a few hundred sessions is more."""
+FD_SLACK = 6
+"""The Redis client's pool keeps as many idle connections as were ever busy at once, which
+varies a little from run to run; a leak of one descriptor per session would be hundreds."""
+
+
+async def settled(check: object, within_s: float = 10.0) -> None:
+    assert callable(check)
+    async with asyncio.timeout(within_s):
+        while not check():
+            await asyncio.sleep(0.05)
+
+
+async def test_churn_returns_to_baseline(redis_url: str, redis: aioredis.Redis) -> None:
+    async with served_app(Settings(pipeline="echo", max_sessions=8), redis_url) as server:
+        manager = server.services.manager
+        assert manager is not None
+        await churn(server.http_url, websocket=12, video=6, webrtc=3, concurrency=4)  # warm-up
+        await settled(lambda: len(manager) == 0)
+        gc.collect()
+        await asyncio.sleep(0.5)
+        tasks, before = len(asyncio.all_tasks()), Resources.of()
+
+        # More sessions than the cap: a session held after its client left would refuse.
+        await churn(server.http_url, websocket=200, video=60, webrtc=12, concurrency=4)
+
+        await settled(lambda: len(manager) == 0)
+        assert await manager.leases.count() == 0
+        assert await redis.dbsize() == 0
+        gc.collect()
+        await settled(lambda: len(asyncio.all_tasks()) <= tasks)
+        after = Resources.of()
+        assert after.fds <= before.fds + FD_SLACK, (before, after)
+        assert after.threads <= before.threads + 2, (before, after)
+        assert after.rss_mb - before.rss_mb < RSS_SLACK_MB, (before, after)
