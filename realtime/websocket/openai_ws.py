@@ -253,8 +253,11 @@ class OpenAIRealtimeConnection(PacedSender):
     async def _close_socket(self) -> None:
         if self.close_reason in ("client_gone", "client_closed"):
             return  # nothing to say goodbye to (and 1005/1006 are never sent)
-        with contextlib.suppress(*SOCKET_ERRORS):  # already gone
-            await self.websocket.close(self.close_code, self.close_reason[:120])
+        # A client that does not read may block the close frame too: returning from the
+        # route closes the transport anyway.
+        with contextlib.suppress(*SOCKET_ERRORS, TimeoutError):  # already gone
+            async with asyncio.timeout(FLUSH_TIMEOUT_S):
+                await self.websocket.close(self.close_code, self.close_reason[:120])
 
     async def _run_sender(self) -> None:
         try:

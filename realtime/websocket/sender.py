@@ -21,7 +21,8 @@ client then never holds much more than the lead, which makes "sent" a fair estim
   before each message: it returns at once while the queue is less than half full, else
   once the sender has caught up (the reader stops reading, and TCP slows the client
   down). A queue that stays half full for `stall_s` means the client is not reading:
-  `input_room()` raises `SlowClientError`.
+  `input_room()` raises `SlowClientError`; so does `run()` when one write blocks that
+  long (the socket's buffers are full), since a full queue is only noticed between writes.
 
 Encoding is the owner's: `send` writes one JSON-ready message, `audio_message` turns one
 PCM16 piece into its wire message (a `response.output_audio.delta`, a WAV delta, ...).
@@ -276,7 +277,15 @@ class PacedSender:
     async def _sending(self, message: Message) -> None:
         self._in_flight = True
         try:
-            await self._send(message)
+            async with asyncio.timeout(self.stall_s) as deadline:
+                await self._send(message)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            raise SlowClientError(
+                f"one message could not be written for {self.stall_s:g} s: the client is "
+                "not reading"
+            ) from None
         finally:
             self._in_flight = False
             self._check_empty()

@@ -340,8 +340,11 @@ class VideoChatStream:
             return
         self._closed = True
         if self._close_code is not None:
-            with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
-                await self._ws.close(self._close_code)
+            # A client that does not read may block the close frame too: returning from
+            # the route closes the transport anyway.
+            with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError, TimeoutError):
+                async with asyncio.timeout(FLUSH_TIMEOUT_S):
+                    await self._ws.close(self._close_code)
 
     # --- before the session --------------------------------------------------------------
 

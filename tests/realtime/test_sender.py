@@ -207,3 +207,13 @@ async def test_a_reader_held_up_by_a_client_that_never_reads_gives_up() -> None:
             await asyncio.wait_for(sender.input_room(), 2)
         sender.close()
         await asyncio.wait_for(sender.input_room(), 1)  # closed: nothing to wait for
+
+
+async def test_a_write_blocked_by_a_client_that_never_reads_ends_the_sender() -> None:
+    wire = Wire()
+    wire.gate.clear()  # the socket's buffers are full: the write never completes
+    sender = PacedSender(wire.send, audio_message, stall_s=0.2)
+    sender.post({"type": "e"})
+    async with running(sender) as task:
+        with pytest.raises(SlowClientError):
+            await asyncio.wait_for(task, 2)
