@@ -26,6 +26,7 @@ from sessions.manager import SessionManager
 from ..ice import IceSettings
 from ..metrics import TransportMetrics
 from ..sdp import OfferError, check_offer
+from . import guards
 from .call import CallOptions, WebRTCCall
 
 log = logging.getLogger("parley.realtime.webrtc")
@@ -61,6 +62,7 @@ class CallRegistry:
         self._owners: dict[str, asyncio.Task[None]] = {}
         self._cleanups: set[asyncio.Task[None]] = set()
         ice.apply()
+        guards.install(self.metrics)
 
     def __len__(self) -> int:
         return len(self._calls)
