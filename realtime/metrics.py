@@ -33,7 +33,8 @@ class TransportMetrics:
             "parley_webrtc_media_errors",
             "Inbound media dropped: datagrams that are not media (datagram), RTP or RTCP "
             "packets that could not be handled (rtp, rtcp), audio or video that failed to "
-            "decode (decode)",
+            "decode (decode), decoded frames that could not be converted (frame) or that "
+            "the session refused (refused)",
             ["kind"],
             registry=r,
         )

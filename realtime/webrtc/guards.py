@@ -16,7 +16,9 @@ So datagrams that are neither DTLS nor RTP/RTCP (RFC 7983 tells them apart by th
 byte; aiortc would drop the others anyway, silently) are dropped where aioice queues them;
 an exception from handling one authenticated RTP or RTCP packet drops that packet; decode
 warnings are let through at most once per `LOG_EVERY_S` with a count of the rest. Each is
-counted in `parley_webrtc_media_errors_total{kind}` (datagram, rtp, rtcp, decode).
+counted in `parley_webrtc_media_errors_total{kind}` (datagram, rtp, rtcp, decode; the
+track drains add frame and refused: a decoded frame that could not be converted, or that
+the session refused).
 
 The first two patch methods of aiortc and aioice (the only place to stand: the failure is
 inside their receive loops). `install()` checks that the methods still exist, patches once
@@ -81,7 +83,8 @@ class _LogBudget:
 _budget = _LogBudget()
 
 
-def _count(kind: str, detail: str) -> None:
+def count(kind: str, detail: str) -> None:
+    """One inbound media error: counted always, logged at most once per LOG_EVERY_S."""
     if _metrics is not None:
         _metrics.media_errors.labels(kind=kind).inc()
     held = _budget.admit(kind)
@@ -101,7 +104,7 @@ def _guard_datagrams() -> None:
 
     def data_received(self: Any, data: bytes, component: int) -> None:
         if not _is_media(data):
-            _count("datagram", f"a {len(data)}-byte datagram that is not DTLS, RTP or RTCP")
+            count("datagram", f"a {len(data)}-byte datagram that is not DTLS, RTP or RTCP")
             return
         original(self, data, component)
 
@@ -118,7 +121,7 @@ def _guard_packet_handler(name: str, kind: str) -> None:
         except ConnectionError:
             raise  # the transport is closing: aiortc's loop ends the call's media itself
         except Exception as exc:
-            _count(kind, f"a {len(data)}-byte packet: {type(exc).__name__}: {exc}")
+            count(kind, f"a {len(data)}-byte packet: {type(exc).__name__}: {exc}")
 
     setattr(RTCDtlsTransport, name, handle)
 

@@ -5,13 +5,16 @@ track gets one drain task for the life of the call. Audio goes to the session as
 (decoded Opus: 48 kHz PCM16, resampled to 16 kHz by the session). Video is sampled: one
 frame per `1/fps` seconds (faster while the user speaks), JPEG-encoded off the event loop,
 into the session's frame cache; the frames in between are read and dropped.
+
+A drain outlives any one bad frame: a frame that cannot be converted, or that the session
+refuses, is counted (`guards.count`, rate-limited in the log) and the drain reads on. A
+drain that died would leave the track unread, and aiortc would queue it without bound.
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
-import logging
 import time
 from collections.abc import Callable
 
@@ -23,7 +26,7 @@ from sessions.errors import ParleyError, SessionClosedError
 from sessions.session import Session
 from sessions.state import SessionState
 
-log = logging.getLogger("parley.realtime.webrtc")
+from . import guards
 
 JPEG_QUALITY = 80
 MAX_WIDTH = 640
@@ -35,16 +38,26 @@ async def drain_audio(track: MediaStreamTrack, session: Session) -> None:
             frame = await track.recv()
         except MediaStreamError:
             return
-        assert isinstance(frame, av.AudioFrame)
-        if frame.format.name != "s16":
-            frame = _to_s16(frame)
-        pcm = frame.to_ndarray().tobytes()
         try:
-            await session.append_audio(pcm, frame.sample_rate, len(frame.layout.channels))
+            pcm, rate, channels = _pcm16(frame)
+        except (ValueError, av.FFmpegError) as exc:
+            guards.count("frame", f"an audio frame could not be converted: {exc}")
+            continue
+        try:
+            await session.append_audio(pcm, rate, channels)
         except SessionClosedError:
             continue  # keep draining until the track ends
         except ParleyError as exc:
-            log.warning("session %s: inbound audio refused: %s", session.session_id, exc)
+            guards.count("refused", f"session {session.session_id} refused audio: {exc}")
+
+
+def _pcm16(frame: object) -> tuple[bytes, int, int]:
+    """(interleaved PCM16, sample rate, channels) of a decoded audio frame."""
+    if not isinstance(frame, av.AudioFrame):
+        raise ValueError(f"not an audio frame: {type(frame).__name__}")
+    if frame.format.name != "s16":
+        frame = _to_s16(frame)
+    return frame.to_ndarray().tobytes(), frame.sample_rate, len(frame.layout.channels)
 
 
 def _to_s16(frame: av.AudioFrame) -> av.AudioFrame:
@@ -76,11 +89,17 @@ async def drain_video(
         if now < next_at:
             continue
         next_at = now + 1.0 / max(0.01, fps(session.state is SessionState.USER_SPEAKING))
-        assert isinstance(frame, av.VideoFrame)
+        if not isinstance(frame, av.VideoFrame):
+            guards.count("frame", f"not a video frame: {type(frame).__name__}")
+            continue
         try:
             jpeg = await asyncio.to_thread(encode_jpeg, frame)
+        except Exception as exc:  # PIL and PyAV raise many kinds for a frame they cannot use
+            guards.count("frame", f"a video frame could not be encoded: {exc!r}")
+            continue
+        try:
             await session.add_frame(jpeg, round(time.time() * 1000))
         except SessionClosedError:
             continue
         except ParleyError as exc:
-            log.warning("session %s: video frame refused: %s", session.session_id, exc)
+            guards.count("refused", f"session {session.session_id} refused a frame: {exc}")
