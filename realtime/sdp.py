@@ -18,6 +18,7 @@ Whatever aiortc still raises for an offer that passes is a 400 as well
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass, field
 
@@ -35,6 +36,11 @@ _M_LINE = re.compile(r"m=([a-z]+) ([0-9]{1,5})(?:/[0-9]+)? ([A-Za-z/]+)( [^ ]+)+
 _MID = re.compile(r"[A-Za-z0-9_.~+-]{1,64}")
 _FINGERPRINT = re.compile(r"([A-Za-z0-9-]+) ([0-9A-Fa-f]{2}(?::[0-9A-Fa-f]{2})*)")
 _ICE_CHARS = re.compile(r"[A-Za-z0-9+/]+")
+_CANDIDATE = re.compile(
+    r"a=candidate:\S{1,32} ([0-9]{1,3}) (udp|tcp) ([0-9]{1,10}) (\S{1,253}) ([0-9]{1,5})"
+    r" typ (host|srflx|prflx|relay)((?: \S+ \S+)*)",
+    re.IGNORECASE,
+)
 
 
 class OfferError(ValueError):
@@ -121,11 +127,39 @@ def _check_lines(lines: list[str]) -> None:
             )
         if any(ord(c) < 0x20 and c != "\t" for c in line):
             raise OfferError(f"line {number} ({line[:20]!r}...) has control characters")
-    candidates = sum(1 for line in lines if line.startswith("a=candidate:"))
-    if candidates > MAX_CANDIDATES:
+    candidates = [line for line in lines if line.startswith("a=candidate:")]
+    if len(candidates) > MAX_CANDIDATES:
         raise OfferError(
-            f"the offer has {candidates} ICE candidates; the limit is {MAX_CANDIDATES}"
+            f"the offer has {len(candidates)} ICE candidates; the limit is {MAX_CANDIDATES}"
         )
+    for line in candidates:
+        _check_candidate(line)
+
+
+def _check_candidate(line: str) -> None:
+    """aiortc parses candidates loosely; a port past 65535 reached the socket's sendto()
+    as an OverflowError that closed the call's ICE socket."""
+    m = _CANDIDATE.fullmatch(line)
+    if m is None:
+        raise OfferError(f"malformed ICE candidate: {line[:80]}")
+    component, transport, priority, address, port, _kind, extra = m.groups()
+    low_port = 1 if transport.lower() == "udp" else 0
+    if not (1 <= int(component) <= 256 and int(priority) < 2**32):
+        raise OfferError(f"ICE candidate with a bad component or priority: {line[:80]}")
+    if not low_port <= int(port) <= 65535:
+        raise OfferError(f"ICE candidate with port {port}: {line[:80]}")
+    if not address.lower().endswith(".local"):
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            raise OfferError(
+                f"ICE candidate address {address[:40]!r} is neither an IP address nor an "
+                "mDNS .local name"
+            ) from None
+    fields = extra.split()
+    for name, value in zip(fields[::2], fields[1::2], strict=True):
+        if name == "rport" and not (value.isdigit() and int(value) <= 65535):
+            raise OfferError(f"ICE candidate with rport {value[:10]}: {line[:80]}")
 
 
 def _check_sections(sections: list[_Section]) -> None:
