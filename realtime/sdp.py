@@ -37,7 +37,7 @@ _MID = re.compile(r"[A-Za-z0-9_.~+-]{1,64}")
 _FINGERPRINT = re.compile(r"([A-Za-z0-9-]+) ([0-9A-Fa-f]{2}(?::[0-9A-Fa-f]{2})*)")
 _ICE_CHARS = re.compile(r"[A-Za-z0-9+/]+")
 _CANDIDATE = re.compile(
-    r"a=candidate:\S{1,32} ([0-9]{1,3}) (udp|tcp) ([0-9]{1,10}) (\S{1,253}) ([0-9]{1,5})"
+    r"a=candidate:\S{1,32} ([0-9]{1,10}) (udp|tcp) ([0-9]{1,10}) (\S{1,253}) ([0-9]{1,10})"
     r" typ (host|srflx|prflx|relay)((?: \S+ \S+)*)",
     re.IGNORECASE,
 )
