@@ -254,3 +254,24 @@ async def test_a_peer_connection_that_aiortc_cannot_close_is_closed_anyway() -> 
         await pc.setLocalDescription(await pc.createAnswer())
     await close_peer(pc, timeout_s=2)
     assert pc.connectionState == "closed"
+
+
+async def test_at_the_session_cap_an_offer_gets_503_and_leaves_no_peer_connection(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """The offer is answered before the session is counted, so a refusal at the cap closes
+    a peer connection that already exists (the suite fails a test that leaves one open)."""
+    graph = tmp_path / "fake.yaml"
+    graph.write_text(fake_graph())
+    settings = Settings(pipeline=str(graph), max_sessions=1)
+    async with running_app(settings, redis_url) as running, asgi_client(running) as client:
+        offer = (await real_offers())[0].encode()
+        first, _ = await post(client, Mutant(offer, "application/sdp", "first"))
+        assert first.status_code == 201
+        second, _ = await post(client, Mutant(offer, "application/sdp", "second"))
+        assert second.status_code == 503
+        assert second.json()["error"]["code"] == "session_limit"
+        services: Services = running.state.services
+        assert services.calls is not None and len(services.calls) == 1
+        await client.post(f"{first.headers['location']}/hangup")
+        nothing_left(running)
