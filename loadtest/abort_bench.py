@@ -27,7 +27,8 @@ PHASES = ("thinking", "talking", "speaking")
 QUESTION = "Tell me a long story about a dragon who learns to cook."
 
 
-async def _idle(graph: StageGraph) -> None:
+async def stages_idle(graph: StageGraph) -> None:
+    """Return once no stage holds a request (worker and remote stages asked over their link)."""
     while True:
         busy = graph.active_requests()
         for engine in graph.engines.values():
@@ -57,7 +58,7 @@ async def abort_once(graph: StageGraph, phase: str, index: int, audio: np.ndarra
         return None
     started = time.perf_counter()
     await stream.aclose()
-    await _idle(graph)
+    await stages_idle(graph)
     return (time.perf_counter() - started) * 1000
 
 

@@ -22,7 +22,7 @@ from pipeline.registry import load_pipeline
 from pipeline.types import AudioChunk, PipelineRequest, TextDelta
 from pipeline.worker import WorkerEngine
 
-from .abort_bench import QUESTION, _idle
+from .abort_bench import QUESTION, stages_idle
 from .speech import speak, trim_silence
 
 
@@ -43,7 +43,7 @@ async def answer_then_abort(graph: StageGraph, index: int, audio: np.ndarray) ->
         ):
             break
     await stream.aclose()
-    await _idle(graph)
+    await stages_idle(graph)
 
 
 async def run(pipeline: str, n: int) -> dict[str, list[float]]:

@@ -26,6 +26,7 @@ import pytest
 from PIL import Image
 from websockets.asyncio.client import ClientConnection, connect
 
+from loadtest.abort_bench import stages_idle
 from loadtest.speech import silence, speak, trim_silence
 from loadtest.webrtc_client import Caller
 from pipeline.graph import StageGraph
@@ -65,6 +66,12 @@ class Realtime:
         for start in range(0, len(pcm), step):
             data = base64.b64encode(pcm[start : start + step].tobytes()).decode()
             await self.send({"type": "input_audio_buffer.append", "audio": data})
+
+    async def ask(self, pcm: np.ndarray) -> None:
+        """A manual turn: the audio, committed, and a response asked for."""
+        await self.append(pcm)
+        await self.send({"type": "input_audio_buffer.commit"})
+        await self.send({"type": "response.create"})
 
     async def wait_for(self, match: Callable[[Event], bool], within_s: float = 20) -> Event:
         async with asyncio.timeout(within_s):
@@ -107,14 +114,7 @@ async def idle(server: ServedApp, within_s: float = 5.0) -> None:
     graph = server.services.pipeline
     assert isinstance(graph, StageGraph)
     async with asyncio.timeout(within_s):
-        while True:
-            busy = graph.active_requests()
-            for engine in graph.engines.values():
-                if isinstance(engine, WorkerEngine):
-                    busy += await engine.remote_active_requests()
-            if busy == 0:
-                return
-            await asyncio.sleep(0.02)
+        await stages_idle(graph)
 
 
 def graph_file(tmp_path: Path, body: str) -> str:
@@ -144,9 +144,7 @@ async def test_a_slow_downstream_stage_delivers_the_whole_answer(
         served_app(Settings(pipeline=slow_graph), redis_url) as server,
         realtime(server, manual=True) as client,
     ):
-        await client.append(tone(3.0))
-        await client.send({"type": "input_audio_buffer.commit"})
-        await client.send({"type": "response.create"})
+        await client.ask(tone(3.0))
         done = await client.wait_type("response.done", within_s=30)
         assert done["response"]["status"] == "completed"
         # Every chunk came through the slow stage: the answer is the whole 3 s input.
@@ -161,18 +159,14 @@ async def test_an_answer_cancelled_mid_stream_leaves_no_stage_holding_it(
         served_app(Settings(pipeline=slow_graph), redis_url) as server,
         realtime(server, manual=True) as client,
     ):
-        await client.append(tone(20.0))
-        await client.send({"type": "input_audio_buffer.commit"})
-        await client.send({"type": "response.create"})
+        await client.ask(tone(20.0))
         await client.wait_type("response.output_audio.delta")
         await client.send({"type": "response.cancel"})
         done = await client.wait_type("response.done")
         assert done["response"]["status"] == "cancelled"
         await idle(server)
         # The session goes on: the next answer is whole.
-        await client.append(tone(1.0))
-        await client.send({"type": "input_audio_buffer.commit"})
-        await client.send({"type": "response.create"})
+        await client.ask(tone(1.0))
         done = await client.wait_type("response.done", within_s=30)
         assert done["response"]["status"] == "completed"
         assert client.audio_ms(done["response"]["id"]) == pytest.approx(1000, abs=120)
@@ -262,9 +256,7 @@ async def test_sessions_of_every_modality_at_once(redis_url: str) -> None:
 
             async def websocket() -> None:
                 async with realtime(server, manual=True) as client:
-                    await client.append(tone(2.0))
-                    await client.send({"type": "input_audio_buffer.commit"})
-                    await client.send({"type": "response.create"})
+                    await client.ask(tone(2.0))
                     done = await client.wait_type("response.done", within_s=30)
                     assert done["response"]["status"] == "completed"
                     assert client.audio_ms(done["response"]["id"]) > 1500
@@ -318,9 +310,7 @@ async def test_at_the_session_cap_every_transport_refuses_cleanly(redis_url: str
                 assert error["type"] == "error"
                 assert error["error"]["code"] == "session_limit"
             # The live WebSocket session still answers.
-            await first.append(tone(1.0))
-            await first.send({"type": "input_audio_buffer.commit"})
-            await first.send({"type": "response.create"})
+            await first.ask(tone(1.0))
             done = await first.wait_type("response.done", within_s=30)
             assert done["response"]["status"] == "completed"
         finally:
@@ -346,9 +336,7 @@ async def test_a_killed_worker_fails_the_answer_and_the_next_one_works(
         assert isinstance(pipeline, StageGraph)
         worker = pipeline.engines["echo"]
         assert isinstance(worker, WorkerEngine) and worker.pid is not None
-        await client.append(tone(20.0))
-        await client.send({"type": "input_audio_buffer.commit"})
-        await client.send({"type": "response.create"})
+        await client.ask(tone(20.0))
         await client.wait_type("response.output_audio.delta")
         os.kill(worker.pid, signal.SIGKILL)
         done = await client.wait_type("response.done")
@@ -357,9 +345,7 @@ async def test_a_killed_worker_fails_the_answer_and_the_next_one_works(
             await client.wait_type("error", within_s=5)
         async with asyncio.timeout(20):
             while True:  # the worker comes back; the session is still there
-                await client.append(tone(1.0))
-                await client.send({"type": "input_audio_buffer.commit"})
-                await client.send({"type": "response.create"})
+                await client.ask(tone(1.0))
                 done = await client.wait_type("response.done", within_s=20)
                 if done["response"]["status"] == "completed":
                     break
