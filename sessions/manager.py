@@ -201,7 +201,7 @@ class SessionManager:
                 "session %s lost its lease and the cap is full; it goes on uncounted",
                 session.session_id,
             )
-        await session.refresh_keys()
+        await session.store.refresh_keys()
 
     async def _watch_redis(self) -> None:
         """Tell every session of an outage once; put everything back when Redis returns."""

@@ -19,14 +19,11 @@ from typing import Any
 
 import numpy as np
 import redis.asyncio as aioredis
-from redis.asyncio.client import Pipeline as RedisPipeline
 
 from pipeline.types import HistoryItem, Pipeline, PipelineRequest
 
-from .audio_buffer import AudioBuffer
 from .config import SessionConfig
 from .errors import InvalidRequestError, RedisUnavailableError, SessionClosedError
-from .event_log import EventLog
 from .events import (
     AudioBufferCleared,
     AudioBufferCommitted,
@@ -44,22 +41,20 @@ from .events import (
     SpeechStopped,
     new_id,
 )
-from .frame_cache import FrameCache
-from .history import History
-from .keys import DEFAULT_KEY_TTL_S, SessionKeys
+from .keys import DEFAULT_KEY_TTL_S
 from .metrics import SessionMetrics
 from .redis_link import RedisLink
 from .resample import FRAME_MS, SAMPLE_RATE, InputResampler
 from .response import Response
 from .sink import DetachedSink, OutputSink
-from .spill import DEFAULT_MAX_BYTES, Spill
+from .spill import DEFAULT_MAX_BYTES
 from .state import SessionState, StateMachine
+from .store import SessionStore
 from .turn_detection import SpeechConfirmed, SpeechEnd, SpeechStart, TurnDetector
 
 log = logging.getLogger("parley.sessions.session")
 
 MIN_COMMIT_MS = 100
-CLOSE_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,18 +91,21 @@ class Session:
         self.resume_token = secrets.token_urlsafe(24)
         self.limits = limits or SessionLimits()
         self.metrics = metrics or SessionMetrics()
-        self.keys = SessionKeys(session_id)
-        self._redis = redis
         self._pipeline = pipeline
         self._sink = sink
-        ttl = self.limits.key_ttl_s
         self.link = link or RedisLink(redis)
-        self.spill = Spill(self.link, self.limits.spill_max_bytes, self.metrics)
-        spill = self.spill
-        self.audio = AudioBuffer(redis, self.keys, config.max_audio_seconds, ttl, spill=spill)
-        self.frames = FrameCache(redis, self.keys, config.video, ttl, spill=spill)
-        self.history = History(redis, self.keys, ttl_s=ttl, spill=spill)
-        self.event_log = EventLog(redis, self.keys, ttl_s=ttl, spill=spill)
+        self.store = store = SessionStore(
+            session_id,
+            config,
+            redis,
+            self.link,
+            ttl_s=self.limits.key_ttl_s,
+            spill_max_bytes=self.limits.spill_max_bytes,
+            metrics=self.metrics,
+        )
+        self.keys, self.spill = store.keys, store.spill
+        self.audio, self.frames = store.audio, store.frames
+        self.history, self.event_log = store.history, store.event_log
         self._told_of_outage = 0
         """The number of the last Redis outage this session's client was told about."""
         self.machine = StateMachine(session_id, self._on_transition)
@@ -133,7 +131,6 @@ class Session:
         self._closed = asyncio.Event()
         self.close_reason = ""
         self._created = time.monotonic()
-        self._created_wall = time.time()
         self._last_media = self._created
         self._detached_until: float | None = None
 
@@ -154,7 +151,7 @@ class Session:
                 self._tg = tg
                 writer = tg.create_task(self.event_log.run(), name=f"{self.session_id}:events")
                 watchdog = tg.create_task(self._watchdog(), name=f"{self.session_id}:watchdog")
-                await self._write_record()
+                await self.store.write_record(self.config, self.resume_token)
                 self._emit(
                     SessionCreated(
                         session_id=self.session_id,
@@ -168,7 +165,7 @@ class Session:
                 writer.cancel()
         finally:
             self._tg = None
-            await self._delete_keys()
+            await self.store.delete()
             self._closed.set()
 
     def request_close(self, reason: str) -> None:
@@ -188,44 +185,6 @@ class Session:
             self._sink.clear()
             self.machine.to(SessionState.CLOSED, self.close_reason)
             self._emit(SessionClosed(reason=self.close_reason))
-
-    async def _write_record(self) -> None:
-        """The session record: what another process needs to find and resume it. Kept in
-        the spill while Redis is unreachable: an outage must not stop a call."""
-        meta, ttl = self.keys.meta, self.limits.key_ttl_s
-        record = {
-            "config": self.config.model_dump_json(),
-            "resume_token": self.resume_token,
-            "created": f"{self._created_wall:.3f}",
-        }
-
-        def apply(pipe: RedisPipeline) -> None:
-            pipe.hset(meta, mapping=record)
-            pipe.expire(meta, ttl)
-
-        await self.spill.write("record", apply)
-
-    async def refresh_keys(self) -> None:
-        """Push every key's expiry out again; the manager calls this while the session lives."""
-
-        async def expire_all() -> None:
-            pipe = self._redis.pipeline(transaction=False)
-            for key in self.keys.all():
-                pipe.expire(key, self.limits.key_ttl_s)
-            await pipe.execute()
-
-        await self.link.call(expire_all)
-
-    async def _delete_keys(self) -> None:
-        await self.spill.aclose()  # nothing kept is written back after the keys are gone
-        if not self.link.up:
-            return  # the manager removes them when Redis is back (or their TTL does)
-        try:
-            async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                await self.link.call(lambda: self._redis.delete(*self.keys.all()))
-        except Exception as exc:  # keys expire by TTL anyway; never fail a close
-            self.metrics.redis_errors.inc()
-            log.debug("session %s: could not delete keys: %s", self.session_id, exc)
 
     # --- Redis outages ---------------------------------------------------------------------
 
@@ -250,17 +209,9 @@ class Session:
         )
 
     async def restore_after_outage(self) -> None:
-        """Redis answers again: put back what a restart lost (the record, the history),
-        write back what was kept locally, and push the expiries out. Raises
-        RedisUnavailableError if Redis goes away again meanwhile."""
-        if self._close_requested.is_set():
-            return
-        await self._write_record()  # small, and a restarted Redis lost them
-        await self.history.rewrite()  # also undoes a write that reached a stalled server twice
-        await self.spill.settle()
-        if len(self.spill):  # the write-back stopped: Redis went away again
-            raise self.link.unavailable()
-        await self.refresh_keys()
+        """Redis answers again: the store puts back what it lost (see SessionStore.restore)."""
+        if not self._close_requested.is_set():
+            await self.store.restore(self.config, self.resume_token)
 
     async def _watchdog(self) -> None:
         limits = self.limits

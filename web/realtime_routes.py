@@ -32,11 +32,11 @@ from realtime.sdp import MAX_OFFER_BYTES, OfferError, OfferTooLarge
 from realtime.server_events import session_object
 from realtime.webrtc.call import CallOptions
 from realtime.webrtc.registry import CallNotFound, CallRegistry, CallSetupError
-from realtime.websocket.video_stream import video_chat_stream
 from sessions.config import SessionConfig
 from sessions.errors import ConfigError, SessionLimitError
 
 from .realtime_ws import openai_realtime
+from .video_ws import video_chat_stream
 
 log = logging.getLogger("parley.web.realtime")
 

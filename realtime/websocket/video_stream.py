@@ -33,7 +33,7 @@ Decisions:
   valid ones that each get a reply (`ping`): the reader waits while that queue is half
   full.
 - A missing or wrong API key is refused before the upgrade with HTTP 401 (503 while the
-  server starts), as on `/v1/realtime`.
+  server starts), as on `/v1/realtime` (the route, web/video_ws.py).
 - The client's close frame with 1000 or 1001 ends the session at once, like `video.done`
   without waiting for the answer.
 - `video.done` waits for the running answer to finish (its audio played out), then
@@ -73,7 +73,6 @@ from sessions.manager import SessionManager
 from sessions.resample import MAX_APPEND_BYTES, SAMPLE_RATE
 from sessions.session import MIN_COMMIT_MS, Session
 
-from ..auth import AuthError
 from ..error_throttle import ErrorThrottle, summary_text
 from .audio_window import BYTES_PER_MS, AudioWindow, ms_of
 from .connections import (
@@ -83,7 +82,6 @@ from .connections import (
     closed_cleanly,
     resumable_session,
 )
-from .denial import deny
 from .sender import Message, SlowClientError
 from .video_messages import (
     AudioChunkMessage,
@@ -150,24 +148,6 @@ def session_settings(config: SessionConfigMessage) -> dict[str, Any]:
     if config.speaker:
         settings["voice"] = config.speaker
     return settings
-
-
-async def video_chat_stream(websocket: WebSocket) -> None:
-    """The WebSocket route: authenticate, then one VideoChatStream for the connection."""
-    services = websocket.app.state.services
-    try:
-        services.auth.check(websocket.headers.get("authorization"))
-    except AuthError as exc:
-        await deny(websocket, 401, "invalid_api_key", str(exc))
-        return
-    manager: SessionManager | None = services.manager
-    if manager is None:
-        await deny(websocket, 503, "not_ready", "the server is not ready yet", "server_error")
-        return
-    await websocket.accept()
-    streams: VideoStreams = services.video_streams
-    grace_s: float = services.resume_grace_s
-    await VideoChatStream(websocket, manager, streams, grace_s=grace_s).run()
 
 
 def _decoded_size(data: str) -> int:

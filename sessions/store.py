@@ -1,0 +1,109 @@
+"""What a session keeps in Redis: its record, its buffers and event log, and their keys.
+
+Every write goes through the session's spill, so an outage never stops a call: what cannot
+be written now is kept and written back in order when Redis answers (spill.py). The store
+also puts back what an empty restart lost (the record and the history), pushes the keys'
+expiries out while the session lives, and deletes the keys when it ends. The session
+decides what to keep; the store decides how it reaches Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline as RedisPipeline
+
+from .audio_buffer import AudioBuffer
+from .config import SessionConfig
+from .event_log import EventLog
+from .frame_cache import FrameCache
+from .history import History
+from .keys import SessionKeys
+from .metrics import SessionMetrics
+from .redis_link import RedisLink
+from .spill import Spill
+
+log = logging.getLogger("parley.sessions.store")
+
+DELETE_TIMEOUT_S = 5.0
+
+
+class SessionStore:
+    def __init__(
+        self,
+        session_id: str,
+        config: SessionConfig,
+        redis: aioredis.Redis,
+        link: RedisLink,
+        *,
+        ttl_s: int,
+        spill_max_bytes: int,
+        metrics: SessionMetrics,
+    ) -> None:
+        self.session_id = session_id
+        self.keys = SessionKeys(session_id)
+        self.link = link
+        self.spill = Spill(link, spill_max_bytes, metrics)
+        spill = self.spill
+        self.audio = AudioBuffer(redis, self.keys, config.max_audio_seconds, ttl_s, spill=spill)
+        self.frames = FrameCache(redis, self.keys, config.video, ttl_s, spill=spill)
+        self.history = History(redis, self.keys, ttl_s=ttl_s, spill=spill)
+        self.event_log = EventLog(redis, self.keys, ttl_s=ttl_s, spill=spill)
+        self._redis = redis
+        self._ttl_s = ttl_s
+        self._metrics = metrics
+        self._created = time.time()
+
+    async def write_record(self, config: SessionConfig, resume_token: str) -> None:
+        """The session record: what another process needs to find and resume it."""
+        meta, ttl = self.keys.meta, self._ttl_s
+        record = {
+            "config": config.model_dump_json(),
+            "resume_token": resume_token,
+            "created": f"{self._created:.3f}",
+        }
+
+        def apply(pipe: RedisPipeline) -> None:
+            pipe.hset(meta, mapping=record)
+            pipe.expire(meta, ttl)
+
+        await self.spill.write("record", apply)
+
+    async def refresh_keys(self) -> None:
+        """Push every key's expiry out again; the manager calls this while the session lives."""
+
+        async def expire_all() -> None:
+            pipe = self._redis.pipeline(transaction=False)
+            for key in self.keys.all():
+                pipe.expire(key, self._ttl_s)
+            await pipe.execute()
+
+        await self.link.call(expire_all)
+
+    async def restore(self, config: SessionConfig, resume_token: str) -> None:
+        """Redis answers again: put back what a restart lost (the record, the history),
+        write back what was kept locally, and push the expiries out. Raises
+        RedisUnavailableError if Redis goes away again meanwhile."""
+        await self.write_record(config, resume_token)  # small, and a restart lost it
+        await self.history.rewrite()  # also undoes a write that reached a stalled server twice
+        await self.spill.settle()
+        if len(self.spill):  # the write-back stopped: Redis went away again
+            raise self.link.unavailable()
+        await self.refresh_keys()
+
+    async def delete(self) -> None:
+        """The session has ended: drop what is kept locally and delete the keys. Never
+        raises: keys that cannot be deleted now expire by their TTL, or the manager
+        removes them when Redis is back."""
+        await self.spill.aclose()  # nothing kept is written back after the keys are gone
+        if not self.link.up:
+            return
+        try:
+            async with asyncio.timeout(DELETE_TIMEOUT_S):
+                await self.link.call(lambda: self._redis.delete(*self.keys.all()))
+        except Exception as exc:
+            self._metrics.redis_errors.inc()
+            log.debug("session %s: could not delete keys: %s", self.session_id, exc)

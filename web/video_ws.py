@@ -1,0 +1,38 @@
+"""`/v1/video/chat/stream`: vLLM-Omni's streaming video chat, as its clients connect to it.
+
+Auth is the signaling's (`Authorization: Bearer <API key or ephemeral secret>`); a bad key is
+refused before the upgrade with HTTP 401, and a server still starting with 503. The
+connection itself is realtime.websocket.video_stream's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from starlette.websockets import WebSocket
+
+from realtime.auth import AuthError
+from realtime.websocket.denial import deny
+from realtime.websocket.video_stream import VideoChatStream
+
+if TYPE_CHECKING:
+    from .app import Services
+
+
+async def video_chat_stream(websocket: WebSocket) -> None:
+    """Authenticate, then one VideoChatStream for the connection."""
+    services: Services = websocket.app.state.services
+    try:
+        services.auth.check(websocket.headers.get("authorization"))
+    except AuthError as exc:
+        await deny(websocket, 401, "invalid_api_key", str(exc))
+        return
+    manager = services.manager
+    if manager is None:
+        await deny(websocket, 503, "not_ready", "the server is not ready yet", "server_error")
+        return
+    await websocket.accept()
+    stream = VideoChatStream(
+        websocket, manager, services.video_streams, grace_s=services.resume_grace_s
+    )
+    await stream.run()
