@@ -8,7 +8,8 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import httpx
 import uvicorn
@@ -77,30 +78,46 @@ class ServedApp:
 
 
 @contextlib.asynccontextmanager
-async def served_app(settings: Settings, redis_url: str) -> AsyncIterator[ServedApp]:
+async def served_app(
+    settings: Settings,
+    redis_url: str,
+    *,
+    settings_port: bool = False,
+    **uvicorn_options: Any,
+) -> AsyncIterator[ServedApp]:
     """`create_app` under uvicorn on 127.0.0.1 (a free port), with the server's own
-    WebSocket size limit; stopped (sessions closed, pipeline closed) on exit."""
-    app = create_app(settings, redis_url)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(
-        app, lifespan="on", log_config=None, log_level="warning", ws_max_size=WS_MAX_SIZE
-    )
-    server = _QuietServer(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]), name="uvicorn")
-    try:
-        async with asyncio.timeout(30):
-            while not (server.started and app.state.services.pipeline_ready):
-                if task.done():
-                    raise RuntimeError("uvicorn stopped while starting")
-                if app.state.services.pipeline_error:
-                    raise RuntimeError(app.state.services.pipeline_error)
-                await asyncio.sleep(0.02)
-        yield ServedApp(app, sock.getsockname()[1])
-    finally:
-        server.should_exit = True
-        await asyncio.wait({task}, timeout=15)
-        if not task.done():
-            task.cancel()
-            await asyncio.wait({task})
-        sock.close()
+    WebSocket size limit; stopped (sessions closed, pipeline closed) on exit.
+
+    `settings_port`: the settings name the port it listens on, as `parley serve --port`
+    would (a settings port of 0 stays 0: the app then learns its port from the server).
+    `uvicorn_options` go to `uvicorn.Config` over the defaults here (e.g. `ws=...`)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+        if settings_port and settings.port != 0:
+            settings = replace(settings, port=port)
+        app = create_app(settings, redis_url)
+        options: dict[str, Any] = {
+            "lifespan": "on",
+            "log_config": None,
+            "log_level": "warning",
+            "ws_max_size": WS_MAX_SIZE,
+            **uvicorn_options,
+        }
+        server = _QuietServer(uvicorn.Config(app, **options))
+        task = asyncio.create_task(server.serve(sockets=[sock]), name="uvicorn")
+        try:
+            async with asyncio.timeout(30):
+                while not (server.started and app.state.services.pipeline_ready):
+                    if task.done():
+                        raise RuntimeError("uvicorn stopped while starting")
+                    if app.state.services.pipeline_error:
+                        raise RuntimeError(app.state.services.pipeline_error)
+                    await asyncio.sleep(0.02)
+            yield ServedApp(app, port)
+        finally:
+            server.should_exit = True
+            await asyncio.wait({task}, timeout=15)
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task})

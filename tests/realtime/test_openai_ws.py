@@ -7,19 +7,15 @@ import asyncio
 import base64
 import contextlib
 import json
-import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
-import uvicorn
 from openai import AsyncOpenAI
-from starlette.applications import Starlette
 from starlette.testclient import TestClient, WebSocketTestSession
 from starlette.websockets import WebSocketDisconnect
 from websockets.asyncio.client import ClientConnection, connect
@@ -29,68 +25,28 @@ from loadtest.speech import silence, speak, trim_silence
 from realtime.g711 import ulaw_encode
 from realtime.websocket.ga_events import source_id
 from realtime.websocket.openai_ws import MAX_MESSAGE_BYTES
-from web.app import Services, create_app
+from tests.realtime.apps import ServedApp, fake_graph, served_app
+from web.app import create_app
 from web.cli import WS_MAX_SIZE
 from web.settings import Settings
 
 KEY = "sk-test-parley-ws"
 RATE = 24_000
-FAKE = "tests.fakes.fake_engine:FakeEngine"
 Event = dict[str, Any]
-
-
-class _QuietServer(uvicorn.Server):
-    """uvicorn without its signal handlers: the test owns the process."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-@dataclass
-class Server:
-    app: Starlette
-    port: int
-
-    @property
-    def services(self) -> Services:
-        services: Services = self.app.state.services
-        return services
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/v1/realtime"
 
 
 @pytest.fixture
 def graph(tmp_path: Path) -> str:
     path = tmp_path / "fake.yaml"
-    path.write_text(
-        f"name: fake\nstages:\n  - name: model\n    engine: '{FAKE}'\n"
-        "    engine_args: {audio_ms: 6000, realtime_factor: 4.0}\noutputs: [model]\n"
-    )
+    path.write_text(fake_graph("audio_ms: 6000, realtime_factor: 4.0"))
     return str(path)
 
 
 @pytest.fixture
-async def server(graph: str, redis_url: str) -> AsyncIterator[Server]:
-    app = create_app(Settings(pipeline=graph, api_key=KEY, max_sessions=2), redis_url)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(
-        app, lifespan="on", log_config=None, log_level="warning", ws_max_size=WS_MAX_SIZE
-    )
-    uv = _QuietServer(config)
-    task = asyncio.create_task(uv.serve(sockets=[sock]))
-    try:
-        async with asyncio.timeout(10):
-            while not (uv.started and app.state.services.pipeline_ready):
-                await asyncio.sleep(0.02)
-        yield Server(app, sock.getsockname()[1])
-    finally:
-        uv.should_exit = True
-        await asyncio.wait({task}, timeout=15)
-        sock.close()
+async def server(graph: str, redis_url: str) -> AsyncIterator[ServedApp]:
+    settings = Settings(pipeline=graph, api_key=KEY, max_sessions=2)
+    async with served_app(settings, redis_url) as served:
+        yield served
 
 
 class Client:
@@ -138,10 +94,10 @@ class Client:
 
 @contextlib.asynccontextmanager
 async def raw(
-    server: Server, query: str = "", headers: dict[str, str] | None = None, **kwargs: Any
+    server: ServedApp, query: str = "", headers: dict[str, str] | None = None, **kwargs: Any
 ) -> AsyncIterator[Client]:
     headers = {"Authorization": f"Bearer {KEY}"} if headers is None else headers
-    url = f"{server.ws_url}?model=parley{'&' + query if query else ''}"
+    url = f"{server.ws_url}/v1/realtime?model=parley{'&' + query if query else ''}"
     async with connect(url, additional_headers=headers, proxy=None, **kwargs) as ws:
         yield Client(ws)
 
@@ -160,8 +116,8 @@ def types(events: list[Any]) -> list[str]:
     return [e["type"] if isinstance(e, dict) else e.type for e in events]
 
 
-async def test_the_openai_sdk_holds_a_spoken_turn(server: Server) -> None:
-    base_url = f"http://127.0.0.1:{server.port}/v1"
+async def test_the_openai_sdk_holds_a_spoken_turn(server: ServedApp) -> None:
+    base_url = f"{server.http_url}/v1"
     async with (
         AsyncOpenAI(api_key=KEY, base_url=base_url) as client,
         client.realtime.connect(model="parley") as conn,
@@ -212,9 +168,9 @@ async def test_the_openai_sdk_holds_a_spoken_turn(server: Server) -> None:
 
 
 async def test_speaking_over_the_answer_cancels_it_and_truncates_to_what_was_sent(
-    server: Server,
+    server: ServedApp,
 ) -> None:
-    base_url = f"http://127.0.0.1:{server.port}/v1"
+    base_url = f"{server.http_url}/v1"
     async with (
         AsyncOpenAI(api_key=KEY, base_url=base_url) as client,
         client.realtime.connect(model="parley") as conn,
@@ -258,7 +214,7 @@ async def test_speaking_over_the_answer_cancels_it_and_truncates_to_what_was_sen
     ]
 
 
-async def test_manual_turns_cancel_and_truncate_from_the_client(server: Server) -> None:
+async def test_manual_turns_cancel_and_truncate_from_the_client(server: ServedApp) -> None:
     async with raw(server) as client:
         await client.wait_for(lambda e: e["type"] == "session.created")
         await client.send(
@@ -296,7 +252,7 @@ async def test_manual_turns_cancel_and_truncate_from_the_client(server: Server) 
 
 
 async def test_malformed_messages_get_errors_and_the_connection_stays_open(
-    server: Server,
+    server: ServedApp,
 ) -> None:
     async with raw(server) as client:
         await client.wait_for(lambda e: e["type"] == "session.created")
@@ -320,7 +276,7 @@ async def test_malformed_messages_get_errors_and_the_connection_stays_open(
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
 
 
-async def test_g711_both_ways(server: Server) -> None:
+async def test_g711_both_ways(server: ServedApp) -> None:
     async with raw(server) as client:
         await client.wait_for(lambda e: e["type"] == "session.created")
         await client.send(
@@ -350,7 +306,7 @@ async def test_g711_both_ways(server: Server) -> None:
     assert len(audio) == 6 * 8_000  # one byte a sample at 8 kHz
 
 
-async def test_auth_by_header_subprotocol_or_secret(server: Server) -> None:
+async def test_auth_by_header_subprotocol_or_secret(server: ServedApp) -> None:
     for headers in ({}, {"Authorization": "Bearer wrong"}):
         with pytest.raises(InvalidStatus) as refused:
             async with raw(server, headers=headers):
@@ -360,7 +316,7 @@ async def test_auth_by_header_subprotocol_or_secret(server: Server) -> None:
     async with raw(server, headers={}, subprotocols=protocols) as client:
         assert client.ws.subprotocol == "realtime"
         await client.wait_for(lambda e: e["type"] == "session.created")
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as http:
+    async with httpx.AsyncClient(base_url=server.http_url) as http:
         minted = await http.post(
             "/v1/realtime/client_secrets",
             headers={"Authorization": f"Bearer {KEY}"},
@@ -372,7 +328,7 @@ async def test_auth_by_header_subprotocol_or_secret(server: Server) -> None:
         assert created["session"]["instructions"] == "Speak like a pirate."
 
 
-async def test_the_session_cap_is_an_error_event_then_a_close(server: Server) -> None:
+async def test_the_session_cap_is_an_error_event_then_a_close(server: ServedApp) -> None:
     async with raw(server) as one, raw(server) as two:
         for client in (one, two):
             await client.wait_for(lambda e: e["type"] == "session.created")
@@ -385,7 +341,7 @@ async def test_the_session_cap_is_an_error_event_then_a_close(server: Server) ->
 
 
 async def test_a_dropped_connection_resumes_with_the_missed_events_exactly_once(
-    server: Server,
+    server: ServedApp,
 ) -> None:
     async with raw(server) as first:
         created = await first.wait_for(lambda e: e["type"] == "session.created")
@@ -430,7 +386,7 @@ async def test_a_dropped_connection_resumes_with_the_missed_events_exactly_once(
 
 
 async def test_a_resume_takes_over_from_a_connection_the_server_still_holds(
-    server: Server,
+    server: ServedApp,
 ) -> None:
     async with raw(server) as first:
         created = await first.wait_for(lambda e: e["type"] == "session.created")
@@ -448,7 +404,7 @@ async def test_a_resume_takes_over_from_a_connection_the_server_still_holds(
             assert updated["session"]["id"] == session["id"]
 
 
-async def test_beta_clients_get_beta_event_names(server: Server) -> None:
+async def test_beta_clients_get_beta_event_names(server: ServedApp) -> None:
     async with raw(
         server, headers={"Authorization": f"Bearer {KEY}", "OpenAI-Beta": "realtime=v1"}
     ) as client:

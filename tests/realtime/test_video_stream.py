@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
-import uvicorn
 from PIL import Image
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -32,24 +31,17 @@ from realtime.websocket import video_stream
 from realtime.websocket.ga_events import source_id
 from sessions.session import SessionLimits
 from tests.fakes.fake_engine import FakeEngine
-from web.app import Services, create_app
+from tests.realtime.apps import ServedApp, fake_graph, served_app
 from web.settings import Settings
 
-FAKE = "tests.fakes.fake_engine:FakeEngine"
 Message = dict[str, Any]
 
 
-@dataclass
-class Server:
-    url: str
-    services: Services
-
-    @property
-    def engine(self) -> FakeEngine:
-        pipeline: Any = self.services.pipeline
-        engine = pipeline.engines["model"]
-        assert isinstance(engine, FakeEngine)
-        return engine
+def engine_of(server: ServedApp) -> FakeEngine:
+    pipeline: Any = server.services.pipeline
+    engine = pipeline.engines["model"]
+    assert isinstance(engine, FakeEngine)
+    return engine
 
 
 @dataclass
@@ -99,52 +91,25 @@ OpenClient = Callable[..., AbstractAsyncContextManager[Client]]
 @pytest.fixture
 def graph(tmp_path: Path) -> str:
     path = tmp_path / "fake.yaml"
-    path.write_text(
-        f"""\
-name: fake
-stages:
-  - name: model
-    engine: "{FAKE}"
-    engine_args: {{audio_ms: 600, chunk_ms: 100, realtime_factor: 4.0}}
-outputs: [model]
-"""
-    )
+    path.write_text(fake_graph("audio_ms: 600, chunk_ms: 100, realtime_factor: 4.0"))
     return str(path)
 
 
 @pytest.fixture
-async def server(graph: str, redis_url: str) -> AsyncIterator[Server]:
-    app = create_app(Settings(pipeline=graph, max_sessions=4), redis_url)
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=0,
-        lifespan="on",
-        ws="websockets-sansio",
-        log_config=None,
-        log_level="warning",
-    )
-    runner = uvicorn.Server(config)
-    task = asyncio.create_task(runner.serve(), name="uvicorn")
-    try:
-        services: Services = app.state.services
-        async with asyncio.timeout(10):
-            while not (runner.started and services.pipeline_ready):
-                await asyncio.sleep(0.01)
-        port = runner.servers[0].sockets[0].getsockname()[1]
-        yield Server(f"ws://127.0.0.1:{port}/v1/video/chat/stream", services)
-    finally:
-        runner.should_exit = True
-        await task
+async def server(graph: str, redis_url: str) -> AsyncIterator[ServedApp]:
+    settings = Settings(pipeline=graph, max_sessions=4)
+    async with served_app(settings, redis_url, ws="websockets-sansio") as served:
+        yield served
 
 
 @pytest.fixture
-def open_client(server: Server) -> OpenClient:
+def open_client(server: ServedApp) -> OpenClient:
     @asynccontextmanager
     async def open_(
         config: Message | None = None, headers: dict[str, str] | None = None
     ) -> AsyncIterator[Client]:
-        async with connect(server.url, additional_headers=headers, max_size=None) as ws:
+        url = f"{server.ws_url}/v1/video/chat/stream"
+        async with connect(url, additional_headers=headers, max_size=None) as ws:
             client = Client(ws)
             if config is not None:
                 await client.send(type="session.config", **config)
@@ -171,7 +136,7 @@ def wav_pcm(message: Message) -> tuple[int, int, int, npt.NDArray[np.int16]]:
 
 
 async def test_a_query_over_frames_and_speech_streams_text_and_wav_audio(
-    open_client: OpenClient, server: Server
+    open_client: OpenClient, server: ServedApp
 ) -> None:
     frames = [jpeg((220, 30, 30)), jpeg((30, 220, 30)), jpeg((30, 30, 220))]
     speech = trim_silence(speak("What colour is the box?"))
@@ -201,7 +166,7 @@ async def test_a_query_over_frames_and_speech_streams_text_and_wav_audio(
             assert (rate, channels, width) == (24_000, 1, 2)
             assert 0 < len(pcm) <= 2_400  # a small delta: at most 100 ms
         assert int(np.abs(np.concatenate([wav_pcm(m)[3] for m in audio])).max()) > 4_000
-        request = server.engine.requests[-1]
+        request = engine_of(server).requests[-1]
         assert [f.image for f in request.frames] == frames
         assert request.text == "What changed?"
         assert request.instructions == "You watch a camera."
@@ -211,7 +176,7 @@ async def test_a_query_over_frames_and_speech_streams_text_and_wav_audio(
 
 
 async def test_text_only_output_legacy_names_and_ping(
-    open_client: OpenClient, server: Server
+    open_client: OpenClient, server: ServedApp
 ) -> None:
     config = {"modalities": ["text"], "num_sample_frames": 2, "use_audio_in_video": False}
     async with open_client(config) as client:
@@ -226,7 +191,7 @@ async def test_text_only_output_legacy_names_and_ping(
         await client.send(type="ping")
         await client.wait_for("pong")
         assert not client.of("response.audio.delta") and not client.of("response.audio.done")
-        request = server.engine.requests[-1]
+        request = engine_of(server).requests[-1]
         assert request.output_text_only
         assert len(request.frames) == 2  # num_sample_frames means num_frames
         assert len(request.audio) == 0  # use_audio_in_video off: the audio is not sent
@@ -331,7 +296,7 @@ async def test_the_app_keeps_its_own_message_limit_behind_any_server(
 
 
 async def test_audio_overflow_drops_the_oldest_audio_and_says_how_much(
-    open_client: OpenClient, server: Server
+    open_client: OpenClient, server: ServedApp
 ) -> None:
     mib = 1024 * 1024
     rng = np.random.default_rng(7)
@@ -349,15 +314,15 @@ async def test_audio_overflow_drops_the_oldest_audio_and_says_how_much(
         await client.send(type="video.query", text="What did you hear?")
         await client.wait_for("response.text.done")
         assert len(client.of("error")) == 1  # everything dropped was reported at once
-        request = server.engine.requests[-1]
+        request = engine_of(server).requests[-1]
         assert len(request.audio) * 2 == kept  # the newest 4 MiB, never the whole buffer
         assert np.array_equal(request.audio, sent[-len(request.audio) :])
 
 
 async def test_a_second_query_cuts_the_first_answer_off(
-    open_client: OpenClient, server: Server
+    open_client: OpenClient, server: ServedApp
 ) -> None:
-    engine = server.engine
+    engine = engine_of(server)
     engine.audio_ms = 5_000
     async with open_client({}) as client:
         await client.send(type="video.query", text="Tell me a long story.")
@@ -392,21 +357,23 @@ async def test_video_done_waits_for_the_answer_then_says_session_done(
 
 
 async def test_a_third_query_carries_the_whole_history(
-    open_client: OpenClient, server: Server
+    open_client: OpenClient, server: ServedApp
 ) -> None:
     questions = ["First question?", "Second question?", "Third question?"]
     async with open_client({"modalities": ["text"]}) as client:
         for question in questions:
             await client.send(type="video.query", text=question)
             await client.wait_for("response.text.done")
-        third = server.engine.requests[-1]
+        third = engine_of(server).requests[-1]
         assert third.text == "Third question?"
         assert [h.role for h in third.history] == ["user", "assistant", "user", "assistant"]
         assert [h.text for h in third.history if h.role == "user"] == questions[:2]
         assert all(h.text.startswith("Hello there") for h in third.history[1::2])
 
 
-async def test_an_idle_session_says_why_and_closes(open_client: OpenClient, server: Server) -> None:
+async def test_an_idle_session_says_why_and_closes(
+    open_client: OpenClient, server: ServedApp
+) -> None:
     assert server.services.manager is not None
     server.services.manager.limits = SessionLimits(idle_timeout_s=0.3, watchdog_interval_s=0.05)
     async with open_client({}) as client:
@@ -416,7 +383,7 @@ async def test_an_idle_session_says_why_and_closes(open_client: OpenClient, serv
 
 
 async def test_an_api_key_is_required_when_configured(
-    open_client: OpenClient, server: Server
+    open_client: OpenClient, server: ServedApp
 ) -> None:
     server.services.auth = Authenticator("sk-video")
     for headers in (None, {"Authorization": "Bearer wrong"}):
@@ -435,11 +402,11 @@ TEXT_DELTAS = {"response.output_text.delta", "response.output_audio_transcript.d
 
 
 async def test_a_dropped_stream_resumes_with_the_missed_messages_exactly_once(
-    open_client: OpenClient, server: Server
+    open_client: OpenClient, server: ServedApp
 ) -> None:
     manager = server.services.manager
     assert manager is not None
-    engine = server.engine
+    engine = engine_of(server)
     engine.text_interval_s = 0.1  # the answer's text streams for about a second
     async with open_client({}) as first:
         created = await first.wait_for("session.created")
@@ -531,7 +498,7 @@ async def test_a_resume_takes_over_from_a_connection_the_server_still_holds(
 
 
 async def test_a_dropped_stream_is_closed_after_the_grace_period(
-    open_client: OpenClient, server: Server
+    open_client: OpenClient, server: ServedApp
 ) -> None:
     manager = server.services.manager
     assert manager is not None

@@ -7,72 +7,22 @@ with an explicit Origin (as a browser sends it), signaling over httpx, calls fro
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import socket
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, replace
 
 import httpx
 import pytest
-import uvicorn
 from starlette.types import Message, Receive, Scope, Send
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from loadtest.webrtc_client import Caller
-from web.app import Services, create_app
+from tests.realtime.apps import ServedApp, served_app
 from web.origins import OriginAllowlist, OriginPolicy, normalize_origin, own_origins
 from web.settings import Settings, SettingsError, parse_settings
 
 FOREIGN = "http://evil.example"
 KEY = "sk-test-parley-origins"
 WEBSOCKETS = ("/v1/realtime", "/v1/video/chat/stream")
-
-
-class _QuietServer(uvicorn.Server):
-    """uvicorn without its signal handlers: the test owns the process."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-@dataclass
-class Served:
-    port: int
-    services: Services
-
-    @property
-    def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def ws_url(self, path: str) -> str:
-        return f"ws://127.0.0.1:{self.port}{path}"
-
-
-@contextlib.asynccontextmanager
-async def serving(settings: Settings, redis_url: str) -> AsyncIterator[Served]:
-    """`settings` served on a fresh loopback port (the settings' port 0 means: that port)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = int(sock.getsockname()[1])
-    if settings.port != 0:
-        settings = replace(settings, port=port)
-    app = create_app(settings, redis_url)
-    config = uvicorn.Config(app, lifespan="on", log_config=None, log_level="warning")
-    server = _QuietServer(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    services: Services = app.state.services
-    try:
-        async with asyncio.timeout(15):
-            while not (server.started and services.pipeline_ready):
-                await asyncio.sleep(0.02)
-        yield Served(port, services)
-    finally:
-        server.should_exit = True
-        await asyncio.wait({task}, timeout=15)
-        sock.close()
 
 
 async def _open_websocket(
@@ -103,7 +53,7 @@ async def _refused_websocket(url: str, origin: str) -> dict[str, str]:
     return error
 
 
-async def _sessions(served: Served) -> int:
+async def _sessions(served: ServedApp) -> int:
     manager = served.services.manager
     assert manager is not None
     return len(manager)
@@ -112,11 +62,11 @@ async def _sessions(served: Served) -> int:
 async def test_a_foreign_origin_gets_403_before_either_websocket_upgrades(
     redis_url: str,
 ) -> None:
-    async with serving(Settings(pipeline="echo"), redis_url) as served:
+    async with served_app(Settings(pipeline="echo"), redis_url, settings_port=True) as served:
         another_local_port = f"http://127.0.0.1:{served.port + 1}"
         for path in WEBSOCKETS:
             for origin in (FOREIGN, another_local_port, "null", "https://127.0.0.1.evil.example"):
-                error = await _refused_websocket(served.ws_url(path), origin)
+                error = await _refused_websocket(f"{served.ws_url}{path}", origin)
                 assert error["code"] == "origin_not_allowed"
                 assert origin in error["message"] and "--allowed-origins" in error["message"]
         assert await _sessions(served) == 0
@@ -125,35 +75,37 @@ async def test_a_foreign_origin_gets_403_before_either_websocket_upgrades(
 async def test_the_servers_own_origin_and_clients_without_one_are_accepted(
     redis_url: str,
 ) -> None:
-    async with serving(Settings(pipeline="echo"), redis_url) as served:
+    async with served_app(Settings(pipeline="echo"), redis_url, settings_port=True) as served:
         own = [f"http://{host}:{served.port}" for host in ("127.0.0.1", "localhost", "[::1]")]
         for path in WEBSOCKETS:
             for origin in (None, *own):
-                await _open_websocket(served.ws_url(path), origin)
+                await _open_websocket(f"{served.ws_url}{path}", origin)
 
 
 async def test_with_port_0_the_port_it_listens_on_is_its_own(redis_url: str) -> None:
-    async with serving(Settings(pipeline="echo", port=0), redis_url) as served:
-        await _open_websocket(served.ws_url("/v1/realtime"), f"http://localhost:{served.port}")
-        await _refused_websocket(served.ws_url("/v1/realtime"), "http://localhost:8080")
+    async with served_app(
+        Settings(pipeline="echo", port=0), redis_url, settings_port=True
+    ) as served:
+        await _open_websocket(f"{served.ws_url}/v1/realtime", f"http://localhost:{served.port}")
+        await _refused_websocket(f"{served.ws_url}/v1/realtime", "http://localhost:8080")
 
 
 async def test_configured_origins_are_accepted_and_others_still_refused(
     redis_url: str,
 ) -> None:
     settings = Settings(pipeline="echo", allowed_origins=("https://app.example:3000",))
-    async with serving(settings, redis_url) as served:
+    async with served_app(settings, redis_url, settings_port=True) as served:
         for path in WEBSOCKETS:
-            await _open_websocket(served.ws_url(path), "https://app.example:3000")
-            await _open_websocket(served.ws_url(path), f"http://127.0.0.1:{served.port}")
+            await _open_websocket(f"{served.ws_url}{path}", "https://app.example:3000")
+            await _open_websocket(f"{served.ws_url}{path}", f"http://127.0.0.1:{served.port}")
             for origin in (FOREIGN, "http://app.example:3000", "https://app.example"):
-                await _refused_websocket(served.ws_url(path), origin)
+                await _refused_websocket(f"{served.ws_url}{path}", origin)
 
 
 async def test_any_origin_with_a_key_still_needs_the_key(redis_url: str) -> None:
     settings = Settings(pipeline="echo", api_key=KEY, allowed_origins=("*",))
-    async with serving(settings, redis_url) as served:
-        url = served.ws_url("/v1/realtime")
+    async with served_app(settings, redis_url, settings_port=True) as served:
+        url = f"{served.ws_url}/v1/realtime"
         await _open_websocket(url, FOREIGN, {"Authorization": f"Bearer {KEY}"})
         with pytest.raises(InvalidStatus) as refused:
             async with connect(url, origin=FOREIGN, open_timeout=10):  # type: ignore[arg-type]
@@ -165,7 +117,7 @@ async def test_a_foreign_origin_is_refused_on_every_signaling_endpoint(
     redis_url: str,
 ) -> None:
     async with (
-        serving(Settings(pipeline="echo"), redis_url) as served,
+        served_app(Settings(pipeline="echo"), redis_url, settings_port=True) as served,
         httpx.AsyncClient(base_url=served.http_url, timeout=10) as http,
     ):
         caller = Caller(http)
@@ -193,7 +145,7 @@ async def test_an_allowed_page_can_call_mint_and_hang_up_across_origins(
     page = "https://app.example"
     settings = Settings(pipeline="echo", allowed_origins=(page,))
     async with (
-        serving(settings, redis_url) as served,
+        served_app(settings, redis_url, settings_port=True) as served,
         httpx.AsyncClient(base_url=served.http_url, timeout=10) as http,
     ):
         minted = await http.post("/v1/realtime/client_secrets", json={}, headers={"Origin": page})
@@ -236,7 +188,7 @@ async def test_preflights_are_answered_for_allowed_origins_only(path: str, redis
     }
     settings = Settings(pipeline="echo", allowed_origins=(page,))
     async with (
-        serving(settings, redis_url) as served,
+        served_app(settings, redis_url, settings_port=True) as served,
         httpx.AsyncClient(base_url=served.http_url, timeout=10) as http,
     ):
         for origin in (page, f"http://127.0.0.1:{served.port}"):
