@@ -12,6 +12,9 @@ ENGINES: dict[str, str] = {
     "cascade.thinker": "pipeline.engines.cascade.thinker:ThinkerEngine",
     "cascade.talker": "pipeline.engines.cascade.talker:TalkerEngine",
     "cascade.code2wav": "pipeline.engines.cascade.code2wav:Code2WavEngine",
+    "qwen3_omni.thinker": "pipeline.engines.qwen3_omni.thinker:ThinkerEngine",
+    "qwen3_omni.talker": "pipeline.engines.qwen3_omni.talker:TalkerEngine",
+    "qwen3_omni.code2wav": "pipeline.engines.qwen3_omni.code2wav:Code2WavEngine",
 }
 
 

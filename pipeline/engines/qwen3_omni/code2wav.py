@@ -1,0 +1,102 @@
+"""The `qwen3_omni.code2wav` engine: codec frames in, PCM16 at the request's rate out.
+
+Frames are decoded in chunks with left context (`code2wav_runner.FrameChunker`): a small
+first chunk for an early first sound, then `chunk` frames with `left_context` frames before
+them. Code2Wav speaks at 24 kHz; another output rate is resampled with soxr.
+
+`normalize_peak` scales each chunk to that peak: random weights make a signal of about
+1e-6 that PCM16 rounds to silence, so the tiny graph sets it to make its noise audible.
+A real model's output is left as it is (the default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import soxr
+
+from ...types import AudioChunk, Chunk, CodecCodes, End, ErrorChunk, StageInput
+from .code2wav_runner import SAMPLE_RATE, Code2WavRunner, Codes, FrameChunker
+from .stage import ModelStage
+
+
+class Code2WavEngine(ModelStage[FrameChunker]):
+    name = "qwen3_omni.code2wav"
+    part = "code2wav"
+
+    def __init__(
+        self,
+        *,
+        first_chunk: int = 5,
+        chunk: int = 25,
+        left_context: int = 25,
+        normalize_peak: float | None = None,
+        **model: Any,
+    ) -> None:
+        super().__init__(**model)
+        FrameChunker(first_chunk=first_chunk, chunk=chunk, left_context=left_context)  # checks
+        self.first_chunk = first_chunk
+        self.chunk = chunk
+        self.left_context = left_context
+        self.normalize_peak = normalize_peak
+        self.runner: Code2WavRunner | None = None
+
+    def _loaded(self) -> None:
+        assert self.model is not None
+        self.runner = Code2WavRunner(self.model)
+
+    def _render(self, window: Codes, context: int, rate: int) -> npt.NDArray[np.int16]:
+        """On the model thread: decode, scale, resample, PCM16."""
+        assert self.runner is not None
+        audio = self.runner.decode(window, context)
+        if self.normalize_peak and len(audio):
+            peak = float(np.abs(audio).max())
+            if peak > 0:
+                audio = audio * (self.normalize_peak / peak)
+        if rate != SAMPLE_RATE:
+            audio = soxr.resample(audio, SAMPLE_RATE, rate)
+        return (np.clip(audio, -1.0, 1.0) * 32767).astype(np.int16)
+
+    async def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]:
+        if not isinstance(inputs, StageInput):
+            yield ErrorChunk(message="code2wav takes a StageInput", stage=self.name)
+            return
+        if self.runner is None:
+            yield ErrorChunk(message="code2wav was not started", stage=self.name)
+            return
+        if inputs.request.output_text_only:
+            yield End()
+            return
+        rate = inputs.request.output_sample_rate
+        chunker = FrameChunker(
+            first_chunk=self.first_chunk, chunk=self.chunk, left_context=self.left_context
+        )
+        self._requests[request_id] = chunker
+        try:
+            async for chunk in inputs.chunks:
+                if not self._active(request_id):
+                    return  # aborted
+                if isinstance(chunk, ErrorChunk):
+                    yield chunk
+                    return
+                if isinstance(chunk, End):
+                    break
+                if not isinstance(chunk, CodecCodes):
+                    continue
+                for frame in chunk.codes.reshape(-1, chunk.codes.shape[-1]):
+                    if (ready := chunker.push(frame)) is not None:
+                        pcm = await self.thread.call(self._render, *ready, rate)
+                        if not self._active(request_id):
+                            return
+                        yield AudioChunk(pcm=pcm, sample_rate=rate)
+            if (rest := chunker.flush()) is not None:
+                pcm = await self.thread.call(self._render, *rest, rate)
+                if not self._active(request_id):
+                    return
+                yield AudioChunk(pcm=pcm, sample_rate=rate)
+            yield End()
+        finally:
+            self._requests.pop(request_id, None)

@@ -1,0 +1,75 @@
+"""Code2Wav in streaming chunks: codec frames in, 24 kHz audio out, with left context.
+
+Code2Wav is causal but not stateless (a transformer with a sliding window, then transposed
+convolutions), so a chunk decoded alone would click at its start. As vLLM-Omni does, each
+chunk is decoded with up to `left_context` frames before it and the context's samples are
+cut off. The first chunk is small (`first_chunk` frames) so that the first sound comes out
+early; later chunks are `chunk` frames. Each frame is `samples_per_frame` samples (1920 at
+24 kHz: 80 ms).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+SAMPLE_RATE = 24_000
+Codes = npt.NDArray[np.int32]
+Audio = npt.NDArray[np.float32]
+
+
+class Code2WavRunner:
+    def __init__(self, model: Any) -> None:
+        """`model`: a Qwen3OmniMoeCode2Wav (transformers' modules are untyped)."""
+        self.model = model
+        self.samples_per_frame = int(model.total_upsample)
+        self.quantizers = int(model.config.num_quantizers)
+        self.device = next(model.parameters()).device
+
+    @torch.inference_mode()
+    def decode(self, frames: Codes, context: int) -> Audio:
+        """Audio for `frames` ([n, 16]) minus the first `context` frames' samples."""
+        codes = torch.from_numpy(frames.T.astype(np.int64)).unsqueeze(0).to(self.device)
+        wav: torch.Tensor = self.model(codes)[0, 0, context * self.samples_per_frame :]
+        return wav.float().cpu().numpy()
+
+
+class FrameChunker:
+    """One request's frames, cut into decode windows: bounded to context + one chunk."""
+
+    def __init__(self, *, first_chunk: int = 5, chunk: int = 25, left_context: int = 25) -> None:
+        if first_chunk < 1 or chunk < 1 or left_context < 0:
+            raise ValueError("chunk sizes must be positive, left context non-negative")
+        self.first_chunk = first_chunk
+        self.chunk = chunk
+        self.left_context = left_context
+        self._frames: list[Codes] = []
+        self._context = 0
+        """how many of `_frames` are already decoded (kept as context)"""
+        self._decoded_any = False
+
+    def push(self, frame: Codes) -> tuple[Codes, int] | None:
+        """Add a frame; return (window, context frames) when a chunk is complete."""
+        self._frames.append(np.array(frame, dtype=np.int32))  # a copy: frames may be views
+        size = self.chunk if self._decoded_any else self.first_chunk
+        if len(self._frames) - self._context >= size:
+            return self._cut()
+        return None
+
+    def flush(self) -> tuple[Codes, int] | None:
+        """The last, partial chunk (None if nothing is pending)."""
+        if len(self._frames) > self._context:
+            return self._cut()
+        return None
+
+    def _cut(self) -> tuple[Codes, int]:
+        window = np.stack(self._frames)
+        context = self._context
+        self._decoded_any = True
+        keep = min(self.left_context, len(self._frames))
+        self._frames = self._frames[len(self._frames) - keep :]
+        self._context = keep
+        return window, context

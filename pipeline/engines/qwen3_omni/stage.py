@@ -1,0 +1,80 @@
+"""What the three Qwen3-Omni engines share: model settings, the model thread, request state.
+
+The engines are thin adapters from the engine contract (`pipeline/types.py`) to the plain
+runners; this base holds the part every one of them repeats: building its part of the model
+on its thread at start, the table of requests in flight (`active_requests`, `abort`), and an
+idempotent close.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, TypeVar
+
+import torch
+from transformers import Qwen3OmniMoeConfig
+
+from .model_thread import ModelThread
+from .weights import Part, build_part
+
+StateT = TypeVar("StateT")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelStage(Generic[StateT]):
+    name = "qwen3_omni"
+    part: Part
+
+    def __init__(
+        self,
+        *,
+        model_path: str | None = None,
+        tiny: bool = False,
+        seed: int = 0,
+        device: str = "cpu",
+        dtype: str = "float32",
+        threads: int | None = None,
+    ) -> None:
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
+        self.model_path = model_path
+        self.tiny = tiny
+        self.seed = seed
+        self.device = device
+        self.dtype = DTYPES[dtype]
+        self.thread = ModelThread(f"parley-{self.name}", threads)
+        self.model: Any = None
+        self.config: Qwen3OmniMoeConfig | None = None
+        self._requests: dict[str, StateT | None] = {}
+
+    async def start(self) -> None:
+        if self.model is not None:
+            return
+        self.thread.start()
+        self.model, self.config = await self.thread.call(
+            build_part,
+            self.part,
+            model_path=self.model_path,
+            tiny=self.tiny,
+            seed=self.seed,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        await self.thread.call(self._loaded)
+
+    def _loaded(self) -> None:
+        """On the model thread, once the model is built: make the runner."""
+
+    async def close(self) -> None:
+        self._requests.clear()
+        await self.thread.close()
+        self.model = None
+
+    def active_requests(self) -> int:
+        return len(self._requests)
+
+    async def abort(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+
+    def _active(self, request_id: str) -> bool:
+        return request_id in self._requests

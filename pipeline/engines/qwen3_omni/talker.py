@@ -1,0 +1,168 @@
+"""The `qwen3_omni.talker` engine: the Thinker's hidden states in, codec frames out.
+
+The Talker starts as soon as the Thinker's first reply token has been fed, and from then on
+makes one frame (one CodecCodes of shape [1, 16]) per step. A reader task drains the Thinker's
+stream into the request's state the moment chunks arrive, so a Talker slower than the
+Thinker never holds back the Thinker's text (the reply is bounded by the Thinker's
+`max_new_tokens`); when the Talker is ahead, it waits for the text its next step needs.
+
+Random weights never choose codec EOS: `min_frames` holds it off and `max_frames` ends
+the reply, which gives fixed speech lengths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any
+
+import numpy as np
+
+from ...types import Chunk, CodecCodes, End, ErrorChunk, HiddenStates, StageInput
+from .stage import ModelStage
+from .talker_runner import TalkerPrompt, TalkerRunner, TalkerState
+
+
+class UpstreamError(Exception):
+    """The Thinker's stream carried an error: end this request with it."""
+
+    def __init__(self, chunk: ErrorChunk) -> None:
+        super().__init__(chunk.message)
+        self.chunk = chunk
+
+
+class TalkerEngine(ModelStage[TalkerState]):
+    name = "qwen3_omni.talker"
+    part = "talker"
+
+    def __init__(
+        self,
+        *,
+        max_frames: int = 375,
+        min_frames: int = 0,
+        speaker: str = "ethan",
+        **model: Any,
+    ) -> None:
+        super().__init__(**model)
+        if max_frames < 1:
+            raise ValueError("max_frames must be at least 1")
+        self.max_frames = max_frames
+        self.min_frames = min_frames
+        self.speaker = speaker
+        self.runner: TalkerRunner | None = None
+
+    def _loaded(self) -> None:
+        assert self.model is not None and self.config is not None
+        self.runner = TalkerRunner(
+            self.model,
+            self.config,
+            speaker=self.speaker,
+            seed=self.seed,
+            min_frames=self.min_frames,
+        )
+
+    async def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]:
+        if not isinstance(inputs, StageInput):
+            yield ErrorChunk(message="the talker takes a StageInput", stage=self.name)
+            return
+        runner = self.runner
+        if runner is None:
+            yield ErrorChunk(message="the talker was not started", stage=self.name)
+            return
+        if inputs.request.output_text_only:
+            yield End()
+            return
+        self._requests[request_id] = None
+        chunks = aiter(inputs.chunks)
+        reader: asyncio.Task[None] | None = None
+        try:
+            prompt = await _first_prompt(chunks)
+            if prompt is None:
+                yield End()  # the Thinker ended before its prompt: nothing to say
+                return
+            state = runner.open(prompt)
+            self._requests[request_id] = state
+            wake = asyncio.Event()
+            # a task and not a TaskGroup: its scope spans the generator's yields
+            reader = asyncio.create_task(
+                self._drain(runner, state, chunks, wake), name=f"{request_id}:talker-reader"
+            )
+            await _until(lambda: runner.can_start(state) or state.text_done, wake, reader)
+            if not state.reply:
+                yield End()
+                return
+            await self.thread.call(runner.prefill, state)
+            for frame in range(self.max_frames):
+                if not self._active(request_id):
+                    return  # aborted
+                codes = await self.thread.call(runner.predict, state)
+                if codes is None:
+                    break  # codec EOS
+                yield CodecCodes(codes=codes[np.newaxis, :], metadata={"frame": frame})
+                if frame + 1 == self.max_frames:
+                    break
+                await _until(lambda: runner.text_ready(state), wake, reader)
+                await self.thread.call(runner.advance, state, codes)
+            yield End()
+        except UpstreamError as exc:
+            yield exc.chunk
+        finally:
+            if reader is not None:
+                reader.cancel()
+                await asyncio.wait({reader})
+                if not reader.cancelled():
+                    reader.exception()  # retrieved: an error already ended the request
+            self._requests.pop(request_id, None)
+
+    async def _drain(
+        self,
+        runner: TalkerRunner,
+        state: TalkerState,
+        chunks: AsyncIterator[Chunk],
+        wake: asyncio.Event,
+    ) -> None:
+        try:
+            async for chunk in chunks:
+                if isinstance(chunk, ErrorChunk):
+                    raise UpstreamError(chunk)
+                if isinstance(chunk, End):
+                    break
+                if isinstance(chunk, HiddenStates) and chunk.metadata.get("part") == "reply":
+                    await self.thread.call(runner.add_reply, state, chunk.array)
+                    wake.set()
+        finally:
+            runner.end_text(state)
+            wake.set()
+
+
+async def _first_prompt(chunks: AsyncIterator[Chunk]) -> TalkerPrompt | None:
+    async for chunk in chunks:
+        if isinstance(chunk, ErrorChunk):
+            raise UpstreamError(chunk)
+        if isinstance(chunk, End):
+            return None
+        if isinstance(chunk, HiddenStates) and chunk.metadata.get("part") == "prompt":
+            meta = chunk.metadata
+            return TalkerPrompt(
+                token_ids=list(meta["token_ids"]),
+                # copies: a view onto a shared-memory ring holds the sender back while kept
+                states=np.array(chunk.array),
+                tts_embeds=np.array(meta["tts_embeds"]),
+                audio_feature_frames=int(meta.get("audio_feature_frames", 0)),
+            )
+    return None
+
+
+async def _until(
+    ready: Callable[[], bool], wake: asyncio.Event, reader: asyncio.Task[None]
+) -> None:
+    """Wait until `ready()`, re-checking whenever the reader adds text; its error is ours.
+
+    The reader sets `wake` after every piece of text and when it ends, however it ends."""
+    while True:
+        if reader.done() and not reader.cancelled():
+            reader.result()  # raises the reader's error, if any
+        if ready():
+            return
+        wake.clear()
+        await wake.wait()

@@ -1,0 +1,242 @@
+"""The Talker, frame by frame, fed by the Thinker's hidden states as they stream in.
+
+One codec frame is 16 codes (80 ms of speech at 12.5 Hz). As in transformers'
+`Qwen3OmniMoeTalkerForConditionalGeneration.generate`, the talker LM picks the first code of
+a frame and the code predictor (a small dense LM, its own cache per frame) the other 15,
+each conditioned on the talker's last hidden state and the codes before it. The sum of the
+16 codes' embeddings plus the projected embedding of the next reply token is the talker's
+next input. The Talker's prompt is the conversation's user items (text positions projected
+from the Thinker's embeddings, audio/image positions from its `accept_hidden_layer` states)
+and the opening of the reply: three ChatML tokens, four tts pads, tts_bos and the reply's
+first token, over the codec's think/speaker/bos tokens.
+
+Streaming changes only *when* things happen: the Talker can start as soon as the Thinker's
+first reply token has been fed (its prompt needs it), and step `g` needs reply token `g + 2`,
+tts_eos once the reply has ended, or tts_pad after that. When the Thinker is behind, the
+Talker waits (`text_ready`). The runner is plain and synchronous; the engine decides when.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from transformers import DynamicCache, Qwen3OmniMoeConfig
+
+from .config import CODEC, SPEAKERS, TOKENS
+from .sampling import Sampling, pick
+
+CODEC_SAMPLING = Sampling(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05)
+PREDICTOR_SAMPLING = Sampling(temperature=1.0, top_k=50, top_p=0.8)
+MULTIMODAL = frozenset({TOKENS["audio"], TOKENS["image"], TOKENS["video"]})
+
+
+@dataclass(frozen=True, slots=True)
+class TalkerPrompt:
+    """What the Thinker's prefill hands over."""
+
+    token_ids: list[int]
+    states: npt.NDArray[np.floating]
+    """[n, 2, thinker_hidden]: embedding output and accept layer per prompt position"""
+    tts_embeds: npt.NDArray[np.floating]
+    """[3, thinker_hidden]: the Thinker's embeddings of tts_bos, tts_eos, tts_pad"""
+    audio_feature_frames: int = 0
+
+
+@dataclass
+class TalkerState:
+    prompt: TalkerPrompt
+    reply: list[torch.Tensor] = field(default_factory=list)
+    """projected embeddings of the reply tokens so far, [1, talker_hidden] each"""
+    text_done: bool = False
+    cache: DynamicCache | None = None
+    rope_delta: int = 0
+    length: int = 0
+    step: int = 0
+    next_code: int = -1
+    last_hidden: torch.Tensor | None = None
+    codes_seen: list[int] = field(default_factory=list)
+    frames: int = 0
+    finished: bool = False
+    """the talker chose codec EOS: no frame follows"""
+    generator: torch.Generator | None = None
+    tts: torch.Tensor | None = None
+    """projected tts_bos, tts_eos, tts_pad: [3, talker_hidden]"""
+
+
+class TalkerRunner:
+    def __init__(
+        self,
+        model: Any,
+        config: Qwen3OmniMoeConfig,
+        *,
+        speaker: str = "ethan",
+        seed: int = 0,
+        codec_sampling: Sampling = CODEC_SAMPLING,
+        predictor_sampling: Sampling = PREDICTOR_SAMPLING,
+        min_frames: int = 0,
+    ) -> None:
+        self.min_frames = min_frames
+        """codec EOS is not chosen before this many frames (random weights: a fixed length)"""
+        self.model = model
+        self.config = config
+        talker = config.talker_config
+        self.speaker_id = int(talker.speaker_id.get(speaker.lower(), SPEAKERS["ethan"]))
+        self.groups = int(talker.num_code_groups)
+        self.seed = seed
+        self.codec_sampling = codec_sampling
+        self.predictor_sampling = predictor_sampling
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        vocab = int(talker.text_config.vocab_size)
+        self.eos = int(talker.codec_eos_token_id)
+        self.banned = torch.tensor([i for i in range(vocab - 1024, vocab) if i != self.eos])
+        self.banned_with_eos = torch.tensor(list(range(vocab - 1024, vocab)))
+
+    # --- text in ---------------------------------------------------------------------------
+
+    def _tensor(self, array: npt.NDArray[np.floating]) -> torch.Tensor:
+        # a copy: inputs may be views onto a shared-memory ring
+        return torch.tensor(array, dtype=self.dtype, device=self.device)
+
+    def open(self, prompt: TalkerPrompt) -> TalkerState:
+        generator = torch.Generator().manual_seed(self.seed)
+        return TalkerState(prompt=prompt, generator=generator)
+
+    @torch.inference_mode()
+    def add_reply(self, state: TalkerState, states: npt.NDArray[np.floating]) -> None:
+        """Reply positions' hidden states ([n, 2, thinker_hidden]) as the Thinker feeds them."""
+        projected = self.model.text_projection(self._tensor(states[:, 0]))
+        state.reply.extend(projected.split(1, dim=0))
+
+    def end_text(self, state: TalkerState) -> None:
+        state.text_done = True
+
+    def can_start(self, state: TalkerState) -> bool:
+        return bool(state.reply)
+
+    def text_ready(self, state: TalkerState) -> bool:
+        """Whether `advance` has the text it needs (or never will: the reply is over)."""
+        return state.text_done or state.step + 1 < len(state.reply)
+
+    # --- the talker LM ---------------------------------------------------------------------
+
+    def _forward(self, state: TalkerState, embeds: torch.Tensor, positions: torch.Tensor) -> None:
+        out = self.model.model(
+            inputs_embeds=embeds,
+            position_ids=positions,
+            past_key_values=state.cache,
+            use_cache=True,
+            cache_position=torch.arange(
+                state.length, state.length + embeds.shape[1], device=self.device
+            ),
+        )
+        state.length += embeds.shape[1]
+        hidden = out.last_hidden_state[:, -1:]
+        state.last_hidden = hidden
+        logits = self.model.codec_head(hidden)[0, -1]
+        state.next_code = pick(
+            logits,
+            self.codec_sampling,
+            state.generator,
+            banned=self.banned_with_eos if self._eos_banned(state) else self.banned,
+            seen=state.codes_seen,
+        )
+        state.codes_seen.append(state.next_code)
+
+    def _eos_banned(self, state: TalkerState) -> bool:
+        return state.frames < self.min_frames
+
+    def _prompt_embeds(self, state: TalkerState) -> tuple[torch.Tensor, list[int]]:
+        prompt = state.prompt
+        ids = prompt.token_ids
+        embed = self._tensor(prompt.states[:, 0])
+        accept = self._tensor(prompt.states[:, 1])
+        starts = [i for i, t in enumerate(ids) if t == TOKENS["im_start"]] + [len(ids)]
+        parts: list[torch.Tensor] = []
+        rope_ids: list[int] = []
+        for begin, end in zip(starts, starts[1:], strict=False):
+            if ids[begin + 1] != TOKENS["user"]:
+                continue  # the Talker ignores system items and earlier replies
+            segment = ids[begin:end]
+            mm = torch.tensor([t in MULTIMODAL for t in segment], device=self.device)
+            part = self.model.text_projection(embed[begin:end])
+            if bool(mm.any()):
+                part[mm] = self.model.hidden_projection(accept[begin:end][mm])
+            parts.append(part)
+            rope_ids += segment
+        opening = self.model.text_projection(embed[starts[-2] :])  # im_start assistant \n
+        state.tts = self.model.text_projection(self._tensor(prompt.tts_embeds))
+        bos, _eos, pad = state.tts.split(1)
+        text = torch.cat((opening[:3], pad.expand(4, -1), bos, state.reply[0]), dim=0)
+        codec_ids = [CODEC["nothink"], CODEC["think_bos"], CODEC["think_eos"]]
+        codec_ids += [self.speaker_id, CODEC["pad"], CODEC["bos"]]
+        codec = self.model.get_input_embeddings()(torch.tensor(codec_ids, device=self.device))
+        codec = torch.cat((codec.new_zeros(3, codec.shape[1]), codec), dim=0)
+        parts.append(text + codec)
+        rope_ids += [TOKENS["tts_pad"]] * text.shape[0]
+        return torch.cat(parts, dim=0).unsqueeze(0), rope_ids
+
+    @torch.inference_mode()
+    def prefill(self, state: TalkerState) -> None:
+        embeds, rope_ids = self._prompt_embeds(state)
+        ids = torch.tensor([rope_ids], device=self.device)
+        frames = state.prompt.audio_feature_frames
+        lengths = torch.tensor([frames], device=self.device) if frames else None
+        positions, deltas = self.model.get_rope_index(
+            ids, None, None, torch.ones_like(ids), False, lengths, None
+        )
+        state.cache = DynamicCache()
+        state.rope_delta = int(deltas.reshape(-1)[0])
+        self._forward(state, embeds, positions)
+
+    # --- one frame -------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def predict(self, state: TalkerState) -> npt.NDArray[np.int32] | None:
+        """The next frame's 16 codes (None once the talker chose EOS)."""
+        if state.next_code == self.eos:
+            state.finished = True
+            return None
+        assert state.last_hidden is not None
+        predictor = self.model.code_predictor
+        tables = predictor.get_input_embeddings()
+        first_id = torch.tensor([[state.next_code]], device=self.device)
+        first = self.model.get_input_embeddings()(first_id)
+        cache = DynamicCache()
+        embeds = torch.cat((state.last_hidden, first), dim=1)
+        codes = [state.next_code]
+        for group in range(self.groups - 1):
+            out = predictor.model(inputs_embeds=embeds, past_key_values=cache, use_cache=True)
+            logits = predictor.lm_head[group](out.last_hidden_state[0, -1])
+            code = pick(logits, self.predictor_sampling, state.generator)
+            codes.append(code)
+            embeds = tables[group](torch.tensor([[code]], device=self.device))
+        state.frames += 1
+        return np.asarray(codes, dtype=np.int32)
+
+    def _text_for_step(self, state: TalkerState) -> torch.Tensor:
+        assert state.tts is not None
+        wanted = state.step + 1  # reply[0] went into the prompt
+        if wanted < len(state.reply):
+            return state.reply[wanted]
+        if wanted == len(state.reply):
+            return state.tts[1:2]  # tts_eos
+        return state.tts[2:3]  # tts_pad
+
+    @torch.inference_mode()
+    def advance(self, state: TalkerState, codes: npt.NDArray[np.int32]) -> None:
+        """Feed the frame just predicted (with the next piece of text) to the talker LM."""
+        tables = self.model.code_predictor.get_input_embeddings()
+        ids = torch.from_numpy(codes.astype(np.int64)).to(self.device)
+        total = self.model.get_input_embeddings()(ids[:1])
+        for group in range(1, self.groups):
+            total = total + tables[group - 1](ids[group : group + 1])
+        embeds = (total + self._text_for_step(state)).unsqueeze(0)
+        where = torch.tensor([state.length], device=self.device)
+        positions = (where + state.rope_delta).view(1, 1, 1).expand(3, 1, 1)
+        state.step += 1
+        self._forward(state, embeds, positions)

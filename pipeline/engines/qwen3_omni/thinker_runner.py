@@ -1,0 +1,158 @@
+"""The Thinker, stepped one token at a time, with the hidden states the Talker needs.
+
+transformers' `Qwen3OmniMoeForConditionalGeneration.generate` runs the whole Thinker first
+and hands the Talker, per position, two hidden states: the embedding layer's output
+(`hidden_states[0]`, which the Talker projects for text) and layer `accept_hidden_layer`'s
+(which it projects for audio and image positions). Streaming needs the same per step, so
+this runner prefills the prompt and then decodes token by token with its own KV cache:
+
+- `prefill` returns the prompt's hidden states and the first reply token;
+- each `step` feeds the last token and returns that position's hidden states and the next
+  token. As in `generate`, the final token is never fed (it is normally `<|im_end|>`).
+
+Positions are Qwen3-Omni's 3-D mRoPE ids. The model object keeps `rope_deltas` as shared
+state between calls, which concurrent requests would trample, so the runner computes the
+positions itself (`get_rope_index` at prefill, then prompt offset + step) and passes them in.
+A `ThinkerState` is one request's cache and position; requests never share one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from transformers import DynamicCache, Qwen3OmniMoeConfig
+
+from .audio_features import AudioInput
+from .config import TOKENS
+from .sampling import Sampling, pick
+
+Hidden = npt.NDArray[np.float32]
+GREEDY = Sampling()
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkerPrompt:
+    input_ids: list[int]
+    audio: AudioInput | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkerHidden:
+    """Hidden states of some positions: [n, 2, hidden] (embedding output, accept layer)."""
+
+    token_ids: list[int]
+    states: Hidden
+
+
+@dataclass
+class ThinkerState:
+    cache: DynamicCache
+    rope_delta: int
+    length: int
+    """positions in the cache"""
+    next_token: int
+    generated: list[int] = field(default_factory=list)
+    generator: torch.Generator | None = None
+
+
+class ThinkerRunner:
+    def __init__(
+        self,
+        model: Any,
+        config: Qwen3OmniMoeConfig,
+        *,
+        sampling: Sampling = GREEDY,
+        seed: int = 0,
+        hidden_dtype: type[np.floating] = np.float32,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.sampling = sampling
+        self.seed = seed
+        self.hidden_dtype = hidden_dtype
+        self.accept_layer = int(config.talker_config.accept_hidden_layer)
+        self.eos_id = TOKENS["im_end"]
+        self.device = next(model.parameters()).device
+        self.hidden_size = int(config.thinker_config.text_config.hidden_size)
+
+    def _hidden(self, hidden_states: tuple[torch.Tensor, ...]) -> Hidden:
+        both = torch.stack((hidden_states[0][0], hidden_states[self.accept_layer][0]), dim=1)
+        return both.float().cpu().numpy().astype(self.hidden_dtype, copy=False)
+
+    def _choose(self, state: ThinkerState, logits: torch.Tensor, min_new_tokens: int) -> int:
+        banned = None
+        if len(state.generated) < min_new_tokens:
+            banned = torch.tensor([self.eos_id], device=logits.device)
+        token = pick(logits, self.sampling, state.generator, banned=banned, seen=state.generated)
+        state.generated.append(token)
+        return token
+
+    @torch.inference_mode()
+    def special_embeddings(self, token_ids: list[int]) -> Hidden:
+        """The embedding layer's output for `token_ids` (the Talker's tts_bos/eos/pad)."""
+        ids = torch.tensor([token_ids], device=self.device)
+        embeds: torch.Tensor = self.model.get_input_embeddings()(ids)[0]
+        return embeds.float().cpu().numpy().astype(self.hidden_dtype, copy=False)
+
+    @torch.inference_mode()
+    def prefill(
+        self, prompt: ThinkerPrompt, *, min_new_tokens: int = 0
+    ) -> tuple[ThinkerState, ThinkerHidden]:
+        ids = torch.tensor([prompt.input_ids], device=self.device)
+        mask = torch.ones_like(ids)
+        audio = prompt.audio
+        features = feature_mask = audio_lengths = None
+        if audio is not None:
+            features = audio.features.to(self.device, self.model.dtype)
+            feature_mask = audio.mask.to(self.device)
+            audio_lengths = feature_mask.sum(dim=1)
+        positions, deltas = self.model.get_rope_index(
+            ids, None, None, mask, False, audio_lengths, None
+        )
+        cache = DynamicCache()
+        out = self.model(
+            input_ids=ids,
+            input_features=features,
+            feature_attention_mask=feature_mask,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            output_hidden_states=True,
+            cache_position=torch.arange(ids.shape[1], device=self.device),
+        )
+        generator = None
+        if self.sampling.temperature > 0:
+            generator = torch.Generator().manual_seed(self.seed)
+        state = ThinkerState(
+            cache=cache,
+            rope_delta=int(deltas.reshape(-1)[0]),
+            length=ids.shape[1],
+            next_token=-1,
+            generator=generator,
+        )
+        state.next_token = self._choose(state, out.logits[0, -1], min_new_tokens)
+        return state, ThinkerHidden(list(prompt.input_ids), self._hidden(out.hidden_states))
+
+    @torch.inference_mode()
+    def step(self, state: ThinkerState, *, min_new_tokens: int = 0) -> ThinkerHidden:
+        """Feed `state.next_token`; return its hidden states and choose the next token."""
+        fed = state.next_token
+        ids = torch.tensor([[fed]], device=self.device)
+        where = torch.tensor([state.length], device=self.device)
+        positions = (where + state.rope_delta).view(1, 1, 1).expand(3, 1, 1)
+        out = self.model(
+            input_ids=ids,
+            position_ids=positions,
+            past_key_values=state.cache,
+            use_cache=True,
+            output_hidden_states=True,
+            cache_position=where,
+        )
+        state.length += 1
+        state.next_token = self._choose(state, out.logits[0, -1], min_new_tokens)
+        return ThinkerHidden([fed], self._hidden(out.hidden_states))
