@@ -8,7 +8,7 @@ import base64
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import pytest
 from openai import AsyncOpenAI
 from starlette.testclient import TestClient, WebSocketTestSession
 from starlette.websockets import WebSocketDisconnect
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from loadtest.speech import silence, speak, trim_silence
@@ -26,13 +26,13 @@ from realtime.g711 import ulaw_encode
 from realtime.websocket.ga_events import source_id
 from realtime.websocket.openai_ws import MAX_MESSAGE_BYTES
 from tests.realtime.apps import ServedApp, fake_graph, served_app
+from tests.realtime.clients import RecordingClient
 from web.app import create_app
 from web.cli import WS_MAX_SIZE
 from web.settings import Settings
 
 KEY = "sk-test-parley-ws"
 RATE = 24_000
-Event = dict[str, Any]
 
 
 @pytest.fixture
@@ -49,57 +49,14 @@ async def server(graph: str, redis_url: str) -> AsyncIterator[ServedApp]:
         yield served
 
 
-class Client:
-    """A raw WebSocket client that keeps every event it read."""
-
-    def __init__(self, ws: ClientConnection) -> None:
-        self.ws = ws
-        self.events: list[Event] = []
-
-    async def next(self, within_s: float = 10) -> Event:
-        async with asyncio.timeout(within_s):
-            event: Event = json.loads(await self.ws.recv())
-        self.events.append(event)
-        return event
-
-    async def wait_for(self, match: Callable[[Event], bool], within_s: float = 15) -> Event:
-        async with asyncio.timeout(within_s):
-            while True:
-                event = await self.next(within_s)
-                if match(event):
-                    return event
-
-    async def until_quiet(self, quiet_s: float = 0.6) -> list[Event]:
-        got: list[Event] = []
-        with contextlib.suppress(TimeoutError):
-            while True:
-                got.append(await self.next(quiet_s))
-        return got
-
-    async def read_to_the_end(self, within_s: float = 5) -> None:
-        """Read until the server closes the connection (ConnectionClosed)."""
-        async with asyncio.timeout(within_s):
-            while True:
-                await self.next(within_s)
-
-    async def send(self, event: Event) -> None:
-        await self.ws.send(json.dumps(event))
-
-    async def say(self, pcm: np.ndarray, chunk_ms: int = 100) -> None:
-        step = RATE * chunk_ms // 1000
-        for start in range(0, len(pcm), step):
-            chunk = pcm[start : start + step].astype("<i2").tobytes()
-            await self.send({"type": "input_audio_buffer.append", "audio": b64(chunk)})
-
-
 @contextlib.asynccontextmanager
 async def raw(
     server: ServedApp, query: str = "", headers: dict[str, str] | None = None, **kwargs: Any
-) -> AsyncIterator[Client]:
+) -> AsyncIterator[RecordingClient]:
     headers = {"Authorization": f"Bearer {KEY}"} if headers is None else headers
     url = f"{server.ws_url}/v1/realtime?model=parley{'&' + query if query else ''}"
     async with connect(url, additional_headers=headers, proxy=None, **kwargs) as ws:
-        yield Client(ws)
+        yield RecordingClient(ws)
 
 
 def b64(data: bytes) -> str:
@@ -347,7 +304,7 @@ async def test_a_dropped_connection_resumes_with_the_missed_events_exactly_once(
         created = await first.wait_for(lambda e: e["type"] == "session.created")
         session_id = created["session"]["id"]
         token = created["session"]["parley"]["resume_token"]
-        await first.say(utterance("What is the weather like today?"))
+        await first.append(utterance("What is the weather like today?"))
         await first.wait_for(lambda e: e["type"] == "response.output_audio.delta")
         for _ in range(3):
             await first.next()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import json
 import os
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,12 +19,13 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from openai import AsyncOpenAI
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from realtime.error_throttle import DEFAULT_LIMIT
 from sessions.manager import SessionManager
 from tests.realtime.apps import ServedApp, fake_graph, served_app
+from tests.realtime.clients import RecordingClient
 from web.settings import Settings
 
 KEY = "sk-test-ws-faults"
@@ -58,54 +58,30 @@ def manager_of(server: ServedApp) -> SessionManager:
     return manager
 
 
-class Peer:
-    """A `websockets` client on either endpoint that keeps what it read."""
-
-    def __init__(self, ws: ClientConnection) -> None:
-        self.ws = ws
-        self.messages: list[Message] = []
-
-    async def send(self, message: Message) -> None:
-        await self.ws.send(json.dumps(message))
-
-    async def next(self, within_s: float = 10.0) -> Message:
-        async with asyncio.timeout(within_s):
-            message: Message = json.loads(await self.ws.recv())
-        self.messages.append(message)
-        return message
-
-    async def wait_for(self, kind: str, within_s: float = 10.0) -> Message:
-        async with asyncio.timeout(within_s):
-            while True:
-                message = await self.next(within_s)
-                if message["type"] == kind:
-                    return message
-
-
 @contextlib.asynccontextmanager
-async def openai_peer(server: ServedApp, query: str = "") -> AsyncIterator[Peer]:
+async def openai_peer(server: ServedApp, query: str = "") -> AsyncIterator[RecordingClient]:
     url = f"{server.ws_url}/v1/realtime?model=parley{'&' + query if query else ''}"
     async with connect(url, additional_headers=AUTH, proxy=None) as ws:
-        yield Peer(ws)
+        yield RecordingClient(ws, wait_s=10.0)
 
 
 @contextlib.asynccontextmanager
-async def video_peer(server: ServedApp) -> AsyncIterator[Peer]:
+async def video_peer(server: ServedApp) -> AsyncIterator[RecordingClient]:
     url = f"{server.ws_url}/v1/video/chat/stream"
     async with connect(url, additional_headers=AUTH, proxy=None, max_size=None) as ws:
-        yield Peer(ws)
+        yield RecordingClient(ws, wait_s=10.0)
 
 
-async def openai_turn(peer: Peer) -> None:
+async def openai_turn(peer: RecordingClient) -> None:
     await peer.send(TEXT_ITEM)
     await peer.send({"type": "response.create"})
-    done = await peer.wait_for("response.done")
+    done = await peer.wait_type("response.done")
     assert done["response"]["status"] == "completed", done
 
 
-async def video_turn(peer: Peer) -> None:
+async def video_turn(peer: RecordingClient) -> None:
     await peer.send({"type": "video.query", "text": "What do you see?"})
-    done = await peer.wait_for("response.text.done")
+    done = await peer.wait_type("response.text.done")
     assert done["status"] == "completed", done
 
 
@@ -155,13 +131,13 @@ async def test_a_clean_close_ends_the_session_at_once(
 ) -> None:
     if endpoint == "openai":
         async with openai_peer(server) as peer:
-            await peer.wait_for("session.created")
+            await peer.wait_type("session.created")
             await openai_turn(peer)
             assert len(manager_of(server)) == 1
     else:
         async with video_peer(server) as peer:
             await peer.send({"type": "session.config"})
-            await peer.wait_for("session.created")
+            await peer.wait_type("session.created")
             await video_turn(peer)
             assert len(manager_of(server)) == 1
             await peer.ws.close(1001)  # "going away", as a browser leaving the page
@@ -175,14 +151,14 @@ async def test_an_abrupt_drop_keeps_the_session_for_a_resume(
     manager = manager_of(server)
     if endpoint == "openai":
         async with openai_peer(server) as first:
-            created = await first.wait_for("session.created")
+            created = await first.wait_type("session.created")
             session_id = created["session"]["id"]
             token = created["session"]["parley"]["resume_token"]
             first.ws.transport.abort()  # no close frame: the network dropped
     else:
         async with video_peer(server) as first:
             await first.send({"type": "session.config"})
-            created = await first.wait_for("session.created")
+            created = await first.wait_type("session.created")
             session_id, token = created["session_id"], created["resume_token"]
             first.ws.transport.abort()
     session = manager.get(session_id)
@@ -199,7 +175,7 @@ async def test_an_abrupt_drop_keeps_the_session_for_a_resume(
                 {"type": "session.resume", "session_id": session_id, "resume_token": token}
             )
             await video_turn(second)
-    assert "error" not in [m["type"] for m in second.messages]
+    assert "error" not in [m["type"] for m in second.events]
     await all_gone(server, redis)  # and the resumed connection's clean close ends it
 
 
@@ -260,7 +236,9 @@ def suppressed(message: str) -> int:
     return int(message.split(" ", 1)[0])
 
 
-async def read_errors(peer: Peer, error_text: Callable[[Message], tuple[str, str]]) -> int:
+async def read_errors(
+    peer: RecordingClient, error_text: Callable[[Message], tuple[str, str]]
+) -> int:
     """Read until every one of the burst's errors is accounted for (sent, or counted in a
     summary); the number of `error` events that took."""
     accounted, events, summaries = 0, 0, 0
@@ -297,7 +275,7 @@ async def test_a_burst_of_malformed_messages_is_summarised_not_a_disconnect(
     async with peer_of(server) as peer:
         if endpoint == "video":
             await peer.send({"type": "session.config", "modalities": ["text"]})
-        await peer.wait_for("session.created")
+        await peer.wait_type("session.created")
         reader = read_errors(peer, openai_error if endpoint == "openai" else video_error)
         async with asyncio.TaskGroup() as group:
             counting = group.create_task(reader)  # the client reads all along
@@ -326,18 +304,18 @@ async def test_a_burst_of_messages_that_each_get_a_reply_gets_every_reply(
         else:
             message = {"type": "session.update", "session": {"instructions": "Be brief."}}
             reply = "session.updated"
-        await peer.wait_for("session.created")
+        await peer.wait_type("session.created")
 
         async def count_replies() -> None:
             async with asyncio.timeout(20):
-                while sum(m["type"] == reply for m in peer.messages) < BURST:
+                while sum(m["type"] == reply for m in peer.events) < BURST:
                     await peer.next()
 
         async with asyncio.TaskGroup() as group:
             group.create_task(count_replies())  # the client reads all along
             for _ in range(BURST):
                 await peer.send(message)
-        assert "error" not in [m["type"] for m in peer.messages]
+        assert "error" not in [m["type"] for m in peer.events]
         await (openai_turn(peer) if endpoint == "openai" else video_turn(peer))
 
 
@@ -348,22 +326,17 @@ async def test_an_append_over_the_cap_is_a_clear_error_and_the_connection_lives(
     server: ServedApp,
 ) -> None:
     async with openai_peer(server) as peer:
-        await peer.wait_for("session.created")
+        await peer.wait_type("session.created")
         big = base64.b64encode(b"\0" * ((1 << 20) + 2)).decode("ascii")
         await peer.send({"type": "input_audio_buffer.append", "event_id": "big", "audio": big})
-        error = await peer.wait_for("error")
+        error = await peer.wait_type("error")
         assert error["error"]["code"] == "audio_too_large"
         assert error["error"]["event_id"] == "big" and error["error"]["param"] == "audio"
         assert "limit is 1,048,576 bytes (1 MiB" in error["error"]["message"]
         fits = base64.b64encode(b"\0" * (1 << 20)).decode("ascii")
         await peer.send({"type": "input_audio_buffer.append", "audio": fits})
         await openai_turn(peer)
-        assert "error" not in [m["type"] for m in peer.messages[peer.messages.index(error) + 1 :]]
-
-
-async def read_to_the_end(peer: Peer) -> None:
-    while True:
-        await peer.next()
+        assert "error" not in [m["type"] for m in peer.events[peer.events.index(error) + 1 :]]
 
 
 async def test_a_message_over_16_mib_closes_both_endpoints_with_1009(server: ServedApp) -> None:
@@ -371,5 +344,5 @@ async def test_a_message_over_16_mib_closes_both_endpoints_with_1009(server: Ser
         async with peer_of(server) as peer:
             await peer.ws.send("x" * (16 * 1024 * 1024 + 1))
             with pytest.raises(ConnectionClosed):
-                await read_to_the_end(peer)
+                await peer.read_to_the_end(within_s=10.0)
             assert peer.ws.close_code == 1009

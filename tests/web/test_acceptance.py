@@ -16,15 +16,14 @@ import json
 import os
 import re
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 from PIL import Image
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import connect
 
 from loadtest.abort_bench import stages_idle
 from loadtest.speech import silence, speak, trim_silence
@@ -32,9 +31,9 @@ from loadtest.webrtc_client import Caller
 from pipeline.graph import StageGraph
 from pipeline.worker import WorkerEngine
 from tests.realtime.apps import ServedApp, served_app
+from tests.realtime.clients import RecordingClient
 from web.settings import Settings
 
-Event = dict[str, Any]
 RELAY = "tests.fakes.stage_engines:Relay"
 
 
@@ -51,52 +50,10 @@ def jpeg(shade: int, size: int = 64) -> bytes:
     return out.getvalue()
 
 
-class Realtime:
-    """A raw OpenAI Realtime WebSocket client that keeps every event it read."""
-
-    def __init__(self, ws: ClientConnection) -> None:
-        self.ws = ws
-        self.events: list[Event] = []
-
-    async def send(self, event: Event) -> None:
-        await self.ws.send(json.dumps(event))
-
-    async def append(self, pcm: np.ndarray, chunk_s: float = 1.0, rate: int = 24_000) -> None:
-        step = int(chunk_s * rate)
-        for start in range(0, len(pcm), step):
-            data = base64.b64encode(pcm[start : start + step].tobytes()).decode()
-            await self.send({"type": "input_audio_buffer.append", "audio": data})
-
-    async def ask(self, pcm: np.ndarray) -> None:
-        """A manual turn: the audio, committed, and a response asked for."""
-        await self.append(pcm)
-        await self.send({"type": "input_audio_buffer.commit"})
-        await self.send({"type": "response.create"})
-
-    async def wait_for(self, match: Callable[[Event], bool], within_s: float = 20) -> Event:
-        async with asyncio.timeout(within_s):
-            while True:
-                event: Event = json.loads(await self.ws.recv())
-                self.events.append(event)
-                if match(event):
-                    return event
-
-    async def wait_type(self, event_type: str, within_s: float = 20) -> Event:
-        return await self.wait_for(lambda e: e["type"] == event_type, within_s)
-
-    def audio_ms(self, response_id: str, rate: int = 24_000) -> float:
-        samples = sum(
-            len(base64.b64decode(e["delta"])) // 2
-            for e in self.events
-            if e["type"] == "response.output_audio.delta" and e["response_id"] == response_id
-        )
-        return samples * 1000 / rate
-
-
 @contextlib.asynccontextmanager
-async def realtime(server: ServedApp, manual: bool = False) -> AsyncIterator[Realtime]:
+async def realtime(server: ServedApp, manual: bool = False) -> AsyncIterator[RecordingClient]:
     async with connect(f"{server.ws_url}/v1/realtime?model=parley", max_size=None) as ws:
-        client = Realtime(ws)
+        client = RecordingClient(ws, wait_s=20)
         await client.wait_type("session.created")
         if manual:
             await client.send(
@@ -178,10 +135,10 @@ async def test_a_client_interrupting_by_speaking_cuts_the_answer(redis_url: str)
         served_app(Settings(pipeline="echo"), redis_url) as server,
         realtime(server) as client,
     ):
-        await client.append(np.concatenate([question, silence(900, 24_000)]), chunk_s=0.1)
+        await client.append(np.concatenate([question, silence(900, 24_000)]), chunk_ms=100)
         first = await client.wait_type("response.created", within_s=20)
         await client.wait_type("response.output_audio.delta")
-        await client.append(np.concatenate([question, silence(900, 24_000)]), chunk_s=0.1)
+        await client.append(np.concatenate([question, silence(900, 24_000)]), chunk_ms=100)
         done = await client.wait_for(
             lambda e: (
                 e["type"] == "response.done" and e["response"]["id"] == first["response"]["id"]
@@ -212,7 +169,7 @@ async def test_a_long_input_is_bounded_and_answered(redis_url: str) -> None:
                 }
             )
             await client.wait_type("session.updated")
-            await client.append(tone(180.0), chunk_s=10.0)
+            await client.append(tone(180.0), chunk_ms=10_000)
             await client.send({"type": "input_audio_buffer.commit"})
             await client.send({"type": "response.create"})
             done = await client.wait_type("response.done", within_s=30)
