@@ -50,6 +50,8 @@ class TalkerEngine(ModelStage[TalkerState]):
         self.min_frames = min_frames
         self.speaker = speaker
         self.runner: TalkerRunner | None = None
+        self._wakes: dict[str, asyncio.Event] = {}
+        """per request: set when text arrives, the text ends, or the request is aborted"""
 
     def _loaded(self) -> None:
         assert self.model is not None and self.config is not None
@@ -80,14 +82,25 @@ class TalkerEngine(ModelStage[TalkerState]):
             if prompt is None:
                 yield End()  # the Thinker ended before its prompt: nothing to say
                 return
+            if not self._active(request_id):
+                return  # aborted
             state = runner.open(prompt)
             self._requests[request_id] = state
-            wake = asyncio.Event()
+            wake = self._wakes[request_id] = asyncio.Event()
             # a task and not a TaskGroup: its scope spans the generator's yields
             reader = asyncio.create_task(
                 self._drain(runner, state, chunks, wake), name=f"{request_id}:talker-reader"
             )
-            await _until(lambda: runner.can_start(state) or state.text_done, wake, reader)
+
+            def can_start() -> bool:
+                return runner.can_start(state) or state.text_done or not self._active(request_id)
+
+            def can_advance() -> bool:
+                return runner.text_ready(state) or not self._active(request_id)
+
+            await _until(can_start, wake, reader)
+            if not self._active(request_id):
+                return  # aborted
             if not state.reply:
                 yield End()
                 return
@@ -101,7 +114,9 @@ class TalkerEngine(ModelStage[TalkerState]):
                 yield CodecCodes(codes=codes[np.newaxis, :], metadata={"frame": frame})
                 if frame + 1 == self.max_frames:
                     break
-                await _until(lambda: runner.text_ready(state), wake, reader)
+                await _until(can_advance, wake, reader)
+                if not self._active(request_id):
+                    return  # aborted
                 await self.thread.call(runner.advance, state, codes)
             yield End()
         except UpstreamError as exc:
@@ -113,6 +128,12 @@ class TalkerEngine(ModelStage[TalkerState]):
                 if not reader.cancelled():
                     reader.exception()  # retrieved: an error already ended the request
             self._requests.pop(request_id, None)
+            self._wakes.pop(request_id, None)
+
+    async def abort(self, request_id: str) -> None:
+        await super().abort(request_id)
+        if (wake := self._wakes.pop(request_id, None)) is not None:
+            wake.set()  # a request waiting for text sees it is aborted
 
     async def _drain(
         self,

@@ -106,6 +106,8 @@ class ThinkerEngine(ModelStage[ThinkerState]):
                 },
             )
             for produced in range(1, self.max_new_tokens + 1):
+                if not self._active(request_id):
+                    return  # aborted
                 token = state.next_token
                 if token == runner.eos_id:
                     break

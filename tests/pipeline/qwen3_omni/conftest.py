@@ -1,0 +1,63 @@
+"""The tiny random-weight Qwen3-Omni: built once per test module, graphs in or out of process.
+
+Random weights never stop by themselves, so every length here is fixed by engine arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from transformers import Qwen3OmniMoeConfig
+
+from pipeline.engines.qwen3_omni.weights import build_part
+
+TOKENS = 12
+FRAMES = 12
+
+
+def graph_yaml(
+    *,
+    placement: str = "main",
+    tokens: int = TOKENS,
+    frames: int = FRAMES,
+    first_chunk: int = 2,
+    chunk: int = 5,
+) -> str:
+    """The tiny graph with its lengths and chunking set, every stage placed in `placement`
+    except Code2Wav (always in this process, so tests can look at what reaches it)."""
+    tiny = "tiny: true, threads: 1"
+    return f"""\
+name: qwen3_omni_tiny_test
+stages:
+  - name: thinker
+    engine: qwen3_omni.thinker
+    engine_args: {{{tiny}, max_new_tokens: {tokens}, min_new_tokens: {tokens}}}
+    placement: {{process: {placement}}}
+  - name: talker
+    engine: qwen3_omni.talker
+    engine_args: {{{tiny}, max_frames: {frames}, min_frames: {frames}}}
+    placement: {{process: {placement}}}
+  - name: code2wav
+    engine: qwen3_omni.code2wav
+    engine_args: {{{tiny}, first_chunk: {first_chunk}, chunk: {chunk}, left_context: 5,
+                  normalize_peak: 0.3}}
+edges:
+  - {{from: thinker, to: talker}}
+  - {{from: talker, to: code2wav}}
+outputs: [thinker, code2wav]
+"""
+
+
+def turn_audio(seconds: float = 1.0, seed: int = 0) -> npt.NDArray[np.int16]:
+    """A turn's audio at 16 kHz: noise is all a random-weight model can tell apart."""
+    rng = np.random.default_rng(seed)
+    return rng.normal(0, 3000, int(16_000 * seconds)).clip(-32768, 32767).astype(np.int16)
+
+
+@pytest.fixture(scope="module")
+def tiny_parts() -> dict[str, tuple[Any, Qwen3OmniMoeConfig]]:
+    """The three parts of the tiny model, built once for the module's runner tests."""
+    return {part: build_part(part, tiny=True) for part in ("thinker", "talker", "code2wav")}
