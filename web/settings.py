@@ -84,6 +84,12 @@ def _origins(value: str, api_key: str | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(origins))
 
 
+MODEL_PATH_HELP = (
+    "a checkpoint directory (Hugging Face layout) for the model engines (qwen3_omni); "
+    "also PARLEY_MODEL_PATH; without it they use seeded random weights"
+)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="parley", description="Parley realtime voice sessions")
     sub = p.add_subparsers(dest="command", required=True)
@@ -97,6 +103,7 @@ def parser() -> argparse.ArgumentParser:
         help="use this Redis/Valkey; without it a private redis-server is started",
     )
     serve.add_argument("--pipeline", default=_env("pipeline", d.pipeline))
+    serve.add_argument("--model-path", default=None, help=MODEL_PATH_HELP)
     serve.add_argument("--max-sessions", default=_env("max_sessions", str(d.max_sessions)))
     serve.add_argument("--log-level", default=_env("log_level", d.log_level))
     serve.add_argument("--api-key", default=_env("api_key", None))
@@ -114,6 +121,7 @@ def parser() -> argparse.ArgumentParser:
     stage.add_argument("--redis-url", default=_env("redis_url", None), required=False)
     stage.add_argument("--pipeline", default=_env("pipeline", d.pipeline))
     stage.add_argument("--stage", default=_env("stage", None))
+    stage.add_argument("--model-path", default=None, help=MODEL_PATH_HELP)
     stage.add_argument("--log-level", default=_env("log_level", d.log_level))
     return p
 
@@ -121,6 +129,11 @@ def parser() -> argparse.ArgumentParser:
 def parse_settings(argv: Sequence[str] | None = None) -> tuple[str, Settings]:
     """(command, settings); raises SettingsError with a message for people."""
     args = parser().parse_args(argv)
+    if args.model_path:
+        if not os.path.isdir(args.model_path):
+            raise SettingsError(f"--model-path: {args.model_path!r} is not a directory")
+        # read by the model engines, here and in the stage workers (which inherit it)
+        os.environ["PARLEY_MODEL_PATH"] = args.model_path
     level = str(args.log_level).lower()
     if level not in LOG_LEVELS:
         raise SettingsError(f"--log-level: must be one of {', '.join(LOG_LEVELS)}, got {level!r}")

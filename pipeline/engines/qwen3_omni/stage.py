@@ -8,6 +8,7 @@ idempotent close.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Generic, TypeVar
 
 import torch
@@ -17,6 +18,9 @@ from .model_thread import ModelThread
 from .weights import Part, build_part
 
 StateT = TypeVar("StateT")
+
+MODEL_PATH_ENV = "PARLEY_MODEL_PATH"
+"""A checkpoint directory for stages whose graph names none (`parley serve --model-path`)."""
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -37,7 +41,8 @@ class ModelStage(Generic[StateT]):
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
-        self.model_path = model_path
+        self.model_path = model_path or os.environ.get(MODEL_PATH_ENV) or None
+        """A checkpoint (Hugging Face layout) to load; it overrides `tiny`. None: random."""
         self.tiny = tiny
         self.seed = seed
         self.device = device

@@ -4,15 +4,20 @@ a closed stream or a cancelled reader."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from pipeline.channel import Channel
 from pipeline.engines.qwen3_omni.code2wav import Code2WavEngine
 from pipeline.engines.qwen3_omni.talker import TalkerEngine
 from pipeline.engines.qwen3_omni.thinker import ThinkerEngine
+from pipeline.engines.qwen3_omni.weights import build_part
 from pipeline.types import (
     AudioChunk,
     Chunk,
@@ -23,6 +28,7 @@ from pipeline.types import (
     StageInput,
     TextDelta,
 )
+from web.settings import SettingsError, parse_settings
 
 from .conftest import turn_audio
 
@@ -154,3 +160,25 @@ async def test_code2wav_streams_pcm_at_the_requested_rate_and_aborts_cleanly(
     await code2wav.abort("c2")
     assert [c async for c in stream] == []
     assert code2wav.active_requests() == 0
+
+
+async def test_a_checkpoint_named_by_parley_model_path_is_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saved, config = build_part("code2wav", tiny=True, seed=9)
+    config.save_pretrained(tmp_path)
+    weights = {f"code2wav.{k}": v.contiguous() for k, v in saved.state_dict().items()}
+    save_file(weights, tmp_path / "model.safetensors")
+    monkeypatch.delenv("PARLEY_MODEL_PATH", raising=False)
+    _, settings = parse_settings(["serve", "--model-path", str(tmp_path)])  # as `parley serve`
+    assert os.environ["PARLEY_MODEL_PATH"] == str(tmp_path)
+    monkeypatch.setenv("PARLEY_MODEL_PATH", str(tmp_path))  # undone after the test
+    engine = Code2WavEngine(tiny=True)  # the checkpoint wins over random weights
+    await engine.start()
+    try:
+        loaded = engine.model.state_dict()
+        assert all(torch.equal(loaded[k[len("code2wav.") :]], v) for k, v in weights.items())
+    finally:
+        await engine.close()
+    with pytest.raises(SettingsError, match="not a directory"):
+        parse_settings(["serve", "--model-path", str(tmp_path / "missing")])
