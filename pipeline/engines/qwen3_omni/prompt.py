@@ -2,7 +2,8 @@
 
 Qwen3-Omni speaks ChatML: `<|im_start|>role\\n ... <|im_end|>\\n` per item, the user's audio
 between `<|audio_start|>` and `<|audio_end|>` as one `<|audio_pad|>` placeholder per audio
-token, and the reply opened with `<|im_start|>assistant\\n`. The special ids are fixed by the
+token, each camera frame as `<|image_pad|>`s between `<|vision_start|>` and `<|vision_end|>`,
+and the reply opened with `<|im_start|>assistant\\n`. The special ids are fixed by the
 released tokenizer (`config.TOKENS`), so the prompt's structure is exact without a tokenizer.
 
 Words are another matter. A random-weight model has no vocabulary to respect, so `ByteVocab`
@@ -75,15 +76,18 @@ def chat_prompt(
     history: Sequence[tuple[str, str]],
     audio_tokens: int,
     text: str | None,
+    image_tokens: Sequence[int] = (),
 ) -> list[int]:
-    """System item, history items, the user's turn (audio placeholders, then any text), and
-    the opening of the assistant's reply."""
+    """System item, history items, the user's turn (image placeholders per frame, audio
+    placeholders, then any text), and the opening of the assistant's reply."""
     ids: list[int] = []
     if instructions:
         ids += _item(TOKENS["system"], vocab.encode(instructions))
     for role, said in history:
         ids += _item(ROLE_IDS[role], vocab.encode(said))
     turn: list[int] = []
+    for count in image_tokens:
+        turn += [TOKENS["vision_start"], *[TOKENS["image"]] * count, TOKENS["vision_end"]]
     if audio_tokens:
         turn += [TOKENS["audio_start"], *[TOKENS["audio"]] * audio_tokens, TOKENS["audio_end"]]
     if text:

@@ -170,6 +170,7 @@ async def _first_prompt(chunks: AsyncIterator[Chunk]) -> TalkerPrompt | None:
                 states=np.array(chunk.array),
                 tts_embeds=np.array(meta["tts_embeds"]),
                 audio_feature_frames=int(meta.get("audio_feature_frames", 0)),
+                image_grid_thw=tuple(tuple(g) for g in meta.get("image_grid_thw", ())),
             )
     return None
 

@@ -44,6 +44,8 @@ class TalkerPrompt:
     tts_embeds: npt.NDArray[np.floating]
     """[3, thinker_hidden]: the Thinker's embeddings of tts_bos, tts_eos, tts_pad"""
     audio_feature_frames: int = 0
+    image_grid_thw: tuple[tuple[int, int, int], ...] = ()
+    """each camera frame's patch grid, as the Thinker saw it (for 3-D positions)"""
 
 
 @dataclass
@@ -186,8 +188,10 @@ class TalkerRunner:
         ids = torch.tensor([rope_ids], device=self.device)
         frames = state.prompt.audio_feature_frames
         lengths = torch.tensor([frames], device=self.device) if frames else None
+        grids = state.prompt.image_grid_thw
+        grid = torch.tensor(grids, device=self.device) if grids else None
         positions, deltas = self.model.get_rope_index(
-            ids, None, None, torch.ones_like(ids), False, lengths, None
+            ids, grid, None, torch.ones_like(ids), False, lengths, None
         )
         state.cache = DynamicCache()
         state.rope_delta = int(deltas.reshape(-1)[0])

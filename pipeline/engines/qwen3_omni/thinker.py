@@ -25,6 +25,7 @@ from .prompt import Vocab, chat_prompt, load_vocab
 from .sampling import Sampling
 from .stage import ModelStage
 from .thinker_runner import ThinkerHidden, ThinkerPrompt, ThinkerRunner, ThinkerState
+from .vision_input import TOKEN_PIXELS, FrameImages, VisionInput
 
 DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant."
 
@@ -42,6 +43,7 @@ class ThinkerEngine(ModelStage[ThinkerState]):
         top_k: int = 0,
         top_p: float = 1.0,
         default_instructions: str = DEFAULT_INSTRUCTIONS,
+        image_max_pixels: int = 128 * TOKEN_PIXELS,
         **model: Any,
     ) -> None:
         super().__init__(**model)
@@ -51,6 +53,9 @@ class ThinkerEngine(ModelStage[ThinkerState]):
         self.min_new_tokens = min_new_tokens
         self.sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
         self.default_instructions = default_instructions
+        self.image_max_pixels = image_max_pixels
+        """Each camera frame is scaled to at most this (32 x 32 pixels make one token)."""
+        self.images: FrameImages | None = None
         self.runner: ThinkerRunner | None = None
         self.vocab: Vocab | None = None
         self.features: AudioFeatures | None = None
@@ -62,21 +67,30 @@ class ThinkerEngine(ModelStage[ThinkerState]):
         self.vocab = load_vocab(self.model_path)
         mel_bins = int(self.config.thinker_config.audio_config.num_mel_bins)
         self.features = AudioFeatures(mel_bins, self.model_path)
+        vision = self.config.thinker_config.vision_config
+        self.images = FrameImages(
+            patch_size=int(vision.patch_size),
+            merge_size=int(vision.spatial_merge_size),
+            temporal_patch_size=int(vision.temporal_patch_size),
+            max_pixels=self.image_max_pixels,
+        )
         special = [TOKENS["tts_bos"], TOKENS["tts_eos"], TOKENS["tts_pad"]]
         self.tts_embeds = self.runner.special_embeddings(special)
 
     def _prompt(self, request: PipelineRequest) -> ThinkerPrompt:
-        """On the model thread: log-mel features and the chat prompt's ids."""
-        assert self.features is not None and self.vocab is not None
+        """On the model thread: log-mel features, image patches and the chat prompt's ids."""
+        assert self.features is not None and self.vocab is not None and self.images is not None
         audio: AudioInput | None = self.features(request.audio)
+        vision: VisionInput | None = self.images(request.frames)
         ids = chat_prompt(
             self.vocab,
             instructions=request.instructions or self.default_instructions,
             history=[(item.role, item.text) for item in request.history],
             audio_tokens=audio.tokens if audio else 0,
             text=request.text,
+            image_tokens=vision.tokens if vision else (),
         )
-        return ThinkerPrompt(ids, audio)
+        return ThinkerPrompt(ids, audio, vision)
 
     async def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]:
         if not isinstance(inputs, PipelineRequest):
@@ -103,6 +117,9 @@ class ThinkerEngine(ModelStage[ThinkerState]):
                     "token_ids": hidden.token_ids,
                     "tts_embeds": self.tts_embeds,
                     "audio_feature_frames": audio_frames,
+                    "image_grid_thw": (
+                        prompt.vision.grid_thw.tolist() if prompt.vision is not None else []
+                    ),
                 },
             )
             for produced in range(1, self.max_new_tokens + 1):

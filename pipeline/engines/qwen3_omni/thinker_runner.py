@@ -29,6 +29,7 @@ from transformers import DynamicCache, Qwen3OmniMoeConfig
 from .audio_features import AudioInput
 from .config import TOKENS
 from .sampling import Sampling, pick
+from .vision_input import VisionInput
 
 Hidden = npt.NDArray[np.float32]
 GREEDY = Sampling()
@@ -38,6 +39,7 @@ GREEDY = Sampling()
 class ThinkerPrompt:
     input_ids: list[int]
     audio: AudioInput | None = None
+    vision: VisionInput | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,14 +112,20 @@ class ThinkerRunner:
             features = audio.features.to(self.device, self.model.dtype)
             feature_mask = audio.mask.to(self.device)
             audio_lengths = feature_mask.sum(dim=1)
+        pixels = grid = None
+        if prompt.vision is not None:
+            pixels = prompt.vision.pixel_values.to(self.device, self.model.dtype)
+            grid = prompt.vision.grid_thw.to(self.device)
         positions, deltas = self.model.get_rope_index(
-            ids, None, None, mask, False, audio_lengths, None
+            ids, grid, None, mask, False, audio_lengths, None
         )
         cache = DynamicCache()
         out = self.model(
             input_ids=ids,
             input_features=features,
             feature_attention_mask=feature_mask,
+            pixel_values=pixels,
+            image_grid_thw=grid,
             attention_mask=mask,
             position_ids=positions,
             past_key_values=cache,

@@ -5,14 +5,17 @@ Random weights never stop by themselves, so every length here is fixed by engine
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pytest
+from PIL import Image
 from transformers import Qwen3OmniMoeConfig
 
 from pipeline.engines.qwen3_omni.weights import build_part
+from pipeline.types import VideoFrame
 
 TOKENS = 12
 FRAMES = 12
@@ -55,6 +58,14 @@ def turn_audio(seconds: float = 1.0, seed: int = 0) -> npt.NDArray[np.int16]:
     """A turn's audio at 16 kHz: noise is all a random-weight model can tell apart."""
     rng = np.random.default_rng(seed)
     return rng.normal(0, 3000, int(16_000 * seconds)).clip(-32768, 32767).astype(np.int16)
+
+
+def camera_frame(timestamp_ms: int, seed: int = 0) -> VideoFrame:
+    """A 320x240 JPEG of noise."""
+    pixels = np.random.default_rng(seed).integers(0, 256, (240, 320, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG")
+    return VideoFrame(image=out.getvalue(), timestamp_ms=timestamp_ms)
 
 
 @pytest.fixture(scope="module")

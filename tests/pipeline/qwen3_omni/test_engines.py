@@ -30,12 +30,16 @@ from pipeline.types import (
 )
 from web.settings import SettingsError, parse_settings
 
-from .conftest import turn_audio
+from .conftest import camera_frame, turn_audio
 
 
 def request(rid: str, rate: int = 24_000, text_only: bool = False) -> PipelineRequest:
     return PipelineRequest(
-        request_id=rid, audio=turn_audio(1.0), output_sample_rate=rate, output_text_only=text_only
+        request_id=rid,
+        audio=turn_audio(1.0),
+        frames=(camera_frame(0),),
+        output_sample_rate=rate,
+        output_text_only=text_only,
     )
 
 
@@ -79,6 +83,7 @@ async def test_thinker_streams_text_and_the_hidden_states_the_talker_needs(
     assert prompt.array.shape == (len(prompt.metadata["token_ids"]), 2, 64)
     assert prompt.metadata["tts_embeds"].shape == (3, 64)
     assert prompt.metadata["audio_feature_frames"] == 100  # 1 s of mel frames
+    assert prompt.metadata["image_grid_thw"] == [[1, 16, 20]]  # the camera frame's patches
     text = [c for c in out if isinstance(c, TextDelta)]
     reply = [c for c in out if isinstance(c, HiddenStates) and c.metadata["part"] == "reply"]
     assert len(text) == 6 and all(t.text.startswith("tok") for t in text)
@@ -169,10 +174,9 @@ async def test_a_checkpoint_named_by_parley_model_path_is_loaded(
     config.save_pretrained(tmp_path)
     weights = {f"code2wav.{k}": v.contiguous() for k, v in saved.state_dict().items()}
     save_file(weights, tmp_path / "model.safetensors")
-    monkeypatch.delenv("PARLEY_MODEL_PATH", raising=False)
+    monkeypatch.setenv("PARLEY_MODEL_PATH", "")  # restored (unset) after the test
     _, settings = parse_settings(["serve", "--model-path", str(tmp_path)])  # as `parley serve`
     assert os.environ["PARLEY_MODEL_PATH"] == str(tmp_path)
-    monkeypatch.setenv("PARLEY_MODEL_PATH", str(tmp_path))  # undone after the test
     engine = Code2WavEngine(tiny=True)  # the checkpoint wins over random weights
     await engine.start()
     try:

@@ -17,25 +17,32 @@ from pipeline.engines.qwen3_omni.config import FULL_SIZE, TOKENS, omni_config
 from pipeline.engines.qwen3_omni.prompt import ByteVocab, chat_prompt
 from pipeline.engines.qwen3_omni.talker_runner import TalkerPrompt, TalkerRunner
 from pipeline.engines.qwen3_omni.thinker_runner import ThinkerPrompt, ThinkerRunner
+from pipeline.engines.qwen3_omni.vision_input import FrameImages
 from pipeline.engines.qwen3_omni.weights import build_part
+from pipeline.types import VideoFrame
 
-from .conftest import turn_audio
+from .conftest import camera_frame, turn_audio
 
 Parts = dict[str, tuple[Any, Qwen3OmniMoeConfig]]
 
 
 def spoken_prompt() -> ThinkerPrompt:
+    """A spoken turn with two camera frames (and a third that does not decode)."""
     audio = AudioFeatures()(turn_audio(1.5))
     assert audio is not None and audio.tokens > 0
+    vision = FrameImages()([camera_frame(0), VideoFrame(b"not a jpeg", 40), camera_frame(80)])
+    assert vision is not None and vision.tokens == [80, 80]  # 320x240: 20x16 patches, 2x2
     ids = chat_prompt(
         ByteVocab(),
         instructions="Be brief.",
         history=[("user", "hi"), ("assistant", "hello")],
         audio_tokens=audio.tokens,
         text=None,
+        image_tokens=vision.tokens,
     )
     assert ids.count(TOKENS["audio"]) == audio.tokens
-    return ThinkerPrompt(ids, audio)
+    assert ids.count(TOKENS["image"]) == 160
+    return ThinkerPrompt(ids, audio, vision)
 
 
 def test_thinker_steps_match_transformers_generate(tiny_parts: Parts) -> None:
@@ -46,13 +53,15 @@ def test_thinker_steps_match_transformers_generate(tiny_parts: Parts) -> None:
     fed = [runner.step(state) for _ in range(7)]
     assert prompt_hidden.states.shape == (len(prompt.input_ids), 2, 64)
 
-    assert prompt.audio is not None
+    assert prompt.audio is not None and prompt.vision is not None
     ids = torch.tensor([prompt.input_ids])
     reference = model.generate(
         input_ids=ids,
         attention_mask=torch.ones_like(ids),
         input_features=prompt.audio.features,
         feature_attention_mask=prompt.audio.mask,
+        pixel_values=prompt.vision.pixel_values,
+        image_grid_thw=prompt.vision.grid_thw,
         max_new_tokens=8,
         do_sample=False,
         output_hidden_states=True,
@@ -78,7 +87,10 @@ def test_talker_waits_for_text_and_makes_frames_of_16_codes(tiny_parts: Parts) -
         [TOKENS["tts_bos"], TOKENS["tts_eos"], TOKENS["tts_pad"]]
     )
     talker = TalkerRunner(talker_model, config, min_frames=6)
-    talking = talker.open(TalkerPrompt(prompt_hidden.token_ids, prompt_hidden.states, tts))
+    grids = ((1, 16, 20), (1, 16, 20))
+    talking = talker.open(
+        TalkerPrompt(prompt_hidden.token_ids, prompt_hidden.states, tts, 150, grids)
+    )
     assert not talker.can_start(talking)  # needs the first reply token's hidden states
     talker.add_reply(talking, thinker_runner.step(state).states)
     assert talker.can_start(talking)
