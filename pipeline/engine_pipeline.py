@@ -1,6 +1,6 @@
 """A pipeline of one stage: the engine's output chunks go straight to the caller.
 
-This is the smallest graph. It holds the pipeline contract for a single engine: the
+This is the smallest graph. It holds the pipeline contract for a single entry engine: the
 stream ends with one End or ErrorChunk, and closing it early aborts the request.
 """
 
@@ -8,11 +8,19 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 
-from .types import AudioChunk, End, Engine, ErrorChunk, OutputChunk, PipelineRequest, TextDelta
+from .types import (
+    AudioChunk,
+    End,
+    EntryEngine,
+    ErrorChunk,
+    OutputChunk,
+    PipelineRequest,
+    TextDelta,
+)
 
 
 class EnginePipeline:
-    def __init__(self, engine: Engine, name: str | None = None) -> None:
+    def __init__(self, engine: EntryEngine, name: str | None = None) -> None:
         self.engine = engine
         self.name = name or engine.name
 

@@ -1,7 +1,8 @@
 """The stage graph runtime: one request in, streamed output chunks out.
 
-Every stage of a request runs as its own task, owned by `generate`. Entry stages get the
-request; every other stage gets a `StageInput` whose chunk stream is fed by its upstream
+Every stage of a request runs as its own task, owned by `generate`. Entry stages (no upstream
+edge; their engine is an EntryEngine, checked when the graph is built) get the request; every
+other stage (a StreamEngine) gets a `StageInput` whose chunk stream is fed by its upstream
 stages through one bounded channel, so a downstream stage starts on the first chunk its
 upstream yields and a slow consumer holds back everything upstream instead of growing a
 queue. Closing the output iterator (or cancelling its reader) cancels every stage task, and
@@ -20,17 +21,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from .channel import Channel, ChannelClosed
-from .graph_config import EdgeConfig, GraphConfig, StageConfig, resolve_transform
+from .graph_config import (
+    EdgeConfig,
+    GraphConfig,
+    GraphConfigError,
+    StageConfig,
+    resolve_transform,
+    wrong_engine_kind,
+)
 from .metrics import PipelineMetrics
 from .types import (
     AudioChunk,
     Chunk,
     End,
     Engine,
+    EntryEngine,
     ErrorChunk,
     OutputChunk,
     PipelineRequest,
     StageInput,
+    StreamEngine,
     TextDelta,
 )
 
@@ -51,7 +61,10 @@ class _Edge:
 
 
 class StageGraph:
-    """A Pipeline made of engines wired by a GraphConfig."""
+    """A Pipeline made of engines wired by a GraphConfig.
+
+    Raises GraphConfigError, naming the stage, when an engine is not the kind its stage
+    needs (an EntryEngine where there is no upstream edge, a StreamEngine elsewhere)."""
 
     def __init__(
         self,
@@ -69,7 +82,21 @@ class StageGraph:
         self.engines = engines
         self.channel_size = channel_size
         self.metrics = metrics or PipelineMetrics()
-        self._entry = set(config.entry_stages())
+        self._entry: dict[str, EntryEngine] = {}
+        self._stream: dict[str, StreamEngine] = {}
+        for index, stage in enumerate(config.stages):
+            match config.stage_kind(stage.name), engines[stage.name]:
+                case "entry", EntryEngine() as entry:
+                    self._entry[stage.name] = entry
+                case "stream", StreamEngine() as stream:
+                    self._stream[stage.name] = stream
+                case kind, engine:
+                    raise GraphConfigError(
+                        f"graph {config.name}",
+                        None,
+                        f"stages.{index}.engine",
+                        wrong_engine_kind(stage.name, kind, engine),
+                    )
         self._outputs = set(config.outputs)
         self._edges_from: dict[str, list[_Edge]] = {s.name: [] for s in config.stages}
         for edge in config.edges:
@@ -144,16 +171,16 @@ class StageGraph:
         out: Channel[OutputChunk | _StageDone],
     ) -> None:
         name = stage.name
-        engine = self.engines[name]
-        stage_inputs: Any = (
-            request if name in self._entry else StageInput(request, aiter(inputs[name]))
-        )
         edges = self._edges_from[name]
         batches: list[list[Chunk]] = [[] for _ in edges]
         started = time.monotonic()
         first = True
         try:
-            stream = engine.generate(request.request_id, stage_inputs)
+            if name in self._entry:
+                stream = self._entry[name].generate(request.request_id, request)
+            else:
+                upstream = StageInput(request, aiter(inputs[name]))
+                stream = self._stream[name].generate(request.request_id, upstream)
             try:
                 async for chunk in stream:
                     if first:

@@ -4,7 +4,9 @@ A graph names its stages (each with an engine, engine arguments and a placement)
 between them (upstream stage, downstream stage, a transform given as `module:function`, and
 the number of upstream chunks batched into one call of the transform), and the stages whose
 output reaches the caller. Every error names the file, the line and the field, because a
-graph file is edited by hand.
+graph file is edited by hand. The edges also say what kind each stage is: one with no upstream
+edge is an entry stage (its engine takes the request), any other a stream stage (its engine
+takes the upstream chunks); the runtime checks each engine against its stage's kind.
 
     name: cascade
     stages:
@@ -27,6 +29,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .imports import import_object
+from .types import EntryEngine, StreamEngine
+
+StageKind = Literal["entry", "stream"]
+"""An entry stage has no upstream edge and its engine (an EntryEngine) gets the request; every
+other stage is a stream stage, whose engine (a StreamEngine) gets the upstream chunks."""
 
 
 class GraphConfigError(ValueError):
@@ -110,6 +117,26 @@ class GraphConfig(_Model):
         """Stages with no upstream edge: they receive the request itself."""
         targets = {e.target for e in self.edges}
         return [s.name for s in self.stages if s.name not in targets]
+
+    def stage_kind(self, name: str) -> StageKind:
+        return "stream" if self.upstream(name) else "entry"
+
+
+def wrong_engine_kind(stage: str, kind: StageKind, engine: object) -> str:
+    """What to say when `engine` is not the kind of engine `stage` needs."""
+    cls = type(engine)
+    what = f"{cls.__module__}.{cls.__qualname__}"
+    if isinstance(engine, EntryEngine):
+        what += " is an EntryEngine"
+    elif isinstance(engine, StreamEngine):
+        what += " is a StreamEngine"
+    else:
+        what += " is neither"
+    if kind == "entry":
+        need = "has no upstream edge, so its engine must be an EntryEngine (takes the request)"
+    else:
+        need = "has an upstream edge, so its engine must be a StreamEngine (takes a StageInput)"
+    return f"stage {stage!r} {need}; {what}"
 
 
 class _At(ValueError):

@@ -1,7 +1,9 @@
 """Pipelines by name or path, for `parley serve --pipeline NAME|PATH`.
 
 A name is a graph file shipped in `pipeline/configs/`; anything else is read as a path.
-Stages placed in a worker process are wrapped in a `WorkerEngine`.
+Stages placed in a worker process are wrapped in a `WorkerEngine`, remote ones in a
+`RemoteEngine`; the engine on the far side is checked against its stage's kind when it starts,
+the others when the `StageGraph` is built.
 """
 
 from __future__ import annotations
@@ -55,8 +57,9 @@ def build_engines(config: GraphConfig, redis_url: str | None = None) -> dict[str
                 raise PipelineNotFound(f"stage {stage.name} is remote, which needs a Redis URL")
             engines[stage.name] = RemoteEngine(stage.name, link_name(config, stage.name), redis_url)
         elif stage.placement.process == "worker":
+            kind = config.stage_kind(stage.name)
             engines[stage.name] = WorkerEngine(
-                WorkerSpec(stage.name, stage.engine, dict(stage.engine_args))
+                WorkerSpec(stage.name, stage.engine, kind, dict(stage.engine_args))
             )
         else:
             engines[stage.name] = create_engine(stage.engine, dict(stage.engine_args))

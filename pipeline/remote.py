@@ -98,7 +98,8 @@ async def serve_remote_stage(graph_file: str, stage: str, redis_url: str) -> Non
 
     config = load_graph(graph_path(graph_file))
     stage_config = config.stage(stage)
-    spec = WorkerSpec(stage, stage_config.engine, dict(stage_config.engine_args))
+    kind = config.stage_kind(stage)
+    spec = WorkerSpec(stage, stage_config.engine, kind, dict(stage_config.engine_args))
     redis = _redis(redis_url)
     try:
         link = RedisStreamLink.end(redis, link_name(config, stage), "b")

@@ -1,10 +1,12 @@
 """The main-process side of a stage served elsewhere (a worker process or another host).
 
-`LinkedStage` is an Engine that forwards each request over a link and routes what comes
-back: one reader task owns the link's inbound side and hands chunks to per-request bounded
-channels. When the link is lost, every request in flight gets an ErrorChunk at once, and
-the subclass decides what happens next (a worker is restarted; a remote stage is waited
-for). Subclasses provide `start`, `close` and call `_attach` / react in `_on_lost`.
+`LinkedStage` is an engine of either kind, an entry stage's or a stream stage's (the engine
+on the other side checks itself against the stage's kind when it starts). It forwards each
+request over a link and routes what comes back: one reader task owns the link's inbound side
+and hands chunks to per-request bounded channels. When the link is lost, every request in
+flight gets an ErrorChunk at once, and the subclass decides what happens next (a worker is
+restarted; a remote stage is waited for). Subclasses provide `start`, `close` and call
+`_attach` / react in `_on_lost`.
 
 A stage whose link cannot see it die (a remote stage over Redis) says "alive" every
 second; with `liveness_s` set, a stage silent that long, or a link whose transport is down,
@@ -24,7 +26,7 @@ from typing import Any
 
 from .channel import Channel, ChannelClosed
 from .connectors.base import Link, LinkClosed, LinkUnavailable
-from .types import Chunk, End, ErrorChunk, PipelineRequest, StageInput
+from .types import Chunk, End, EntryEngine, ErrorChunk, PipelineRequest, StageInput, StreamEngine
 
 log = logging.getLogger("parley.pipeline.stage_client")
 
@@ -33,7 +35,7 @@ RETRY_S = 0.5
 """How long the reader waits before reading again from a link whose transport is down."""
 
 
-class LinkedStage:
+class LinkedStage(EntryEngine, StreamEngine):
     def __init__(self, name: str, start_timeout_s: float, liveness_s: float | None = None) -> None:
         self.name = name
         self.start_timeout_s = start_timeout_s
@@ -167,7 +169,10 @@ class LinkedStage:
             with contextlib.suppress(LinkClosed, LinkUnavailable):
                 await self._link.send(("abort", request_id))
 
-    async def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]:
+    async def generate(
+        self, request_id: str, inputs: PipelineRequest | StageInput
+    ) -> AsyncGenerator[Chunk, None]:
+        """Forward a request, and for a stream stage its upstream chunks as they come."""
         if self.down_reason is not None:
             yield ErrorChunk(
                 f"the {self.name} stage is not answering ({self.down_reason})", self.name
@@ -180,14 +185,18 @@ class LinkedStage:
             return
         channel: Channel[Chunk] = Channel(REQUEST_CHANNEL_SIZE)
         self._requests[request_id] = channel
-        streamed = isinstance(inputs, StageInput)
-        request: PipelineRequest = inputs.request if streamed else inputs
+        upstream: StageInput | None
+        match inputs:
+            case StageInput():
+                request, upstream = inputs.request, inputs
+            case PipelineRequest():
+                request, upstream = inputs, None
         feeder: asyncio.Task[None] | None = None
         finished = False
         try:
-            await link.send(("generate", request_id, request, streamed))
-            if streamed:
-                feeder = asyncio.create_task(self._feed(link, request_id, inputs))
+            await link.send(("generate", request_id, request, upstream is not None))
+            if upstream is not None:
+                feeder = asyncio.create_task(self._feed(link, request_id, upstream))
             async for chunk in channel:
                 yield chunk
                 if isinstance(chunk, End | ErrorChunk):

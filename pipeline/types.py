@@ -1,12 +1,15 @@
-"""The pipeline's vocabulary: requests, typed chunks and the two small contracts.
+"""The pipeline's vocabulary: requests, typed chunks and the small contracts.
 
 Everything that crosses a stage boundary or leaves the pipeline is one of the chunk
 dataclasses below. They are plain data so that connectors can move them between
 processes and sessions can match on them without knowing which engine made them.
+Sessions see one contract, `Pipeline`; stages see two engine kinds, `EntryEngine` (takes the
+`PipelineRequest`) and `StreamEngine` (takes a `StageInput`).
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -122,27 +125,48 @@ OutputChunk = TextDelta | AudioChunk | End | ErrorChunk
 # --- contracts ----------------------------------------------------------------------------
 
 
-@runtime_checkable
-class Engine(Protocol):
-    """One stage's model runner.
+class Engine(ABC):
+    """One stage's model runner: what every engine has, whichever kind it is.
 
-    `generate` streams chunks for one request and must abort the request when the
-    iterator is closed or its task cancelled (then re-raise), leaving no state behind.
+    An engine is an `EntryEngine` (a stage with no upstream edge: it gets the request
+    itself) or a `StreamEngine` (every other stage: it gets the request and its upstream
+    chunks as they come). The graph decides which kind a stage is and checks the engine
+    against it when it is built. `generate` streams chunks for one request and must abort the
+    request when the iterator is closed or its task cancelled (then re-raise), leaving no
+    state behind.
     """
 
     name: str
 
+    @abstractmethod
     async def start(self) -> None: ...
 
-    def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]: ...
-
+    @abstractmethod
     async def abort(self, request_id: str) -> None: ...
 
+    @abstractmethod
     async def close(self) -> None: ...
 
+    @abstractmethod
     def active_requests(self) -> int:
         """How many requests hold state in the engine right now (0 after every abort)."""
-        ...
+
+
+class EntryEngine(Engine):
+    """An entry stage's engine: one request in, a stream of chunks out."""
+
+    @abstractmethod
+    def generate(
+        self, request_id: str, request: PipelineRequest, /
+    ) -> AsyncGenerator[Chunk, None]: ...
+
+
+class StreamEngine(Engine):
+    """A downstream stage's engine: it starts on the first upstream chunk ("async chunk")
+    and reads `inputs.chunks` to its end unless it stops early or is cancelled."""
+
+    @abstractmethod
+    def generate(self, request_id: str, inputs: StageInput, /) -> AsyncGenerator[Chunk, None]: ...
 
 
 @runtime_checkable

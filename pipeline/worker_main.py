@@ -2,11 +2,13 @@
 
 A worker is spawned by the main process with a socket and the names of two shared-memory
 rings; a remote stage (`parley stage`) reaches the main process through Redis streams. Either
-way `serve_stage` builds the engine, says it is ready, then serves requests concurrently:
-each `generate` becomes a task streaming chunks back; `abort` cancels that task (the engine
-aborts on cancellation); the end of the link (the parent closed it or died) ends the serving.
+way `serve_stage` builds the engine, checks that it is the kind the graph makes of the stage
+(an EntryEngine for an entry stage, a StreamEngine otherwise; if not it says "fatal" and
+stops before loading anything), says it is ready, then serves requests concurrently: each
+`generate` becomes a task streaming chunks back; `abort` cancels that task (the engine aborts
+on cancellation); the end of the link (the parent closed it or died) ends the serving.
 
-Messages, parent -> child: ("generate", rid, inputs, streamed), ("input", rid, chunk),
+Messages, parent -> child: ("generate", rid, request, streamed), ("input", rid, chunk),
 ("input_end", rid), ("abort", rid), ("stats", token), ("close",).
 Child -> parent: ("ready",), ("fatal", message), ("chunk", rid, chunk), ("done", rid),
 ("stats", token, active_requests), and from a remote stage ("alive",) every `heartbeat_s`.
@@ -24,6 +26,7 @@ import json
 import logging
 import socket
 import sys
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +34,17 @@ from .channel import Channel, ChannelClosed
 from .connectors.base import Link, LinkClosed, LinkUnavailable
 from .connectors.shm import RingSpec, ShmLink
 from .engines.registry import create_engine
-from .types import Chunk, End, Engine, ErrorChunk, StageInput
+from .graph_config import StageKind, wrong_engine_kind
+from .types import (
+    Chunk,
+    End,
+    Engine,
+    EntryEngine,
+    ErrorChunk,
+    PipelineRequest,
+    StageInput,
+    StreamEngine,
+)
 
 log = logging.getLogger("parley.pipeline.worker")
 
@@ -44,6 +57,8 @@ RETRY_MAX_S = 5.0
 class WorkerSpec:
     stage: str
     engine: str
+    kind: StageKind
+    """What the graph makes of the stage; the engine built is checked against it."""
     engine_args: dict[str, Any] = field(default_factory=dict)
 
 
@@ -62,6 +77,7 @@ def launch_args(spec: WorkerSpec, fd: int, rings: RingSpec) -> list[str]:
     body = {
         "stage": spec.stage,
         "engine": spec.engine,
+        "kind": spec.kind,
         "engine_args": spec.engine_args,
         "fd": fd,
         "rings": {"send": rings.send_ring, "recv": rings.recv_ring, "capacity": rings.capacity},
@@ -71,7 +87,7 @@ def launch_args(spec: WorkerSpec, fd: int, rings: RingSpec) -> list[str]:
 
 def main(argv: list[str]) -> None:
     body = json.loads(argv[1])
-    spec = WorkerSpec(body["stage"], body["engine"], body["engine_args"])
+    spec = WorkerSpec(body["stage"], body["engine"], body["kind"], body["engine_args"])
     rings = body["rings"]
     sock = socket.socket(fileno=body["fd"])
     run_worker(spec, sock, RingSpec(rings["send"], rings["recv"], rings["capacity"]))
@@ -87,20 +103,33 @@ async def serve_stage(spec: WorkerSpec, link: Link, heartbeat_s: float | None = 
     `heartbeat_s` (a remote stage): say "alive" that often, and ride out link outages."""
     try:
         engine = create_engine(spec.engine, spec.engine_args)
+        if not _fits(spec.kind, engine):
+            message = wrong_engine_kind(spec.stage, spec.kind, engine)
+            log.error("%s", message)
+            await _fail(link, message)
+            return
         await engine.start()
     except Exception as exc:
         log.exception("engine %s failed to start", spec.engine)
-        with contextlib.suppress(LinkClosed):
-            await link.send(("fatal", f"{type(exc).__name__}: {exc}"))
-        await link.close()
+        await _fail(link, f"{type(exc).__name__}: {exc}")
         return
-    server = _Server(engine, link)
+    server = _Server(spec.stage, engine, link)
     try:
         await _serve_until_closed(server, link, heartbeat_s)
     finally:
         await server.stop()
         await engine.close()
         await link.close()
+
+
+def _fits(kind: StageKind, engine: Engine) -> bool:
+    return isinstance(engine, EntryEngine if kind == "entry" else StreamEngine)
+
+
+async def _fail(link: Link, message: str) -> None:
+    with contextlib.suppress(LinkClosed):
+        await link.send(("fatal", message))
+    await link.close()
 
 
 async def _serve_until_closed(server: _Server, link: Link, heartbeat_s: float | None) -> None:
@@ -146,7 +175,8 @@ async def _heartbeat(link: Link, every_s: float) -> None:
 
 
 class _Server:
-    def __init__(self, engine: Engine, link: Link) -> None:
+    def __init__(self, stage: str, engine: Engine, link: Link) -> None:
+        self.stage = stage
         self.engine = engine
         self.link = link
         self.tasks: dict[str, asyncio.Task[None]] = {}
@@ -157,12 +187,9 @@ class _Server:
             message = await self.link.recv()
             kind = message[0]
             if kind == "generate":
-                _, rid, inputs, streamed = message
-                if streamed:
-                    channel: Channel[Chunk] = Channel(INPUT_CHANNEL_SIZE)
-                    self.inputs[rid] = channel
-                    inputs = StageInput(inputs, aiter(channel))
-                self.tasks[rid] = asyncio.create_task(self._run(rid, inputs), name=rid)
+                _, rid, request, streamed = message
+                stream = self._open(rid, request, streamed)
+                self.tasks[rid] = asyncio.create_task(self._run(rid, stream), name=rid)
             elif kind == "input":
                 if (target := self.inputs.get(message[1])) is not None:
                     with contextlib.suppress(ChannelClosed):
@@ -177,9 +204,26 @@ class _Server:
             elif kind == "close":
                 return
 
-    async def _run(self, rid: str, inputs: Any) -> None:
+    def _open(
+        self, rid: str, request: PipelineRequest, streamed: bool
+    ) -> AsyncGenerator[Chunk, None]:
+        """The engine's stream for a request, fed by an input channel for a stream stage."""
+        match self.engine:
+            case StreamEngine() if streamed:
+                channel: Channel[Chunk] = Channel(INPUT_CHANNEL_SIZE)
+                self.inputs[rid] = channel
+                return self.engine.generate(rid, StageInput(request, aiter(channel)))
+            case EntryEngine() if not streamed:
+                return self.engine.generate(rid, request)
+        served = "upstream chunks" if streamed else "no upstream"
+        return _refuse(
+            f"{self.stage} is served here as {'an entry' if streamed else 'a stream'} stage, "
+            f"but {rid} came with {served}: do both sides use the same graph file?"
+        )
+
+    async def _run(self, rid: str, opened: AsyncGenerator[Chunk, None]) -> None:
         try:
-            async with contextlib.aclosing(self.engine.generate(rid, inputs)) as stream:
+            async with contextlib.aclosing(opened) as stream:
                 async for chunk in stream:
                     await self.link.send(("chunk", rid, chunk))
                     if isinstance(chunk, End | ErrorChunk):
@@ -210,6 +254,10 @@ class _Server:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks)
+
+
+async def _refuse(message: str) -> AsyncGenerator[Chunk, None]:
+    yield ErrorChunk(message)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
-from typing import Any
 
 import numpy as np
 import soxr
@@ -19,7 +18,7 @@ from ..types import (
     AudioChunk,
     Chunk,
     End,
-    ErrorChunk,
+    EntryEngine,
     PipelineRequest,
     TextDelta,
 )
@@ -27,7 +26,7 @@ from ..types import (
 CHUNK_MS = 100
 
 
-class EchoEngine:
+class EchoEngine(EntryEngine):
     """Streams the turn audio back in 100 ms chunks, as fast as the consumer takes them."""
 
     name = "echo"
@@ -47,20 +46,19 @@ class EchoEngine:
     async def abort(self, request_id: str) -> None:
         self._active.discard(request_id)
 
-    async def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]:
-        if not isinstance(inputs, PipelineRequest):
-            yield ErrorChunk(message="echo takes a PipelineRequest", stage=self.name)
-            return
+    async def generate(
+        self, request_id: str, request: PipelineRequest
+    ) -> AsyncGenerator[Chunk, None]:
         self._active.add(request_id)
         try:
-            if inputs.text:
-                yield TextDelta(text=inputs.text)
-            seconds = len(inputs.audio) / INPUT_SAMPLE_RATE
-            if len(inputs.audio):
+            if request.text:
+                yield TextDelta(text=request.text)
+            seconds = len(request.audio) / INPUT_SAMPLE_RATE
+            if len(request.audio):
                 yield TextDelta(text=f"(echo of {seconds:.1f} s of audio)")
-            if len(inputs.audio) and not inputs.output_text_only:
-                rate = inputs.output_sample_rate
-                pcm = soxr.resample(inputs.audio, INPUT_SAMPLE_RATE, rate).astype(np.int16)
+            if len(request.audio) and not request.output_text_only:
+                rate = request.output_sample_rate
+                pcm = soxr.resample(request.audio, INPUT_SAMPLE_RATE, rate).astype(np.int16)
                 step = rate * CHUNK_MS // 1000
                 for start in range(0, len(pcm), step):
                     if request_id not in self._active:

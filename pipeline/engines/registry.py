@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..imports import import_object
-from ..types import Engine
+from ..types import Engine, EntryEngine, StreamEngine
 
 ENGINES: dict[str, str] = {
     "echo": "pipeline.engines.echo:EchoEngine",
@@ -38,6 +38,9 @@ def engine_class(name: str) -> type[Any]:
 
 def create_engine(name: str, args: dict[str, Any] | None = None) -> Engine:
     engine = engine_class(name)(**(args or {}))
-    if not isinstance(engine, Engine):
-        raise EngineNotFound(f"engine {name!r} does not implement the engine contract")
+    if not isinstance(engine, EntryEngine | StreamEngine):
+        raise EngineNotFound(
+            f"engine {name!r} does not implement the engine contract "
+            "(an EntryEngine or a StreamEngine, pipeline/types.py)"
+        )
     return engine

@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
-from typing import Any
 
 import numpy as np
 
-from pipeline.types import AudioChunk, Chunk, End, ErrorChunk, PipelineRequest, TextDelta
+from pipeline.types import (
+    AudioChunk,
+    Chunk,
+    End,
+    EntryEngine,
+    ErrorChunk,
+    PipelineRequest,
+    TextDelta,
+)
 
 
-class FakeEngine:
+class FakeEngine(EntryEngine):
     name = "fake"
 
     def __init__(
@@ -63,10 +70,11 @@ class FakeEngine:
             stop.set()
             self.aborted.append(request_id)
 
-    async def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]:
-        assert isinstance(inputs, PipelineRequest)
+    async def generate(
+        self, request_id: str, request: PipelineRequest
+    ) -> AsyncGenerator[Chunk, None]:
         stop = self._active[request_id] = asyncio.Event()
-        self.requests.append(inputs)
+        self.requests.append(request)
         try:
             await asyncio.sleep(self.first_chunk_delay_s)
             if self.fail_with:
@@ -77,7 +85,7 @@ class FakeEngine:
                     return
                 yield TextDelta(text=word + " ")
                 await asyncio.sleep(self.text_interval_s)
-            rate = inputs.output_sample_rate
+            rate = request.output_sample_rate
             samples = rate * self.chunk_ms // 1000
             t = np.arange(samples) / rate
             tone = (8000 * np.sin(2 * np.pi * 220 * t)).astype(np.int16)

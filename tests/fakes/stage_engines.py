@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncGenerator
-from typing import Any
+from collections.abc import AsyncGenerator, Iterator
 
 import numpy as np
 
@@ -13,19 +13,22 @@ from pipeline.types import (
     AudioChunk,
     Chunk,
     End,
+    Engine,
+    EntryEngine,
     ErrorChunk,
     PipelineRequest,
     StageInput,
+    StreamEngine,
     TextDelta,
 )
 
 
-class ScriptedStage:
-    """Entry: yields `count` text deltas. Downstream: maps each upstream chunk to one chunk.
+class Scripted(Engine):
+    """What the two scripted stages share: settings, counters and per-request state.
 
-    `emit` picks what a downstream stage yields: "text" (upper-cased text) or "audio" (an
-    AudioChunk whose length encodes the text). Every chunk records its time, so tests can
-    see that a downstream stage started before its upstream finished.
+    `emit` picks what a stage yields: "text" (upper-cased text) or "audio" (an AudioChunk
+    whose length encodes the text). Every chunk records its time, so tests can see that a
+    downstream stage started before its upstream finished.
     """
 
     def __init__(
@@ -59,22 +62,12 @@ class ScriptedStage:
     async def abort(self, request_id: str) -> None:
         self._active.discard(request_id)
 
-    async def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]:
+    @contextlib.contextmanager
+    def _running(self, request_id: str) -> Iterator[None]:
+        """Hold the request while its stream runs; note a stream closed or cancelled early."""
         self._active.add(request_id)
         try:
-            if isinstance(inputs, PipelineRequest):
-                for i in range(self.count):
-                    yield await self._make(TextDelta(text=f"w{i} "), i)
-            else:
-                assert isinstance(inputs, StageInput)
-                i = 0
-                async for chunk in inputs.chunks:
-                    if self.first_input_at is None:
-                        self.first_input_at = time.monotonic()
-                    yield await self._make(chunk, i)
-                    i += 1
-            self.finished_at = time.monotonic()
-            yield End()
+            yield
         except (asyncio.CancelledError, GeneratorExit):
             self.stopped_early.append(request_id)
             raise
@@ -93,7 +86,35 @@ class ScriptedStage:
         return TextDelta(text=text.upper())
 
 
-class Relay:
+class ScriptedEntry(Scripted, EntryEngine):
+    """An entry stage: yields `count` text deltas ("W0 ", "W1 ", ...)."""
+
+    async def generate(
+        self, request_id: str, request: PipelineRequest
+    ) -> AsyncGenerator[Chunk, None]:
+        with self._running(request_id):
+            for i in range(self.count):
+                yield await self._make(TextDelta(text=f"w{i} "), i)
+            self.finished_at = time.monotonic()
+            yield End()
+
+
+class ScriptedStage(Scripted, StreamEngine):
+    """A stream stage: maps each upstream chunk to one chunk."""
+
+    async def generate(self, request_id: str, inputs: StageInput) -> AsyncGenerator[Chunk, None]:
+        with self._running(request_id):
+            i = 0
+            async for chunk in inputs.chunks:
+                if self.first_input_at is None:
+                    self.first_input_at = time.monotonic()
+                yield await self._make(chunk, i)
+                i += 1
+            self.finished_at = time.monotonic()
+            yield End()
+
+
+class Relay(StreamEngine):
     """Downstream: passes every upstream chunk on, `delay_s` late each (a slow stage).
 
     It keeps per-request state until the request ends or is aborted, so tests can see
@@ -118,10 +139,7 @@ class Relay:
     async def abort(self, request_id: str) -> None:
         self._active.discard(request_id)
 
-    async def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]:
-        if not isinstance(inputs, StageInput):
-            yield ErrorChunk(message="relay is a downstream stage", stage="relay")
-            return
+    async def generate(self, request_id: str, inputs: StageInput) -> AsyncGenerator[Chunk, None]:
         self._active.add(request_id)
         try:
             async for chunk in inputs.chunks:

@@ -15,10 +15,18 @@ import pytest
 
 from pipeline.engine_pipeline import EnginePipeline
 from pipeline.engines.echo import EchoEngine
-from pipeline.types import AudioChunk, Chunk, End, Engine, ErrorChunk, PipelineRequest, TextDelta
+from pipeline.types import (
+    AudioChunk,
+    Chunk,
+    End,
+    EntryEngine,
+    ErrorChunk,
+    PipelineRequest,
+    TextDelta,
+)
 from tests.fakes.fake_engine import FakeEngine
 
-ENGINES: dict[str, Callable[[], Engine]] = {
+ENGINES: dict[str, Callable[[], EntryEngine]] = {
     "fake": lambda: FakeEngine(audio_ms=1_000, realtime_factor=20),
     "echo": EchoEngine,
 }
@@ -31,15 +39,15 @@ def request(rid: str = "resp_1") -> PipelineRequest:
 
 
 @pytest.fixture(params=sorted(ENGINES))
-async def engine(request: pytest.FixtureRequest) -> AsyncIterator[Engine]:
+async def engine(request: pytest.FixtureRequest) -> AsyncIterator[EntryEngine]:
     eng = ENGINES[request.param]()
-    assert isinstance(eng, Engine)
+    assert isinstance(eng, EntryEngine)
     await eng.start()
     yield eng
     await eng.close()
 
 
-async def test_streams_text_and_audio_then_one_end(engine: Engine) -> None:
+async def test_streams_text_and_audio_then_one_end(engine: EntryEngine) -> None:
     chunks: list[Chunk] = [c async for c in engine.generate("r1", request("r1"))]
     assert isinstance(chunks[-1], End)
     assert sum(isinstance(c, End | ErrorChunk) for c in chunks) == 1
@@ -49,7 +57,7 @@ async def test_streams_text_and_audio_then_one_end(engine: Engine) -> None:
     assert engine.active_requests() == 0
 
 
-async def test_closing_the_stream_early_leaves_no_state(engine: Engine) -> None:
+async def test_closing_the_stream_early_leaves_no_state(engine: EntryEngine) -> None:
     stream: Any = engine.generate("r2", request("r2"))
     await anext(stream)
     assert engine.active_requests() == 1
@@ -57,7 +65,7 @@ async def test_closing_the_stream_early_leaves_no_state(engine: Engine) -> None:
     assert engine.active_requests() == 0
 
 
-async def test_cancelling_the_reader_leaves_no_state(engine: Engine) -> None:
+async def test_cancelling_the_reader_leaves_no_state(engine: EntryEngine) -> None:
     async def read() -> None:
         async for _ in engine.generate("r3", request("r3")):
             await asyncio.sleep(0.01)
@@ -69,7 +77,7 @@ async def test_cancelling_the_reader_leaves_no_state(engine: Engine) -> None:
     assert engine.active_requests() == 0
 
 
-async def test_abort_ends_the_stream(engine: Engine) -> None:
+async def test_abort_ends_the_stream(engine: EntryEngine) -> None:
     seen: list[Chunk] = []
     async for chunk in engine.generate("r4", request("r4")):
         seen.append(chunk)
@@ -90,7 +98,9 @@ async def test_pipeline_of_one_engine_aborts_on_close_and_reports_errors() -> No
     assert pipeline.active_requests() == 0 and "r5" in engine.aborted
 
     class Broken(FakeEngine):
-        async def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]:
+        async def generate(
+            self, request_id: str, request: PipelineRequest
+        ) -> AsyncGenerator[Chunk, None]:
             yield TextDelta(text="partial ")
             raise RuntimeError("kernel panic in the model")
 

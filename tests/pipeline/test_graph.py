@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from pipeline.graph import StageGraph
-from pipeline.graph_config import parse_graph
+from pipeline.graph_config import GraphConfigError, parse_graph
 from pipeline.types import AudioChunk, End, ErrorChunk, OutputChunk, PipelineRequest, TextDelta
-from tests.fakes.stage_engines import ScriptedStage
+from tests.fakes.stage_engines import Scripted, ScriptedEntry, ScriptedStage
 
 THREE_STAGES = """\
 name: three
@@ -26,7 +26,7 @@ outputs: [thinker, code2wav]
 """
 
 
-def build(**engines: ScriptedStage) -> StageGraph:
+def build(**engines: Scripted) -> StageGraph:
     return StageGraph(parse_graph(THREE_STAGES), dict(engines), channel_size=4)
 
 
@@ -34,14 +34,14 @@ def request(rid: str = "resp_1") -> PipelineRequest:
     return PipelineRequest(request_id=rid, audio=np.zeros(0, dtype=np.int16))
 
 
-def engines(**overrides: Any) -> dict[str, ScriptedStage]:
-    made = {
-        "thinker": ScriptedStage("thinker", count=6, delay_s=0.01),
+def engines(**overrides: Any) -> dict[str, Scripted]:
+    made: dict[str, Scripted] = {
+        "thinker": ScriptedEntry("thinker", count=6, delay_s=0.01),
         "talker": ScriptedStage("talker"),
         "code2wav": ScriptedStage("code2wav", emit="audio"),
     }
     for name, kwargs in overrides.items():
-        made[name] = ScriptedStage(name, **kwargs)
+        made[name] = type(made[name])(name, **kwargs)
     return made
 
 
@@ -129,3 +129,21 @@ async def test_concurrent_requests_are_independent() -> None:
 
 async def _collect(graph: StageGraph, rid: str) -> list[OutputChunk]:
     return [c async for c in graph.generate(request(rid))]
+
+
+@pytest.mark.parametrize(
+    ("stage", "wrong", "needs"),
+    [
+        ("talker", ScriptedEntry("talker"), "must be a StreamEngine"),
+        ("thinker", ScriptedStage("thinker"), "must be an EntryEngine"),
+    ],
+)
+def test_an_engine_of_the_wrong_kind_is_refused_when_the_graph_is_built(
+    stage: str, wrong: Scripted, needs: str
+) -> None:
+    made = engines()
+    made[stage] = wrong
+    with pytest.raises(GraphConfigError) as caught:
+        build(**made)
+    assert f"stage {stage!r}" in str(caught.value) and needs in str(caught.value)
+    assert caught.value.field == f"stages.{['thinker', 'talker', 'code2wav'].index(stage)}.engine"

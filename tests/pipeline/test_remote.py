@@ -22,6 +22,7 @@ from pipeline.types import AudioChunk, End, ErrorChunk, OutputChunk, PipelineReq
 from tests.redis_process import RedisProcess
 
 SCRIPTED = "tests.fakes.stage_engines:ScriptedStage"
+SCRIPTED_ENTRY = "tests.fakes.stage_engines:ScriptedEntry"
 PARLEY = str(Path(sys.executable).parent / "parley")
 ROOT = str(Path(__file__).parents[2])
 
@@ -33,7 +34,7 @@ def graph_file(tmp_path: Path, count: int = 12, delay_s: float = 0.0) -> Path:
 name: remote-test
 stages:
   - name: thinker
-    engine: "{SCRIPTED}"
+    engine: "{SCRIPTED_ENTRY}"
     engine_args: {{name: thinker, count: {count}, delay_s: {delay_s}}}
     placement: {{process: remote, link: test-thinker}}
   - name: code2wav

@@ -14,14 +14,16 @@ from pipeline.graph import StageGraph
 from pipeline.graph_config import parse_graph
 from pipeline.registry import build_engines
 from pipeline.types import AudioChunk, End, ErrorChunk, OutputChunk, PipelineRequest, TextDelta
-from pipeline.worker import WorkerEngine
+from pipeline.worker import WorkerEngine, WorkerFailed
+from pipeline.worker_main import WorkerSpec
 
 SCRIPTED = "tests.fakes.stage_engines:ScriptedStage"
+SCRIPTED_ENTRY = "tests.fakes.stage_engines:ScriptedEntry"
 GRAPH = f"""\
 name: workers
 stages:
   - name: thinker
-    engine: "{SCRIPTED}"
+    engine: "{SCRIPTED_ENTRY}"
     engine_args: {{name: thinker, count: 40, delay_s: 0.005}}
     placement: {{process: worker}}
   - name: talker
@@ -100,3 +102,11 @@ async def test_a_killed_worker_fails_its_requests_and_comes_back(graph: StageGra
     again = [c async for c in graph.generate(request("resp_d"))]
     assert isinstance(again[-1], End)
     assert graph.active_requests() == 0
+
+
+async def test_a_worker_engine_of_the_wrong_kind_fails_to_start_naming_its_stage() -> None:
+    engine = WorkerEngine(WorkerSpec("talker", SCRIPTED_ENTRY, "stream", {"name": "talker"}))
+    with pytest.raises(WorkerFailed, match="stage 'talker' has an upstream edge") as caught:
+        await engine.start()
+    assert "must be a StreamEngine" in str(caught.value) and engine.pid is None
+    await engine.close()

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
-from ...types import AudioChunk, Chunk, CodecCodes, End, ErrorChunk, StageInput
+from ...types import AudioChunk, Chunk, CodecCodes, End, ErrorChunk, StageInput, StreamEngine
 from .batching import BatchWorker
 from .voice import VOICE_PACKAGE, has_durations, load_voice
 
@@ -49,7 +49,7 @@ def _settle(future: asyncio.Future[Pcm | None], result: Pcm | BaseException | No
         future.set_result(result)
 
 
-class Code2WavEngine:
+class Code2WavEngine(StreamEngine):
     """Renders each CodecCodes chunk (Piper phoneme ids) of its upstream to an AudioChunk."""
 
     name = "cascade.code2wav"
@@ -102,10 +102,7 @@ class Code2WavEngine:
         if clause is not None:
             self._drop(clause)
 
-    async def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]:
-        if not isinstance(inputs, StageInput):
-            yield ErrorChunk(message="code2wav takes a StageInput", stage=self.name)
-            return
+    async def generate(self, request_id: str, inputs: StageInput) -> AsyncGenerator[Chunk, None]:
         if self._worker is None:
             yield ErrorChunk(message="code2wav was not started", stage=self.name)
             return

@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from ...types import Chunk, CodecCodes, End, ErrorChunk, StageInput, TextDelta
+from ...types import Chunk, CodecCodes, End, ErrorChunk, StageInput, StreamEngine, TextDelta
 from .voice import VOICE_PACKAGE, clause_phoneme_ids, load_voice
 
 ENDS = frozenset(".!?;:\n")
@@ -84,7 +84,7 @@ class ClauseSplitter:
         return rest
 
 
-class TalkerEngine:
+class TalkerEngine(StreamEngine):
     """Streams one CodecCodes (phoneme ids, with the clause text and sample rate) per clause."""
 
     name = "cascade.talker"
@@ -115,10 +115,7 @@ class TalkerEngine:
     async def abort(self, request_id: str) -> None:
         self._active.discard(request_id)
 
-    async def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]:
-        if not isinstance(inputs, StageInput):
-            yield ErrorChunk(message="the talker takes a StageInput", stage=self.name)
-            return
+    async def generate(self, request_id: str, inputs: StageInput) -> AsyncGenerator[Chunk, None]:
         if self._voice is None:
             yield ErrorChunk(message="the talker was not started", stage=self.name)
             return

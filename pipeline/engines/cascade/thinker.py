@@ -21,11 +21,10 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from ...types import Chunk, End, ErrorChunk, PipelineRequest, TextDelta
+from ...types import Chunk, End, EntryEngine, ErrorChunk, PipelineRequest, TextDelta
 from .asr import SpeechRecognizer
 from .smollm import DEFAULT_FILE, DEFAULT_PACKAGE, LanguageModel, load_language_model
 from .textgen import GenerationFailed, TextGenerator
@@ -46,7 +45,7 @@ def _page_in(lm: LanguageModel) -> None:
         lm.model(input_ids=torch.tensor([[lm.pad_token_id]]))
 
 
-class ThinkerEngine:
+class ThinkerEngine(EntryEngine):
     """Streams TextDelta chunks: the input transcript (if the turn was spoken), then the reply."""
 
     name = "cascade.thinker"
@@ -119,19 +118,18 @@ class ThinkerEngine:
         if self._generator is not None:
             self._generator.cancel(request_id)
 
-    async def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]:
-        if not isinstance(inputs, PipelineRequest):
-            yield ErrorChunk(message="the thinker takes a PipelineRequest", stage=self.name)
-            return
+    async def generate(
+        self, request_id: str, request: PipelineRequest
+    ) -> AsyncGenerator[Chunk, None]:
         generator, recognizer = self._generator, self._recognizer
         if generator is None or recognizer is None or self._lm is None:
             yield ErrorChunk(message="the thinker was not started", stage=self.name)
             return
         self._active.add(request_id)
         try:
-            user_text = inputs.text or ""
-            if len(inputs.audio):
-                heard = await asyncio.to_thread(recognizer.transcribe, inputs.audio)
+            user_text = request.text or ""
+            if len(request.audio):
+                heard = await asyncio.to_thread(recognizer.transcribe, request.audio)
                 if request_id not in self._active:
                     return  # aborted while transcribing
                 if heard:
@@ -141,10 +139,11 @@ class ThinkerEngine:
                 yield TextDelta(text=NOT_HEARD)
                 yield End()
                 return
-            scene = await asyncio.to_thread(describe_frames, inputs.frames) if inputs.frames else ""
+            frames = request.frames
+            scene = await asyncio.to_thread(describe_frames, frames) if frames else ""
             if request_id not in self._active:
                 return  # aborted while looking at the frames
-            prompt = self.chat_prompt(inputs, user_text, scene)
+            prompt = self.chat_prompt(request, user_text, scene)
             stream = generator.stream(request_id, prompt, self.max_new_tokens)
             async with contextlib.aclosing(stream):
                 try:
