@@ -18,12 +18,12 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
-from ...types import AudioChunk, Chunk, CodecCodes, End, ErrorChunk, StageInput
+from ...types import AudioChunk, Chunk, CodecCodes, End, ErrorChunk, StageInput, StreamEngine
 from .code2wav_runner import SAMPLE_RATE, Code2WavRunner, Codes, FrameChunker
 from .stage import ModelStage
 
 
-class Code2WavEngine(ModelStage[FrameChunker]):
+class Code2WavEngine(ModelStage[FrameChunker], StreamEngine):
     name = "qwen3_omni.code2wav"
     part = "code2wav"
 
@@ -60,10 +60,7 @@ class Code2WavEngine(ModelStage[FrameChunker]):
             audio = soxr.resample(audio, SAMPLE_RATE, rate)
         return (np.clip(audio, -1.0, 1.0) * 32767).astype(np.int16)
 
-    async def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]:
-        if not isinstance(inputs, StageInput):
-            yield ErrorChunk(message="code2wav takes a StageInput", stage=self.name)
-            return
+    async def generate(self, request_id: str, inputs: StageInput, /) -> AsyncGenerator[Chunk, None]:
         if self.runner is None:
             yield ErrorChunk(message="code2wav was not started", stage=self.name)
             return

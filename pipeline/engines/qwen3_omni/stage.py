@@ -1,9 +1,9 @@
 """What the three Qwen3-Omni engines share: model settings, the model thread, request state.
 
-The engines are thin adapters from the engine contract (`pipeline/types.py`) to the plain
-runners; this base holds the part every one of them repeats: building its part of the model
-on its thread at start, the table of requests in flight (`active_requests`, `abort`), and an
-idempotent close.
+The engines are thin adapters from the engine contract (`pipeline/types.py`: the Thinker is
+an EntryEngine, the Talker and Code2Wav StreamEngines) to the plain runners. This base holds
+what every one of them repeats: building its part of the model on its thread at start, the
+table of requests in flight (`active_requests`, `abort`), and an idempotent close.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any, Generic, TypeVar
 import torch
 from transformers import Qwen3OmniMoeConfig
 
+from ...types import Engine
 from .model_thread import ModelThread
 from .weights import Part, build_part
 
@@ -25,7 +26,7 @@ MODEL_PATH_ENV = "PARLEY_MODEL_PATH"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class ModelStage(Generic[StateT]):
+class ModelStage(Engine, Generic[StateT]):
     name = "qwen3_omni"
     part: Part
 

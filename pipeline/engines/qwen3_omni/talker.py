@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ...types import Chunk, CodecCodes, End, ErrorChunk, HiddenStates, StageInput
+from ...types import Chunk, CodecCodes, End, ErrorChunk, HiddenStates, StageInput, StreamEngine
 from .stage import ModelStage
 from .talker_runner import TalkerPrompt, TalkerRunner, TalkerState
 
@@ -31,7 +31,7 @@ class UpstreamError(Exception):
         self.chunk = chunk
 
 
-class TalkerEngine(ModelStage[TalkerState]):
+class TalkerEngine(ModelStage[TalkerState], StreamEngine):
     name = "qwen3_omni.talker"
     part = "talker"
 
@@ -63,10 +63,7 @@ class TalkerEngine(ModelStage[TalkerState]):
             min_frames=self.min_frames,
         )
 
-    async def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]:
-        if not isinstance(inputs, StageInput):
-            yield ErrorChunk(message="the talker takes a StageInput", stage=self.name)
-            return
+    async def generate(self, request_id: str, inputs: StageInput, /) -> AsyncGenerator[Chunk, None]:
         runner = self.runner
         if runner is None:
             yield ErrorChunk(message="the talker was not started", stage=self.name)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ...types import Chunk, End, ErrorChunk, HiddenStates, PipelineRequest, TextDelta
+from ...types import Chunk, End, EntryEngine, ErrorChunk, HiddenStates, PipelineRequest, TextDelta
 from .audio_features import AudioFeatures, AudioInput
 from .config import TOKENS
 from .prompt import Vocab, chat_prompt, load_vocab
@@ -30,7 +30,7 @@ from .vision_input import TOKEN_PIXELS, FrameImages, VisionInput
 DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant."
 
 
-class ThinkerEngine(ModelStage[ThinkerState]):
+class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
     name = "qwen3_omni.thinker"
     part = "thinker"
 
@@ -92,17 +92,16 @@ class ThinkerEngine(ModelStage[ThinkerState]):
         )
         return ThinkerPrompt(ids, audio, vision)
 
-    async def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]:
-        if not isinstance(inputs, PipelineRequest):
-            yield ErrorChunk(message="the thinker takes a PipelineRequest", stage=self.name)
-            return
+    async def generate(
+        self, request_id: str, request: PipelineRequest, /
+    ) -> AsyncGenerator[Chunk, None]:
         runner, vocab = self.runner, self.vocab
         if runner is None or vocab is None:
             yield ErrorChunk(message="the thinker was not started", stage=self.name)
             return
         self._requests[request_id] = None
         try:
-            prompt = await self.thread.call(self._prompt, inputs)
+            prompt = await self.thread.call(self._prompt, request)
             state, hidden = await self.thread.call(
                 runner.prefill, prompt, min_new_tokens=self.min_new_tokens
             )

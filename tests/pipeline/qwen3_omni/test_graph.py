@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
 
 import numpy as np
 import pytest
@@ -17,11 +16,11 @@ from pipeline.types import (
     Chunk,
     CodecCodes,
     End,
-    Engine,
     HiddenStates,
     OutputChunk,
     PipelineRequest,
     StageInput,
+    StreamEngine,
     TextDelta,
 )
 from pipeline.worker import WorkerEngine
@@ -29,10 +28,10 @@ from pipeline.worker import WorkerEngine
 from .conftest import graph_yaml, turn_audio
 
 
-class Recording:
+class Recording(StreamEngine):
     """An engine in front of another that notes every chunk its upstream hands it."""
 
-    def __init__(self, inner: Engine) -> None:
+    def __init__(self, inner: StreamEngine) -> None:
         self.inner = inner
         self.name = inner.name
         self.received: list[Chunk] = []
@@ -54,8 +53,7 @@ class Recording:
             self.received.append(chunk)
             yield chunk
 
-    def generate(self, request_id: str, inputs: Any) -> AsyncGenerator[Chunk, None]:
-        assert isinstance(inputs, StageInput)
+    def generate(self, request_id: str, inputs: StageInput, /) -> AsyncGenerator[Chunk, None]:
         return self.inner.generate(
             request_id, StageInput(inputs.request, self._noted(inputs.chunks))
         )
@@ -65,7 +63,11 @@ async def start_graph(text: str) -> tuple[StageGraph, dict[str, Recording]]:
     """The graph, with what reaches the Talker and Code2Wav recorded on their way in."""
     config = parse_graph(text)
     engines = build_engines(config)
-    recordings = {name: Recording(engines[name]) for name in ("talker", "code2wav")}
+    recordings: dict[str, Recording] = {}
+    for name in ("talker", "code2wav"):
+        inner = engines[name]
+        assert isinstance(inner, StreamEngine)
+        recordings[name] = Recording(inner)
     graph = StageGraph(config, {**engines, **recordings})
     await graph.start()
     return graph, recordings
