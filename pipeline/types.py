@@ -133,7 +133,7 @@ class Engine(ABC):
     chunks as they come). The graph decides which kind a stage is and checks the engine
     against it when it is built. `generate` streams chunks for one request and must abort the
     request when the iterator is closed or its task cancelled (then re-raise), leaving no
-    state behind.
+    state behind; `pipeline.requests.RequestTracker` keeps that bookkeeping for an engine.
     """
 
     name: str

@@ -13,6 +13,7 @@ from collections.abc import AsyncGenerator
 import numpy as np
 import soxr
 
+from ..requests import RequestTracker
 from ..types import (
     INPUT_SAMPLE_RATE,
     AudioChunk,
@@ -32,25 +33,24 @@ class EchoEngine(EntryEngine):
     name = "echo"
 
     def __init__(self) -> None:
-        self._active: set[str] = set()
+        self._requests: RequestTracker[None] = RequestTracker()
 
     async def start(self) -> None:
         return None
 
     async def close(self) -> None:
-        self._active.clear()
+        self._requests.clear()
 
     def active_requests(self) -> int:
-        return len(self._active)
+        return len(self._requests)
 
     async def abort(self, request_id: str) -> None:
-        self._active.discard(request_id)
+        self._requests.abort(request_id)
 
     async def generate(
         self, request_id: str, request: PipelineRequest
     ) -> AsyncGenerator[Chunk, None]:
-        self._active.add(request_id)
-        try:
+        with self._requests.track(request_id):
             if request.text:
                 yield TextDelta(text=request.text)
             seconds = len(request.audio) / INPUT_SAMPLE_RATE
@@ -61,10 +61,8 @@ class EchoEngine(EntryEngine):
                 pcm = soxr.resample(request.audio, INPUT_SAMPLE_RATE, rate).astype(np.int16)
                 step = rate * CHUNK_MS // 1000
                 for start in range(0, len(pcm), step):
-                    if request_id not in self._active:
-                        return  # aborted
+                    if self._requests.aborted(request_id):
+                        return
                     yield AudioChunk(pcm=pcm[start : start + step], sample_rate=rate)
                     await asyncio.sleep(0)
             yield End()
-        finally:
-            self._active.discard(request_id)

@@ -12,6 +12,7 @@ from collections.abc import AsyncGenerator
 
 import numpy as np
 
+from pipeline.requests import RequestTracker
 from pipeline.types import (
     AudioChunk,
     Chunk,
@@ -47,41 +48,39 @@ class FakeEngine(EntryEngine):
         self.start_delay_s = start_delay_s
         self.requests: list[PipelineRequest] = []
         self.aborted: list[str] = []
-        self._active: dict[str, asyncio.Event] = {}
+        self._held: RequestTracker[None] = RequestTracker()
 
     async def start(self) -> None:
         """Models take a while to load; `start_delay_s` stands in for that."""
         await asyncio.sleep(self.start_delay_s)
 
     async def close(self) -> None:
-        for stop in self._active.values():
-            stop.set()
+        self._held.clear()
 
     def active_requests(self) -> int:
-        return len(self._active)
+        return len(self._held)
 
     def holds(self, request_id: str) -> bool:
         """Whether the engine still keeps state for this request."""
-        return request_id in self._active
+        return request_id in self._held
 
     async def abort(self, request_id: str) -> None:
-        stop = self._active.get(request_id)
-        if stop is not None:
-            stop.set()
+        if request_id in self._held:
+            self._held.abort(request_id)
             self.aborted.append(request_id)
 
     async def generate(
         self, request_id: str, request: PipelineRequest
     ) -> AsyncGenerator[Chunk, None]:
-        stop = self._active[request_id] = asyncio.Event()
         self.requests.append(request)
+        self._held.begin(request_id)
         try:
             await asyncio.sleep(self.first_chunk_delay_s)
             if self.fail_with:
                 yield ErrorChunk(message=self.fail_with, stage=self.name)
                 return
             for word in self.text.split(" "):
-                if stop.is_set():
+                if self._held.aborted(request_id):
                     return
                 yield TextDelta(text=word + " ")
                 await asyncio.sleep(self.text_interval_s)
@@ -90,7 +89,7 @@ class FakeEngine(EntryEngine):
             t = np.arange(samples) / rate
             tone = (8000 * np.sin(2 * np.pi * 220 * t)).astype(np.int16)
             for _ in range(self.audio_ms // self.chunk_ms):
-                if stop.is_set():
+                if self._held.aborted(request_id):
                     return
                 yield AudioChunk(pcm=tone.copy(), sample_rate=rate)
                 await asyncio.sleep(self.chunk_ms / 1000 / self.realtime_factor)
@@ -99,4 +98,4 @@ class FakeEngine(EntryEngine):
             self.aborted.append(request_id)
             raise
         finally:
-            self._active.pop(request_id, None)
+            self._held.end(request_id)

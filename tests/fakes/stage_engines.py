@@ -9,6 +9,7 @@ from collections.abc import AsyncGenerator, Iterator
 
 import numpy as np
 
+from pipeline.requests import RequestTracker
 from pipeline.types import (
     AudioChunk,
     Chunk,
@@ -48,31 +49,29 @@ class Scripted(Engine):
         self.first_input_at: float | None = None
         self.finished_at: float | None = None
         self.stopped_early: list[str] = []
-        self._active: set[str] = set()
+        self._requests: RequestTracker[None] = RequestTracker()
 
     async def start(self) -> None:
         return None
 
     async def close(self) -> None:
-        self._active.clear()
+        self._requests.clear()
 
     def active_requests(self) -> int:
-        return len(self._active)
+        return len(self._requests)
 
     async def abort(self, request_id: str) -> None:
-        self._active.discard(request_id)
+        self._requests.abort(request_id)
 
     @contextlib.contextmanager
     def _running(self, request_id: str) -> Iterator[None]:
         """Hold the request while its stream runs; note a stream closed or cancelled early."""
-        self._active.add(request_id)
         try:
-            yield
+            with self._requests.track(request_id):
+                yield
         except (asyncio.CancelledError, GeneratorExit):
             self.stopped_early.append(request_id)
             raise
-        finally:
-            self._active.discard(request_id)
 
     async def _make(self, source: Chunk, index: int) -> Chunk:
         if self.delay_s:
@@ -125,29 +124,26 @@ class Relay(StreamEngine):
     def __init__(self, delay_s: float = 0.0) -> None:
         self.delay_s = delay_s
         self.relayed = 0
-        self._active: set[str] = set()
+        self._requests: RequestTracker[None] = RequestTracker()
 
     async def start(self) -> None:
         return None
 
     async def close(self) -> None:
-        self._active.clear()
+        self._requests.clear()
 
     def active_requests(self) -> int:
-        return len(self._active)
+        return len(self._requests)
 
     async def abort(self, request_id: str) -> None:
-        self._active.discard(request_id)
+        self._requests.abort(request_id)
 
     async def generate(self, request_id: str, inputs: StageInput) -> AsyncGenerator[Chunk, None]:
-        self._active.add(request_id)
-        try:
+        with self._requests.track(request_id):
             async for chunk in inputs.chunks:
-                if request_id not in self._active:
+                if self._requests.aborted(request_id):
                     return
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
                 self.relayed += 1
                 yield chunk
-        finally:
-            self._active.discard(request_id)

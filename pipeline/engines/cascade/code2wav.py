@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
+from ...requests import RequestTracker
 from ...types import AudioChunk, Chunk, CodecCodes, End, ErrorChunk, StageInput, StreamEngine
 from .batching import BatchWorker
 from .voice import VOICE_PACKAGE, has_durations, load_voice
@@ -66,7 +67,8 @@ class Code2WavEngine(StreamEngine):
         self.max_batch = max_batch
         self._voice: Any = None
         self._worker: BatchWorker[_Clause] | None = None
-        self._active: dict[str, _Clause | None] = {}
+        self._requests: RequestTracker[_Clause] = RequestTracker()
+        """Each request's state is the clause it is waiting for, if any."""
 
     @property
     def batch_size(self) -> int:
@@ -87,19 +89,18 @@ class Code2WavEngine(StreamEngine):
         self._worker.start()
 
     async def close(self) -> None:
-        for request_id in list(self._active):
-            await self.abort(request_id)
+        for clause in self._requests.clear():
+            self._drop(clause)
         worker, self._worker = self._worker, None
         if worker is not None:
             worker.close()
             await asyncio.to_thread(worker.join)
 
     def active_requests(self) -> int:
-        return len(self._active)
+        return len(self._requests)
 
     async def abort(self, request_id: str) -> None:
-        clause = self._active.pop(request_id, None)
-        if clause is not None:
+        if (clause := self._requests.abort(request_id)) is not None:
             self._drop(clause)
 
     async def generate(self, request_id: str, inputs: StageInput) -> AsyncGenerator[Chunk, None]:
@@ -110,11 +111,11 @@ class Code2WavEngine(StreamEngine):
             yield End()
             return
         rate = inputs.request.output_sample_rate
-        self._active[request_id] = None
+        self._requests.begin(request_id)
         try:
             async for chunk in inputs.chunks:
-                if request_id not in self._active:
-                    return  # aborted
+                if self._requests.aborted(request_id):
+                    return
                 if isinstance(chunk, ErrorChunk):
                     yield chunk
                     return
@@ -130,10 +131,10 @@ class Code2WavEngine(StreamEngine):
                 if pcm is None:
                     return  # aborted while rendering
                 yield AudioChunk(pcm=pcm, sample_rate=rate)
-            if request_id in self._active:
+            if not self._requests.aborted(request_id):
                 yield End()
         finally:
-            if (clause := self._active.pop(request_id, None)) is not None:
+            if (clause := self._requests.end(request_id)) is not None:
                 self._drop(clause)
 
     async def _synthesize(
@@ -142,13 +143,13 @@ class Code2WavEngine(StreamEngine):
         assert self._worker is not None
         loop = asyncio.get_running_loop()
         clause = _Clause(ids, rate, loop, loop.create_future())
-        self._active[request_id] = clause
+        self._requests.set_state(request_id, clause)
         self._worker.submit(clause)
         try:
             return await clause.future
         finally:
-            if self._active.get(request_id) is clause:
-                self._active[request_id] = None
+            if self._requests.state(request_id) is clause:
+                self._requests.set_state(request_id, None)
             clause.cancelled = True  # done with it either way: never render it now
 
     def _drop(self, clause: _Clause) -> None:

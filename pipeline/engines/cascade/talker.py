@@ -19,6 +19,7 @@ import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from ...requests import RequestTracker
 from ...types import Chunk, CodecCodes, End, ErrorChunk, StageInput, StreamEngine, TextDelta
 from .voice import VOICE_PACKAGE, clause_phoneme_ids, load_voice
 
@@ -100,20 +101,20 @@ class TalkerEngine(StreamEngine):
         self.comma_after = comma_after
         self.first_clause_words = first_clause_words
         self._voice: Any = None
-        self._active: set[str] = set()
+        self._requests: RequestTracker[None] = RequestTracker()
 
     async def start(self) -> None:
         if self._voice is None:
             self._voice = await asyncio.to_thread(load_voice, self.voice_package)
 
     async def close(self) -> None:
-        self._active.clear()
+        self._requests.clear()
 
     def active_requests(self) -> int:
-        return len(self._active)
+        return len(self._requests)
 
     async def abort(self, request_id: str) -> None:
-        self._active.discard(request_id)
+        self._requests.abort(request_id)
 
     async def generate(self, request_id: str, inputs: StageInput) -> AsyncGenerator[Chunk, None]:
         if self._voice is None:
@@ -122,12 +123,11 @@ class TalkerEngine(StreamEngine):
         if inputs.request.output_text_only:
             yield End()  # no speech wanted: the graph unblocks the upstream when we stop reading
             return
-        self._active.add(request_id)
         splitter = ClauseSplitter(self.comma_after, self.first_clause_words)
-        try:
+        with self._requests.track(request_id):
             async for chunk in inputs.chunks:
-                if request_id not in self._active:
-                    return  # aborted
+                if self._requests.aborted(request_id):
+                    return
                 if isinstance(chunk, ErrorChunk):
                     yield chunk
                     return
@@ -139,10 +139,8 @@ class TalkerEngine(StreamEngine):
                             yield codes
             if (rest := splitter.flush()) and (codes := self._codes(rest)) is not None:
                 yield codes
-            if request_id in self._active:
+            if not self._requests.aborted(request_id):
                 yield End()
-        finally:
-            self._active.discard(request_id)
 
     def _codes(self, clause: str) -> CodecCodes | None:
         ids = clause_phoneme_ids(self._voice, clause)

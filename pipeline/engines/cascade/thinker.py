@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from ...requests import RequestTracker
 from ...types import Chunk, End, EntryEngine, ErrorChunk, PipelineRequest, TextDelta
 from .asr import SpeechRecognizer
 from .smollm import DEFAULT_FILE, DEFAULT_PACKAGE, LanguageModel, load_language_model
@@ -77,7 +78,7 @@ class ThinkerEngine(EntryEngine):
         self._lm: LanguageModel | None = None
         self._recognizer: SpeechRecognizer | None = None
         self._generator: TextGenerator | None = None
-        self._active: set[str] = set()
+        self._requests: RequestTracker[None] = RequestTracker()
 
     @property
     def batch_size(self) -> int:
@@ -100,7 +101,7 @@ class ThinkerEngine(EntryEngine):
         return lm
 
     async def close(self) -> None:
-        self._active.clear()
+        self._requests.clear()
         generator, self._generator = self._generator, None
         if generator is not None:
             await generator.close()
@@ -111,10 +112,10 @@ class ThinkerEngine(EntryEngine):
     def request_ids(self) -> set[str]:
         """The requests holding any state here (the engine's or the model thread's)."""
         held = self._generator.request_ids() if self._generator else set()
-        return self._active | held
+        return self._requests.ids() | held
 
     async def abort(self, request_id: str) -> None:
-        self._active.discard(request_id)
+        self._requests.abort(request_id)
         if self._generator is not None:
             self._generator.cancel(request_id)
 
@@ -125,13 +126,12 @@ class ThinkerEngine(EntryEngine):
         if generator is None or recognizer is None or self._lm is None:
             yield ErrorChunk(message="the thinker was not started", stage=self.name)
             return
-        self._active.add(request_id)
-        try:
+        with self._requests.track(request_id):
             user_text = request.text or ""
             if len(request.audio):
                 heard = await asyncio.to_thread(recognizer.transcribe, request.audio)
-                if request_id not in self._active:
-                    return  # aborted while transcribing
+                if self._requests.aborted(request_id):
+                    return  # while transcribing
                 if heard:
                     yield TextDelta(text=heard, kind="input_transcript")
                 user_text = " ".join(t for t in (user_text, heard) if t)
@@ -141,8 +141,8 @@ class ThinkerEngine(EntryEngine):
                 return
             frames = request.frames
             scene = await asyncio.to_thread(describe_frames, frames) if frames else ""
-            if request_id not in self._active:
-                return  # aborted while looking at the frames
+            if self._requests.aborted(request_id):
+                return  # while looking at the frames
             prompt = self.chat_prompt(request, user_text, scene)
             stream = generator.stream(request_id, prompt, self.max_new_tokens)
             async with contextlib.aclosing(stream):
@@ -152,10 +152,8 @@ class ThinkerEngine(EntryEngine):
                 except GenerationFailed as exc:
                     yield ErrorChunk(message=str(exc), stage=self.name)
                     return
-            if request_id in self._active:
+            if not self._requests.aborted(request_id):
                 yield End()
-        finally:
-            self._active.discard(request_id)
 
     def chat_prompt(self, request: PipelineRequest, user_text: str, scene: str = "") -> str:
         """The chat prompt, rendered with the model's own template (after `start`)."""
