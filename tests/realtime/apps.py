@@ -9,6 +9,7 @@ import contextlib
 import socket
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -46,6 +47,24 @@ def fake_graph(engine_args: str = "") -> str:
         f"  - {{name: model, engine: 'tests.fakes.fake_engine:FakeEngine'{args}}}\n"
         "outputs: [model]\n"
     )
+
+
+def fake_graph_file(directory: Path, engine_args: str = "") -> str:
+    """`fake_graph(engine_args)` written to a file in `directory`: its path."""
+    path = directory / "fake.yaml"
+    path.write_text(fake_graph(engine_args))
+    return str(path)
+
+
+@contextlib.asynccontextmanager
+async def fake_app(
+    directory: Path, redis_url: str, engine_args: str = "", **settings: Any
+) -> AsyncIterator[Starlette]:
+    """`running_app` on the fake-engine graph (its file in `directory`); `settings` are the
+    rest of its Settings (max_sessions, api_key, ...)."""
+    graph = fake_graph_file(directory, engine_args)
+    async with running_app(Settings(pipeline=graph, **settings), redis_url) as app:
+        yield app
 
 
 class _QuietServer(uvicorn.Server):

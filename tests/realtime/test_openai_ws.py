@@ -25,7 +25,7 @@ from loadtest.speech import silence, speak, trim_silence
 from realtime.g711 import ulaw_encode
 from realtime.websocket.ga_events import source_id
 from realtime.websocket.openai_ws import MAX_MESSAGE_BYTES
-from tests.realtime.apps import ServedApp, fake_graph, served_app
+from tests.realtime.apps import ServedApp, fake_graph_file, served_app
 from tests.realtime.clients import RecordingClient
 from web.app import create_app
 from web.cli import WS_MAX_SIZE
@@ -37,9 +37,7 @@ RATE = 24_000
 
 @pytest.fixture
 def graph(tmp_path: Path) -> str:
-    path = tmp_path / "fake.yaml"
-    path.write_text(fake_graph("audio_ms: 6000, realtime_factor: 4.0"))
-    return str(path)
+    return fake_graph_file(tmp_path, "audio_ms: 6000, realtime_factor: 4.0")
 
 
 @pytest.fixture

@@ -29,9 +29,8 @@ from loadtest.sdp_fuzz import OK_STATUSES, Mutant, headers_for, mutants, real_of
 from loadtest.webrtc_client import Microphone
 from realtime.webrtc.peer import close_peer
 from web.app import Services
-from web.settings import Settings
 
-from .apps import asgi_client, fake_graph, running_app
+from .apps import asgi_client, fake_app
 
 SEED = 20260801
 COUNT = 5_000
@@ -41,16 +40,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 @pytest.fixture
 async def app(tmp_path: Path, redis_url: str) -> AsyncIterator[Starlette]:
-    graph = tmp_path / "fake.yaml"
-    graph.write_text(fake_graph())
-    async with running_app(Settings(pipeline=str(graph), max_sessions=8), redis_url) as running:
+    async with fake_app(tmp_path, redis_url, max_sessions=8) as running:
         yield running
-
-
-@pytest.fixture
-async def http(app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
-    async with asgi_client(app) as client:
-        yield client
 
 
 @pytest.fixture
@@ -261,10 +252,10 @@ async def test_at_the_session_cap_an_offer_gets_503_and_leaves_no_peer_connectio
 ) -> None:
     """The offer is answered before the session is counted, so a refusal at the cap closes
     a peer connection that already exists (the suite fails a test that leaves one open)."""
-    graph = tmp_path / "fake.yaml"
-    graph.write_text(fake_graph())
-    settings = Settings(pipeline=str(graph), max_sessions=1)
-    async with running_app(settings, redis_url) as running, asgi_client(running) as client:
+    async with (
+        fake_app(tmp_path, redis_url, max_sessions=1) as running,
+        asgi_client(running) as client,
+    ):
         offer = (await real_offers())[0].encode()
         first, _ = await post(client, Mutant(offer, "application/sdp", "first"))
         assert first.status_code == 201

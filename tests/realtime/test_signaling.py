@@ -16,9 +16,8 @@ from realtime.auth import Authenticator, AuthError
 from realtime.webrtc.call import CallOptions
 from sessions.config import SessionConfig
 from web.app import Services
-from web.settings import Settings
 
-from .apps import asgi_client, fake_graph, running_app
+from .apps import fake_app
 
 KEY = "sk-test-parley"
 
@@ -43,16 +42,8 @@ def test_secrets_carry_settings_and_expire() -> None:
 
 @pytest.fixture
 async def app(tmp_path: Path, redis_url: str) -> AsyncIterator[Starlette]:
-    graph = tmp_path / "fake.yaml"
-    graph.write_text(fake_graph())
-    async with running_app(Settings(pipeline=str(graph), api_key=KEY), redis_url) as application:
-        yield application
-
-
-@pytest.fixture
-async def http(app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
-    async with asgi_client(app) as client:
-        yield client
+    async with fake_app(tmp_path, redis_url, api_key=KEY) as running:
+        yield running
 
 
 async def test_a_secret_starts_a_call_with_its_settings(http: httpx.AsyncClient) -> None:

@@ -31,7 +31,7 @@ from realtime.websocket import video_stream
 from realtime.websocket.ga_events import source_id
 from sessions.session import SessionLimits
 from tests.fakes.fake_engine import FakeEngine
-from tests.realtime.apps import ServedApp, fake_graph, served_app
+from tests.realtime.apps import ServedApp, fake_graph_file, served_app
 from web.settings import Settings
 
 Message = dict[str, Any]
@@ -90,9 +90,7 @@ OpenClient = Callable[..., AbstractAsyncContextManager[Client]]
 
 @pytest.fixture
 def graph(tmp_path: Path) -> str:
-    path = tmp_path / "fake.yaml"
-    path.write_text(fake_graph("audio_ms: 600, chunk_ms: 100, realtime_factor: 4.0"))
-    return str(path)
+    return fake_graph_file(tmp_path, "audio_ms: 600, chunk_ms: 100, realtime_factor: 4.0")
 
 
 @pytest.fixture

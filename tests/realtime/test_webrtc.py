@@ -20,28 +20,16 @@ from starlette.applications import Starlette
 from loadtest.speech import silence, speak, trim_silence
 from loadtest.webrtc_client import Caller
 from web.app import Services
-from web.settings import Settings
 
-from .apps import asgi_client, fake_graph, running_app
-
-
-@pytest.fixture
-def graph(tmp_path: Path) -> str:
-    path = tmp_path / "fake.yaml"
-    path.write_text(fake_graph("audio_ms: 6000, realtime_factor: 4.0"))
-    return str(path)
+from .apps import fake_app
 
 
 @pytest.fixture
-async def app(graph: str, redis_url: str) -> AsyncIterator[Starlette]:
-    async with running_app(Settings(pipeline=graph, max_sessions=4), redis_url) as application:
-        yield application
-
-
-@pytest.fixture
-async def http(app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
-    async with asgi_client(app) as client:
-        yield client
+async def app(tmp_path: Path, redis_url: str) -> AsyncIterator[Starlette]:
+    async with fake_app(
+        tmp_path, redis_url, "audio_ms: 6000, realtime_factor: 4.0", max_sessions=4
+    ) as running:
+        yield running
 
 
 @pytest.fixture

@@ -36,9 +36,8 @@ from realtime.webrtc.call import MAX_MESSAGE_BYTES
 from realtime.webrtc.registry import CallRegistry, CallSetupError
 from sessions.config import SessionConfig
 from web.app import Services
-from web.settings import Settings
 
-from .apps import asgi_client, fake_graph, running_app
+from .apps import fake_app
 
 UNDECODABLE_OPUS = b"\x03\x00"
 """A code-3 Opus packet that says it holds zero frames: libopus refuses it."""
@@ -46,16 +45,10 @@ UNDECODABLE_OPUS = b"\x03\x00"
 
 @pytest.fixture
 async def app(tmp_path: Path, redis_url: str) -> AsyncIterator[Starlette]:
-    graph = tmp_path / "fake.yaml"
-    graph.write_text(fake_graph("audio_ms: 1000, realtime_factor: 4.0"))
-    async with running_app(Settings(pipeline=str(graph), max_sessions=4), redis_url) as running:
+    async with fake_app(
+        tmp_path, redis_url, "audio_ms: 1000, realtime_factor: 4.0", max_sessions=4
+    ) as running:
         yield running
-
-
-@pytest.fixture
-async def http(app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
-    async with asgi_client(app) as client:
-        yield client
 
 
 @pytest.fixture

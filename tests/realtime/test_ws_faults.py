@@ -24,7 +24,7 @@ from websockets.exceptions import ConnectionClosed
 
 from realtime.error_throttle import DEFAULT_LIMIT
 from sessions.manager import SessionManager
-from tests.realtime.apps import ServedApp, fake_graph, served_app
+from tests.realtime.apps import ServedApp, fake_graph_file, served_app
 from tests.realtime.clients import RecordingClient
 from web.settings import Settings
 
@@ -45,9 +45,8 @@ TEXT_ITEM = {
 
 @pytest.fixture
 async def server(tmp_path: Path, redis_url: str) -> AsyncIterator[ServedApp]:
-    graph = tmp_path / "fake.yaml"
-    graph.write_text(fake_graph("audio_ms: 300, chunk_ms: 100, realtime_factor: 20.0"))
-    settings = Settings(pipeline=str(graph), api_key=KEY, max_sessions=CAP)
+    graph = fake_graph_file(tmp_path, "audio_ms: 300, chunk_ms: 100, realtime_factor: 20.0")
+    settings = Settings(pipeline=graph, api_key=KEY, max_sessions=CAP)
     async with served_app(settings, redis_url) as app:
         yield app
 
