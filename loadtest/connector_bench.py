@@ -2,7 +2,7 @@
 
 Payloads follow Qwen2.5-Omni's stage hand-offs: thinker -> talker hidden states
 (200 x 3584 float32, 2.87 MB) and talker -> code2wav codec codes (600 int32). Each is sent
-as the pipeline sends it: a `("chunk", request_id, HiddenStates | CodecCodes)` message.
+as the pipeline sends it: a `ChunkMessage(request_id, HiddenStates | CodecCodes)`.
 
 Paths:
 - `inprocess`: the in-process link (bounded channel, by reference);
@@ -37,6 +37,7 @@ import numpy as np
 
 from pipeline.connectors.inprocess import InProcessLink
 from pipeline.connectors.shm import RingSpec, ShmLink
+from pipeline.link_messages import ChunkMessage
 from pipeline.types import CodecCodes, HiddenStates
 
 PAYLOADS = ("t2t_hidden", "t2v_codes")
@@ -122,7 +123,7 @@ async def inprocess(chunk: Any, n: int, warmup: int) -> tuple[float, float]:
     samples = []
     for i in range(n + warmup):
         t0 = time.perf_counter_ns()
-        await a.send(("chunk", "resp_bench", chunk))
+        await a.send(ChunkMessage("resp_bench", chunk))
         await b.recv()
         if i >= warmup:
             samples.append(time.perf_counter_ns() - t0)
@@ -142,8 +143,8 @@ async def _consume(sock: socket.socket, rings: RingSpec) -> None:
             if message == "stop":
                 return
             received = time.perf_counter_ns()
-            _, sent, _chunk = message
-            del message, _chunk
+            sent = int(message.request_id)  # the send time rides as the request id
+            del message
             await link.send(received - sent)
     finally:
         await link.close()
@@ -161,7 +162,7 @@ async def shm(chunk: Any, n: int, warmup: int) -> tuple[float, float]:
     samples = []
     try:
         for i in range(n + warmup):
-            await link.send(("chunk", time.perf_counter_ns(), chunk))
+            await link.send(ChunkMessage(str(time.perf_counter_ns()), chunk))
             latency = await link.recv()
             if i >= warmup:
                 samples.append(latency)

@@ -2,15 +2,15 @@
 
 The main process holds a `RemoteEngine`; the other host runs `parley stage`, which serves
 the stage's engine over the other end of the same link (named in the graph file, so both
-sides agree). The remote side announces itself with a "ready" message whenever it starts;
-requests wait for it up to the start timeout.
+sides agree). The remote side announces itself with `Ready` whenever it starts; requests
+wait for it up to the start timeout.
 
-A Redis link cannot see a peer vanish, so the remote side says "alive" every `HEARTBEAT_S`
+A Redis link cannot see a peer vanish, so the remote side says `Alive` every `HEARTBEAT_S`
 and the main side marks the stage down after `LIVENESS_S` without a word: requests in flight
 fail at once (not at the session's 30 s chunk deadline) and new ones fail fast until the
 stage speaks again. A Redis outage is ridden out by both sides: the main side marks the
 stage down, the remote side drops its requests in flight, and once Redis answers the remote
-side says "ready" again. A stage killed and started again announces itself the same way.
+side says `Ready` again. A stage killed and started again announces itself the same way.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 
 from .connectors.base import LinkClosed, LinkUnavailable
 from .connectors.redis_streams import RedisStreamLink
+from .link_messages import Alive, Fatal, Ready
 from .stage_client import RETRY_S, LinkedStage
 
 log = logging.getLogger("parley.pipeline.remote")
@@ -51,13 +52,13 @@ class RemoteEngine(LinkedStage):
         self._pending: RedisStreamLink | None = None
 
     async def start(self) -> None:
-        """Open our end and wait (in the background) for the remote side's "ready"."""
+        """Open our end and wait (in the background) for the remote side's `Ready`."""
         self._redis = _redis(self.redis_url)
         link = self._pending = RedisStreamLink.end(self._redis, self.link_name, "a")
         self._waiter = asyncio.create_task(self._await_ready(link), name=f"remote:{self.name}")
 
     async def _await_ready(self, link: RedisStreamLink) -> None:
-        """Wait for the remote side's first word: "ready", or "alive" from a stage that was
+        """Wait for the remote side's first word: `Ready`, or `Alive` from a stage that was
         already serving when this process started."""
         try:
             while True:
@@ -66,9 +67,13 @@ class RemoteEngine(LinkedStage):
                 except LinkUnavailable:
                     await asyncio.sleep(RETRY_S)
                     continue
-                if message[0] in ("ready", "alive"):
-                    break
-                log.warning("stage %s: ignoring %r before ready", self.name, message[0])
+                match message:
+                    case Ready() | Alive():
+                        break
+                    case Fatal(reason):
+                        log.error("stage %s could not start on its host: %s", self.name, reason)
+                    case _:
+                        log.warning("stage %s: ignoring %r before ready", self.name, message)
         except LinkClosed:
             return
         log.info("stage %s: remote side is ready on link %s", self.name, self.link_name)

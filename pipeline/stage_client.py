@@ -2,16 +2,16 @@
 
 `LinkedStage` is an engine of either kind, an entry stage's or a stream stage's (the engine
 on the other side checks itself against the stage's kind when it starts). It forwards each
-request over a link and routes what comes back: one reader task owns the link's inbound side
-and hands chunks to per-request bounded channels. When the link is lost, every request in
-flight gets an ErrorChunk at once, and the subclass decides what happens next (a worker is
-restarted; a remote stage is waited for). Subclasses provide `start`, `close` and call
-`_attach` / react in `_on_lost`.
+request over a link (the messages of `link_messages.py`) and routes what comes back: one
+reader task owns the link's inbound side and hands chunks to per-request bounded channels.
+When the link is lost, every request in flight gets an ErrorChunk at once, and the subclass
+decides what happens next (a worker is restarted; a remote stage is waited for). Subclasses
+provide `start`, `close` and call `_attach` / react in `_on_lost`.
 
-A stage whose link cannot see it die (a remote stage over Redis) says "alive" every
+A stage whose link cannot see it die (a remote stage over Redis) says `Alive` every
 second; with `liveness_s` set, a stage silent that long, or a link whose transport is down,
 is marked down: its requests in flight fail at once, new ones fail fast instead of waiting
-for a deadline, and the first message it sends again (it says "ready" after riding out an
+for a deadline, and the first message it sends again (it says `Ready` after riding out an
 outage) marks it up.
 """
 
@@ -26,6 +26,16 @@ from typing import Any
 
 from .channel import Channel, ChannelClosed
 from .connectors.base import Link, LinkClosed, LinkUnavailable
+from .link_messages import (
+    Abort,
+    ChunkMessage,
+    Done,
+    Generate,
+    Input,
+    InputEnd,
+    Stats,
+    StatsReply,
+)
 from .types import Chunk, End, EntryEngine, ErrorChunk, PipelineRequest, StageInput, StreamEngine
 
 log = logging.getLogger("parley.pipeline.stage_client")
@@ -87,18 +97,20 @@ class LinkedStage(EntryEngine, StreamEngine):
                     await asyncio.sleep(RETRY_S)
                     continue
                 self._mark_up()
-                kind = message[0]
-                if kind == "chunk":
-                    if (channel := self._requests.get(message[1])) is not None:
-                        with contextlib.suppress(ChannelClosed):
-                            await channel.send(message[2])
-                elif kind == "done":
-                    if (finished := self._requests.get(message[1])) is not None:
-                        finished.close()
-                elif kind == "stats":
-                    future = self._stats.pop(message[1], None)
-                    if future is not None and not future.done():
-                        future.set_result(message[2])
+                match message:
+                    case ChunkMessage(rid, chunk):
+                        if (channel := self._requests.get(rid)) is not None:
+                            with contextlib.suppress(ChannelClosed):
+                                await channel.send(chunk)
+                    case Done(rid):
+                        if (finished := self._requests.get(rid)) is not None:
+                            finished.close()
+                    case StatsReply(token, active):
+                        future = self._stats.pop(token, None)
+                        if future is not None and not future.done():
+                            future.set_result(active)
+                    case _:
+                        pass  # Ready or Alive: that it spoke at all is the news
         except LinkClosed:
             pass
         finally:
@@ -152,7 +164,7 @@ class LinkedStage(EntryEngine, StreamEngine):
         token = next(self._tokens)
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._stats[token] = future
-        await link.send(("stats", token))
+        await link.send(Stats(token))
         return await future
 
     async def _live_link(self) -> Link:
@@ -167,7 +179,7 @@ class LinkedStage(EntryEngine, StreamEngine):
             channel.discard()
         if self._link is not None:
             with contextlib.suppress(LinkClosed, LinkUnavailable):
-                await self._link.send(("abort", request_id))
+                await self._link.send(Abort(request_id))
 
     async def generate(
         self, request_id: str, inputs: PipelineRequest | StageInput
@@ -194,7 +206,7 @@ class LinkedStage(EntryEngine, StreamEngine):
         feeder: asyncio.Task[None] | None = None
         finished = False
         try:
-            await link.send(("generate", request_id, request, upstream is not None))
+            await link.send(Generate(request_id, request, streamed=upstream is not None))
             if upstream is not None:
                 feeder = asyncio.create_task(self._feed(link, request_id, upstream))
             async for chunk in channel:
@@ -223,5 +235,5 @@ class LinkedStage(EntryEngine, StreamEngine):
         """Forward the upstream chunks of a streamed request to the stage."""
         with contextlib.suppress(LinkClosed, LinkUnavailable):
             async for chunk in inputs.chunks:
-                await link.send(("input", request_id, chunk))
-            await link.send(("input_end", request_id))
+                await link.send(Input(request_id, chunk))
+            await link.send(InputEnd(request_id))

@@ -16,6 +16,7 @@ import subprocess
 
 from .connectors.base import LinkClosed
 from .connectors.shm import DEFAULT_CAPACITY, ShmLink
+from .link_messages import Close, Fatal, Ready
 from .stage_client import LinkedStage
 from .worker_main import WorkerSpec, launch_args
 
@@ -64,11 +65,18 @@ class WorkerEngine(LinkedStage):
             async with asyncio.timeout(self.start_timeout_s):
                 first = await link.recv()
         except (TimeoutError, LinkClosed) as exc:
-            first = ("fatal", f"the worker did not start ({exc!r})")
-        if first[0] != "ready":
+            first = Fatal(f"the worker did not start ({exc!r})")
+        match first:
+            case Ready():
+                problem = None
+            case Fatal(message):
+                problem = message
+            case _:
+                problem = f"the worker said {first!r} before it was ready"
+        if problem is not None:
             await link.close()
             await asyncio.to_thread(_stop_process, process)
-            raise WorkerFailed(f"stage {self.name}: {first[1]}")
+            raise WorkerFailed(f"stage {self.name}: {problem}")
         self._process = process
         self._dead.clear()
         self._attach(link)
@@ -106,7 +114,7 @@ class WorkerEngine(LinkedStage):
             self._supervisor = None
         if self._link is not None:
             with contextlib.suppress(LinkClosed):
-                await self._link.send(("close",))
+                await self._link.send(Close())
         if self._process is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 await asyncio.to_thread(self._process.wait, 3.0)

@@ -3,19 +3,17 @@
 A worker is spawned by the main process with a socket and the names of two shared-memory
 rings; a remote stage (`parley stage`) reaches the main process through Redis streams. Either
 way `serve_stage` builds the engine, checks that it is the kind the graph makes of the stage
-(an EntryEngine for an entry stage, a StreamEngine otherwise; if not it says "fatal" and
-stops before loading anything), says it is ready, then serves requests concurrently: each
-`generate` becomes a task streaming chunks back; `abort` cancels that task (the engine aborts
+(an EntryEngine for an entry stage, a StreamEngine otherwise; if not it says `Fatal` and
+stops before loading anything), says `Ready`, then serves requests concurrently: each
+`Generate` becomes a task streaming chunks back; `Abort` cancels that task (the engine aborts
 on cancellation); the end of the link (the parent closed it or died) ends the serving.
 
-Messages, parent -> child: ("generate", rid, request, streamed), ("input", rid, chunk),
-("input_end", rid), ("abort", rid), ("stats", token), ("close",).
-Child -> parent: ("ready",), ("fatal", message), ("chunk", rid, chunk), ("done", rid),
-("stats", token, active_requests), and from a remote stage ("alive",) every `heartbeat_s`.
+The messages are the dataclasses of `link_messages.py` (`ToStage` in, `FromStage` out; from
+a remote stage also `Alive` every `heartbeat_s`), dispatched with `match`.
 
 A remote stage also rides out its link's outages (Redis down or restarting): the requests in
 flight are dropped (the main process has failed them already), and once the link works
-again the stage says "ready" again.
+again the stage says `Ready` again.
 """
 
 from __future__ import annotations
@@ -35,6 +33,20 @@ from .connectors.base import Link, LinkClosed, LinkUnavailable
 from .connectors.shm import RingSpec, ShmLink
 from .engines.registry import create_engine
 from .graph_config import StageKind, wrong_engine_kind
+from .link_messages import (
+    Abort,
+    Alive,
+    ChunkMessage,
+    Close,
+    Done,
+    Fatal,
+    Generate,
+    Input,
+    InputEnd,
+    Ready,
+    Stats,
+    StatsReply,
+)
 from .types import (
     Chunk,
     End,
@@ -100,7 +112,7 @@ async def _serve(spec: WorkerSpec, sock: socket.socket, rings: RingSpec) -> None
 async def serve_stage(spec: WorkerSpec, link: Link, heartbeat_s: float | None = None) -> None:
     """Build the engine and serve it over `link` until the link ends or says close.
 
-    `heartbeat_s` (a remote stage): say "alive" that often, and ride out link outages."""
+    `heartbeat_s` (a remote stage): say `Alive` that often, and ride out link outages."""
     try:
         engine = create_engine(spec.engine, spec.engine_args)
         if not _fits(spec.kind, engine):
@@ -128,7 +140,7 @@ def _fits(kind: StageKind, engine: Engine) -> bool:
 
 async def _fail(link: Link, message: str) -> None:
     with contextlib.suppress(LinkClosed):
-        await link.send(("fatal", message))
+        await link.send(Fatal(message))
     await link.close()
 
 
@@ -136,7 +148,7 @@ async def _serve_until_closed(server: _Server, link: Link, heartbeat_s: float | 
     retry_s = RETRY_MIN_S
     while True:
         try:
-            await link.send(("ready",))
+            await link.send(Ready())
             if retry_s > RETRY_MIN_S:
                 log.info("the link works again; serving")
                 retry_s = RETRY_MIN_S
@@ -167,11 +179,11 @@ async def _serve_with_heartbeat(server: _Server, link: Link, every_s: float) -> 
 
 
 async def _heartbeat(link: Link, every_s: float) -> None:
-    """Say "alive" every `every_s`: a Redis link cannot tell the other side we died."""
+    """Say `Alive` every `every_s`: a Redis link cannot tell the other side we died."""
     with contextlib.suppress(LinkClosed, LinkUnavailable):  # serve() sees the same failure
         while True:
             await asyncio.sleep(every_s)
-            await link.send(("alive",))
+            await link.send(Alive())
 
 
 class _Server:
@@ -184,25 +196,25 @@ class _Server:
 
     async def serve(self) -> None:
         while True:
-            message = await self.link.recv()
-            kind = message[0]
-            if kind == "generate":
-                _, rid, request, streamed = message
-                stream = self._open(rid, request, streamed)
-                self.tasks[rid] = asyncio.create_task(self._run(rid, stream), name=rid)
-            elif kind == "input":
-                if (target := self.inputs.get(message[1])) is not None:
-                    with contextlib.suppress(ChannelClosed):
-                        await target.send(message[2])
-            elif kind == "input_end":
-                if (ended := self.inputs.get(message[1])) is not None:
-                    ended.close()
-            elif kind == "abort":
-                await self._abort(message[1])
-            elif kind == "stats":
-                await self.link.send(("stats", message[1], self.engine.active_requests()))
-            elif kind == "close":
-                return
+            match await self.link.recv():
+                case Generate(rid, request, streamed):
+                    stream = self._open(rid, request, streamed)
+                    self.tasks[rid] = asyncio.create_task(self._run(rid, stream), name=rid)
+                case Input(rid, chunk):
+                    if (target := self.inputs.get(rid)) is not None:
+                        with contextlib.suppress(ChannelClosed):
+                            await target.send(chunk)
+                case InputEnd(rid):
+                    if (ended := self.inputs.get(rid)) is not None:
+                        ended.close()
+                case Abort(rid):
+                    await self._abort(rid)
+                case Stats(token):
+                    await self.link.send(StatsReply(token, self.engine.active_requests()))
+                case Close():
+                    return
+                case other:
+                    log.warning("ignoring %r: not a message to a stage", other)
 
     def _open(
         self, rid: str, request: PipelineRequest, streamed: bool
@@ -225,7 +237,7 @@ class _Server:
         try:
             async with contextlib.aclosing(opened) as stream:
                 async for chunk in stream:
-                    await self.link.send(("chunk", rid, chunk))
+                    await self.link.send(ChunkMessage(rid, chunk))
                     if isinstance(chunk, End | ErrorChunk):
                         break
         except (LinkClosed, LinkUnavailable):
@@ -233,13 +245,13 @@ class _Server:
         except Exception as exc:
             log.exception("request %s failed", rid)
             with contextlib.suppress(LinkClosed, LinkUnavailable):
-                await self.link.send(("chunk", rid, ErrorChunk(f"{type(exc).__name__}: {exc}")))
+                await self.link.send(ChunkMessage(rid, ErrorChunk(f"{type(exc).__name__}: {exc}")))
         finally:
             self.tasks.pop(rid, None)
             if (feed := self.inputs.pop(rid, None)) is not None:
                 feed.discard()
         with contextlib.suppress(LinkClosed, LinkUnavailable):
-            await self.link.send(("done", rid))
+            await self.link.send(Done(rid))
 
     async def _abort(self, rid: str) -> None:
         task = self.tasks.get(rid)

@@ -4,7 +4,8 @@ A link is a bounded, ordered, duplex pipe of Python messages that may contain nu
 Array data never goes through pickle: messages are pickled with protocol 5 and their array
 buffers are taken out of band (`encode`), so a connector can move them its own way (shared
 memory, a Redis stream field) and the receiver rebuilds arrays around those buffers
-(`decode`) without another copy.
+(`decode`) without another copy. A stage link's messages are the dataclasses of
+`pipeline/link_messages.py`; a link itself carries any picklable message.
 """
 
 from __future__ import annotations

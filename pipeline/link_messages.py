@@ -1,0 +1,110 @@
+"""What the two ends of a stage link say to each other.
+
+The main process (`stage_client.LinkedStage`: a worker's or a remote stage's proxy) sends
+`ToStage` messages; the serving side (`worker_main.serve_stage`) answers with `FromStage`
+messages. Both sides dispatch with `match` on these classes. Every message is a frozen
+dataclass that a link pickles with protocol 5, so the arrays inside chunks still travel out
+of band (`connectors/base.py`) over either link, shared memory or Redis streams.
+
+A request's life: `Generate`, then for a stream stage its upstream chunks as `Input` and an
+`InputEnd`; back come `ChunkMessage`s and one `Done` once the engine's stream has ended
+(normally, by an error, or aborted by `Abort`). A serving side says `Ready` when it can
+serve (again, after riding out a link outage) or `Fatal` when its engine cannot start; a
+remote stage says `Alive` every heartbeat. `Stats` asks how many requests the engine holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .types import Chunk, PipelineRequest
+
+# --- to the stage ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Generate:
+    """Start a request. `streamed`: a stream stage's; its upstream chunks follow as Input."""
+
+    request_id: str
+    request: PipelineRequest
+    streamed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Input:
+    """One upstream chunk of a streamed request."""
+
+    request_id: str
+    chunk: Chunk
+
+
+@dataclass(frozen=True, slots=True)
+class InputEnd:
+    """The upstream of a streamed request has no more chunks."""
+
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """Ask how many requests the engine holds; answered by a StatsReply with the same token."""
+
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Stop serving (the main process is shutting the stage down)."""
+
+
+ToStage = Generate | Input | InputEnd | Abort | Stats | Close
+
+
+# --- from the stage ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The engine is loaded and requests are served (sent again after a link outage)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Alive:
+    """A remote stage's heartbeat: a Redis link cannot tell that its other side died."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fatal:
+    """The engine could not be built or started; the serving side stops."""
+
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkMessage:
+    """One chunk of a request's output."""
+
+    request_id: str
+    chunk: Chunk
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The request's stream has ended on the serving side; nothing more comes for it."""
+
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class StatsReply:
+    token: int
+    active_requests: int
+
+
+FromStage = Ready | Alive | Fatal | ChunkMessage | Done | StatsReply
