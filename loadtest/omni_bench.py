@@ -245,10 +245,6 @@ def baseline_phase(args: argparse.Namespace) -> dict[str, Any]:
 
     dtype = getattr(torch, args.dtype)
     config = load_config(args.model_path, args.tiny)
-    if not hasattr(config.talker_config, "audio_config"):
-        # transformers 5.x's talker reads `audio_config.n_window` for the audio positions
-        # of its prompt, but its config class does not carry one: lend it the thinker's.
-        config.talker_config.audio_config = config.thinker_config.audio_config
     built = time.perf_counter()
     torch.manual_seed(0)
     with torch.device(args.device):

@@ -40,9 +40,12 @@ class CheckpointError(RuntimeError):
 
 
 def load_config(model_path: str | None, tiny: bool) -> Qwen3OmniMoeConfig:
-    if model_path:
-        return Qwen3OmniMoeConfig.from_pretrained(model_path)
-    return omni_config(tiny=tiny)
+    config = Qwen3OmniMoeConfig.from_pretrained(model_path) if model_path else omni_config(tiny)
+    if not hasattr(config.talker_config, "audio_config"):
+        # transformers 5.x's talker reads `audio_config.n_window` to place the audio of its
+        # prompt (get_rope_index), but its config class carries none: lend it the thinker's.
+        config.talker_config.audio_config = config.thinker_config.audio_config
+    return config
 
 
 def _part_class(part: Part) -> type[nn.Module]:
