@@ -16,6 +16,7 @@ from transformers import Qwen3OmniMoeConfig
 
 from ...types import Engine
 from .model_thread import ModelThread
+from .step_batcher import StepBatcher
 from .weights import Part, build_part
 
 StateT = TypeVar("StateT")
@@ -39,6 +40,7 @@ class ModelStage(Engine, Generic[StateT]):
         device: str = "cpu",
         dtype: str = "float32",
         threads: int | None = None,
+        max_batch: int = 8,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
@@ -49,6 +51,9 @@ class ModelStage(Engine, Generic[StateT]):
         self.device = device
         self.dtype = DTYPES[dtype]
         self.thread = ModelThread(f"parley-{self.name}", threads)
+        self.max_batch = max_batch
+        """Decode steps of this many requests run as one batch at most."""
+        self.batcher: StepBatcher[Any, Any] | None = None
         self.model: Any = None
         self.config: Qwen3OmniMoeConfig | None = None
         self._requests: dict[str, StateT | None] = {}
@@ -67,12 +72,22 @@ class ModelStage(Engine, Generic[StateT]):
             device=self.device,
         )
         await self.thread.call(self._loaded)
+        self.batcher = self._batcher()
+        if self.batcher is not None:
+            self.batcher.start()
 
     def _loaded(self) -> None:
         """On the model thread, once the model is built: make the runner."""
 
+    def _batcher(self) -> StepBatcher[Any, Any] | None:
+        """The stage's step batcher, if its steps batch across requests."""
+        return None
+
     async def close(self) -> None:
         self._requests.clear()
+        if self.batcher is not None:
+            await self.batcher.close()
+            self.batcher = None
         await self.thread.close()
         self.model = None
 

@@ -17,10 +17,16 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ...types import Chunk, CodecCodes, End, ErrorChunk, HiddenStates, StageInput, StreamEngine
 from .stage import ModelStage
+from .step_batcher import StepBatcher
 from .talker_runner import TalkerPrompt, TalkerRunner, TalkerState
+
+Codes = npt.NDArray[np.int32]
+FrameStep = tuple[TalkerState, Codes | None]
+"""One request's share of a batched frame step: its state and the frame to feed first."""
 
 
 class UpstreamError(Exception):
@@ -52,6 +58,19 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
         self.runner: TalkerRunner | None = None
         self._wakes: dict[str, asyncio.Event] = {}
         """per request: set when text arrives, the text ends, or the request is aborted"""
+
+    def _batcher(self) -> StepBatcher[FrameStep, Codes | None]:
+        runner = self.runner
+        assert runner is not None
+
+        def frames(steps: list[FrameStep]) -> list[Codes | None]:
+            """Feed each request's previous frame (if any), then predict its next one."""
+            fed = [(state, codes) for state, codes in steps if codes is not None]
+            if fed:
+                runner.advance_batch([state for state, _ in fed], [codes for _, codes in fed])
+            return runner.predict_batch([state for state, _ in steps])
+
+        return StepBatcher(self.name, self.thread, frames, max_batch=self.max_batch)
 
     def _loaded(self) -> None:
         assert self.model is not None and self.config is not None
@@ -102,19 +121,19 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
                 yield End()
                 return
             await self.thread.call(runner.prefill, state)
-            for frame in range(self.max_frames):
-                if not self._active(request_id):
-                    return  # aborted
-                codes = await self.thread.call(runner.predict, state)
-                if codes is None:
-                    break  # codec EOS
-                yield CodecCodes(codes=codes[np.newaxis, :], metadata={"frame": frame})
-                if frame + 1 == self.max_frames:
-                    break
-                await _until(can_advance, wake, reader)
-                if not self._active(request_id):
-                    return  # aborted
-                await self.thread.call(runner.advance, state, codes)
+            assert self.batcher is not None
+            previous: Codes | None = None
+            with self.batcher.member():
+                for frame in range(self.max_frames):
+                    if previous is not None:
+                        await _until(can_advance, wake, reader)
+                    if not self._active(request_id):
+                        return  # aborted
+                    codes = await self.batcher.step((state, previous))
+                    if codes is None:
+                        break  # codec EOS
+                    yield CodecCodes(codes=codes[np.newaxis, :], metadata={"frame": frame})
+                    previous = codes
             yield End()
         except UpstreamError as exc:
             yield exc.chunk

@@ -26,6 +26,7 @@ import numpy.typing as npt
 import torch
 from transformers import DynamicCache, Qwen3OmniMoeConfig
 
+from .batch_cache import padding_mask, split_cache, stack_caches
 from .config import CODEC, SPEAKERS, TOKENS
 from .sampling import Sampling, pick
 
@@ -139,7 +140,9 @@ class TalkerRunner:
         state.length += embeds.shape[1]
         hidden = out.last_hidden_state[:, -1:]
         state.last_hidden = hidden
-        logits = self.model.codec_head(hidden)[0, -1]
+        self._choose(state, self.model.codec_head(hidden)[0, -1])
+
+    def _choose(self, state: TalkerState, logits: torch.Tensor) -> None:
         state.next_code = pick(
             logits,
             self.codec_sampling,
@@ -197,30 +200,48 @@ class TalkerRunner:
         state.rope_delta = int(deltas.reshape(-1)[0])
         self._forward(state, embeds, positions)
 
-    # --- one frame -------------------------------------------------------------------------
+    # --- one frame, for one request or a batch of them ----------------------------------
 
     @torch.inference_mode()
     def predict(self, state: TalkerState) -> npt.NDArray[np.int32] | None:
         """The next frame's 16 codes (None once the talker chose EOS)."""
-        if state.next_code == self.eos:
-            state.finished = True
-            return None
-        assert state.last_hidden is not None
+        return self.predict_batch([state])[0]
+
+    @torch.inference_mode()
+    def predict_batch(self, states: list[TalkerState]) -> list[npt.NDArray[np.int32] | None]:
+        """`predict` for several requests: every row of the code predictor starts afresh at
+        the same length, so the batch needs no padding."""
+        results: list[npt.NDArray[np.int32] | None] = [None] * len(states)
+        live = []
+        for row, state in enumerate(states):
+            if state.next_code == self.eos:
+                state.finished = True
+            else:
+                live.append(row)
+        if not live:
+            return results
+        rows = [states[row] for row in live]
         predictor = self.model.code_predictor
         tables = predictor.get_input_embeddings()
-        first_id = torch.tensor([[state.next_code]], device=self.device)
-        first = self.model.get_input_embeddings()(first_id)
+        first_ids = torch.tensor([[state.next_code] for state in rows], device=self.device)
+        hidden = torch.cat([state.last_hidden for state in rows if state.last_hidden is not None])
+        embeds = torch.cat((hidden, self.model.get_input_embeddings()(first_ids)), dim=1)
+        codes = [[state.next_code] for state in rows]
         cache = DynamicCache()
-        embeds = torch.cat((state.last_hidden, first), dim=1)
-        codes = [state.next_code]
         for group in range(self.groups - 1):
             out = predictor.model(inputs_embeds=embeds, past_key_values=cache, use_cache=True)
-            logits = predictor.lm_head[group](out.last_hidden_state[0, -1])
-            code = pick(logits, self.predictor_sampling, state.generator)
-            codes.append(code)
-            embeds = tables[group](torch.tensor([[code]], device=self.device))
-        state.frames += 1
-        return np.asarray(codes, dtype=np.int32)
+            logits = predictor.lm_head[group](out.last_hidden_state[:, -1])
+            chosen = [
+                pick(logits[r], self.predictor_sampling, state.generator)
+                for r, state in enumerate(rows)
+            ]
+            for row_codes, code in zip(codes, chosen, strict=True):
+                row_codes.append(code)
+            embeds = tables[group](torch.tensor(chosen, device=self.device).view(-1, 1))
+        for row, state, row_codes in zip(live, rows, codes, strict=True):
+            state.frames += 1
+            results[row] = np.asarray(row_codes, dtype=np.int32)
+        return results
 
     def _text_for_step(self, state: TalkerState) -> torch.Tensor:
         assert state.tts is not None
@@ -231,16 +252,50 @@ class TalkerRunner:
             return state.tts[1:2]  # tts_eos
         return state.tts[2:3]  # tts_pad
 
+    def _frame_embeds(self, state: TalkerState, codes: npt.NDArray[np.int32]) -> torch.Tensor:
+        """[1, talker_hidden]: the 16 codes' embeddings summed, plus the step's text."""
+        tables = self.model.code_predictor.get_input_embeddings()
+        ids = torch.from_numpy(codes.astype(np.int64)).to(self.device)
+        total: torch.Tensor = self.model.get_input_embeddings()(ids[:1])
+        for group in range(1, self.groups):
+            total = total + tables[group - 1](ids[group : group + 1])
+        return total + self._text_for_step(state)
+
     @torch.inference_mode()
     def advance(self, state: TalkerState, codes: npt.NDArray[np.int32]) -> None:
         """Feed the frame just predicted (with the next piece of text) to the talker LM."""
-        tables = self.model.code_predictor.get_input_embeddings()
-        ids = torch.from_numpy(codes.astype(np.int64)).to(self.device)
-        total = self.model.get_input_embeddings()(ids[:1])
-        for group in range(1, self.groups):
-            total = total + tables[group - 1](ids[group : group + 1])
-        embeds = (total + self._text_for_step(state)).unsqueeze(0)
-        where = torch.tensor([state.length], device=self.device)
-        positions = (where + state.rope_delta).view(1, 1, 1).expand(3, 1, 1)
-        state.step += 1
-        self._forward(state, embeds, positions)
+        self.advance_batch([state], [codes])
+
+    @torch.inference_mode()
+    def advance_batch(self, states: list[TalkerState], codes: list[npt.NDArray[np.int32]]) -> None:
+        """`advance` for several requests in one talker LM step (padded caches, own positions)."""
+        embeds = torch.stack([self._frame_embeds(s, c) for s, c in zip(states, codes, strict=True)])
+        where = [state.length + state.rope_delta for state in states]
+        positions = torch.tensor(where, device=self.device).view(1, -1, 1).expand(3, -1, 1)
+        if len(states) == 1:
+            self._forward(states[0], embeds, positions)
+        else:
+            self._forward_batch(states, embeds, positions)
+        for state in states:
+            state.step += 1
+
+    def _forward_batch(
+        self, states: list[TalkerState], embeds: torch.Tensor, positions: torch.Tensor
+    ) -> None:
+        cache, pads = stack_caches([state.cache for state in states if state.cache is not None])
+        longest = cache.get_seq_length()
+        out = self.model.model(
+            inputs_embeds=embeds,
+            attention_mask=padding_mask(pads, longest + 1, self.device),
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            cache_position=torch.tensor([longest], device=self.device),
+        )
+        hidden = out.last_hidden_state[:, -1:]
+        logits = self.model.codec_head(hidden)[:, -1]
+        for row, (state, own) in enumerate(zip(states, split_cache(cache, pads), strict=True)):
+            state.cache = own
+            state.length += 1
+            state.last_hidden = hidden[row : row + 1]
+            self._choose(state, logits[row])

@@ -24,6 +24,7 @@ from .config import TOKENS
 from .prompt import Vocab, chat_prompt, load_vocab
 from .sampling import Sampling
 from .stage import ModelStage
+from .step_batcher import StepBatcher
 from .thinker_runner import ThinkerHidden, ThinkerPrompt, ThinkerRunner, ThinkerState
 from .vision_input import TOKEN_PIXELS, FrameImages, VisionInput
 
@@ -77,6 +78,16 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         special = [TOKENS["tts_bos"], TOKENS["tts_eos"], TOKENS["tts_pad"]]
         self.tts_embeds = self.runner.special_embeddings(special)
 
+    def _batcher(self) -> StepBatcher[ThinkerState, ThinkerHidden]:
+        runner = self.runner
+        assert runner is not None
+        minimum = self.min_new_tokens
+
+        def step(states: list[ThinkerState]) -> list[ThinkerHidden]:
+            return runner.step_batch(states, min_new_tokens=minimum)
+
+        return StepBatcher(self.name, self.thread, step, max_batch=self.max_batch)
+
     def _prompt(self, request: PipelineRequest) -> ThinkerPrompt:
         """On the model thread: log-mel features, image patches and the chat prompt's ids."""
         assert self.features is not None and self.vocab is not None and self.images is not None
@@ -121,23 +132,23 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
                     ),
                 },
             )
-            for produced in range(1, self.max_new_tokens + 1):
-                if not self._active(request_id):
-                    return  # aborted
-                token = state.next_token
-                if token == runner.eos_id:
-                    break
-                yield TextDelta(text=vocab.decode(token))
-                if produced == self.max_new_tokens:
-                    break  # as in generate(), the last token is chosen but never fed
-                step: ThinkerHidden = await self.thread.call(
-                    runner.step, state, min_new_tokens=self.min_new_tokens
-                )
-                if not self._active(request_id):
-                    return  # aborted
-                yield HiddenStates(
-                    array=step.states, metadata={"part": "reply", "token_ids": step.token_ids}
-                )
+            assert self.batcher is not None
+            with self.batcher.member():
+                for produced in range(1, self.max_new_tokens + 1):
+                    if not self._active(request_id):
+                        return  # aborted
+                    token = state.next_token
+                    if token == runner.eos_id:
+                        break
+                    yield TextDelta(text=vocab.decode(token))
+                    if produced == self.max_new_tokens:
+                        break  # as in generate(), the last token is chosen but never fed
+                    step: ThinkerHidden = await self.batcher.step(state)
+                    if not self._active(request_id):
+                        return  # aborted
+                    yield HiddenStates(
+                        array=step.states, metadata={"part": "reply", "token_ids": step.token_ids}
+                    )
             yield End()
         finally:
             self._requests.pop(request_id, None)

@@ -27,6 +27,7 @@ import torch
 from transformers import DynamicCache, Qwen3OmniMoeConfig
 
 from .audio_features import AudioInput
+from .batch_cache import padding_mask, split_cache, stack_caches
 from .config import TOKENS
 from .sampling import Sampling, pick
 from .vision_input import VisionInput
@@ -164,3 +165,38 @@ class ThinkerRunner:
         state.length += 1
         state.next_token = self._choose(state, out.logits[0, -1], min_new_tokens)
         return ThinkerHidden([fed], self._hidden(out.hidden_states))
+
+    @torch.inference_mode()
+    def step_batch(
+        self, states: list[ThinkerState], *, min_new_tokens: int = 0
+    ) -> list[ThinkerHidden]:
+        """`step` for several requests in one forward pass (continuous batching)."""
+        if len(states) == 1:
+            return [self.step(states[0], min_new_tokens=min_new_tokens)]
+        fed = [state.next_token for state in states]
+        ids = torch.tensor([[token] for token in fed], device=self.device)
+        cache, pads = stack_caches([state.cache for state in states])
+        longest = cache.get_seq_length()
+        mask = padding_mask(pads, longest + 1, self.device)
+        where = [state.length + state.rope_delta for state in states]
+        positions = torch.tensor(where, device=self.device).view(1, -1, 1).expand(3, -1, 1)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            output_hidden_states=True,
+            cache_position=torch.tensor([longest], device=self.device),
+        )
+        hidden = torch.stack((out.hidden_states[0], out.hidden_states[self.accept_layer]), dim=2)
+        rows = hidden.float().cpu().numpy().astype(self.hidden_dtype, copy=False)
+        results = []
+        for row, (state, own_cache) in enumerate(
+            zip(states, split_cache(cache, pads), strict=True)
+        ):
+            state.cache = own_cache
+            state.length += 1
+            state.next_token = self._choose(state, out.logits[row, -1], min_new_tokens)
+            results.append(ThinkerHidden([fed[row]], rows[row]))
+        return results
