@@ -71,10 +71,10 @@ class Code2WavEngine(ModelStage[FrameChunker], StreamEngine):
         chunker = FrameChunker(
             first_chunk=self.first_chunk, chunk=self.chunk, left_context=self.left_context
         )
-        self._requests[request_id] = chunker
+        self._requests.begin(request_id, chunker)
         try:
             async for chunk in inputs.chunks:
-                if not self._active(request_id):
+                if self._requests.aborted(request_id):
                     return  # aborted
                 if isinstance(chunk, ErrorChunk):
                     yield chunk
@@ -86,14 +86,14 @@ class Code2WavEngine(ModelStage[FrameChunker], StreamEngine):
                 for frame in chunk.codes.reshape(-1, chunk.codes.shape[-1]):
                     if (ready := chunker.push(frame)) is not None:
                         pcm = await self.thread.call(self._render, *ready, rate)
-                        if not self._active(request_id):
+                        if self._requests.aborted(request_id):
                             return
                         yield AudioChunk(pcm=pcm, sample_rate=rate)
             if (rest := chunker.flush()) is not None:
                 pcm = await self.thread.call(self._render, *rest, rate)
-                if not self._active(request_id):
+                if self._requests.aborted(request_id):
                     return
                 yield AudioChunk(pcm=pcm, sample_rate=rate)
             yield End()
         finally:
-            self._requests.pop(request_id, None)
+            self._requests.end(request_id)

@@ -14,6 +14,7 @@ from typing import Any, Generic, TypeVar
 import torch
 from transformers import Qwen3OmniMoeConfig
 
+from ...requests import RequestTracker
 from ...types import Engine
 from .model_thread import ModelThread
 from .step_batcher import StepBatcher
@@ -56,7 +57,7 @@ class ModelStage(Engine, Generic[StateT]):
         self.batcher: StepBatcher[Any, Any] | None = None
         self.model: Any = None
         self.config: Qwen3OmniMoeConfig | None = None
-        self._requests: dict[str, StateT | None] = {}
+        self._requests: RequestTracker[StateT] = RequestTracker()
 
     async def start(self) -> None:
         if self.model is not None:
@@ -95,7 +96,4 @@ class ModelStage(Engine, Generic[StateT]):
         return len(self._requests)
 
     async def abort(self, request_id: str) -> None:
-        self._requests.pop(request_id, None)
-
-    def _active(self, request_id: str) -> bool:
-        return request_id in self._requests
+        self._requests.abort(request_id)

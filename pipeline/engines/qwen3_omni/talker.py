@@ -90,7 +90,7 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
         if inputs.request.output_text_only:
             yield End()
             return
-        self._requests[request_id] = None
+        self._requests.begin(request_id)
         chunks = aiter(inputs.chunks)
         reader: asyncio.Task[None] | None = None
         try:
@@ -98,10 +98,10 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
             if prompt is None:
                 yield End()  # the Thinker ended before its prompt: nothing to say
                 return
-            if not self._active(request_id):
+            if self._requests.aborted(request_id):
                 return  # aborted
             state = runner.open(prompt)
-            self._requests[request_id] = state
+            self._requests.set_state(request_id, state)
             wake = self._wakes[request_id] = asyncio.Event()
             # a task and not a TaskGroup: its scope spans the generator's yields
             reader = asyncio.create_task(
@@ -109,13 +109,15 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
             )
 
             def can_start() -> bool:
-                return runner.can_start(state) or state.text_done or not self._active(request_id)
+                return (
+                    runner.can_start(state) or state.text_done or self._requests.aborted(request_id)
+                )
 
             def can_advance() -> bool:
-                return runner.text_ready(state) or not self._active(request_id)
+                return runner.text_ready(state) or self._requests.aborted(request_id)
 
             await _until(can_start, wake, reader)
-            if not self._active(request_id):
+            if self._requests.aborted(request_id):
                 return  # aborted
             if not state.reply:
                 yield End()
@@ -127,7 +129,7 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
                 for frame in range(self.max_frames):
                     if previous is not None:
                         await _until(can_advance, wake, reader)
-                    if not self._active(request_id):
+                    if self._requests.aborted(request_id):
                         return  # aborted
                     codes = await self.batcher.step((state, previous))
                     if codes is None:
@@ -143,7 +145,7 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
                 await asyncio.wait({reader})
                 if not reader.cancelled():
                     reader.exception()  # retrieved: an error already ended the request
-            self._requests.pop(request_id, None)
+            self._requests.end(request_id)
             self._wakes.pop(request_id, None)
 
     async def abort(self, request_id: str) -> None:

@@ -110,15 +110,15 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         if runner is None or vocab is None:
             yield ErrorChunk(message="the thinker was not started", stage=self.name)
             return
-        self._requests[request_id] = None
+        self._requests.begin(request_id)
         try:
             prompt = await self.thread.call(self._prompt, request)
             state, hidden = await self.thread.call(
                 runner.prefill, prompt, min_new_tokens=self.min_new_tokens
             )
-            if not self._active(request_id):
+            if self._requests.aborted(request_id):
                 return  # aborted
-            self._requests[request_id] = state
+            self._requests.set_state(request_id, state)
             audio_frames = int(prompt.audio.mask.sum()) if prompt.audio is not None else 0
             yield HiddenStates(
                 array=hidden.states,
@@ -135,7 +135,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
             assert self.batcher is not None
             with self.batcher.member():
                 for produced in range(1, self.max_new_tokens + 1):
-                    if not self._active(request_id):
+                    if self._requests.aborted(request_id):
                         return  # aborted
                     token = state.next_token
                     if token == runner.eos_id:
@@ -144,11 +144,11 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
                     if produced == self.max_new_tokens:
                         break  # as in generate(), the last token is chosen but never fed
                     step: ThinkerHidden = await self.batcher.step(state)
-                    if not self._active(request_id):
+                    if self._requests.aborted(request_id):
                         return  # aborted
                     yield HiddenStates(
                         array=step.states, metadata={"part": "reply", "token_ids": step.token_ids}
                     )
             yield End()
         finally:
-            self._requests.pop(request_id, None)
+            self._requests.end(request_id)
