@@ -57,3 +57,48 @@ async def test_a_spoken_turn_over_the_openai_websocket_is_answered_with_speech(
     # 15 frames of 80 ms, less the decoder's causal trim per chunk; noise-like, not silence
     assert 0.9 * RATE < len(audio) <= 1.2 * RATE
     assert np.abs(audio).max() > 1000
+
+
+async def test_speaking_over_the_answer_aborts_it_in_every_stage(
+    tmp_path: Path, redis_url: str
+) -> None:
+    graph = tmp_path / "qwen3_omni_tiny.yaml"
+    # a reply long enough to be still in the making when the user barges in
+    graph.write_text(graph_yaml(tokens=3000, frames=400, first_chunk=3, chunk=10))
+    settings = Settings(pipeline=str(graph), api_key=KEY, max_sessions=2)
+    question = np.concatenate(
+        [silence(300, RATE), trim_silence(speak("Tell me a story.", rate=RATE)), silence(900, RATE)]
+    )
+    interruption = np.concatenate(
+        [trim_silence(speak("Hold on, stop.", rate=RATE)), silence(900, RATE)]
+    )
+    async with (
+        served_app(settings, redis_url) as served,
+        AsyncOpenAI(api_key=KEY, base_url=f"{served.http_url}/v1") as client,
+        client.realtime.connect(model="parley") as conn,
+    ):
+        pipeline = served.services.pipeline
+        assert pipeline is not None
+
+        async def until(name: str) -> Any:
+            async with asyncio.timeout(30):
+                while (event := await conn.recv()).type != name:
+                    pass
+                return event
+
+        await conn.input_audio_buffer.append(audio=b64(question))
+        await until("response.output_audio.delta")
+        assert pipeline.active_requests() > 0  # still thinking and talking
+        await conn.input_audio_buffer.append(audio=b64(interruption))
+        done = await until("response.done")
+        assert done.response.status == "cancelled"
+        await until("response.created")  # the interruption's own answer: stop it too
+        await conn.response.cancel()
+        await until("response.done")
+        async with asyncio.timeout(10):  # both answers aborted in every stage: nothing held
+            while pipeline.active_requests() > 0:
+                await asyncio.sleep(0.02)
+
+
+def b64(pcm: np.ndarray[Any, Any]) -> str:
+    return base64.b64encode(pcm.astype("<i2").tobytes()).decode()
