@@ -72,3 +72,11 @@ def split_cache(batched: DynamicCache, pads: Sequence[int]) -> list[DynamicCache
             )
         caches.append(cache)
     return caches
+
+
+def crop_copy(cache: DynamicCache, length: int) -> DynamicCache:
+    """A private copy of the first `length` positions of a batch-of-one cache."""
+    copy = DynamicCache()
+    for index, (keys, values) in enumerate(_layers(cache)):
+        copy.update(keys[:, :, :length].clone(), values[:, :, :length].clone(), index)
+    return copy

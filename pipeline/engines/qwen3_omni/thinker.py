@@ -21,6 +21,7 @@ import numpy as np
 from ...types import Chunk, End, EntryEngine, ErrorChunk, HiddenStates, PipelineRequest, TextDelta
 from .audio_features import AudioFeatures, AudioInput
 from .config import TOKENS
+from .prefix_cache import PrefixCache
 from .prompt import Vocab, chat_prompt, load_vocab
 from .sampling import Sampling
 from .stage import ModelStage
@@ -45,6 +46,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         top_p: float = 1.0,
         default_instructions: str = DEFAULT_INSTRUCTIONS,
         image_max_pixels: int = 128 * TOKEN_PIXELS,
+        prefix_cache_tokens: int = 0,
         **model: Any,
     ) -> None:
         super().__init__(**model)
@@ -57,6 +59,8 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         self.image_max_pixels = image_max_pixels
         """Each camera frame is scaled to at most this (32 x 32 pixels make one token)."""
         self.images: FrameImages | None = None
+        self.prefix_cache_tokens = prefix_cache_tokens
+        """KV of this many prompt tokens is kept for later turns to reuse (0: none)."""
         self.runner: ThinkerRunner | None = None
         self.vocab: Vocab | None = None
         self.features: AudioFeatures | None = None
@@ -64,7 +68,10 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
 
     def _loaded(self) -> None:
         assert self.model is not None and self.config is not None
-        self.runner = ThinkerRunner(self.model, self.config, sampling=self.sampling, seed=self.seed)
+        prefixes = PrefixCache(self.prefix_cache_tokens) if self.prefix_cache_tokens else None
+        self.runner = ThinkerRunner(
+            self.model, self.config, sampling=self.sampling, seed=self.seed, prefix_cache=prefixes
+        )
         self.vocab = load_vocab(self.model_path)
         mel_bins = int(self.config.thinker_config.audio_config.num_mel_bins)
         self.features = AudioFeatures(mel_bins, self.model_path)

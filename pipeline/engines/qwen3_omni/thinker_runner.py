@@ -29,11 +29,13 @@ from transformers import DynamicCache, Qwen3OmniMoeConfig
 from .audio_features import AudioInput
 from .batch_cache import padding_mask, split_cache, stack_caches
 from .config import TOKENS
+from .prefix_cache import PrefixCache
 from .sampling import Sampling, pick
 from .vision_input import VisionInput
 
 Hidden = npt.NDArray[np.float32]
 GREEDY = Sampling()
+MULTIMODAL = frozenset({TOKENS["audio"], TOKENS["image"], TOKENS["video"]})
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,12 +73,16 @@ class ThinkerRunner:
         sampling: Sampling = GREEDY,
         seed: int = 0,
         hidden_dtype: type[np.floating] = np.float32,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.model = model
         self.config = config
         self.sampling = sampling
         self.seed = seed
         self.hidden_dtype = hidden_dtype
+        self.prefix_cache = prefix_cache
+        self.last_prefill_tokens = 0
+        """How many prompt positions the latest prefill computed (the rest were reused)."""
         self.accept_layer = int(config.talker_config.accept_hidden_layer)
         self.eos_id = TOKENS["im_end"]
         self.device = next(model.parameters()).device
@@ -120,20 +126,34 @@ class ThinkerRunner:
         positions, deltas = self.model.get_rope_index(
             ids, grid, None, mask, False, audio_lengths, None
         )
-        cache = DynamicCache()
+        total = ids.shape[1]
+        text_end = next(
+            (i for i, t in enumerate(prompt.input_ids) if t in MULTIMODAL), total
+        )  # positions past here depend on this turn's media, not on the ids alone
+        hit = None
+        if self.prefix_cache is not None:
+            hit = self.prefix_cache.lookup(prompt.input_ids[: min(text_end, total - 1)])
+        start = hit.length if hit is not None else 0
+        cache = hit.cache if hit is not None else DynamicCache()
         out = self.model(
-            input_ids=ids,
+            input_ids=ids[:, start:],
             input_features=features,
             feature_attention_mask=feature_mask,
             pixel_values=pixels,
             image_grid_thw=grid,
             attention_mask=mask,
-            position_ids=positions,
+            position_ids=positions[:, :, start:],
             past_key_values=cache,
             use_cache=True,
             output_hidden_states=True,
-            cache_position=torch.arange(ids.shape[1], device=self.device),
+            cache_position=torch.arange(start, total, device=self.device),
         )
+        self.last_prefill_tokens = total - start
+        hidden = self._hidden(out.hidden_states)
+        if hit is not None:
+            hidden = np.concatenate((hit.hidden, hidden))
+        if self.prefix_cache is not None:
+            self.prefix_cache.store(prompt.input_ids[:text_end], cache, hidden)
         generator = None
         if self.sampling.temperature > 0:
             generator = torch.Generator().manual_seed(self.seed)
@@ -145,7 +165,7 @@ class ThinkerRunner:
             generator=generator,
         )
         state.next_token = self._choose(state, out.logits[0, -1], min_new_tokens)
-        return state, ThinkerHidden(list(prompt.input_ids), self._hidden(out.hidden_states))
+        return state, ThinkerHidden(list(prompt.input_ids), hidden)
 
     @torch.inference_mode()
     def step(self, state: ThinkerState, *, min_new_tokens: int = 0) -> ThinkerHidden:

@@ -37,7 +37,8 @@ name: qwen3_omni_tiny_test
 stages:
   - name: thinker
     engine: qwen3_omni.thinker
-    engine_args: {{{tiny}, max_new_tokens: {tokens}, min_new_tokens: {tokens}}}
+    engine_args: {{{tiny}, max_new_tokens: {tokens}, min_new_tokens: {tokens},
+                  prefix_cache_tokens: 4096}}
     placement: {{process: {placement}}}
   - name: talker
     engine: qwen3_omni.talker
