@@ -2,7 +2,8 @@
 
 Frames are decoded in chunks with left context (`code2wav_runner.FrameChunker`): a small
 first chunk for an early first sound, then `chunk` frames with `left_context` frames before
-them. Code2Wav speaks at 24 kHz; another output rate is resampled with soxr.
+them. The chunks that concurrent requests have ready at the same time decode as one batch.
+Code2Wav speaks at 24 kHz; another output rate is resampled with soxr.
 
 `normalize_peak` scales each chunk to that peak: random weights make a signal of about
 1e-6 that PCM16 rounds to silence, so the tiny graph sets it to make its noise audible.
@@ -21,6 +22,10 @@ import soxr
 from ...types import AudioChunk, Chunk, CodecCodes, End, ErrorChunk, StageInput, StreamEngine
 from .code2wav_runner import SAMPLE_RATE, Code2WavRunner, Codes, FrameChunker
 from .stage import ModelStage
+from .step_batcher import StepBatcher
+
+Window = tuple[Codes, int, int]
+"""One request's share of a batched decode: frames, context frames, output rate."""
 
 
 class Code2WavEngine(ModelStage[FrameChunker], StreamEngine):
@@ -48,10 +53,19 @@ class Code2WavEngine(ModelStage[FrameChunker], StreamEngine):
         assert self.model is not None
         self.runner = Code2WavRunner(self.model)
 
-    def _render(self, window: Codes, context: int, rate: int) -> npt.NDArray[np.int16]:
-        """On the model thread: decode, scale, resample, PCM16."""
+    def _batcher(self) -> StepBatcher[Window, npt.NDArray[np.int16]]:
+        return StepBatcher(self.name, self.thread, self._render_batch, max_batch=self.max_batch)
+
+    def _render_batch(self, windows: list[Window]) -> list[npt.NDArray[np.int16]]:
+        """On the model thread: decode every request's window at once, then each to PCM16."""
         assert self.runner is not None
-        audio = self.runner.decode(window, context)
+        decoded = self.runner.decode_batch([(frames, context) for frames, context, _ in windows])
+        return [
+            self._pcm(audio, rate) for audio, (_, _, rate) in zip(decoded, windows, strict=True)
+        ]
+
+    def _pcm(self, audio: npt.NDArray[np.float32], rate: int) -> npt.NDArray[np.int16]:
+        """Scale, resample, PCM16."""
         if self.normalize_peak and len(audio):
             peak = float(np.abs(audio).max())
             if peak > 0:
@@ -61,7 +75,8 @@ class Code2WavEngine(ModelStage[FrameChunker], StreamEngine):
         return (np.clip(audio, -1.0, 1.0) * 32767).astype(np.int16)
 
     async def generate(self, request_id: str, inputs: StageInput, /) -> AsyncGenerator[Chunk, None]:
-        if self.runner is None:
+        batcher = self.batcher
+        if self.runner is None or batcher is None:
             yield ErrorChunk(message="code2wav was not started", stage=self.name)
             return
         if inputs.request.output_text_only:
@@ -85,12 +100,12 @@ class Code2WavEngine(ModelStage[FrameChunker], StreamEngine):
                     continue
                 for frame in chunk.codes.reshape(-1, chunk.codes.shape[-1]):
                     if (ready := chunker.push(frame)) is not None:
-                        pcm = await self.thread.call(self._render, *ready, rate)
+                        pcm = await batcher.step((*ready, rate))
                         if self._requests.aborted(request_id):
                             return
                         yield AudioChunk(pcm=pcm, sample_rate=rate)
             if (rest := chunker.flush()) is not None:
-                pcm = await self.thread.call(self._render, *rest, rate)
+                pcm = await batcher.step((*rest, rate))
                 if self._requests.aborted(request_id):
                     return
                 yield AudioChunk(pcm=pcm, sample_rate=rate)

@@ -32,9 +32,28 @@ class Code2WavRunner:
     @torch.inference_mode()
     def decode(self, frames: Codes, context: int) -> Audio:
         """Audio for `frames` ([n, 16]) minus the first `context` frames' samples."""
-        codes = torch.from_numpy(frames.T.astype(np.int64)).unsqueeze(0).to(self.device)
-        wav: torch.Tensor = self.model(codes)[0, 0, context * self.samples_per_frame :]
-        return wav.float().cpu().numpy()
+        return self.decode_batch([(frames, context)])[0]
+
+    @torch.inference_mode()
+    def decode_batch(self, windows: list[tuple[Codes, int]]) -> list[Audio]:
+        """`decode` for several requests' windows in one forward pass.
+
+        Code2Wav is causal throughout (causal attention, left-padded convolutions), so a
+        window right-padded to the longest in the batch decodes its own frames exactly as
+        alone; each row is cut back to its own length."""
+        longest = max(len(frames) for frames, _ in windows)
+        codes = np.zeros((len(windows), self.quantizers, longest), dtype=np.int64)
+        for row, (frames, _) in enumerate(windows):
+            codes[row, :, : len(frames)] = frames.T
+        wav: torch.Tensor = self.model(torch.from_numpy(codes).to(self.device))[:, 0]
+        audio = wav.float().cpu().numpy()
+        cut = self.samples_per_frame
+        alone_length = audio.shape[-1]  # the longest row's own length
+        results = []
+        for row, (frames, context) in enumerate(windows):
+            end = alone_length - (longest - len(frames)) * cut
+            results.append(audio[row, context * cut : end].copy())
+        return results
 
 
 class FrameChunker:

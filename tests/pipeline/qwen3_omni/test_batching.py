@@ -11,13 +11,23 @@ import numpy as np
 import pytest
 from transformers import Qwen3OmniMoeConfig
 
+from pipeline.engines.qwen3_omni.code2wav import Code2WavEngine
+from pipeline.engines.qwen3_omni.code2wav_runner import Code2WavRunner
 from pipeline.engines.qwen3_omni.config import TOKENS
 from pipeline.engines.qwen3_omni.prompt import ByteVocab, chat_prompt
 from pipeline.engines.qwen3_omni.talker import TalkerEngine
 from pipeline.engines.qwen3_omni.talker_runner import TalkerPrompt, TalkerRunner, TalkerState
 from pipeline.engines.qwen3_omni.thinker import ThinkerEngine
 from pipeline.engines.qwen3_omni.thinker_runner import ThinkerPrompt, ThinkerRunner, ThinkerState
-from pipeline.types import Chunk, CodecCodes, HiddenStates, PipelineRequest, StageInput, TextDelta
+from pipeline.types import (
+    AudioChunk,
+    Chunk,
+    CodecCodes,
+    HiddenStates,
+    PipelineRequest,
+    StageInput,
+    TextDelta,
+)
 
 from .conftest import turn_audio
 
@@ -132,3 +142,46 @@ async def test_two_sessions_share_talker_frames_and_speak_as_alone(
         assert talker.active_requests() == 0
     finally:
         await talker.close()
+
+
+def test_a_batched_code2wav_decode_is_each_window_s_own(tiny_parts: Parts) -> None:
+    runner = Code2WavRunner(tiny_parts["code2wav"][0])
+    rng = np.random.default_rng(5)
+    windows = [
+        (rng.integers(0, 2048, (n, 16), dtype=np.int32), ctx) for n, ctx in ((5, 0), (30, 5))
+    ]
+    together = runner.decode_batch(windows)
+    for (frames, context), joint in zip(windows, together, strict=True):
+        np.testing.assert_allclose(runner.decode(frames, context), joint, atol=1e-6)
+
+
+async def test_two_sessions_share_code2wav_chunks_and_sound_as_alone() -> None:
+    engine = Code2WavEngine(
+        tiny=True, first_chunk=2, chunk=4, left_context=2, max_batch=4, normalize_peak=0.5
+    )
+    await engine.start()
+    try:
+        rng = np.random.default_rng(6)
+        streams = [
+            [CodecCodes(codes=rng.integers(0, 2048, (1, 16), dtype=np.int32)) for _ in range(n)]
+            for n in (10, 14)
+        ]
+
+        async def pcm(rid: str, frames: list[CodecCodes]) -> np.ndarray[Any, Any]:
+            async def feed() -> AsyncIterator[Chunk]:
+                for frame in frames:
+                    yield frame
+
+            request = PipelineRequest(request_id=rid, audio=turn_audio(0.1))
+            out = engine.generate(rid, StageInput(request, feed()))
+            return np.concatenate([c.pcm async for c in out if isinstance(c, AudioChunk)])
+
+        alone = [await pcm(f"c{i}", frames) for i, frames in enumerate(streams)]
+        async with asyncio.timeout(30):
+            together = await asyncio.gather(*(pcm(f"d{i}", f) for i, f in enumerate(streams)))
+        assert engine.batcher is not None and engine.batcher.largest_batch == 2
+        for joint, own in zip(together, alone, strict=True):
+            assert len(joint) == len(own) and np.abs(joint.astype(int) - own).max() <= 1
+        assert engine.active_requests() == 0
+    finally:
+        await engine.close()
