@@ -90,7 +90,7 @@ def build_part(
 
 
 def _fix_uninitialised(module: nn.Module, seed: int) -> None:
-    generator = torch.Generator(device="cpu").manual_seed(seed + 1000)
+    generators: dict[torch.device, torch.Generator] = {}
     with torch.no_grad():
         for sub in module.modules():
             kind = type(sub).__name__
@@ -102,8 +102,13 @@ def _fix_uninitialised(module: nn.Module, seed: int) -> None:
                 continue
             for tensor in tensors:
                 assert isinstance(tensor, torch.Tensor)
-                values = torch.randn(tensor.shape, generator=generator) * 0.02
-                tensor.copy_(values.to(tensor.dtype))
+                device = tensor.device  # drawn where the tensor lives: no host copy of GBs
+                if device not in generators:
+                    generators[device] = torch.Generator(device=device).manual_seed(seed + 1000)
+                draw = torch.randn(
+                    tensor.shape, generator=generators[device], device=device, dtype=tensor.dtype
+                )
+                tensor.copy_(draw * 0.02)
         bad = [name for name, p in module.named_parameters() if not torch.isfinite(p).all()]
     if bad:
         raise CheckpointError(f"random init left non-finite parameters: {', '.join(bad[:5])}")
