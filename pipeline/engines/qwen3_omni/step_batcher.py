@@ -72,6 +72,17 @@ class StepBatcher(Generic[ItemT, ResultT]):
             self._members -= 1
             self._arrived.set()  # a regroup waiting for it need not wait any more
 
+    @contextlib.contextmanager
+    def away(self) -> Iterator[None]:
+        """Inside `member()`, while the request waits for something else (its input): the
+        dispatcher does not wait for its step meanwhile."""
+        self._members -= 1
+        self._arrived.set()
+        try:
+            yield
+        finally:
+            self._members += 1
+
     async def step(self, item: ItemT) -> ResultT:
         if self._task is None:
             raise RuntimeError(f"{self.name} is not running")
@@ -93,6 +104,11 @@ class StepBatcher(Generic[ItemT, ResultT]):
             self.largest_batch = max(self.largest_batch, len(batch))
             try:
                 results = await self.thread.call(self.run, [item for item, _ in batch])
+            except asyncio.CancelledError:
+                for _, waiter in batch:  # closed mid-batch: nobody will answer them now
+                    if not waiter.done():
+                        waiter.set_exception(RuntimeError(f"{self.name} is closed"))
+                raise
             except Exception as exc:
                 for _, waiter in batch:
                     if not waiter.done():

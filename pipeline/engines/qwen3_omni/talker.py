@@ -127,8 +127,9 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
             previous: Codes | None = None
             with self.batcher.member():
                 for frame in range(self.max_frames):
-                    if previous is not None:
-                        await _until(can_advance, wake, reader)
+                    if previous is not None and not can_advance():
+                        with self.batcher.away():  # the batch need not wait for us
+                            await _until(can_advance, wake, reader)
                     if self._requests.aborted(request_id):
                         return  # aborted
                     codes = await self.batcher.step((state, previous))
