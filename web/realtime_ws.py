@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket
 
-from realtime.auth import AuthError
 from realtime.client_events import ProtocolError, SessionUpdate, session_patch
 from realtime.websocket.denial import deny
 from realtime.websocket.openai_accept import ConnectRequest, serve_openai_realtime
 from sessions.config import SessionConfig
 from sessions.errors import ConfigError
+
+from .ws_admission import admit
 
 if TYPE_CHECKING:
     from .app import Services
@@ -36,15 +37,10 @@ async def openai_realtime(websocket: WebSocket) -> None:
     for protocol in offered:
         if protocol.startswith(KEY_PROTOCOL):
             authorization = f"Bearer {protocol[len(KEY_PROTOCOL) :]}"
-    try:
-        grant = services.auth.check(authorization)
-    except AuthError as exc:
-        await deny(websocket, 401, "invalid_api_key", str(exc))
+    admitted = await admit(websocket, authorization)
+    if admitted is None:
         return
-    manager = services.manager
-    if manager is None:
-        await deny(websocket, 503, "not_ready", "the server is not ready yet", "server_error")
-        return
+    grant, manager = admitted
     try:
         body: dict[str, Any] = {"type": "realtime", **(grant.session or {})}
         patch, formats = session_patch(SessionUpdate.model_validate({"session": body}))

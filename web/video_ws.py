@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 
 from starlette.websockets import WebSocket
 
-from realtime.auth import AuthError
-from realtime.websocket.denial import deny
 from realtime.websocket.video_stream import VideoChatStream
+
+from .ws_admission import admit
 
 if TYPE_CHECKING:
     from .app import Services
@@ -21,16 +21,11 @@ if TYPE_CHECKING:
 
 async def video_chat_stream(websocket: WebSocket) -> None:
     """Authenticate, then one VideoChatStream for the connection."""
+    admitted = await admit(websocket, websocket.headers.get("authorization"))
+    if admitted is None:
+        return
+    _, manager = admitted
     services: Services = websocket.app.state.services
-    try:
-        services.auth.check(websocket.headers.get("authorization"))
-    except AuthError as exc:
-        await deny(websocket, 401, "invalid_api_key", str(exc))
-        return
-    manager = services.manager
-    if manager is None:
-        await deny(websocket, 503, "not_ready", "the server is not ready yet", "server_error")
-        return
     await websocket.accept()
     stream = VideoChatStream(
         websocket, manager, services.video_streams, grace_s=services.resume_grace_s
