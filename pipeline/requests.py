@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 StateT = TypeVar("StateT")
 
@@ -69,3 +69,26 @@ class RequestTracker(Generic[StateT]):
         states = [state for state in self._held.values() if state is not None]
         self._held.clear()
         return states
+
+
+class TracksRequests:
+    """The engine methods that only keep books over `_requests`, written once.
+
+    Mix it in before `EntryEngine` / `StreamEngine`: `abort` drops the request, `close`
+    drops them all, `active_requests` counts them, and `start` has nothing to load. An
+    engine that loads a model or frees per-request state overrides just those methods.
+    """
+
+    _requests: RequestTracker[Any]
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        self._requests.clear()
+
+    def active_requests(self) -> int:
+        return len(self._requests)
+
+    async def abort(self, request_id: str) -> None:
+        self._requests.abort(request_id)

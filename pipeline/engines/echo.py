@@ -13,7 +13,7 @@ from collections.abc import AsyncGenerator
 import numpy as np
 import soxr
 
-from ..requests import RequestTracker
+from ..requests import RequestTracker, TracksRequests
 from ..types import (
     INPUT_SAMPLE_RATE,
     AudioChunk,
@@ -27,25 +27,13 @@ from ..types import (
 CHUNK_MS = 100
 
 
-class EchoEngine(EntryEngine):
+class EchoEngine(TracksRequests, EntryEngine):
     """Streams the turn audio back in 100 ms chunks, as fast as the consumer takes them."""
 
     name = "echo"
 
     def __init__(self) -> None:
         self._requests: RequestTracker[None] = RequestTracker()
-
-    async def start(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        self._requests.clear()
-
-    def active_requests(self) -> int:
-        return len(self._requests)
-
-    async def abort(self, request_id: str) -> None:
-        self._requests.abort(request_id)
 
     async def generate(
         self, request_id: str, request: PipelineRequest

@@ -9,7 +9,7 @@ from collections.abc import AsyncGenerator, Iterator
 
 import numpy as np
 
-from pipeline.requests import RequestTracker
+from pipeline.requests import RequestTracker, TracksRequests
 from pipeline.types import (
     AudioChunk,
     Chunk,
@@ -24,7 +24,7 @@ from pipeline.types import (
 )
 
 
-class Scripted(Engine):
+class Scripted(TracksRequests, Engine):
     """What the two scripted stages share: settings, counters and per-request state.
 
     `emit` picks what a stage yields: "text" (upper-cased text) or "audio" (an AudioChunk
@@ -50,18 +50,6 @@ class Scripted(Engine):
         self.finished_at: float | None = None
         self.stopped_early: list[str] = []
         self._requests: RequestTracker[None] = RequestTracker()
-
-    async def start(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        self._requests.clear()
-
-    def active_requests(self) -> int:
-        return len(self._requests)
-
-    async def abort(self, request_id: str) -> None:
-        self._requests.abort(request_id)
 
     @contextlib.contextmanager
     def _running(self, request_id: str) -> Iterator[None]:
@@ -113,7 +101,7 @@ class ScriptedStage(Scripted, StreamEngine):
             yield End()
 
 
-class Relay(StreamEngine):
+class Relay(TracksRequests, StreamEngine):
     """Downstream: passes every upstream chunk on, `delay_s` late each (a slow stage).
 
     It keeps per-request state until the request ends or is aborted, so tests can see
@@ -125,18 +113,6 @@ class Relay(StreamEngine):
         self.delay_s = delay_s
         self.relayed = 0
         self._requests: RequestTracker[None] = RequestTracker()
-
-    async def start(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        self._requests.clear()
-
-    def active_requests(self) -> int:
-        return len(self._requests)
-
-    async def abort(self, request_id: str) -> None:
-        self._requests.abort(request_id)
 
     async def generate(self, request_id: str, inputs: StageInput) -> AsyncGenerator[Chunk, None]:
         with self._requests.track(request_id):

@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from ...requests import RequestTracker
+from ...requests import RequestTracker, TracksRequests
 from ...types import Chunk, CodecCodes, End, ErrorChunk, StageInput, StreamEngine, TextDelta
 from .voice import VOICE_PACKAGE, clause_phoneme_ids, load_voice
 
@@ -85,7 +85,7 @@ class ClauseSplitter:
         return rest
 
 
-class TalkerEngine(StreamEngine):
+class TalkerEngine(TracksRequests, StreamEngine):
     """Streams one CodecCodes (phoneme ids, with the clause text and sample rate) per clause."""
 
     name = "cascade.talker"
@@ -106,15 +106,6 @@ class TalkerEngine(StreamEngine):
     async def start(self) -> None:
         if self._voice is None:
             self._voice = await asyncio.to_thread(load_voice, self.voice_package)
-
-    async def close(self) -> None:
-        self._requests.clear()
-
-    def active_requests(self) -> int:
-        return len(self._requests)
-
-    async def abort(self, request_id: str) -> None:
-        self._requests.abort(request_id)
 
     async def generate(self, request_id: str, inputs: StageInput) -> AsyncGenerator[Chunk, None]:
         if self._voice is None:
