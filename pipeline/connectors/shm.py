@@ -8,8 +8,14 @@ views straight onto the ring, so array data is copied exactly once and never pic
 A view keeps its ring segment allocated. When the last array built on a segment is
 garbage-collected, a finalizer marks the segment free and the receiver advances the ring's
 tail (stored in the ring's first bytes), which is how the sender learns there is room.
-Consumers that keep arrays for long should copy them, or the sender waits. Small buffers (up to
-INLINE_MAX) and buffers larger than the ring go through the socket instead.
+Small buffers (up to INLINE_MAX) go through the socket instead, and so does any buffer the ring
+has no room for right now: the sender never waits for ring space. Waiting would deadlock a
+link that several requests share. The sender holds the link's lock while it waits, so every
+later message queues behind it, and the segment it waits for may be held by a reader that
+will only let go once one of those later messages arrives (a stage keeping request A's
+prompt while it waits for A's next chunk, as request B's prompt waits for room). Consumers
+that keep arrays for long should still copy them: a held segment keeps the ring's tail, so
+everything behind it takes the slower socket path until it is dropped.
 """
 
 from __future__ import annotations
@@ -187,11 +193,13 @@ class ShmLink:
             segments: list[tuple[int, int]] = []
             inline: list[bytes] = []
             for buffer in buffers:
-                if buffer.nbytes <= INLINE_MAX or _align(buffer.nbytes) > self.send_ring.capacity:
+                start = None
+                if buffer.nbytes > INLINE_MAX:
+                    start = self.send_ring.try_alloc(buffer.nbytes)
+                if start is None:
                     segments.append((-1, len(inline)))
                     inline.append(bytes(buffer))
                     continue
-                start = await self._alloc(buffer.nbytes)
                 self.send_ring.write(start, buffer)
                 segments.append((start, buffer.nbytes))
             frame = pickle.dumps((header, segments, inline), protocol=5)
@@ -200,15 +208,6 @@ class ShmLink:
                 await self.writer.drain()
             except (ConnectionError, OSError) as exc:
                 raise LinkClosed(f"link lost: {exc}") from None
-
-    async def _alloc(self, nbytes: int) -> int:
-        delay = 0.00005
-        while (start := self.send_ring.try_alloc(nbytes)) is None:
-            if self._closed:
-                raise LinkClosed("link closed")
-            await asyncio.sleep(delay)  # the reader frees space as it drops arrays
-            delay = min(delay * 2, 0.005)
-        return start
 
     async def recv(self) -> Any:
         if self._closed:

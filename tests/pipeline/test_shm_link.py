@@ -41,17 +41,22 @@ async def test_arrays_and_objects_round_trip_both_ways(pair: tuple[ShmLink, ShmL
     assert np.array_equal((await a.recv())["back"], np.ones(3))
 
 
-async def test_ring_space_returns_when_arrays_are_dropped(pair: tuple[ShmLink, ShmLink]) -> None:
+async def test_a_full_ring_never_holds_up_the_sender(pair: tuple[ShmLink, ShmLink]) -> None:
+    """A reader that keeps one request's arrays while it waits for another message must get
+    that message: the sender does not wait for ring space (that deadlocked four concurrent
+    Qwen3-Omni prompts on one link). What does not fit goes through the socket, held arrays
+    stay intact, and the ring is used again once they are dropped."""
     a, b = pair
-    block = np.zeros(300_000, dtype=np.uint8)  # three fit in the 1 MiB ring, four do not
-    held = [await _through(a, b, block) for _ in range(3)]
-    blocked = asyncio.create_task(a.send(block))
-    await asyncio.sleep(0.05)
-    assert not blocked.done()  # backpressure: the reader still holds the space
-    del held
+    blocks = [np.full(300_000, k, dtype=np.uint8) for k in range(5)]  # 3 fit in 1 MiB
+    held = [await _through(a, b, block) for block in blocks[:3]]
+    overflow = await asyncio.wait_for(_through(a, b, blocks[3]), 2)
+    assert np.array_equal(overflow, blocks[3])
+    assert all(np.array_equal(array, block) for array, block in zip(held, blocks, strict=False))
+    del held, overflow
     gc.collect()
-    await asyncio.wait_for(blocked, 2)
-    assert (await b.recv()).nbytes == 300_000
+    head = a.send_ring.head
+    again = await _through(a, b, blocks[4])
+    assert a.send_ring.head > head and np.array_equal(again, blocks[4])  # on the ring again
 
 
 async def test_messages_larger_than_the_ring_still_arrive(pair: tuple[ShmLink, ShmLink]) -> None:
