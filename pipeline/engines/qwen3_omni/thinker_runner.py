@@ -53,6 +53,18 @@ class ThinkerHidden:
     states: Hidden
 
 
+@dataclass(frozen=True, slots=True)
+class ThinkerPast:
+    """What a prefill goes on from (a session's earlier turns): the KV of the prompt's first
+    `length` positions, their hidden states, and their mRoPE offset (the next position is
+    `length + rope_delta`). The prefill extends `cache` in place."""
+
+    cache: DynamicCache
+    length: int
+    rope_delta: int
+    hidden: npt.NDArray[np.floating]
+
+
 @dataclass
 class ThinkerState:
     cache: DynamicCache
@@ -109,8 +121,10 @@ class ThinkerRunner:
 
     @torch.inference_mode()
     def prefill(
-        self, prompt: ThinkerPrompt, *, min_new_tokens: int = 0
+        self, prompt: ThinkerPrompt, *, min_new_tokens: int = 0, past: ThinkerPast | None = None
     ) -> tuple[ThinkerState, ThinkerHidden]:
+        """Prefill `prompt` (all of it, or with `past` only what follows `past.length`: the
+        prompt's media are then the new part's) and choose the first reply token."""
         ids = torch.tensor([prompt.input_ids], device=self.device)
         mask = torch.ones_like(ids)
         audio = prompt.audio
@@ -123,18 +137,33 @@ class ThinkerRunner:
         if prompt.vision is not None:
             pixels = prompt.vision.pixel_values.to(self.device, self.model.dtype)
             grid = prompt.vision.grid_thw.to(self.device)
-        positions, deltas = self.model.get_rope_index(
-            ids, grid, None, mask, False, audio_lengths, None
-        )
         total = ids.shape[1]
-        text_end = next(
-            (i for i, t in enumerate(prompt.input_ids) if t in MULTIMODAL), total
-        )  # positions past here depend on this turn's media, not on the ids alone
         hit = None
-        if self.prefix_cache is not None:
-            hit = self.prefix_cache.lookup(prompt.input_ids[: min(text_end, total - 1)])
-        start = hit.length if hit is not None else 0
-        cache = hit.cache if hit is not None else DynamicCache()
+        earlier: npt.NDArray[np.floating] | None
+        if past is not None:
+            start, cache, earlier = past.length, past.cache, past.hidden
+            # mRoPE goes on from the past's next position: the new part's own positions
+            # (its media only) shifted there are the whole sequence's
+            new = ids[:, start:]
+            positions, deltas = self.model.get_rope_index(
+                new, grid, None, torch.ones_like(new), False, audio_lengths, None
+            )
+            positions = positions + (start + past.rope_delta)
+            rope_delta = past.rope_delta + int(deltas.reshape(-1)[0])
+        else:
+            positions, deltas = self.model.get_rope_index(
+                ids, grid, None, mask, False, audio_lengths, None
+            )
+            rope_delta = int(deltas.reshape(-1)[0])
+            text_end = next(
+                (i for i, t in enumerate(prompt.input_ids) if t in MULTIMODAL), total
+            )  # positions past here depend on this turn's media, not on the ids alone
+            if self.prefix_cache is not None:
+                hit = self.prefix_cache.lookup(prompt.input_ids[: min(text_end, total - 1)])
+            start = hit.length if hit is not None else 0
+            cache = hit.cache if hit is not None else DynamicCache()
+            earlier = hit.hidden if hit is not None else None
+            positions = positions[:, :, start:]
         out = self.model(
             input_ids=ids[:, start:],
             input_features=features,
@@ -142,7 +171,7 @@ class ThinkerRunner:
             pixel_values=pixels,
             image_grid_thw=grid,
             attention_mask=mask,
-            position_ids=positions[:, :, start:],
+            position_ids=positions,
             past_key_values=cache,
             use_cache=True,
             output_hidden_states=True,
@@ -150,17 +179,17 @@ class ThinkerRunner:
         )
         self.last_prefill_tokens = total - start
         hidden = self._hidden(out.hidden_states)
-        if hit is not None:
-            hidden = np.concatenate((hit.hidden, hidden))
-        if self.prefix_cache is not None:
+        if earlier is not None:
+            hidden = np.concatenate((earlier, hidden))
+        if self.prefix_cache is not None and past is None:
             self.prefix_cache.store(prompt.input_ids[:text_end], cache, hidden)
         generator = None
         if self.sampling.temperature > 0:
             generator = torch.Generator().manual_seed(self.seed)
         state = ThinkerState(
             cache=cache,
-            rope_delta=int(deltas.reshape(-1)[0]),
-            length=ids.shape[1],
+            rope_delta=rope_delta,
+            length=total,
             next_token=-1,
             generator=generator,
         )
