@@ -11,11 +11,14 @@ finishes and its result is discarded (steps are milliseconds long).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 import torch
+
+log = logging.getLogger("parley.pipeline.qwen3_omni")
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -37,6 +40,17 @@ class ModelThread:
         if self._executor is None:
             raise RuntimeError(f"{self.name}: the model thread is not running")
         return await asyncio.wrap_future(self._executor.submit(fn, *args, **kwargs))
+
+    def post(self, fn: Callable[P, object], *args: P.args, **kwargs: P.kwargs) -> None:
+        """Queue `fn` without waiting for it (a request's clean-up from a `finally` that may
+        be cancelled: it still runs, after everything queued before it). Its error is logged.
+        Nothing happens once the thread is closed (the model and its state are gone)."""
+        if self._executor is not None:
+            self._executor.submit(fn, *args, **kwargs).add_done_callback(self._log_failure)
+
+    def _log_failure(self, done: Future[object]) -> None:
+        if not done.cancelled() and (error := done.exception()) is not None:
+            log.error("%s: a queued clean-up failed", self.name, exc_info=error)
 
     async def close(self) -> None:
         """Wait for the running call (if any) and stop; idempotent."""

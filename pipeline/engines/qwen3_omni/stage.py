@@ -42,6 +42,9 @@ class ModelStage(Engine, Generic[StateT]):
         dtype: str = "float32",
         threads: int | None = None,
         max_batch: int = 8,
+        decode_rows: int = 0,
+        max_context: int = 4096,
+        capture_graphs: bool | None = None,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
@@ -54,6 +57,15 @@ class ModelStage(Engine, Generic[StateT]):
         self.thread = ModelThread(f"parley-{self.name}", threads)
         self.max_batch = max_batch
         """Decode steps of this many requests run as one batch at most."""
+        if decode_rows < 0 or max_context < 1:
+            raise ValueError("decode_rows must be at least 0 and max_context at least 1")
+        self.decode_rows = decode_rows
+        """Requests whose decode runs on a static cache row, batched in place and captured
+        as CUDA graphs on a GPU (slot_cache.py); 0: every step the plain transformers way."""
+        self.max_context = max_context
+        """Positions one cache row holds (prompt plus reply); longer requests go plainly."""
+        self.capture_graphs = capture_graphs
+        """Capture decode steps as CUDA graphs (None: on a CUDA device)."""
         self.batcher: StepBatcher[Any, Any] | None = None
         self.model: Any = None
         self.config: Qwen3OmniMoeConfig | None = None

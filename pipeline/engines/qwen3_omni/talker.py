@@ -20,9 +20,12 @@ import numpy as np
 import numpy.typing as npt
 
 from ...types import Chunk, CodecCodes, End, ErrorChunk, HiddenStates, StageInput, StreamEngine
+from .frame_predictor import FramePredictor
+from .fused_moe import install_fused_moe
+from .slot_decoder import SlotDecoder
 from .stage import ModelStage
 from .step_batcher import StepBatcher
-from .talker_runner import TalkerPrompt, TalkerRunner, TalkerState
+from .talker_runner import PREDICTOR_SAMPLING, TalkerPrompt, TalkerRunner, TalkerState
 
 Codes = npt.NDArray[np.int32]
 FrameStep = tuple[TalkerState, Codes | None]
@@ -74,12 +77,30 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
 
     def _loaded(self) -> None:
         assert self.model is not None and self.config is not None
+        decoder = predictor = None
+        if self.decode_rows:
+            install_fused_moe(self.model)
+            capture = self.capture_graphs
+            decoder = SlotDecoder(
+                self.model.model,
+                rows=self.decode_rows,
+                max_length=self.max_context,
+                capture=capture,
+            )
+            predictor = FramePredictor(
+                self.model, rows=self.max_batch, sampling=PREDICTOR_SAMPLING, capture=capture
+            )
+            decoder.graphs.warm()
+            predictor.graphs.warm()
         self.runner = TalkerRunner(
             self.model,
             self.config,
             speaker=self.speaker,
             seed=self.seed,
             min_frames=self.min_frames,
+            decoder=decoder,
+            predictor=predictor,
+            reserve=self.max_frames + 1,
         )
 
     async def generate(self, request_id: str, inputs: StageInput, /) -> AsyncGenerator[Chunk, None]:
@@ -93,6 +114,7 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
         self._requests.begin(request_id)
         chunks = aiter(inputs.chunks)
         reader: asyncio.Task[None] | None = None
+        state: TalkerState | None = None
         try:
             prompt = await _first_prompt(chunks)
             if prompt is None:
@@ -147,6 +169,8 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
                 if not reader.cancelled():
                     reader.exception()  # retrieved: an error already ended the request
             self._requests.end(request_id)
+            if state is not None:  # finished, aborted or cancelled: its cache row goes back
+                self.thread.post(runner.release, state)
             self._wakes.pop(request_id, None)
 
     async def abort(self, request_id: str) -> None:

@@ -28,7 +28,9 @@ from transformers import DynamicCache, Qwen3OmniMoeConfig
 
 from .batch_cache import padding_mask, split_cache, stack_caches
 from .config import CODEC, SPEAKERS, TOKENS
+from .frame_predictor import FramePredictor
 from .sampling import Sampling, pick
+from .slot_decoder import SlotDecoder
 
 CODEC_SAMPLING = Sampling(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05)
 PREDICTOR_SAMPLING = Sampling(temperature=1.0, top_k=50, top_p=0.8)
@@ -81,7 +83,16 @@ class TalkerRunner:
         codec_sampling: Sampling = CODEC_SAMPLING,
         predictor_sampling: Sampling = PREDICTOR_SAMPLING,
         min_frames: int = 0,
+        decoder: SlotDecoder | None = None,
+        predictor: FramePredictor | None = None,
+        reserve: int = 0,
     ) -> None:
+        self.decoder = decoder
+        """The talker LM's steps on cache rows (batched in place, captured on a GPU)."""
+        self.predictor = predictor
+        """The code predictor's whole frame as one (captured) step."""
+        self.reserve = reserve
+        """Positions a request may add after its prefill (its frame budget)."""
         self.min_frames = min_frames
         """codec EOS is not chosen before this many frames (random weights: a fixed length)"""
         self.model = model
@@ -221,6 +232,13 @@ class TalkerRunner:
         if not live:
             return results
         rows = [states[row] for row in live]
+        if self.predictor is not None and len(rows) <= self.predictor.cache.rows:
+            last = torch.cat([state.last_hidden for state in rows if state.last_hidden is not None])
+            rest = self.predictor.predict(last, [state.next_code for state in rows]).cpu()
+            for row, state, tail in zip(live, rows, rest.tolist(), strict=True):
+                state.frames += 1
+                results[row] = np.asarray([state.next_code, *tail], dtype=np.int32)
+            return results
         predictor = self.model.code_predictor
         tables = predictor.get_input_embeddings()
         first_ids = torch.tensor([[state.next_code] for state in rows], device=self.device)
@@ -271,13 +289,55 @@ class TalkerRunner:
         """`advance` for several requests in one talker LM step (padded caches, own positions)."""
         embeds = torch.stack([self._frame_embeds(s, c) for s, c in zip(states, codes, strict=True)])
         where = [state.length + state.rope_delta for state in states]
+        if self.decoder is not None:
+            self._forward_rows(states, embeds, where)
+        else:
+            self._forward_plain(states, embeds, where)
+        for state in states:
+            state.step += 1
+
+    def _forward_plain(
+        self, states: list[TalkerState], embeds: torch.Tensor, where: list[int]
+    ) -> None:
         positions = torch.tensor(where, device=self.device).view(1, -1, 1).expand(3, -1, 1)
         if len(states) == 1:
             self._forward(states[0], embeds, positions)
         else:
             self._forward_batch(states, embeds, positions)
-        for state in states:
-            state.step += 1
+
+    def _forward_rows(
+        self, states: list[TalkerState], embeds: torch.Tensor, where: list[int]
+    ) -> None:
+        """The talker LM step on cache rows; a request that gets no row goes the plain way."""
+        decoder = self.decoder
+        assert decoder is not None
+        seated = [i for i, state in enumerate(states) if self._seat(decoder, state)]
+        if seated:
+            rows = decoder.step(
+                [states[i] for i in seated], embeds[seated, 0], [where[i] for i in seated]
+            )
+            logits = self.model.codec_head(rows.last)
+            for row, i in enumerate(seated):
+                state = states[i]
+                state.length += 1
+                state.last_hidden = rows.last[row].view(1, 1, -1)
+                self._choose(state, logits[row])
+        rest = [i for i in range(len(states)) if i not in seated]
+        if rest:
+            self._forward_plain([states[i] for i in rest], embeds[rest], [where[i] for i in rest])
+
+    def _seat(self, decoder: SlotDecoder, state: TalkerState) -> bool:
+        if decoder.cache.holds(state):
+            return True
+        if decoder.cache.take(state, state.cache, state.length + self.reserve) is None:
+            return False
+        state.cache = DynamicCache()  # the row holds it now
+        return True
+
+    def release(self, state: TalkerState) -> None:
+        """The request is over: give its cache row back. Idempotent."""
+        if self.decoder is not None:
+            self.decoder.cache.give_back(state)
 
     def _forward_batch(
         self, states: list[TalkerState], embeds: torch.Tensor, positions: torch.Tensor

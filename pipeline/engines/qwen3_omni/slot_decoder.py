@@ -1,0 +1,123 @@
+"""One decode step of a transformers decoder stack for every request holding a cache row.
+
+The step calls the model's own modules (its rotary embedding, decoder layers and final norm)
+but not the model's `forward`: that wrapper builds masks from the cache's length, records
+hidden states through hooks and differs between transformers versions, none of which a
+captured step can have. The layers see a `SlotCache` and a mask from it; the step reads its
+inputs from static buffers (`embeds`, `positions`), so `StepGraphs` can capture it.
+
+Outputs per row: the input embedding, the input of layer `keep_input_of` (what transformers
+calls `hidden_states[keep_input_of]`; the Thinker hands it to the Talker) and the final
+normed hidden state (the LM head's input).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .slot_cache import SlotCache
+from .step_graphs import StepGraphs
+
+
+@dataclass(frozen=True, slots=True)
+class StepRows:
+    embeds: torch.Tensor
+    kept: torch.Tensor
+    last: torch.Tensor
+    """each [rows stepped, hidden], in the order the step was asked for"""
+
+
+def run_layers(
+    body: Any,
+    hidden: torch.Tensor,
+    positions: torch.Tensor,
+    cache: SlotCache,
+    *,
+    keep_input_of: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The decoder stack over `hidden` ([batch, queries, size]) at `positions`; the normed
+    output and the input of layer `keep_input_of` (the normed output if it is the last)."""
+    batch, queries = hidden.shape[0], hidden.shape[1]
+    cos_sin = body.rotary_emb(hidden, positions)
+    mask = cache.mask(batch, queries)
+    kept = None
+    for index, layer in enumerate(body.layers):
+        if index == keep_input_of:
+            kept = hidden
+        out = layer(
+            hidden,
+            attention_mask=mask,
+            position_ids=None,
+            past_key_values=cache,
+            use_cache=True,
+            position_embeddings=cos_sin,
+        )
+        hidden = out[0] if isinstance(out, tuple) else out
+    normed: torch.Tensor = body.norm(hidden)
+    if keep_input_of is not None and keep_input_of >= len(body.layers):
+        kept = normed
+    return normed, kept
+
+
+class SlotDecoder:
+    def __init__(
+        self,
+        body: nn.Module,
+        *,
+        rows: int,
+        max_length: int,
+        keep_input_of: int | None = None,
+        capture: bool | None = None,
+    ) -> None:
+        config: Any = body.config
+        parameter = next(body.parameters())
+        device, dtype = parameter.device, parameter.dtype
+        size = int(config.hidden_size)
+        heads = int(config.num_attention_heads)
+        self.body = body
+        self.keep_input_of = keep_input_of
+        self.cache = SlotCache(
+            layers=len(body.layers),  # type: ignore[arg-type]
+            rows=rows,
+            kv_heads=int(config.num_key_value_heads),
+            max_length=max_length,
+            head_dim=int(getattr(config, "head_dim", None) or size // heads),
+            dtype=dtype,
+            device=device,
+        )
+        self.embeds = torch.zeros(rows, 1, size, dtype=dtype, device=device)
+        self.positions = torch.zeros(3, rows, 1, dtype=torch.long, device=device)
+        self.graphs: StepGraphs[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = StepGraphs(
+            self._step, largest=rows, device=device, capture=capture
+        )
+        self.device = device
+
+    def _step(self, batch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        hidden = self.embeds[:batch]
+        last, kept = run_layers(
+            self.body,
+            hidden,
+            self.positions[:, :batch],
+            self.cache,
+            keep_input_of=self.keep_input_of,
+        )
+        self.cache.write_at[:batch] += 1  # only stepped rows keep it (see `step`)
+        kept = hidden if kept is None else kept
+        return hidden[:, -1], kept[:, -1], last[:, -1]
+
+    def step(self, owners: list[Any], embeds: torch.Tensor, positions: list[int]) -> StepRows:
+        """One step for `owners` (each holding a row): `embeds` [n, size] their inputs,
+        `positions` their (text) rotary positions."""
+        rows = torch.tensor([self.cache.row_of(o) for o in owners], device=self.device)
+        where = torch.tensor(positions, device=self.device)
+        self.embeds[:, 0].index_copy_(0, rows, embeds.to(self.embeds.dtype))
+        self.positions[:, :, 0].index_copy_(1, rows, where.view(1, -1).expand(3, -1))
+        before = self.cache.write_at.clone()
+        first, kept, last = self.graphs.run(self.cache.in_use)
+        stepped = torch.zeros_like(before, dtype=torch.bool).index_fill_(0, rows, True)
+        self.cache.write_at.copy_(torch.where(stepped, before + 1, before))
+        return StepRows(first[rows], kept[rows], last[rows])

@@ -1,0 +1,79 @@
+"""The Thinker's decode steps on cache rows: batched without copies, captured on a GPU.
+
+A request's prefill builds its own DynamicCache (prompts differ in length and media); at its
+first decode step the cache is copied once into a row of a `SlotDecoder`, and from then on
+every step of every request in flight is one forward over the rows in use. When the request
+ends its row is given back, and its cache copied out first if the session keeps it for its
+next turn. A request that finds every row taken (or could outgrow one) is stepped the plain
+way, so the rows bound speed, never admission.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from .slot_decoder import SlotDecoder
+
+
+class ThinkerSlots:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        rows: int,
+        max_length: int,
+        accept_layer: int,
+        reserve: int,
+        capture: bool | None = None,
+    ) -> None:
+        self.model = model
+        self.reserve = reserve
+        """Positions a request may still add after its prefill (its reply budget)."""
+        self.decoder = SlotDecoder(
+            model.model,
+            rows=rows,
+            max_length=max_length,
+            keep_input_of=accept_layer,
+            capture=capture,
+        )
+        self.device = self.decoder.device
+
+    def warm(self) -> None:
+        self.decoder.graphs.warm()
+
+    def seat(self, state: Any) -> bool:
+        """Whether `state` holds a row (taking one for it if it can)."""
+        cache = self.decoder.cache
+        if cache.holds(state):
+            return True
+        if cache.take(state, state.cache, state.length + self.reserve) is None:
+            return False
+        state.cache = DynamicCache()  # the row holds it now; `release` brings it back
+        return True
+
+    def step(self, states: list[Any], choose: Callable[[Any, torch.Tensor], int]) -> torch.Tensor:
+        """Feed each state's next token; returns [n, 2, hidden] (embedding output and accept
+        layer) on the host, and sets each state's next token with `choose(state, logits)`."""
+        fed = torch.tensor([state.next_token for state in states], device=self.device)
+        embeds = self.model.get_input_embeddings()(fed)
+        positions = [state.length + state.rope_delta for state in states]
+        rows = self.decoder.step(states, embeds, positions)
+        logits = self.model.lm_head(rows.last)
+        hidden = torch.stack((rows.embeds, rows.kept), dim=1).float().cpu()
+        for row, state in enumerate(states):
+            state.length += 1
+            state.next_token = choose(state, logits[row])
+        return hidden
+
+    def release(self, state: Any, *, keep: bool) -> None:
+        """Give `state`'s row back; with `keep`, its cache returns to `state.cache` first."""
+        cache = self.decoder.cache
+        if not cache.holds(state):
+            return
+        if keep:
+            state.cache = cache.cache_of(state, state.length)
+        cache.give_back(state)
