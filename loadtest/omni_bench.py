@@ -2,21 +2,29 @@
 
 The full-size Qwen3-Omni-30B-A3B architecture with random bf16 weights (no weights can be
 downloaded here), one fixed input (seconds of 16 kHz audio, a few camera frames and a typed
-question) and fixed output lengths (random weights never stop by themselves). Two phases,
-each in its own process so that one's GPU memory is free for the other:
+question) and fixed output lengths (random weights never stop by themselves). Phases, each
+in its own process so that one's GPU memory is free for the next:
 
 - `parley`: the graph (pipeline/configs/qwen3_omni.yaml's stages, each in a worker process)
-  answers `--concurrency` requests at once, streamed: time to the first audio chunk, the
-  real-time factor (wall time / audio produced), Thinker tokens/s, Talker frames/s and the
-  time between audio chunks, with full percentiles.
+  is started once, warmed up, then answers each `--concurrency` level in turn (`--reps`
+  rounds of that many requests at once), streamed: time to the first audio chunk and to the
+  first text, the real-time factor (wall time / audio produced), Thinker tokens/s and Talker
+  frames/s (per request and aggregate), the time between audio chunks, peak GPU memory.
+- `kv_reuse`: the Thinker engine alone: a follow-up turn's prefill with and without KV reuse
+  (loadtest/omni_bench_engines.py).
+- `code2wav`: the Code2Wav engine alone: its time per chunk, batched as in the graph.
 - `baseline`: transformers' `Qwen3OmniMoeForConditionalGeneration.generate` on the same
   input ids, audio features and image patches, at batch 1 (it does not stream: its first
   audio is its whole answer).
 
     python -m loadtest.omni_bench --out bench.json                       # on the GPU
     python -m loadtest.omni_bench --tiny --device cpu --dtype float32    # the plumbing, here
+    python -m loadtest.omni_bench --merge a.json b.json --out all.json   # phases run apart
 
 prints one table and writes everything, with the header that makes it reproducible, as JSON.
+`--time-limit-s` bounds the whole command: a phase starts no round it cannot finish in time
+(judged by the last round), and one still running at the limit is stopped; every phase
+writes what it has after each level, so a stopped phase still reports its finished levels.
 """
 
 from __future__ import annotations
@@ -27,28 +35,33 @@ import io
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-FRAME_RATE_HZ = 12.5
-"""Codec frames per second of speech."""
+from .omni_bench_engines import code2wav_phase, kv_reuse_phase
+from .omni_bench_gpu import GpuMemoryPoller
+from .omni_bench_report import (
+    FRAME_RATE_HZ,
+    level_figures,
+    merge,
+    percentiles,
+    request_record,
+    table_lines,
+)
+
 OUTPUT_RATE = 24_000
 QUESTION = "What is going on in this video, and what did I just say?"
-
-
-def percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    a = np.asarray(values, dtype=np.float64)
-    out = {f"p{q}": float(np.percentile(a, q)) for q in (50, 90, 95, 99)}
-    out.update(min=float(a.min()), max=float(a.max()), mean=float(a.mean()), n=float(len(a)))
-    return out
+PHASES = ("parley", "kv_reuse", "code2wav", "baseline")
+STOP_GRACE_S = 60.0
+"""How long a phase stopped at the time limit gets to close its stages."""
 
 
 def header(args: argparse.Namespace) -> dict[str, Any]:
@@ -63,20 +76,38 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
 
     info: dict[str, Any] = {
         "commit": run(["git", "rev-parse", "HEAD"]) or os.environ.get("PARLEY_COMMIT", ""),
+        "dirty_files": run(["git", "status", "--porcelain", "--untracked-files=no"]).splitlines(),
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "cuda": torch.version.cuda,
         "transformers": transformers.__version__,
+        "numpy": np.__version__,
         "device": args.device,
         "dtype": args.dtype,
         "architecture": "tiny" if args.tiny else "Qwen3-Omni-30B-A3B (random weights)",
+        "model_path": args.model_path,
+        "graph": graph_yaml(args),
         "input": {
             "audio_s": args.audio_s,
             "frames": args.frames,
+            "frame_size": [224, 224],
             "question": QUESTION,
         },
-        "lengths": {"thinker_tokens": args.think_tokens, "speech_s": args.speech_s},
+        "lengths": {
+            "thinker_tokens": args.think_tokens,
+            "speech_s": args.speech_s,
+            "talker_frames": frames_for_speech(args.speech_s),
+            "code2wav_chunks": [args.first_chunk, args.chunk, args.left_context],
+        },
         "warmup_requests": args.warmup,
         "concurrency": args.concurrency,
+        "reps_per_level": args.reps,
+        "baseline_reps": args.baseline_reps,
+        "kv_turns": args.kv_turns,
+        "kv_reps": args.kv_reps,
+        "phases": args.phases,
+        "time_limit_s": args.time_limit_s,
         "argv": sys.argv,
     }
     if args.device.startswith("cuda"):
@@ -90,7 +121,10 @@ def frames_for_speech(speech_s: float) -> int:
     return round(speech_s * FRAME_RATE_HZ)
 
 
-def make_request(index: int, args: argparse.Namespace) -> Any:
+def make_request(
+    index: int, args: argparse.Namespace, *, history: tuple[Any, ...] = (), **session: Any
+) -> Any:
+    """The fixed input: seeded noise as audio and as camera frames, and the question."""
     from PIL import Image
 
     from pipeline.types import PipelineRequest, VideoFrame
@@ -104,129 +138,123 @@ def make_request(index: int, args: argparse.Namespace) -> Any:
         Image.fromarray(pixels).save(buffer, "JPEG")
         frames.append(VideoFrame(buffer.getvalue(), timestamp_ms=k * 500))
     return PipelineRequest(
-        request_id=f"resp_bench_{index}", audio=audio, text=QUESTION, frames=tuple(frames)
+        request_id=f"resp_bench_{index}",
+        audio=audio,
+        text=QUESTION,
+        frames=tuple(frames),
+        history=history,
+        **session,  # session_id and item_ids, where requests have them
     )
+
+
+def out_of_time(args: argparse.Namespace, needed_s: float) -> bool:
+    """Whether a round of about `needed_s` would end past the command's time limit."""
+    deadline: float | None = args.deadline_epoch
+    return deadline is not None and time.time() + needed_s > deadline
 
 
 # --- Parley's graph ------------------------------------------------------------------------
 
 
-def graph_file(args: argparse.Namespace) -> str:
+def graph_yaml(args: argparse.Namespace) -> str:
     model = f"device: '{args.device}', dtype: {args.dtype}, tiny: {str(args.tiny).lower()}"
     if args.model_path:
         model += f", model_path: '{args.model_path}'"
     frames = frames_for_speech(args.speech_s)
     think = args.think_tokens
-    body = f"""\
+    batch = args.max_batch or max(args.concurrency)
+    return f"""\
 name: omni_bench
 stages:
   - name: thinker
     engine: qwen3_omni.thinker
-    engine_args: {{{model}, max_new_tokens: {think}, min_new_tokens: {think}}}
+    engine_args: {{{model}, max_new_tokens: {think}, min_new_tokens: {think}, max_batch: {batch},
+                  prefix_cache_tokens: 65536}}
     placement: {{process: worker}}
   - name: talker
     engine: qwen3_omni.talker
-    engine_args: {{{model}, max_frames: {frames}, min_frames: {frames}}}
+    engine_args: {{{model}, max_frames: {frames}, min_frames: {frames}, max_batch: {batch}}}
     placement: {{process: worker}}
   - name: code2wav
     engine: qwen3_omni.code2wav
-    engine_args: {{{model}, first_chunk: {args.first_chunk}, chunk: 25, left_context: 25}}
+    engine_args: {{{model}, first_chunk: {args.first_chunk}, chunk: {args.chunk},
+                  left_context: {args.left_context}, max_batch: {batch}}}
     placement: {{process: worker}}
 edges:
   - {{from: thinker, to: talker}}
   - {{from: talker, to: code2wav}}
 outputs: [thinker, code2wav]
 """
-    path = Path(tempfile.mkdtemp(prefix="omni-bench-")) / "omni_bench.yaml"
-    path.write_text(body)
-    return str(path)
 
 
-async def one_request(graph: Any, request: Any) -> dict[str, Any]:
+async def one_request(graph: Any, request: Any, rep: int) -> dict[str, Any]:
     from pipeline.types import AudioChunk, End, ErrorChunk, TextDelta
 
     started = time.perf_counter()
     text_times: list[float] = []
-    audio_times: list[float] = []
-    audio_ms = 0.0
+    audio: list[tuple[float, float]] = []
     error = None
     async for chunk in graph.generate(request):
         now = time.perf_counter() - started
         if isinstance(chunk, TextDelta) and chunk.kind == "output":
             text_times.append(now)
         elif isinstance(chunk, AudioChunk):
-            audio_times.append(now)
-            audio_ms += chunk.duration_ms
+            audio.append((now, chunk.duration_ms / 1000))
         elif isinstance(chunk, ErrorChunk):
             error = chunk.message
         elif isinstance(chunk, End):
             break
     total = time.perf_counter() - started
-    gaps = [b - a for a, b in zip(audio_times, audio_times[1:], strict=False)]
-    thinking = (text_times[-1] - text_times[0]) if len(text_times) > 1 else 0.0
-    speaking = (audio_times[-1] - audio_times[0]) if len(audio_times) > 1 else 0.0
-    return {
-        "error": error,
-        "first_text_s": text_times[0] if text_times else None,
-        "first_audio_s": audio_times[0] if audio_times else None,
-        "total_s": total,
-        "audio_s": audio_ms / 1000,
-        "rtf": total / (audio_ms / 1000) if audio_ms else None,
-        "thinker_tokens_per_s": (len(text_times) - 1) / thinking if thinking else None,
-        "audio_s_per_s_after_first": (audio_ms / 1000 - 0) / speaking if speaking else None,
-        "audio_chunk_gap_s": gaps,
-    }
+    return request_record(text_times=text_times, audio=audio, total_s=total, error=error, rep=rep)
 
 
-async def parley_phase(args: argparse.Namespace) -> dict[str, Any]:
+async def parley_phase(
+    args: argparse.Namespace, partial: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
     from pipeline.graph import StageGraph
     from pipeline.registry import load_pipeline
 
+    path = Path(tempfile.mkdtemp(prefix="omni-bench-")) / "omni_bench.yaml"
+    path.write_text(graph_yaml(args))
     result: dict[str, Any] = {}
-    built = time.perf_counter()
-    graph = load_pipeline(graph_file(args))
-    assert isinstance(graph, StageGraph)
-    await graph.start()
-    result["start_s"] = time.perf_counter() - built
-    try:
-        for index in range(args.warmup):
-            warm = await one_request(graph, make_request(10_000 + index, args))
-            if warm["error"]:
-                raise RuntimeError(f"warm-up failed: {warm['error']}")
-        for concurrency in args.concurrency:
-            runs: list[dict[str, Any]] = []
-            for rep in range(args.reps):
-                requests = [make_request(1000 * rep + i, args) for i in range(concurrency)]
-                runs += await asyncio.gather(*(one_request(graph, r) for r in requests))
-            errors = [r["error"] for r in runs if r["error"]]
-            result[f"c{concurrency}"] = {
-                "requests": len(runs),
-                "errors": errors[:3],
-                "first_audio_ms": percentiles(
-                    [1000 * r["first_audio_s"] for r in runs if r["first_audio_s"] is not None]
-                ),
-                "first_text_ms": percentiles(
-                    [1000 * r["first_text_s"] for r in runs if r["first_text_s"] is not None]
-                ),
-                "rtf": percentiles([r["rtf"] for r in runs if r["rtf"]]),
-                "thinker_tokens_per_s": percentiles(
-                    [r["thinker_tokens_per_s"] for r in runs if r["thinker_tokens_per_s"]]
-                ),
-                "talker_frames_per_s": percentiles(
-                    [
-                        FRAME_RATE_HZ * r["audio_s_per_s_after_first"]
-                        for r in runs
-                        if r["audio_s_per_s_after_first"]
-                    ]
-                ),
-                "audio_chunk_gap_ms": percentiles(
-                    [1000 * g for r in runs for g in r["audio_chunk_gap_s"]]
-                ),
-                "audio_s": percentiles([r["audio_s"] for r in runs]),
-            }
-            print(f"parley c{concurrency}: {json.dumps(result[f'c{concurrency}'])}", flush=True)
-    finally:
-        await graph.close()
+    with GpuMemoryPoller(args.device) as memory:
+        built = time.perf_counter()
+        graph = load_pipeline(str(path))
+        assert isinstance(graph, StageGraph)
+        await graph.start()
+        result["start_s"] = time.perf_counter() - built
+        result["peak_gpu_after_start_gib"] = memory.peak()
+        try:
+            warmed = time.perf_counter()
+            for index in range(args.warmup):
+                warm = await one_request(graph, make_request(10_000 + index, args), -1)
+                if warm["error"]:
+                    raise RuntimeError(f"warm-up failed: {warm['error']}")
+            result["warmup_s"] = time.perf_counter() - warmed
+            round_s = result["warmup_s"] / max(args.warmup, 1)
+            for concurrency in args.concurrency:
+                key = f"c{concurrency}"
+                level_started = time.perf_counter()
+                runs: list[dict[str, Any]] = []
+                for rep in range(args.reps):
+                    if out_of_time(args, round_s):
+                        break
+                    requests = [make_request(1000 * rep + i, args) for i in range(concurrency)]
+                    began = time.perf_counter()
+                    runs += await asyncio.gather(*(one_request(graph, r, rep) for r in requests))
+                    round_s = time.perf_counter() - began
+                if not runs:
+                    result[key] = {"skipped": "time limit"}
+                    partial(result)
+                    continue
+                result[key] = level_figures(runs)
+                result[key]["reps_done"] = len(runs) // concurrency
+                result[key]["peak_gpu_used_gib"] = memory.peak(level_started, time.perf_counter())
+                print(f"parley {key}: {json.dumps(result[key])}", flush=True)
+                partial(result)
+        finally:
+            await graph.close()
+        result["peak_gpu_used_gib"] = memory.peak()
     return result
 
 
@@ -304,7 +332,11 @@ def baseline_phase(args: argparse.Namespace) -> dict[str, Any]:
 
     for index in range(args.warmup):
         once(10_000 + index)
-    runs = [once(i) for i in range(args.baseline_reps)]
+    runs: list[dict[str, Any]] = []
+    for index in range(args.baseline_reps):
+        if runs and out_of_time(args, runs[-1]["total_s"]):
+            break
+        runs.append(once(index))
     result["c1"] = {
         "requests": len(runs),
         "prompt_tokens": runs[0]["prompt_tokens"],
@@ -313,7 +345,7 @@ def baseline_phase(args: argparse.Namespace) -> dict[str, Any]:
         "audio_s": percentiles([r["audio_s"] for r in runs]),
     }
     if args.device.startswith("cuda"):
-        result["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        result["peak_torch_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
     print(f"baseline c1: {json.dumps(result['c1'])}", flush=True)
     return result
 
@@ -321,86 +353,125 @@ def baseline_phase(args: argparse.Namespace) -> dict[str, Any]:
 # --- the driver ----------------------------------------------------------------------------
 
 
-def gpu_memory_gib() -> float | None:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        ).stdout
-        return float(out.split()[0]) / 1024
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return None
+def run_phase_in_child(phase: str, argv: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """One phase in a fresh process (its GPU memory is all free again when it exits).
 
-
-def run_phase_in_child(phase: str, argv: list[str]) -> dict[str, Any]:
-    """One phase in a fresh process (its GPU memory is all free again when it exits)."""
+    The child writes its results after each level; at the time limit it is asked to stop
+    (SIGTERM: it closes its stages), then killed, and what it wrote is kept."""
     out = Path(tempfile.mkdtemp(prefix="omni-bench-")) / f"{phase}.json"
     command = [sys.executable, "-m", "loadtest.omni_bench", *argv, "--phase", phase]
     command += ["--phase-out", str(out)]
-    peak: list[float] = []
-    with subprocess.Popen(command) as child:
+    if args.deadline_epoch is not None:
+        command += ["--deadline-epoch", str(args.deadline_epoch)]
+    stopped = None
+    with GpuMemoryPoller(args.device) as memory, subprocess.Popen(command) as child:
         while child.poll() is None:
-            used = gpu_memory_gib()
-            if used is not None:
-                peak.append(used)
-            time.sleep(1.0)
-    if child.returncode != 0 or not out.is_file():
-        return {"error": f"phase {phase} exited {child.returncode}"}
-    result: dict[str, Any] = json.loads(out.read_text())
-    if peak:
-        result["peak_gpu_used_gib"] = max(peak)
+            if args.deadline_epoch is not None and time.time() > args.deadline_epoch:
+                stopped = "stopped at the time limit"
+                child.terminate()
+                try:
+                    child.wait(timeout=STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                break
+            time.sleep(0.5)
+        child.wait()
+        peak = memory.peak()
+    result: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {}
+    if stopped is not None:
+        result["error"] = stopped
+    elif child.returncode != 0:
+        result["error"] = f"phase {phase} exited {child.returncode}"
+    result["peak_gpu_used_gib"] = peak
     return result
 
 
 def print_table(report: dict[str, Any]) -> None:
-    print("\nQwen3-Omni, first audio and real-time factor (p50 / p95)")
-    for name in ("parley", "baseline"):
-        phase = report.get(name) or {}
-        for key, row in phase.items():
-            if not key.startswith("c") or not isinstance(row, dict) or "rtf" not in row:
-                continue
-            fa, rtf = row.get("first_audio_ms", {}), row.get("rtf", {})
-            print(
-                f"  {name:8} {key:>4}: first audio {fa.get('p50', float('nan')):9.0f} / "
-                f"{fa.get('p95', float('nan')):9.0f} ms   RTF {rtf.get('p50', float('nan')):6.3f}"
-                f" / {rtf.get('p95', float('nan')):6.3f}"
-            )
+    print()
+    print("\n".join(table_lines(report)))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tiny", action="store_true")
-    parser.add_argument("--device", default="cuda:0")
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--model-path", default=None)
-    parser.add_argument("--audio-s", type=float, default=10.0)
-    parser.add_argument("--frames", type=int, default=4)
-    parser.add_argument("--think-tokens", type=int, default=128)
-    parser.add_argument("--speech-s", type=float, default=10.0)
-    parser.add_argument("--first-chunk", type=int, default=5)
-    parser.add_argument(
-        "--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 10]
+def run_phase(args: argparse.Namespace) -> None:
+    """In the child: one phase, its results written to --phase-out (also after each level)."""
+    out = Path(args.phase_out)
+
+    def partial(result: dict[str, Any]) -> None:
+        out.write_text(json.dumps(result))
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(f"stopped by signal {signum}")  # unwinds through the phase's finally
+
+    signal.signal(signal.SIGTERM, stop)
+    result: dict[str, Any]
+    if args.phase == "parley":
+        result = asyncio.run(parley_phase(args, partial))
+    elif args.phase == "kv_reuse":
+        result = asyncio.run(kv_reuse_phase(args))
+    elif args.phase == "code2wav":
+        result = asyncio.run(code2wav_phase(args))
+    else:
+        result = baseline_phase(args)
+    partial(result)
+
+
+def levels(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--device", default="cuda:0")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--model-path", default=None)
+    p.add_argument("--audio-s", type=float, default=10.0)
+    p.add_argument("--frames", type=int, default=4)
+    p.add_argument("--think-tokens", type=int, default=128)
+    p.add_argument("--speech-s", type=float, default=10.0)
+    p.add_argument("--first-chunk", type=int, default=5, help="Code2Wav's first chunk (frames)")
+    p.add_argument("--chunk", type=int, default=25, help="Code2Wav's later chunks (frames)")
+    p.add_argument("--left-context", type=int, default=25, help="Code2Wav's context (frames)")
+    p.add_argument("--concurrency", type=levels, default=[1, 4, 10], help="levels, e.g. 1,4,10")
+    p.add_argument("--reps", type=int, default=2, help="rounds per concurrency level")
+    p.add_argument(
+        "--max-batch", type=int, default=None, help="steps batched (default: the top level)"
     )
-    parser.add_argument("--reps", type=int, default=2)
-    parser.add_argument("--baseline-reps", type=int, default=2)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--phases", default="parley,baseline")
-    parser.add_argument("--phase", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--phase-out", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--out", default="omni_bench.json")
-    args = parser.parse_args()
+    p.add_argument("--baseline-reps", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--kv-turns", type=int, default=3, help="turns per session in kv_reuse")
+    p.add_argument("--kv-reps", type=int, default=2, help="sessions timed in kv_reuse")
+    p.add_argument("--phases", default=",".join(PHASES), help=f"any of {','.join(PHASES)}")
+    p.add_argument("--time-limit-s", type=float, default=None, help="for the whole command")
+    p.add_argument("--merge", nargs="+", default=None, help="reports to join into --out")
+    p.add_argument("--phase", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--phase-out", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--deadline-epoch", type=float, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--out", default="omni_bench.json")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     if args.phase is not None:
-        run = parley_phase if args.phase == "parley" else None
-        result = asyncio.run(run(args)) if run is not None else baseline_phase(args)
-        Path(args.phase_out).write_text(json.dumps(result))
+        run_phase(args)
         return
-    argv = list(sys.argv[1:])
+    if args.merge:
+        merged = merge([json.loads(Path(name).read_text()) for name in args.merge])
+        Path(args.out).write_text(json.dumps(merged, indent=1))
+        print_table(merged)
+        print(f"\nmerged report: {args.out}")
+        return
+    phases = [p for p in args.phases.split(",") if p]
+    unknown = set(phases) - set(PHASES)
+    if unknown:
+        raise SystemExit(f"unknown phases: {', '.join(sorted(unknown))}")
+    child_argv = list(sys.argv[1:] if argv is None else argv)
+    if args.time_limit_s is not None:
+        args.deadline_epoch = time.time() + args.time_limit_s
     report: dict[str, Any] = {"header": header(args)}
-    for phase in args.phases.split(","):
+    for phase in phases:
         started = time.perf_counter()
-        report[phase] = run_phase_in_child(phase, argv)
+        report[phase] = run_phase_in_child(phase, child_argv, args)
         report[phase]["phase_s"] = time.perf_counter() - started
         Path(args.out).write_text(json.dumps(report, indent=1))
     print_table(report)

@@ -1,0 +1,257 @@
+"""The Qwen3-Omni benchmark's figures: per-request timings to per-level figures, the table.
+
+A request's record holds what a client sees (when each text delta and audio chunk arrived,
+relative to the request's start); `level_figures` turns one concurrency level's records into
+percentiles, per request and in aggregate (all requests of a repetition together). The table
+puts every measured row beside the published anchors, which are labelled as published: they
+were measured elsewhere (vLLM-Omni on two H800s), never by this script. `merge` joins the
+reports of phases run as separate commands (the GPU machine allows 10 minutes a command).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+FRAME_RATE_HZ = 12.5
+"""Codec frames per second of speech (one Talker frame is 80 ms of audio)."""
+
+PUBLISHED = "vLLM-Omni, 2x H800 (published, not measured here)"
+TARGET = "target (issue 9)"
+ANCHORS: list[dict[str, Any]] = [
+    {"name": PUBLISHED, "concurrency": 1, "first_audio_ms": 523, "rtf": 0.22},
+    {"name": PUBLISHED, "concurrency": 4, "first_audio_ms": 786, "rtf": None},
+    {"name": PUBLISHED, "concurrency": 10, "first_audio_ms": 1629, "rtf": 0.41},
+    {"name": "Qwen3-Omni theoretical first packet (published)", "concurrency": 1,
+     "first_audio_ms": 234, "rtf": None},
+    {"name": TARGET, "concurrency": 1, "first_audio_ms": 300, "rtf": 0.2},
+    {"name": TARGET, "concurrency": 10, "first_audio_ms": 800, "rtf": 0.4},
+]  # fmt: skip
+ANCHOR_NOTE = (
+    "The issue quotes vLLM-Omni's RTF as '0.22 / 0.41' for concurrency 1 / 4 / 10 (two figures "
+    "for three levels); 0.41 is shown at 10, where the issue's target (0.4) sits."
+)
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float]:
+    """p50/p90/p95/p99, min, max, mean and n of `values` ({} when there are none)."""
+    if not values:
+        return {}
+    a = np.asarray(values, dtype=np.float64)
+    out = {f"p{q}": float(np.percentile(a, q)) for q in (50, 90, 95, 99)}
+    out.update(min=float(a.min()), max=float(a.max()), mean=float(a.mean()), n=float(len(a)))
+    return out
+
+
+def request_record(
+    *,
+    text_times: Sequence[float],
+    audio: Sequence[tuple[float, float]],
+    total_s: float,
+    error: str | None,
+    rep: int,
+) -> dict[str, Any]:
+    """One request as a client saw it: text delta times, (time, seconds) per audio chunk."""
+    audio_s = sum(seconds for _, seconds in audio)
+    times = [at for at, _ in audio]
+    thinking = text_times[-1] - text_times[0] if len(text_times) > 1 else 0.0
+    speaking = times[-1] - times[0] if len(times) > 1 else 0.0
+    after_first = audio_s - audio[0][1] if audio else 0.0
+    return {
+        "rep": rep,
+        "error": error,
+        "first_text_s": text_times[0] if text_times else None,
+        "last_text_s": text_times[-1] if text_times else None,
+        "text_tokens": len(text_times),
+        "first_audio_s": times[0] if times else None,
+        "last_audio_s": times[-1] if times else None,
+        "total_s": total_s,
+        "audio_s": audio_s,
+        "audio_after_first_s": after_first,
+        "rtf": total_s / audio_s if audio_s else None,
+        "thinker_tokens_per_s": (len(text_times) - 1) / thinking if thinking else None,
+        "talker_frames_per_s": FRAME_RATE_HZ * after_first / speaking if speaking else None,
+        "audio_chunk_gap_s": [b - a for a, b in zip(times, times[1:], strict=False)],
+        "audio_chunk_s": [seconds for _, seconds in audio],
+    }
+
+
+def _aggregate(runs: list[dict[str, Any]], first: str, last: str, amount: str) -> float | None:
+    """`amount` summed over requests / the span from the earliest `first` to the latest `last`."""
+    spans = [(r[first], r[last]) for r in runs if r[first] is not None and r[last] is not None]
+    if not spans:
+        return None
+    span = max(b for _, b in spans) - min(a for a, _ in spans)
+    total = sum(float(r[amount]) for r in runs)
+    return total / span if span > 0 else None
+
+
+def level_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One concurrency level: every figure with percentiles over its requests (and reps).
+
+    Per request, Thinker tokens/s is (tokens - 1) / (last - first text delta) and Talker
+    frames/s the frames after the first audio chunk over the time from the first chunk to the
+    last (as seen at the output, so Code2Wav is in it). Aggregate: the same sums over all
+    requests of one repetition, over the span from the earliest first to the latest last."""
+    ok = [r for r in runs if not r["error"]]
+    reps = sorted({r["rep"] for r in runs})
+    by_rep = [[r for r in ok if r["rep"] == rep] for rep in reps]
+    for group in by_rep:
+        for r in group:
+            r["_tokens_after_first"] = max(r["text_tokens"] - 1, 0)
+            r["_frames_after_first"] = FRAME_RATE_HZ * r["audio_after_first_s"]
+    tokens = [_aggregate(g, "first_text_s", "last_text_s", "_tokens_after_first") for g in by_rep]
+    frames = [_aggregate(g, "first_audio_s", "last_audio_s", "_frames_after_first") for g in by_rep]
+    for group in by_rep:
+        for r in group:
+            del r["_tokens_after_first"], r["_frames_after_first"]
+
+    def each(key: str, scale: float = 1.0) -> dict[str, float]:
+        return percentiles([scale * r[key] for r in ok if r[key] is not None])
+
+    first_chunks = [r["audio_chunk_s"][0] for r in ok if r["audio_chunk_s"]]
+    return {
+        "requests": len(runs),
+        "errors": [r["error"] for r in runs if r["error"]][:3],
+        "error_count": len(runs) - len(ok),
+        "first_audio_ms": each("first_audio_s", 1000),
+        "first_text_ms": each("first_text_s", 1000),
+        "rtf": each("rtf"),
+        "total_s": each("total_s"),
+        "thinker_tokens_per_s": each("thinker_tokens_per_s"),
+        "thinker_tokens_per_s_aggregate": percentiles([t for t in tokens if t is not None]),
+        "talker_frames_per_s": each("talker_frames_per_s"),
+        "talker_frames_per_s_aggregate": percentiles([f for f in frames if f is not None]),
+        "audio_chunk_gap_ms": percentiles([1000 * g for r in ok for g in r["audio_chunk_gap_s"]]),
+        "first_chunk_audio_ms": percentiles([1000 * s for s in first_chunks]),
+        "audio_s": each("audio_s"),
+        "text_tokens": each("text_tokens"),
+    }
+
+
+# --- the table -----------------------------------------------------------------------------
+
+
+def _num(value: Any, spec: str) -> str:
+    return format(value, spec) if isinstance(value, int | float) else "-"
+
+
+def _pick(row: dict[str, Any], key: str, stat: str = "p50") -> Any:
+    figures = row.get(key)
+    return figures.get(stat) if isinstance(figures, dict) else None
+
+
+def level_keys(phase: dict[str, Any]) -> list[str]:
+    """The phase's concurrency levels ("c1", "c4", ...), in numeric order."""
+    keys = [k for k in phase if k[:1] == "c" and k[1:].isdigit() and isinstance(phase[k], dict)]
+    return sorted(keys, key=lambda k: int(k[1:]))
+
+
+def table_lines(report: dict[str, Any]) -> list[str]:
+    """The summary: one row per (phase, concurrency), the anchors, KV reuse and Code2Wav."""
+    lines = [
+        "Qwen3-Omni: first audio (p50 / p95), RTF (p50), Thinker tokens/s and Talker frames/s"
+        " (per request p50 / aggregate p50), peak GPU memory (nvidia-smi, whole device)",
+        f"  {'row':48} {'conc':>4} {'first audio ms':>17} {'RTF':>6} {'tok/s':>13}"
+        f" {'frames/s':>13} {'GPU GiB':>8}",
+    ]
+    for name in ("parley", "baseline"):
+        phase = report.get(name) or {}
+        if "error" in phase:
+            lines.append(f"  {name:48} {phase['error']}")
+        for key in level_keys(phase):
+            row = phase[key]
+            if row.get("skipped"):
+                lines.append(f"  {name:48} {key[1:]:>4} skipped: {row['skipped']}")
+                continue
+            peak = row.get("peak_gpu_used_gib", phase.get("peak_gpu_used_gib"))
+            lines.append(
+                f"  {name + ' (measured)':48} {key[1:]:>4}"
+                f" {_num(_pick(row, 'first_audio_ms'), '7.0f')} / "
+                f"{_num(_pick(row, 'first_audio_ms', 'p95'), '7.0f')}"
+                f" {_num(_pick(row, 'rtf'), '6.3f')}"
+                f" {_num(_pick(row, 'thinker_tokens_per_s'), '6.1f')}"
+                f"/{_num(_pick(row, 'thinker_tokens_per_s_aggregate'), '6.1f')}"
+                f" {_num(_pick(row, 'talker_frames_per_s'), '6.1f')}"
+                f"/{_num(_pick(row, 'talker_frames_per_s_aggregate'), '6.1f')}"
+                f" {_num(peak, '8.1f')}"
+            )
+    for anchor in ANCHORS:
+        rtf = anchor["rtf"]
+        mark = "<=" if anchor["name"] == TARGET else "  "
+        lines.append(
+            f"  {anchor['name']:48} {anchor['concurrency']:>4}"
+            f" {mark}{anchor['first_audio_ms']:5d}{'':10}"
+            f" {(mark + format(rtf, '.2f')) if rtf is not None else '-':>6}"
+        )
+    lines.append(f"  ({ANCHOR_NOTE})")
+    lines += _kv_lines(report.get("kv_reuse") or {})
+    lines += _code2wav_lines(report.get("code2wav") or {})
+    return lines
+
+
+def _kv_lines(phase: dict[str, Any]) -> list[str]:
+    if not phase:
+        return []
+    if "error" in phase:
+        return ["", f"Follow-up turn prefill: {phase['error']}"]
+    lines = [
+        "",
+        f"Follow-up turn prefill (request in -> prompt's hidden states out), p50, reuse by "
+        f"{phase.get('mechanism')}:",
+    ]
+    for key, turn in sorted((k, v) for k, v in phase.items() if k[4:].isdigit()):
+        on, off = turn.get("reuse_on", {}), turn.get("reuse_off", {})
+        lines.append(
+            f"  {key}: with reuse {_num(_pick(on, 'prefill_ms'), '8.1f')} ms"
+            f" ({_num(_pick(on, 'prefilled_tokens'), '.0f')} tokens prefilled),"
+            f" without {_num(_pick(off, 'prefill_ms'), '8.1f')} ms"
+            f" ({_num(_pick(off, 'prefilled_tokens'), '.0f')} tokens);"
+            f" speed-up {_num(turn.get('speedup_p50'), '.2f')}x"
+        )
+    return lines
+
+
+def _code2wav_lines(phase: dict[str, Any]) -> list[str]:
+    if not phase:
+        return []
+    if "error" in phase:
+        return ["", f"Code2Wav per chunk: {phase['error']}"]
+    lines = [
+        "",
+        "Code2Wav time per chunk (the engine alone, chunks decoded in batches), p50 / p95:",
+    ]
+    for key in level_keys(phase):
+        row = phase[key]
+        first, steady = row.get("first_chunk_ms", {}), row.get("chunk_ms", {})
+        lines.append(
+            f"  batch {key[1:]:>3}: first chunk ({row.get('first_chunk_frames')} frames)"
+            f" {_num(first.get('p50'), '7.1f')} / {_num(first.get('p95'), '7.1f')} ms,"
+            f" later chunks ({row.get('chunk_frames')} + {row.get('left_context')} context)"
+            f" {_num(steady.get('p50'), '7.1f')} / {_num(steady.get('p95'), '7.1f')} ms"
+        )
+    return lines
+
+
+def merge(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Reports of separate commands as one: phases side by side, a phase's levels joined.
+
+    Each level keeps the index of the header it came from (`header_index`), and the report
+    keeps every header: runs of different commits or versions are not hidden."""
+    merged: dict[str, Any] = {"header": reports[0].get("header", {}), "headers": []}
+    for index, report in enumerate(reports):
+        merged["headers"].append(report.get("header", {}))
+        for name, phase in report.items():
+            if name in ("header", "headers") or not isinstance(phase, dict):
+                continue
+            into = merged.setdefault(name, {})
+            for key, value in phase.items():
+                if isinstance(value, dict) and key in level_keys(phase):
+                    value = {**value, "header_index": index}
+                if key in level_keys(phase) or key not in into:
+                    into[key] = value
+    commits = {h.get("commit") for h in merged["headers"]}
+    merged["same_commit"] = len(commits) == 1
+    return merged

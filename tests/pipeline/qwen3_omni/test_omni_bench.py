@@ -1,0 +1,92 @@
+"""loadtest.omni_bench on the tiny model on this CPU: every phase's report has the figures
+the H200 run needs, the table labels the published anchors, and split runs merge."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from loadtest.omni_bench_report import PUBLISHED, merge, table_lines
+
+TINY = [
+    "--tiny", "--device", "cpu", "--dtype", "float32", "--audio-s", "0.5", "--frames", "1",
+    "--think-tokens", "2", "--speech-s", "0.8", "--first-chunk", "2", "--chunk", "4",
+    "--left-context", "4", "--reps", "1", "--warmup", "0", "--kv-turns", "3", "--kv-reps", "1",
+]  # fmt: skip
+PERCENTILES = {"p50", "p90", "p95", "p99", "min", "max", "mean", "n"}
+
+
+def bench(out: Path, *extra: str) -> tuple[dict[str, Any], str]:
+    command = [sys.executable, "-m", "loadtest.omni_bench", *TINY, *extra, "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=55)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report: dict[str, Any] = json.loads(out.read_text())
+    return report, done.stdout
+
+
+def test_the_tiny_bench_reports_every_level_and_phase(tmp_path: Path) -> None:
+    report, printed = bench(
+        tmp_path / "bench.json",
+        "--concurrency", "1,2", "--phases", "parley,kv_reuse,code2wav",
+    )  # fmt: skip
+    head = report["header"]
+    for key in ("commit", "torch", "transformers", "graph", "input", "lengths", "concurrency"):
+        assert head[key], key
+    assert head["concurrency"] == [1, 2] and head["warmup_requests"] == 0
+    assert "qwen3_omni.talker" in head["graph"]
+
+    parley = report["parley"]
+    assert "error" not in parley and parley["start_s"] > 0
+    for level in (1, 2):
+        row = parley[f"c{level}"]
+        assert row["requests"] == level and row["error_count"] == 0
+        for key in ("first_audio_ms", "first_text_ms", "rtf", "thinker_tokens_per_s",
+                    "talker_frames_per_s", "audio_chunk_gap_ms"):  # fmt: skip
+            assert set(row[key]) == PERCENTILES, key
+            assert row[key]["n"] >= level, key
+        assert row["thinker_tokens_per_s_aggregate"]["n"] == 1  # one round
+        assert row["talker_frames_per_s_aggregate"]["p50"] > 0
+        assert row["first_text_ms"]["p50"] < row["first_audio_ms"]["p50"]
+        assert row["audio_s"]["p50"] > 0.5  # 0.8 s of speech (10 frames)
+        assert "peak_gpu_used_gib" in row  # None on a CPU
+    assert parley["peak_gpu_used_gib"] is None
+
+    kv = report["kv_reuse"]
+    assert kv["mechanism"] in ("session_kv", "prefix_cache")
+    for turn in ("turn2", "turn3"):
+        on, off = kv[turn]["reuse_on"], kv[turn]["reuse_off"]
+        assert on["prefill_ms"]["n"] == off["prefill_ms"]["n"] == 1
+        assert on["prefilled_tokens"]["p50"] <= off["prefilled_tokens"]["p50"]
+    # the third turn reuses its first exchange with either mechanism
+    on, off = kv["turn3"]["reuse_on"], kv["turn3"]["reuse_off"]
+    assert on["prefilled_tokens"]["p50"] < off["prefilled_tokens"]["p50"]
+
+    code2wav = report["code2wav"]
+    for level in (1, 2):
+        row = code2wav[f"c{level}"]
+        assert row["first_chunk_ms"]["n"] == level
+        assert row["chunk_ms"]["n"] == 2 * level  # 10 frames: 2, then two chunks of 4
+
+    assert PUBLISHED in printed and "parley (measured)" in printed
+    assert "Follow-up turn prefill" in printed and "Code2Wav time per chunk" in printed
+
+
+def test_split_runs_merge_into_one_table() -> None:
+    level = {"requests": 1, "first_audio_ms": {"p50": 900.0, "p95": 950.0}, "rtf": {"p50": 1.5}}
+    first = {"header": {"commit": "abc"}, "parley": {"c1": level, "c4": level}}
+    second = {
+        "header": {"commit": "abc"},
+        "parley": {"c10": {**level, "first_audio_ms": {"p50": 2000.0, "p95": 2100.0}}},
+        "baseline": {"c1": {**level, "first_audio_ms": {"p50": 12400.0, "p95": 12500.0}}},
+    }
+    merged = merge([first, second])
+    assert merged["same_commit"] and len(merged["headers"]) == 2
+    assert sorted(merged["parley"]) == ["c1", "c10", "c4"]
+    assert merged["parley"]["c10"]["header_index"] == 1
+    lines = "\n".join(table_lines(merged))
+    rows = [line for line in lines.splitlines() if "(measured)" in line]
+    assert [row.split()[2] for row in rows] == ["1", "4", "10", "1"]  # parley by level, baseline
+    assert "12400" in lines and "1629" in lines  # measured and published side by side
