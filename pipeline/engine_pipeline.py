@@ -33,6 +33,9 @@ class EnginePipeline:
     def active_requests(self) -> int:
         return self.engine.active_requests()
 
+    async def forget_session(self, session_id: str) -> None:
+        await self.engine.forget_session(session_id)
+
     async def generate(self, request: PipelineRequest) -> AsyncGenerator[OutputChunk, None]:
         stream = self.engine.generate(request.request_id, request)
         finished = False

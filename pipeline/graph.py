@@ -128,6 +128,16 @@ class StageGraph:
     def active_requests(self) -> int:
         return sum(engine.active_requests() for engine in self.engines.values())
 
+    async def forget_session(self, session_id: str) -> None:
+        """Every stage drops what it kept for the session (all at once, like close)."""
+        results = await asyncio.gather(
+            *(engine.forget_session(session_id) for engine in self.engines.values()),
+            return_exceptions=True,
+        )
+        for stage, result in zip(self.engines, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("stage %s did not forget session %s: %r", stage, session_id, result)
+
     async def generate(self, request: PipelineRequest) -> AsyncGenerator[OutputChunk, None]:
         out: Channel[OutputChunk | _StageDone] = Channel(self.channel_size)
         inputs: dict[str, Channel[Chunk]] = {}

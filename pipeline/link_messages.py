@@ -10,7 +10,8 @@ A request's life: `Generate`, then for a stream stage its upstream chunks as `In
 `InputEnd`; back come `ChunkMessage`s and one `Done` once the engine's stream has ended
 (normally, by an error, or aborted by `Abort`). A serving side says `Ready` when it can
 serve (again, after riding out a link outage) or `Fatal` when its engine cannot start; a
-remote stage says `Alive` every heartbeat. `Stats` asks how many requests the engine holds.
+remote stage says `Alive` every heartbeat. `Stats` asks how many requests the engine holds;
+`ForgetSession` passes on `Engine.forget_session` when a session ends.
 """
 
 from __future__ import annotations
@@ -52,6 +53,13 @@ class Abort:
 
 
 @dataclass(frozen=True, slots=True)
+class ForgetSession:
+    """The session has ended: the engine drops what it kept for it between requests."""
+
+    session_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class Stats:
     """Ask how many requests the engine holds; answered by a StatsReply with the same token."""
 
@@ -63,7 +71,7 @@ class Close:
     """Stop serving (the main process is shutting the stage down)."""
 
 
-ToStage = Generate | Input | InputEnd | Abort | Stats | Close
+ToStage = Generate | Input | InputEnd | Abort | ForgetSession | Stats | Close
 
 
 # --- from the stage ----------------------------------------------------------------------

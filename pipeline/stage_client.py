@@ -30,6 +30,7 @@ from .link_messages import (
     Abort,
     ChunkMessage,
     Done,
+    ForgetSession,
     Generate,
     Input,
     InputEnd,
@@ -180,6 +181,13 @@ class LinkedStage(EntryEngine, StreamEngine):
         if self._link is not None:
             with contextlib.suppress(LinkClosed, LinkUnavailable):
                 await self._link.send(Abort(request_id))
+
+    async def forget_session(self, session_id: str) -> None:
+        """Passed on to the engine over the link; a stage that is gone has nothing to drop
+        (a restarted worker starts empty)."""
+        if self._link is not None:
+            with contextlib.suppress(LinkClosed, LinkUnavailable):
+                await self._link.send(ForgetSession(session_id))
 
     async def generate(
         self, request_id: str, inputs: PipelineRequest | StageInput

@@ -35,6 +35,8 @@ class HistoryItem:
 
     role: Literal["user", "assistant", "system"]
     text: str
+    item_id: str = ""
+    """The session's id of the item ("" outside a session)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,13 @@ class PipelineRequest:
     instructions: str = ""
     output_sample_rate: int = 24_000
     output_text_only: bool = False
+    session_id: str = ""
+    """The session the request answers for ("" outside a session): an engine may keep state
+    between a session's requests (the Thinker's KV) until `forget_session`."""
+    item_ids: tuple[str, ...] = ()
+    """Every item of the session's conversation in the prompt's order: the history's (with
+    or without text, which `history` leaves out) and last this turn's own. An engine that
+    keeps a session's state checks with it that the conversation is still the one it saw."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +160,10 @@ class Engine(ABC):
     def active_requests(self) -> int:
         """How many requests hold state in the engine right now (0 after every abort)."""
 
+    async def forget_session(self, session_id: str) -> None:  # noqa: B027 (a default)
+        """The session has ended: drop whatever the engine kept for it between its requests.
+        Most engines keep nothing per session, hence this default."""
+
 
 class EntryEngine(Engine):
     """An entry stage's engine: one request in, a stream of chunks out."""
@@ -187,3 +200,7 @@ class Pipeline(Protocol):
     async def close(self) -> None: ...
 
     def active_requests(self) -> int: ...
+
+    async def forget_session(self, session_id: str) -> None:
+        """The session has ended: every stage drops what it kept for it between turns."""
+        ...

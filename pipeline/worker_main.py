@@ -40,6 +40,7 @@ from .link_messages import (
     Close,
     Done,
     Fatal,
+    ForgetSession,
     Generate,
     Input,
     InputEnd,
@@ -209,6 +210,8 @@ class _Server:
                         ended.close()
                 case Abort(rid):
                     await self._abort(rid)
+                case ForgetSession(session_id):
+                    await self.engine.forget_session(session_id)
                 case Stats(token):
                     await self.link.send(StatsReply(token, self.engine.active_requests()))
                 case Close():

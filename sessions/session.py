@@ -55,6 +55,7 @@ from .turn_detection import SpeechConfirmed, SpeechEnd, SpeechStart, TurnDetecto
 log = logging.getLogger("parley.sessions.session")
 
 MIN_COMMIT_MS = 100
+FORGET_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,8 +166,18 @@ class Session:
                 writer.cancel()
         finally:
             self._tg = None
+            await self._forget_in_pipeline()
             await self.store.delete()
             self._closed.set()
+
+    async def _forget_in_pipeline(self) -> None:
+        """The pipeline drops what it kept for this session between turns (the Thinker's KV);
+        the turn in flight, if any, was cancelled first, so nothing is kept after this."""
+        try:
+            async with asyncio.timeout(FORGET_TIMEOUT_S):
+                await self._pipeline.forget_session(self.session_id)
+        except Exception as exc:  # the session ends anyway; the engines' budgets evict it
+            log.warning("session %s: the pipeline did not forget it: %r", self.session_id, exc)
 
     def request_close(self, reason: str) -> None:
         """Ask the session to end; safe from anywhere, any number of times."""
@@ -546,14 +557,19 @@ class Session:
                 raise
         if user_id is not None and user_id != audio_id:
             text = next((item.text for item in items if item.id == user_id), None)
+        turn = [item_id for item_id in (speech_id, user_id) if item_id is not None]
         history = tuple(
-            HistoryItem(role=item.role, text=item.text)
+            HistoryItem(role=item.role, text=item.text, item_id=item.id)
             for item in items
-            if item.id not in (user_id, speech_id) and item.text
+            if item.id not in turn and item.text
         )
+        earlier = tuple(item.id for item in items if item.id not in turn)
+        present = {item.id for item in items}
         frames = tuple(await self.frames.sample())
         return PipelineRequest(
             request_id=request_id,
+            session_id=self.session_id,
+            item_ids=earlier + tuple(item_id for item_id in turn if item_id in present),
             audio=audio,
             text=text,
             frames=frames,
