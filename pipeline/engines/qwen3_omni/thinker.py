@@ -9,24 +9,40 @@ HiddenStates (`part == "reply"`) once it has been fed. Reply text is placeholder
 
 Random weights never choose `<|im_end|>`; `min_new_tokens` can hold it off for a real model
 too, which gives the fixed reply lengths benchmarks need.
+
+With `session_kv_tokens`, a session's KV survives between its turns (`session_kv.py`): a turn
+that goes on from the session's last one prefills only what it adds. Its prompt chunk still
+has the hidden states of every position the Talker takes (`talker_positions`).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from ...types import Chunk, End, EntryEngine, ErrorChunk, HiddenStates, PipelineRequest, TextDelta
+from ...types import (
+    Chunk,
+    End,
+    EntryEngine,
+    ErrorChunk,
+    HiddenStates,
+    HistoryItem,
+    PipelineRequest,
+    TextDelta,
+)
 from .audio_features import AudioFeatures, AudioInput
 from .config import TOKENS
 from .prefix_cache import PrefixCache
 from .prompt import Vocab, chat_prompt, load_vocab
 from .sampling import Sampling
+from .session_kv import Conversation, SessionEntry, SessionKV, continuation, talker_positions
 from .stage import ModelStage
 from .step_batcher import StepBatcher
-from .thinker_runner import ThinkerHidden, ThinkerPrompt, ThinkerRunner, ThinkerState
+from .thinker_runner import ThinkerHidden, ThinkerPast, ThinkerPrompt, ThinkerRunner, ThinkerState
 from .vision_input import TOKEN_PIXELS, FrameImages, VisionInput
 
 DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant."
@@ -47,6 +63,8 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         default_instructions: str = DEFAULT_INSTRUCTIONS,
         image_max_pixels: int = 128 * TOKEN_PIXELS,
         prefix_cache_tokens: int = 0,
+        session_kv_tokens: int = 0,
+        session_kv_max_tokens: int = 0,
         **model: Any,
     ) -> None:
         super().__init__(**model)
@@ -61,6 +79,11 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         self.images: FrameImages | None = None
         self.prefix_cache_tokens = prefix_cache_tokens
         """KV of this many prompt tokens is kept for later turns to reuse (0: none)."""
+        self.sessions = (
+            SessionKV(session_kv_tokens, session_kv_max_tokens) if session_kv_tokens else None
+        )
+        """Sessions' KV kept between their turns: this many tokens over all sessions, at most
+        `session_kv_max_tokens` (0: no limit of its own) for one (0: none kept)."""
         self.runner: ThinkerRunner | None = None
         self.vocab: Vocab | None = None
         self.features: AudioFeatures | None = None
@@ -95,20 +118,88 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
 
         return StepBatcher(self.name, self.thread, step, max_batch=self.max_batch)
 
-    def _prompt(self, request: PipelineRequest) -> ThinkerPrompt:
-        """On the model thread: log-mel features, image patches and the chat prompt's ids."""
+    def _instructions(self, request: PipelineRequest) -> str:
+        return request.instructions or self.default_instructions
+
+    def _prompt(self, request: PipelineRequest, resumed: _Resumed | None = None) -> ThinkerPrompt:
+        """On the model thread: log-mel features, image patches and the chat prompt's ids
+        (going on from the session's entry: its tokens, then only what the turn adds)."""
         assert self.features is not None and self.vocab is not None and self.images is not None
         audio: AudioInput | None = self.features(request.audio)
         vision: VisionInput | None = self.images(request.frames)
+        history = resumed.added if resumed is not None else request.history
         ids = chat_prompt(
             self.vocab,
-            instructions=request.instructions or self.default_instructions,
-            history=[(item.role, item.text) for item in request.history],
+            instructions="" if resumed is not None else self._instructions(request),
+            history=[(item.role, item.text) for item in history],
             audio_tokens=audio.tokens if audio else 0,
             text=request.text,
             image_tokens=vision.tokens if vision else (),
         )
+        if resumed is not None:
+            ids = resumed.entry.token_ids + resumed.entry.tail + ids
         return ThinkerPrompt(ids, audio, vision)
+
+    # --- a session's KV between its turns ------------------------------------------------
+
+    def _session_prompt(self, request: PipelineRequest) -> _Resumed | None:
+        """The session's entry, taken for this turn, when the request goes on from it; an
+        entry that the conversation no longer matches is dropped."""
+        if self.sessions is None or not request.session_id or not request.item_ids:
+            return None
+        entry = self.sessions.take(request.session_id)
+        if entry is None:
+            return None
+        added = continuation(
+            entry,
+            instructions=self._instructions(request),
+            item_ids=request.item_ids,
+            history=request.history,
+        )
+        return _Resumed(entry, added) if added is not None else None
+
+    def _remember(
+        self,
+        request: PipelineRequest,
+        prompt: ThinkerPrompt,
+        state: ThinkerState,
+        hidden: list[npt.NDArray[Any]],
+        reply: str,
+    ) -> None:
+        """At the turn's end: keep what the Thinker was fed (prompt and reply) for the
+        session's next turn. The reply's last chosen token was never fed."""
+        if self.sessions is None or not request.session_id or not request.item_ids:
+            return
+        assert self.runner is not None
+        *fed, last = state.generated
+        token_ids = list(prompt.input_ids) + fed
+        if state.length != len(token_ids) or state.cache.get_seq_length() != len(token_ids):
+            self.sessions.forget(request.session_id)  # not what it looks like: keep nothing
+            return
+        tail = [last] if last != self.runner.eos_id else []
+        entry = SessionEntry(
+            conversation=Conversation(
+                instructions=self._instructions(request),
+                item_ids=tuple(request.item_ids),
+                history=tuple(request.history),
+                reply=reply.strip(),
+            ),
+            token_ids=token_ids,
+            tail=[*tail, TOKENS["im_end"], TOKENS["newline"]],
+            cache=state.cache,
+            hidden=np.concatenate(hidden),
+            rope_delta=state.rope_delta,
+        )
+        self.sessions.store(request.session_id, entry)
+
+    async def forget_session(self, session_id: str) -> None:
+        if self.sessions is not None:
+            self.sessions.forget(session_id)
+
+    async def close(self) -> None:
+        if self.sessions is not None:
+            self.sessions.clear()
+        await super().close()
 
     async def generate(
         self, request_id: str, request: PipelineRequest, /
@@ -118,20 +209,26 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
             yield ErrorChunk(message="the thinker was not started", stage=self.name)
             return
         self._requests.begin(request_id)
+        remembered = False
         try:
-            prompt = await self.thread.call(self._prompt, request)
+            resumed = self._session_prompt(request)
+            past = resumed.past() if resumed is not None else None
+            prompt = await self.thread.call(self._prompt, request, resumed)
             state, hidden = await self.thread.call(
-                runner.prefill, prompt, min_new_tokens=self.min_new_tokens
+                runner.prefill, prompt, min_new_tokens=self.min_new_tokens, past=past
             )
             if self._requests.aborted(request_id):
                 return  # aborted
             self._requests.set_state(request_id, state)
+            fed = [hidden.states]
+            reply: list[str] = []
             audio_frames = int(prompt.audio.mask.sum()) if prompt.audio is not None else 0
+            kept = talker_positions(hidden.token_ids, past.length if past is not None else 0)
             yield HiddenStates(
-                array=hidden.states,
+                array=hidden.states[kept] if past is not None else hidden.states,
                 metadata={
                     "part": "prompt",
-                    "token_ids": hidden.token_ids,
+                    "token_ids": [hidden.token_ids[i] for i in kept],
                     "tts_embeds": self.tts_embeds,
                     "audio_feature_frames": audio_frames,
                     "image_grid_thw": (
@@ -147,15 +244,33 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
                     token = state.next_token
                     if token == runner.eos_id:
                         break
-                    yield TextDelta(text=vocab.decode(token))
+                    reply.append(vocab.decode(token))
+                    yield TextDelta(text=reply[-1])
                     if produced == self.max_new_tokens:
                         break  # as in generate(), the last token is chosen but never fed
                     step: ThinkerHidden = await self.batcher.step(state)
                     if self._requests.aborted(request_id):
                         return  # aborted
+                    fed.append(step.states)
                     yield HiddenStates(
                         array=step.states, metadata={"part": "reply", "token_ids": step.token_ids}
                     )
+            self._remember(request, prompt, state, fed, "".join(reply))
+            remembered = True
             yield End()
         finally:
+            if not remembered and self.sessions is not None:
+                self.sessions.forget(request.session_id)  # an aborted turn is a truncated one
             self._requests.end(request_id)
+
+
+@dataclass(frozen=True, slots=True)
+class _Resumed:
+    """A turn going on from its session's entry, with the history items added since."""
+
+    entry: SessionEntry
+    added: list[HistoryItem]
+
+    def past(self) -> ThinkerPast:
+        entry = self.entry
+        return ThinkerPast(entry.cache, entry.tokens, entry.rope_delta, entry.hidden)

@@ -1,0 +1,172 @@
+"""A session's Thinker KV kept between its turns: turn N prefills only what it adds.
+
+The prefix cache (`prefix_cache.py`) reuses only the text a prompt starts with, and the
+history reaches the Thinker as text, so a spoken question is gone from the next turn's prompt
+(it has no text) and everything from the last turn's audio on is prefilled again. This store
+keeps, per session, exactly what the Thinker was fed in its last turn: the whole prompt (audio
+and image placeholders included, their KV computed from this turn's media), the reply tokens
+fed, their KV, the per-position hidden states (the Talker's prompt needs them), and the mRoPE
+position the next token takes. The next turn of the session feeds `tail` (the reply's last
+chosen token, never fed, unless it was `<|im_end|>`; then `<|im_end|>\\n`), the items added
+since, its own user turn and the assistant's opening, and prefills only those.
+
+An entry is used only while the conversation is the one it saw (`continuation`): the same
+instructions, the same items in the same order, and the reply recorded in full as the
+session's assistant item. A truncated (barge-in), deleted or edited history does not match:
+the entry is dropped and the turn is prefilled from its history as before. An entry is taken
+out of the store for its turn and stored again at the turn's end, so an aborted turn leaves
+nothing behind. Bounded twice: an entry longer than `max_tokens` is not kept (never a partial
+one), and the store holds at most `budget_tokens` over all sessions, least recently used
+session out first. `forget` drops a session's entry when it ends.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from transformers import DynamicCache
+
+from ...types import HistoryItem
+from .config import TOKENS
+
+Hidden = npt.NDArray[np.floating]
+MULTIMODAL = frozenset({TOKENS["audio"], TOKENS["image"], TOKENS["video"]})
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """What an entry's tokens hold, as the session's request said it."""
+
+    instructions: str
+    item_ids: tuple[str, ...]
+    """every item of the conversation up to and including the turn (PipelineRequest.item_ids)"""
+    history: tuple[HistoryItem, ...]
+    reply: str
+    """the reply's text as the session records it (the deltas joined, stripped)"""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEntry:
+    conversation: Conversation
+    token_ids: list[int]
+    """every token fed: the prompt, then the reply's tokens but the last"""
+    tail: list[int]
+    """fed first in the next turn: the reply's unfed last token (unless <|im_end|>), then
+    <|im_end|> and a newline"""
+    cache: DynamicCache
+    hidden: Hidden
+    """[len(token_ids), 2, hidden]"""
+    rope_delta: int
+    """the next position is len(token_ids) + rope_delta (mRoPE: text goes on from max + 1)"""
+
+    @property
+    def tokens(self) -> int:
+        return len(self.token_ids)
+
+
+def continuation(
+    entry: SessionEntry,
+    *,
+    instructions: str,
+    item_ids: Sequence[str],
+    history: Sequence[HistoryItem],
+) -> list[HistoryItem] | None:
+    """The history items added since the entry's turn, or None when the request's
+    conversation is not the one the entry holds followed by the entry's reply."""
+    seen = entry.conversation
+    count = len(seen.item_ids)
+    if instructions != seen.instructions or tuple(item_ids[:count]) != seen.item_ids:
+        return None
+    if len(item_ids) <= count:
+        return None
+    by_id = {item.item_id: item for item in history}
+    reply = by_id.get(item_ids[count])
+    if reply is None or reply.role != "assistant" or reply.text != seen.reply:
+        return None  # truncated, deleted, or never recorded
+    before = {item.item_id for item in seen.history}
+    if tuple(item for item in history if item.item_id in before) != seen.history:
+        return None  # an earlier item was edited or deleted
+    added = set(item_ids[count + 1 :])
+    return [item for item in history if item.item_id in added]
+
+
+def talker_positions(token_ids: Sequence[int], turn_start: int) -> list[int]:
+    """The prompt positions the Talker's prompt chunk carries.
+
+    The Talker takes one audio length and the image grids of one turn, as the prompt of a
+    full prefill has (earlier spoken turns have no text, so no item there). So the user
+    items before `turn_start` that hold audio or images are left out; everything else (the
+    system item, text items, replies, the turn itself) goes with its hidden states."""
+    starts = [i for i, t in enumerate(token_ids) if t == TOKENS["im_start"]] + [len(token_ids)]
+    kept = list(range(starts[0]))
+    for begin, end in zip(starts, starts[1:], strict=False):
+        segment = token_ids[begin:end]
+        earlier_media = (
+            begin < turn_start
+            and segment[1] == TOKENS["user"]
+            and any(t in MULTIMODAL for t in segment)
+        )
+        if not earlier_media:
+            kept += range(begin, end)
+    return kept
+
+
+class SessionKV:
+    def __init__(self, budget_tokens: int, max_tokens: int = 0) -> None:
+        if budget_tokens < 1:
+            raise ValueError("budget_tokens must be at least 1")
+        self.budget_tokens = budget_tokens
+        self.max_tokens = min(max_tokens or budget_tokens, budget_tokens)
+        """One session's entry is kept only up to this many tokens."""
+        self.evicted = 0
+        """Entries dropped for the budgets (not counting forgotten or mismatched ones)."""
+        self._entries: OrderedDict[str, SessionEntry] = OrderedDict()
+        self._tokens = 0
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of KV held now (never more than `budget_tokens`)."""
+        return self._tokens
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self._entries
+
+    def get(self, session_id: str) -> SessionEntry | None:
+        """The session's entry, left in place (for looking at it)."""
+        return self._entries.get(session_id)
+
+    def take(self, session_id: str) -> SessionEntry | None:
+        """The session's entry, out of the store: its turn owns the cache now."""
+        entry = self._entries.pop(session_id, None)
+        if entry is not None:
+            self._tokens -= entry.tokens
+        return entry
+
+    def store(self, session_id: str, entry: SessionEntry) -> bool:
+        """Keep the session's entry (replacing any); False when it is over `max_tokens`,
+        then the session has none."""
+        self.forget(session_id)
+        if entry.tokens > self.max_tokens:
+            self.evicted += 1
+            return False
+        self._entries[session_id] = entry
+        self._tokens += entry.tokens
+        while self._tokens > self.budget_tokens:
+            oldest = next(iter(self._entries))
+            self.forget(oldest)
+            self.evicted += 1
+        return True
+
+    def forget(self, session_id: str) -> bool:
+        return self.take(session_id) is not None
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._tokens = 0
