@@ -13,7 +13,7 @@ from transformers import Qwen3OmniMoeConfig
 
 from pipeline.engines.qwen3_omni.config import TOKENS
 from pipeline.engines.qwen3_omni.frame_predictor import FramePredictor, sample_rows
-from pipeline.engines.qwen3_omni.fused_moe import install_fused_moe
+from pipeline.engines.qwen3_omni.fused_moe import expert_weights, install_fused_moe, routed_experts
 from pipeline.engines.qwen3_omni.prompt import ByteVocab, chat_prompt
 from pipeline.engines.qwen3_omni.sampling import Sampling
 from pipeline.engines.qwen3_omni.step_graphs import buckets_up_to
@@ -36,6 +36,16 @@ Parts = dict[str, tuple[Any, Qwen3OmniMoeConfig]]
 def text_prompt(instructions: str) -> ThinkerPrompt:
     ids = chat_prompt(ByteVocab(), instructions=instructions, history=[], audio_tokens=0, text="hi")
     return ThinkerPrompt(ids)
+
+
+def test_both_expert_paths_compute_what_the_block_computes() -> None:
+    model, _ = build_part("thinker", tiny=True)
+    block = next(m for m in model.modules() if type(m).__name__.endswith("SparseMoeBlock"))
+    weights = expert_weights(block)
+    x = torch.randn(5, weights.router.shape[1], generator=torch.Generator().manual_seed(1))
+    grouped, _ = routed_experts(x, weights, grouped=True)
+    gathered, _ = routed_experts(x, weights, grouped=False)
+    torch.testing.assert_close(grouped, gathered, atol=1e-6, rtol=1e-4)
 
 
 def test_fused_experts_compute_what_the_block_computes() -> None:
