@@ -35,6 +35,11 @@ from .config import TOKENS
 
 Hidden = npt.NDArray[np.floating]
 MULTIMODAL = frozenset({TOKENS["audio"], TOKENS["image"], TOKENS["video"]})
+MEDIA_MARKUP = MULTIMODAL | {
+    TOKENS[name] for name in ("audio_start", "audio_end", "vision_start", "vision_end")
+}
+"""Ids that a prompt may hold only around its own media: a reply token among them (random
+weights choose any id) cannot be fed again in the next turn's prompt."""
 
 
 @dataclass(frozen=True, slots=True)

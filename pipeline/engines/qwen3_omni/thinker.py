@@ -39,7 +39,14 @@ from .config import TOKENS
 from .prefix_cache import PrefixCache
 from .prompt import Vocab, chat_prompt, load_vocab
 from .sampling import Sampling
-from .session_kv import Conversation, SessionEntry, SessionKV, continuation, talker_positions
+from .session_kv import (
+    MEDIA_MARKUP,
+    Conversation,
+    SessionEntry,
+    SessionKV,
+    continuation,
+    talker_positions,
+)
 from .stage import ModelStage
 from .step_batcher import StepBatcher
 from .thinker_runner import ThinkerHidden, ThinkerPast, ThinkerPrompt, ThinkerRunner, ThinkerState
@@ -175,6 +182,9 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         token_ids = list(prompt.input_ids) + fed
         if state.length != len(token_ids) or state.cache.get_seq_length() != len(token_ids):
             self.sessions.forget(request.session_id)  # not what it looks like: keep nothing
+            return
+        if last in MEDIA_MARKUP:  # the next prompt cannot carry it: that turn starts afresh
+            self.sessions.forget(request.session_id)
             return
         tail = [last] if last != self.runner.eos_id else []
         entry = SessionEntry(

@@ -481,3 +481,18 @@ async def test_a_session_keeps_its_kv_between_turns_until_it_closes(
         assert prefilled(thinker) == len(kept[0].tail) + user_item + 3  # + the reply's opening
         await manager.close_session(session.session_id)
         assert session.session_id not in thinker.sessions
+
+
+@pytest.mark.parametrize(("last", "kept"), [(1234, True), (TOKENS["audio"], False)])
+async def test_a_reply_ending_on_a_media_id_is_not_kept(
+    thinker: ThinkerEngine, last: int, kept: bool
+) -> None:
+    """Random weights may choose any id; a last reply token that only media may carry
+    cannot go into the next prompt, so such a turn leaves no entry."""
+    assert thinker.runner is not None and thinker.sessions is not None
+    request = turn("r1", "s", ("u1",), text="hello")
+    prompt = await thinker.thread.call(thinker._prompt, request)
+    state, hidden = await thinker.thread.call(thinker.runner.prefill, prompt)
+    state.generated[-1] = last
+    thinker._remember(request, prompt, state, [hidden.states], "tok1")
+    assert ("s" in thinker.sessions) is kept
