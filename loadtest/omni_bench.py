@@ -62,6 +62,8 @@ QUESTION = "What is going on in this video, and what did I just say?"
 PHASES = ("parley", "kv_reuse", "code2wav", "baseline")
 STOP_GRACE_S = 60.0
 """How long a phase stopped at the time limit gets to close its stages."""
+CLOSE_RESERVE_S = 20.0
+"""A phase starts no round that would end later than this before the time limit."""
 
 
 def header(args: argparse.Namespace) -> dict[str, Any]:
@@ -147,10 +149,11 @@ def make_request(
     )
 
 
-def out_of_time(args: argparse.Namespace, needed_s: float) -> bool:
-    """Whether a round of about `needed_s` would end past the command's time limit."""
+def out_of_time(args: argparse.Namespace, needed_s: float = 0.0) -> bool:
+    """Whether a round of about `needed_s` would end past the command's time limit, less
+    the time kept to close the phase (its stages, its file)."""
     deadline: float | None = args.deadline_epoch
-    return deadline is not None and time.time() + needed_s > deadline
+    return deadline is not None and time.time() + needed_s > deadline - CLOSE_RESERVE_S
 
 
 # --- Parley's graph ------------------------------------------------------------------------
@@ -231,11 +234,15 @@ async def parley_phase(
                 if warm["error"]:
                     raise RuntimeError(f"warm-up failed: {warm['error']}")
             result["warmup_s"] = time.perf_counter() - warmed
-            round_s = result["warmup_s"] / max(args.warmup, 1)
+            round_s, last_level = result["warmup_s"] / max(args.warmup, 1), 1
             for concurrency in args.concurrency:
                 key = f"c{concurrency}"
                 level_started = time.perf_counter()
                 runs: list[dict[str, Any]] = []
+                # a round's time, judged by the last round's, grown with the concurrency
+                round_s *= max(1.0, concurrency / last_level)
+                last_level = concurrency
+                result[key] = {"skipped": "time limit"}
                 for rep in range(args.reps):
                     if out_of_time(args, round_s):
                         break
@@ -243,13 +250,10 @@ async def parley_phase(
                     began = time.perf_counter()
                     runs += await asyncio.gather(*(one_request(graph, r, rep) for r in requests))
                     round_s = time.perf_counter() - began
-                if not runs:
-                    result[key] = {"skipped": "time limit"}
-                    partial(result)
-                    continue
-                result[key] = level_figures(runs)
-                result[key]["reps_done"] = len(runs) // concurrency
-                result[key]["peak_gpu_used_gib"] = memory.peak(level_started, time.perf_counter())
+                    result[key] = level_figures(runs)
+                    result[key]["reps_done"] = rep + 1
+                    result[key]["peak_gpu_used_gib"] = memory.peak(level_started)
+                    partial(result)  # kept if the phase is stopped later
                 print(f"parley {key}: {json.dumps(result[key])}", flush=True)
                 partial(result)
         finally:
@@ -471,6 +475,9 @@ def main(argv: list[str] | None = None) -> None:
     report: dict[str, Any] = {"header": header(args)}
     for phase in phases:
         started = time.perf_counter()
+        if out_of_time(args):
+            report[phase] = {"error": "not started: time limit"}
+            continue
         report[phase] = run_phase_in_child(phase, child_argv, args)
         report[phase]["phase_s"] = time.perf_counter() - started
         Path(args.out).write_text(json.dumps(report, indent=1))

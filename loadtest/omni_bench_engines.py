@@ -145,7 +145,7 @@ def _summary(turns: list[dict[str, Any]]) -> dict[str, Any]:
 async def kv_reuse_phase(args: argparse.Namespace) -> dict[str, Any]:
     from pipeline.engines.qwen3_omni.thinker import ThinkerEngine
 
-    from .omni_bench import QUESTION, make_request
+    from .omni_bench import QUESTION, make_request, out_of_time
 
     support = session_support()
     sessions = all(support.values())
@@ -164,7 +164,12 @@ async def kv_reuse_phase(args: argparse.Namespace) -> dict[str, Any]:
     on: dict[int, list[dict[str, Any]]] = {k: [] for k in range(1, args.kv_turns + 1)}
     off: dict[int, list[dict[str, Any]]] = {k: [] for k in range(2, args.kv_turns + 1)}
     try:
+        session_s = 0.0
         for session in range(-args.warmup, args.kv_reps):  # negative: warm-up, not kept
+            if out_of_time(args, session_s):
+                result["stopped"] = f"time limit before session {session}"
+                break
+            began = time.perf_counter()
             history: list[Any] = []
             item_ids: list[str] = []
             for turn in range(1, args.kv_turns + 1):
@@ -193,15 +198,21 @@ async def kv_reuse_phase(args: argparse.Namespace) -> dict[str, Any]:
                 item_ids.append(f"assistant_{turn}")
                 history.append(history_item("user", said, f"user_{turn}", support))
                 history.append(history_item("assistant", reply, f"assistant_{turn}", support))
+            session_s = time.perf_counter() - began
         result["turn1"] = {"reuse_on": _summary(on[1])}
         for turn in range(2, args.kv_turns + 1):
             with_reuse, without = _summary(on[turn]), _summary(off[turn])
             a = without["prefill_ms"].get("p50")
             b = with_reuse["prefill_ms"].get("p50")
+            pairs = zip(on[turn], off[turn], strict=True)
             result[f"turn{turn}"] = {
                 "reuse_on": with_reuse,
                 "reuse_off": without,
                 "speedup_p50": a / b if a and b else None,
+                # random weights may end a reply on an id that keeps no session entry
+                "turns_reused": sum(
+                    x.get("prefilled_tokens", 0) < y.get("prefilled_tokens", 0) for x, y in pairs
+                ),
             }
     finally:
         await engine.close()
@@ -235,7 +246,7 @@ async def code2wav_phase(args: argparse.Namespace) -> dict[str, Any]:
     from pipeline.engines.qwen3_omni.code2wav import Code2WavEngine
     from pipeline.types import PipelineRequest
 
-    from .omni_bench import frames_for_speech
+    from .omni_bench import frames_for_speech, out_of_time
 
     chunk, context = args.chunk, args.left_context
     engine = Code2WavEngine(
@@ -264,6 +275,9 @@ async def code2wav_phase(args: argparse.Namespace) -> dict[str, Any]:
             return list(await asyncio.gather(*jobs))
 
         for concurrency in args.concurrency:
+            if out_of_time(args, 30.0):
+                result[f"c{concurrency}"] = {"skipped": "time limit"}
+                continue
             for rep in range(args.warmup):  # each batch size's shapes once untimed
                 await level(concurrency, -1 - rep)
             runs = [t for rep in range(args.reps) for t in await level(concurrency, rep)]

@@ -135,7 +135,29 @@ def level_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _num(value: Any, spec: str) -> str:
-    return format(value, spec) if isinstance(value, int | float) else "-"
+    """`value` formatted, or a dash as wide as the spec asks."""
+    if isinstance(value, int | float):
+        return format(value, spec)
+    width = spec.split(".")[0]
+    return "-".rjust(int(width) if width.isdigit() else 1)
+
+
+def header_lines(head: dict[str, Any]) -> list[str]:
+    """The run's header in three lines: what ran where, on what input, how often."""
+    if not head:
+        return []
+    given, lengths = head.get("input", {}), head.get("lengths", {})
+    return [
+        f"commit {str(head.get('commit'))[:12]} (dirty files: {len(head.get('dirty_files', []))}),"
+        f" python {head.get('python')}, torch {head.get('torch')} (CUDA {head.get('cuda')}),"
+        f" transformers {head.get('transformers')}",
+        f"{head.get('architecture')}, {head.get('dtype')} on {head.get('device')}"
+        f" ({head.get('gpu', 'no GPU')})",
+        f"input: {given.get('audio_s')} s of audio, {given.get('frames')} frames and a question;"
+        f" output: {lengths.get('thinker_tokens')} Thinker tokens, {lengths.get('speech_s')} s"
+        f" of speech; warm-up {head.get('warmup_requests')}, {head.get('reps_per_level')}"
+        f" rounds per level at concurrency {head.get('concurrency')}",
+    ]
 
 
 def _pick(row: dict[str, Any], key: str, stat: str = "p50") -> Any:
@@ -151,7 +173,8 @@ def level_keys(phase: dict[str, Any]) -> list[str]:
 
 def table_lines(report: dict[str, Any]) -> list[str]:
     """The summary: one row per (phase, concurrency), the anchors, KV reuse and Code2Wav."""
-    lines = [
+    lines = header_lines(report.get("header", {}))
+    lines += [
         "Qwen3-Omni: first audio (p50 / p95), RTF (p50), Thinker tokens/s and Talker frames/s"
         " (per request p50 / aggregate p50), peak GPU memory (nvidia-smi, whole device)",
         f"  {'row':48} {'conc':>4} {'first audio ms':>17} {'RTF':>6} {'tok/s':>13}"
@@ -203,13 +226,20 @@ def _kv_lines(phase: dict[str, Any]) -> list[str]:
         f"{phase.get('mechanism')}:",
     ]
     for key, turn in sorted((k, v) for k, v in phase.items() if k[4:].isdigit()):
-        on, off = turn.get("reuse_on", {}), turn.get("reuse_off", {})
+        on, off = turn.get("reuse_on", {}), turn.get("reuse_off")
+        if off is None:
+            lines.append(
+                f"  {key} (the session's first): {_num(_pick(on, 'prefill_ms'), '8.1f')} ms"
+                f" ({_num(_pick(on, 'prefilled_tokens'), '.0f')} tokens prefilled)"
+            )
+            continue
         lines.append(
             f"  {key}: with reuse {_num(_pick(on, 'prefill_ms'), '8.1f')} ms"
             f" ({_num(_pick(on, 'prefilled_tokens'), '.0f')} tokens prefilled),"
             f" without {_num(_pick(off, 'prefill_ms'), '8.1f')} ms"
             f" ({_num(_pick(off, 'prefilled_tokens'), '.0f')} tokens);"
-            f" speed-up {_num(turn.get('speedup_p50'), '.2f')}x"
+            f" speed-up {_num(turn.get('speedup_p50'), '.2f')}x,"
+            f" {turn.get('turns_reused')} of {_num(_pick(on, 'prefill_ms', 'n'), '.0f')} reused"
         )
     return lines
 

@@ -63,6 +63,7 @@ def test_the_tiny_bench_reports_every_level_and_phase(tmp_path: Path) -> None:
     # the third turn reuses its first exchange with either mechanism
     on, off = kv["turn3"]["reuse_on"], kv["turn3"]["reuse_off"]
     assert on["prefilled_tokens"]["p50"] < off["prefilled_tokens"]["p50"]
+    assert kv["turn3"]["turns_reused"] == 1
 
     code2wav = report["code2wav"]
     for level in (1, 2):
