@@ -36,6 +36,7 @@ from ...types import (
 )
 from .audio_features import AudioFeatures, AudioInput
 from .config import TOKENS
+from .fused_moe import install_fused_moe
 from .prefix_cache import PrefixCache
 from .prompt import Vocab, chat_prompt, load_vocab
 from .sampling import Sampling
@@ -50,6 +51,7 @@ from .session_kv import (
 from .stage import ModelStage
 from .step_batcher import StepBatcher
 from .thinker_runner import ThinkerHidden, ThinkerPast, ThinkerPrompt, ThinkerRunner, ThinkerState
+from .thinker_slots import ThinkerSlots
 from .vision_input import TOKEN_PIXELS, FrameImages, VisionInput
 
 DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant."
@@ -99,8 +101,25 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
     def _loaded(self) -> None:
         assert self.model is not None and self.config is not None
         prefixes = PrefixCache(self.prefix_cache_tokens) if self.prefix_cache_tokens else None
+        slots = None
+        if self.decode_rows:
+            install_fused_moe(self.model)
+            slots = ThinkerSlots(
+                self.model,
+                rows=self.decode_rows,
+                max_length=self.max_context,
+                accept_layer=int(self.config.talker_config.accept_hidden_layer),
+                reserve=self.max_new_tokens,
+                capture=self.capture_graphs,
+            )
+            slots.warm()
         self.runner = ThinkerRunner(
-            self.model, self.config, sampling=self.sampling, seed=self.seed, prefix_cache=prefixes
+            self.model,
+            self.config,
+            sampling=self.sampling,
+            seed=self.seed,
+            prefix_cache=prefixes,
+            slots=slots,
         )
         self.vocab = load_vocab(self.model_path)
         mel_bins = int(self.config.thinker_config.audio_config.num_mel_bins)
@@ -220,6 +239,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
             return
         self._requests.begin(request_id)
         remembered = False
+        held: ThinkerState | None = None
         try:
             resumed = self._session_prompt(request)
             past = resumed.past() if resumed is not None else None
@@ -227,6 +247,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
             state, hidden = await self.thread.call(
                 runner.prefill, prompt, min_new_tokens=self.min_new_tokens, past=past
             )
+            held = state
             if self._requests.aborted(request_id):
                 return  # aborted
             self._requests.set_state(request_id, state)
@@ -265,6 +286,8 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
                     yield HiddenStates(
                         array=step.states, metadata={"part": "reply", "token_ids": step.token_ids}
                     )
+            if self.sessions is not None:  # its KV, out of its cache row, for the next turn
+                await self.thread.call(runner.release, state, keep=True)
             self._remember(request, prompt, state, fed, "".join(reply))
             remembered = True
             yield End()
@@ -272,6 +295,8 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
             if not remembered and self.sessions is not None:
                 self.sessions.forget(request.session_id)  # an aborted turn is a truncated one
             self._requests.end(request_id)
+            if held is not None:  # finished, aborted or cancelled: its cache row goes back
+                self.thread.post(runner.release, held)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from .batch_cache import padding_mask, split_cache, stack_caches
 from .config import TOKENS
 from .prefix_cache import PrefixCache
 from .sampling import Sampling, pick
+from .thinker_slots import ThinkerSlots
 from .vision_input import VisionInput
 
 Hidden = npt.NDArray[np.float32]
@@ -86,8 +87,11 @@ class ThinkerRunner:
         seed: int = 0,
         hidden_dtype: type[np.floating] = np.float32,
         prefix_cache: PrefixCache | None = None,
+        slots: ThinkerSlots | None = None,
     ) -> None:
         self.model = model
+        self.slots = slots
+        """Decode steps on cache rows (batched in place, captured on a GPU); None: plain."""
         self.config = config
         self.sampling = sampling
         self.seed = seed
@@ -199,6 +203,11 @@ class ThinkerRunner:
     @torch.inference_mode()
     def step(self, state: ThinkerState, *, min_new_tokens: int = 0) -> ThinkerHidden:
         """Feed `state.next_token`; return its hidden states and choose the next token."""
+        if self.slots is not None:
+            return self.step_batch([state], min_new_tokens=min_new_tokens)[0]
+        return self._step_one(state, min_new_tokens)
+
+    def _step_one(self, state: ThinkerState, min_new_tokens: int) -> ThinkerHidden:
         fed = state.next_token
         ids = torch.tensor([[fed]], device=self.device)
         where = torch.tensor([state.length], device=self.device)
@@ -220,8 +229,14 @@ class ThinkerRunner:
         self, states: list[ThinkerState], *, min_new_tokens: int = 0
     ) -> list[ThinkerHidden]:
         """`step` for several requests in one forward pass (continuous batching)."""
+        if self.slots is not None:
+            return self._step_rows(states, min_new_tokens)
+        return self._step_plain(states, min_new_tokens)
+
+    def _step_plain(self, states: list[ThinkerState], min_new_tokens: int) -> list[ThinkerHidden]:
+        """Per-request caches, padded into one batch and split again after the step."""
         if len(states) == 1:
-            return [self.step(states[0], min_new_tokens=min_new_tokens)]
+            return [self._step_one(states[0], min_new_tokens)]
         fed = [state.next_token for state in states]
         ids = torch.tensor([[token] for token in fed], device=self.device)
         cache, pads = stack_caches([state.cache for state in states])
@@ -249,3 +264,27 @@ class ThinkerRunner:
             state.next_token = self._choose(state, out.logits[row, -1], min_new_tokens)
             results.append(ThinkerHidden([fed[row]], rows[row]))
         return results
+
+    def _step_rows(self, states: list[ThinkerState], min_new_tokens: int) -> list[ThinkerHidden]:
+        """`step_batch` on cache rows; a request that gets no row is stepped the plain way."""
+        slots = self.slots
+        assert slots is not None
+        seated = [state for state in states if slots.seat(state)]
+        results: dict[int, ThinkerHidden] = {}
+        if seated:
+            fed = [state.next_token for state in seated]
+            hidden = slots.step(seated, lambda s, logits: self._choose(s, logits, min_new_tokens))
+            rows = hidden.numpy().astype(self.hidden_dtype, copy=False)
+            for row, state in enumerate(seated):
+                results[id(state)] = ThinkerHidden([fed[row]], rows[row : row + 1])
+        rest = [state for state in states if id(state) not in results]
+        if rest:
+            for state, done in zip(rest, self._step_plain(rest, min_new_tokens), strict=True):
+                results[id(state)] = done
+        return [results[id(state)] for state in states]
+
+    def release(self, state: ThinkerState, *, keep: bool = False) -> None:
+        """The request is over: give its cache row back (with `keep`, its KV returns to
+        `state.cache` first, for a session's next turn). Idempotent."""
+        if self.slots is not None:
+            self.slots.release(state, keep=keep)
