@@ -51,10 +51,16 @@ PADDED = 1e-3
 tower computes to within ~2e-4 of each audio alone (audios of equal length: within 1e-7)."""
 
 
-@pytest.fixture
-async def thinker() -> AsyncIterator[ThinkerEngine]:
+@pytest.fixture(params=[0, 3], ids=["plain-decode", "decode-on-cache-rows"])
+async def thinker(request: pytest.FixtureRequest) -> AsyncIterator[ThinkerEngine]:
     engine = ThinkerEngine(
-        tiny=True, threads=1, max_new_tokens=REPLY, min_new_tokens=REPLY, session_kv_tokens=4096
+        tiny=True,
+        threads=1,
+        max_new_tokens=REPLY,
+        min_new_tokens=REPLY,
+        session_kv_tokens=4096,
+        decode_rows=request.param,
+        max_context=1024,
     )
     await engine.start()
     yield engine
