@@ -381,7 +381,9 @@ def run_phase_in_child(phase: str, argv: list[str], args: argparse.Namespace) ->
             time.sleep(0.5)
         child.wait()
         peak = memory.peak()
-    result: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {}
+    result: dict[str, Any] = {}
+    if out.is_file():
+        result = json.loads(out.read_text())
     if stopped is not None:
         result["error"] = stopped
     elif child.returncode != 0:
@@ -400,7 +402,9 @@ def run_phase(args: argparse.Namespace) -> None:
     out = Path(args.phase_out)
 
     def partial(result: dict[str, Any]) -> None:
-        out.write_text(json.dumps(result))
+        ready = out.with_suffix(".part")
+        ready.write_text(json.dumps(result))
+        ready.replace(out)  # whole or not at all, if the phase is stopped while writing
 
     def stop(signum: int, frame: Any) -> None:
         raise SystemExit(f"stopped by signal {signum}")  # unwinds through the phase's finally
