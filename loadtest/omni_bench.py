@@ -103,6 +103,7 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
             "code2wav_chunks": [args.first_chunk, args.chunk, args.left_context],
         },
         "warmup_requests": args.warmup,
+        "decode": {"rows": args.decode_rows, "max_context": args.max_context},
         "concurrency": args.concurrency,
         "reps_per_level": args.reps,
         "baseline_reps": args.baseline_reps,
@@ -166,17 +167,19 @@ def graph_yaml(args: argparse.Namespace) -> str:
     frames = frames_for_speech(args.speech_s)
     think = args.think_tokens
     batch = args.max_batch or max(args.concurrency)
+    rows = f"decode_rows: {args.decode_rows}, max_context: {args.max_context}"
     return f"""\
 name: omni_bench
 stages:
   - name: thinker
     engine: qwen3_omni.thinker
     engine_args: {{{model}, max_new_tokens: {think}, min_new_tokens: {think}, max_batch: {batch},
-                  prefix_cache_tokens: 65536}}
+                  prefix_cache_tokens: 65536, {rows}}}
     placement: {{process: worker}}
   - name: talker
     engine: qwen3_omni.talker
-    engine_args: {{{model}, max_frames: {frames}, min_frames: {frames}, max_batch: {batch}}}
+    engine_args: {{{model}, max_frames: {frames}, min_frames: {frames}, max_batch: {batch},
+                  {rows}}}
     placement: {{process: worker}}
   - name: code2wav
     engine: qwen3_omni.code2wav
@@ -444,6 +447,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-batch", type=int, default=None, help="steps batched (default: the top level)"
     )
+    p.add_argument(
+        "--decode-rows",
+        type=int,
+        default=16,
+        help="requests decoding on static cache rows, captured as CUDA graphs (0: plain steps)",
+    )
+    p.add_argument("--max-context", type=int, default=4096, help="positions per cache row")
     p.add_argument("--baseline-reps", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--kv-turns", type=int, default=3, help="turns per session in kv_reuse")
