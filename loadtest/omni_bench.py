@@ -77,7 +77,7 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
             return repr(exc)
 
     info: dict[str, Any] = {
-        "commit": run(["git", "rev-parse", "HEAD"]) or os.environ.get("PARLEY_COMMIT", ""),
+        "commit": os.environ.get("PARLEY_COMMIT") or run(["git", "rev-parse", "HEAD"]),
         "dirty_files": run(["git", "status", "--porcelain", "--untracked-files=no"]).splitlines(),
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "python": platform.python_version(),
@@ -104,6 +104,7 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
         },
         "warmup_requests": args.warmup,
         "decode": {"rows": args.decode_rows, "max_context": args.max_context},
+        "placement": args.placement,
         "concurrency": args.concurrency,
         "reps_per_level": args.reps,
         "baseline_reps": args.baseline_reps,
@@ -175,17 +176,17 @@ stages:
     engine: qwen3_omni.thinker
     engine_args: {{{model}, max_new_tokens: {think}, min_new_tokens: {think}, max_batch: {batch},
                   prefix_cache_tokens: 65536, {rows}}}
-    placement: {{process: worker}}
+    placement: {{process: {args.placement}}}
   - name: talker
     engine: qwen3_omni.talker
     engine_args: {{{model}, max_frames: {frames}, min_frames: {frames}, max_batch: {batch},
                   {rows}}}
-    placement: {{process: worker}}
+    placement: {{process: {args.placement}}}
   - name: code2wav
     engine: qwen3_omni.code2wav
     engine_args: {{{model}, first_chunk: {args.first_chunk}, chunk: {args.chunk},
                   left_context: {args.left_context}, max_batch: {batch}}}
-    placement: {{process: worker}}
+    placement: {{process: {args.placement}}}
 edges:
   - {{from: thinker, to: talker}}
   - {{from: talker, to: code2wav}}
@@ -454,6 +455,12 @@ def parser() -> argparse.ArgumentParser:
         help="requests decoding on static cache rows, captured as CUDA graphs (0: plain steps)",
     )
     p.add_argument("--max-context", type=int, default=4096, help="positions per cache row")
+    p.add_argument(
+        "--placement",
+        choices=["worker", "main"],
+        default="worker",
+        help="each stage in its own worker process, or all in the bench's process",
+    )
     p.add_argument("--baseline-reps", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--kv-turns", type=int, default=3, help="turns per session in kv_reuse")
