@@ -17,24 +17,10 @@ from typing import Any
 
 import torch
 
-from .sampling import Sampling
+from .sampling import Sampling, sample_rows
 from .slot_cache import SlotCache
 from .slot_decoder import run_layers
 from .step_graphs import StepGraphs
-
-
-def sample_rows(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
-    """[rows, vocab] -> [rows] ids, without leaving the device (greedy at temperature 0)."""
-    if sampling.temperature <= 0.0:
-        return logits.argmax(dim=-1)
-    scaled = logits.float() / sampling.temperature
-    k = min(sampling.top_k, scaled.shape[-1]) if sampling.top_k > 0 else scaled.shape[-1]
-    values, ids = torch.topk(scaled, k, dim=-1)  # sorted, highest first
-    probs = torch.softmax(values, dim=-1)
-    if sampling.top_p < 1.0:
-        probs = probs.masked_fill(probs.cumsum(dim=-1) - probs > sampling.top_p, 0.0)
-    race = probs / torch.empty_like(probs).exponential_()
-    return ids.gather(1, race.argmax(dim=-1, keepdim=True)).squeeze(1)
 
 
 class FramePredictor:
@@ -66,7 +52,7 @@ class FramePredictor:
         )
         self.first = torch.zeros(rows, dtype=torch.long, device=device)
         self.device = device
-        self.graphs: StepGraphs[torch.Tensor] = StepGraphs(
+        self.graphs: StepGraphs[tuple[torch.Tensor, torch.Tensor]] = StepGraphs(
             self._frame, largest=rows, device=device, capture=capture
         )
 
@@ -74,11 +60,12 @@ class FramePredictor:
         offsets = torch.arange(queries, device=self.device)
         return self.cache.write_at[:batch, None] + offsets
 
-    def _frame(self, batch: int) -> torch.Tensor:
+    def _frame(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         write_at = self.cache.write_at[:batch]
         write_at.zero_()
         first = self.first_table(self.first[:batch]).unsqueeze(1)
         hidden = torch.cat((self.hidden[:batch], first), dim=1)
+        total = first[:, 0]
         chosen = []
         for group in range(self.codes):
             queries = hidden.shape[1]
@@ -87,12 +74,17 @@ class FramePredictor:
             chosen.append(code)
             write_at += queries
             hidden = self.tables[group](code).unsqueeze(1)
-        return torch.stack(chosen, dim=1)
+            total = total + hidden[:, 0]  # the last code's embedding is only for this sum
+        return torch.stack(chosen, dim=1), total
 
-    def predict(self, last_hidden: torch.Tensor, first_codes: list[int]) -> torch.Tensor:
-        """[n, 1, hidden] talker states and each row's first code -> [n, 15] codes (on the
-        device: the caller copies them out)."""
+    def predict(
+        self, last_hidden: torch.Tensor, first_codes: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[n, 1, hidden] talker states and each row's first code -> [n, 15] codes and [n,
+        hidden], the sum of the frame's 16 code embeddings (the talker LM's next input, less
+        the text). Both are the graph's buffers: copy them before the next call."""
         count = last_hidden.shape[0]
         self.hidden[:count].copy_(last_hidden)
         self.first[:count].copy_(torch.tensor(first_codes, device=self.device))
-        return self.graphs.run(count)[:count]
+        codes, total = self.graphs.run(count)
+        return codes[:count], total[:count]

@@ -29,7 +29,7 @@ from transformers import DynamicCache, Qwen3OmniMoeConfig
 from .batch_cache import padding_mask, split_cache, stack_caches
 from .config import CODEC, SPEAKERS, TOKENS
 from .frame_predictor import FramePredictor
-from .sampling import Sampling, pick
+from .sampling import Sampling, choose_rows, pick
 from .slot_decoder import SlotDecoder
 
 CODEC_SAMPLING = Sampling(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05)
@@ -64,6 +64,11 @@ class TalkerState:
     next_code: int = -1
     last_hidden: torch.Tensor | None = None
     codes_seen: list[int] = field(default_factory=list)
+    seen_mask: npt.NDArray[np.bool_] | None = None
+    """[codec vocab]: the codes chosen so far, for the batched repetition penalty"""
+    frame_sum: torch.Tensor | None = None
+    """[1, talker_hidden]: the last predicted frame's code embeddings summed, when the frame
+    predictor gave it (the plain path sums them in `_frame_embeds`)"""
     frames: int = 0
     finished: bool = False
     """the talker chose codec EOS: no frame follows"""
@@ -109,6 +114,12 @@ class TalkerRunner:
         self.eos = int(talker.codec_eos_token_id)
         self.banned = torch.tensor([i for i in range(vocab - 1024, vocab) if i != self.eos])
         self.banned_with_eos = torch.tensor(list(range(vocab - 1024, vocab)))
+        self.vocab = vocab
+        masks = torch.zeros(2, vocab, dtype=torch.bool)
+        masks[0, self.banned] = True
+        masks[1, self.banned_with_eos] = True
+        self.banned_masks = masks.to(self.device)
+        """[2, vocab]: what may not be chosen, without and with codec EOS"""
 
     # --- text in ---------------------------------------------------------------------------
 
@@ -162,6 +173,24 @@ class TalkerRunner:
             seen=state.codes_seen,
         )
         state.codes_seen.append(state.next_code)
+
+    def _choose_rows(self, states: list[TalkerState], logits: torch.Tensor) -> None:
+        """`_choose` for a batch, on the device, with one host sync."""
+        which = torch.tensor([int(self._eos_banned(s)) for s in states], device=self.device)
+        seen = []
+        for state in states:
+            if state.seen_mask is None:
+                state.seen_mask = np.zeros(self.vocab, dtype=np.bool_)
+                state.seen_mask[state.codes_seen] = True
+            seen.append(state.seen_mask)
+        chosen = choose_rows(
+            logits, self.codec_sampling, banned=self.banned_masks[which], seen=seen
+        )
+        for state, code in zip(states, chosen, strict=True):
+            state.next_code = code
+            state.codes_seen.append(code)
+            assert state.seen_mask is not None
+            state.seen_mask[code] = True
 
     def _eos_banned(self, state: TalkerState) -> bool:
         return state.frames < self.min_frames
@@ -234,9 +263,11 @@ class TalkerRunner:
         rows = [states[row] for row in live]
         if self.predictor is not None and len(rows) <= self.predictor.cache.rows:
             last = torch.cat([state.last_hidden for state in rows if state.last_hidden is not None])
-            rest = self.predictor.predict(last, [state.next_code for state in rows]).cpu()
-            for row, state, tail in zip(live, rows, rest.tolist(), strict=True):
+            rest, sums = self.predictor.predict(last, [state.next_code for state in rows])
+            sums = sums.clone()  # the graph's buffer is overwritten by the next frame
+            for index, (row, state, tail) in enumerate(zip(live, rows, rest.tolist(), strict=True)):
                 state.frames += 1
+                state.frame_sum = sums[index : index + 1]
                 results[row] = np.asarray([state.next_code, *tail], dtype=np.int32)
             return results
         predictor = self.model.code_predictor
@@ -272,6 +303,9 @@ class TalkerRunner:
 
     def _frame_embeds(self, state: TalkerState, codes: npt.NDArray[np.int32]) -> torch.Tensor:
         """[1, talker_hidden]: the 16 codes' embeddings summed, plus the step's text."""
+        if state.frame_sum is not None:
+            summed, state.frame_sum = state.frame_sum, None
+            return summed + self._text_for_step(state)
         tables = self.model.code_predictor.get_input_embeddings()
         ids = torch.from_numpy(codes.astype(np.int64)).to(self.device)
         total: torch.Tensor = self.model.get_input_embeddings()(ids[:1])
@@ -317,11 +351,11 @@ class TalkerRunner:
                 [states[i] for i in seated], embeds[seated, 0], [where[i] for i in seated]
             )
             logits = self.model.codec_head(rows.last)
+            self._choose_rows([states[i] for i in seated], logits)
             for row, i in enumerate(seated):
                 state = states[i]
                 state.length += 1
                 state.last_hidden = rows.last[row].view(1, 1, -1)
-                self._choose(state, logits[row])
         rest = [i for i in range(len(states)) if i not in seated]
         if rest:
             self._forward_plain([states[i] for i in rest], embeds[rest], [where[i] for i in rest])

@@ -30,7 +30,7 @@ from .audio_features import AudioInput
 from .batch_cache import padding_mask, split_cache, stack_caches
 from .config import TOKENS
 from .prefix_cache import PrefixCache
-from .sampling import Sampling, pick
+from .sampling import Sampling, choose_rows, pick
 from .thinker_slots import ThinkerSlots
 from .vision_input import VisionInput
 
@@ -273,7 +273,9 @@ class ThinkerRunner:
         results: dict[int, ThinkerHidden] = {}
         if seated:
             fed = [state.next_token for state in seated]
-            hidden = slots.step(seated, lambda s, logits: self._choose(s, logits, min_new_tokens))
+            hidden = slots.step(
+                seated, lambda states, logits: self._choose_rows(states, logits, min_new_tokens)
+            )
             rows = hidden.numpy().astype(self.hidden_dtype, copy=False)
             for row, state in enumerate(seated):
                 results[id(state)] = ThinkerHidden([fed[row]], rows[row : row + 1])
@@ -282,6 +284,26 @@ class ThinkerRunner:
             for state, done in zip(rest, self._step_plain(rest, min_new_tokens), strict=True):
                 results[id(state)] = done
         return [results[id(state)] for state in states]
+
+    def _choose_rows(
+        self, states: list[ThinkerState], logits: torch.Tensor, min_new_tokens: int
+    ) -> list[int]:
+        """`_choose` for a batch, on the device, with one host sync."""
+        early = [len(state.generated) < min_new_tokens for state in states]
+        banned = None
+        if any(early):
+            banned = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+            banned[:, self.eos_id] = torch.tensor(early, device=logits.device)
+        seen = []
+        if self.sampling.repetition_penalty != 1.0:
+            for state in states:
+                mask = np.zeros(logits.shape[-1], dtype=np.bool_)
+                mask[state.generated] = True
+                seen.append(mask)
+        chosen = choose_rows(logits, self.sampling, banned=banned, seen=seen)
+        for state, token in zip(states, chosen, strict=True):
+            state.generated.append(token)
+        return chosen
 
     def release(self, state: ThinkerState, *, keep: bool = False) -> None:
         """The request is over: give its cache row back (with `keep`, its KV returns to

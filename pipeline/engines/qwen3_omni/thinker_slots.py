@@ -55,18 +55,20 @@ class ThinkerSlots:
         state.cache = DynamicCache()  # the row holds it now; `release` brings it back
         return True
 
-    def step(self, states: list[Any], choose: Callable[[Any, torch.Tensor], int]) -> torch.Tensor:
+    def step(
+        self, states: list[Any], choose: Callable[[list[Any], torch.Tensor], list[int]]
+    ) -> torch.Tensor:
         """Feed each state's next token; returns [n, 2, hidden] (embedding output and accept
-        layer) on the host, and sets each state's next token with `choose(state, logits)`."""
+        layer) on the host, and sets the states' next tokens to `choose(states, logits)`."""
         fed = torch.tensor([state.next_token for state in states], device=self.device)
         embeds = self.model.get_input_embeddings()(fed)
         positions = [state.length + state.rope_delta for state in states]
         rows = self.decoder.step(states, embeds, positions)
         logits = self.model.lm_head(rows.last)
         hidden = torch.stack((rows.embeds, rows.kept), dim=1).float().cpu()
-        for row, state in enumerate(states):
+        for state, token in zip(states, choose(states, logits), strict=True):
             state.length += 1
-            state.next_token = choose(state, logits[row])
+            state.next_token = token
         return hidden
 
     def release(self, state: Any, *, keep: bool) -> None:

@@ -12,10 +12,11 @@ import torch
 from transformers import Qwen3OmniMoeConfig
 
 from pipeline.engines.qwen3_omni.config import TOKENS
-from pipeline.engines.qwen3_omni.frame_predictor import FramePredictor, sample_rows
+from pipeline.engines.qwen3_omni.frame_predictor import FramePredictor
 from pipeline.engines.qwen3_omni.fused_moe import expert_weights, install_fused_moe, routed_experts
 from pipeline.engines.qwen3_omni.prompt import ByteVocab, chat_prompt
-from pipeline.engines.qwen3_omni.sampling import Sampling
+from pipeline.engines.qwen3_omni.sampling import Sampling, sample_rows
+from pipeline.engines.qwen3_omni.slot_decoder import SlotDecoder
 from pipeline.engines.qwen3_omni.step_graphs import buckets_up_to
 from pipeline.engines.qwen3_omni.talker import TalkerEngine
 from pipeline.engines.qwen3_omni.talker_runner import TalkerPrompt, TalkerRunner, TalkerState
@@ -81,8 +82,8 @@ def test_thinker_rows_step_as_each_request_alone(tiny_parts: Parts) -> None:
     )
     prompts = [text_prompt("Be brief."), text_prompt("Answer at length, " * 6), text_prompt("x")]
 
-    def choose(state: ThinkerState, logits: torch.Tensor) -> int:
-        return runner._choose(state, logits, 0)
+    def choose(states: list[ThinkerState], logits: torch.Tensor) -> list[int]:
+        return runner._choose_rows(states, logits, 0)
 
     alone = [runner.prefill(p)[0] for p in prompts]
     rowed = [runner.prefill(p)[0] for p in prompts]
@@ -145,10 +146,16 @@ def test_a_frame_on_rows_is_the_plain_frame(tiny_parts: Parts) -> None:
         states.append(talking)
     plain = talker.predict_batch(states)
     last = torch.cat([s.last_hidden for s in states if s.last_hidden is not None])
-    rows = predictor.predict(last, [s.next_code for s in states])
-    for state, codes, row in zip(states, plain, rows.tolist(), strict=True):
+    rows, sums = predictor.predict(last, [s.next_code for s in states])
+    for index, (state, codes, row) in enumerate(zip(states, plain, rows.tolist(), strict=True)):
         assert codes is not None
         assert codes.tolist() == [state.next_code, *row]
+        # the frame's 16 code embeddings summed, as the plain path sums them to feed them
+        state.frame_sum = None
+        text = talker._text_for_step(state)
+        torch.testing.assert_close(
+            sums[index : index + 1] + text, talker._frame_embeds(state, codes)
+        )
 
 
 @pytest.fixture(scope="module")
@@ -221,3 +228,47 @@ async def test_the_graph_on_cache_rows_answers_concurrent_and_aborted_turns() ->
         assert talker.runner.decoder.cache.in_use == 0
     finally:
         await graph.close()
+
+
+def test_talker_frames_on_rows_are_the_plain_frames(tiny_parts: Parts) -> None:
+    """Greedy, with a repetition penalty: the talker LM on cache rows, the predictor's frame
+    as one step and the batched choice give the plain path's codes, frame after frame."""
+    thinker = ThinkerRunner(*tiny_parts["thinker"])
+    model, config = tiny_parts["talker"]
+    greedy, penalised = Sampling(), Sampling(repetition_penalty=1.3)
+    plain = TalkerRunner(model, config, codec_sampling=penalised, predictor_sampling=greedy)
+    rowed = TalkerRunner(
+        model,
+        config,
+        codec_sampling=penalised,
+        predictor_sampling=greedy,
+        decoder=SlotDecoder(model.model, rows=4, max_length=256, capture=False),
+        predictor=FramePredictor(model, rows=4, sampling=greedy, capture=False),
+        reserve=16,
+    )
+    tts = thinker.special_embeddings([TOKENS["tts_bos"], TOKENS["tts_eos"], TOKENS["tts_pad"]])
+
+    def opened(runner: TalkerRunner, prompt: ThinkerPrompt) -> TalkerState:
+        thinking, said = thinker.prefill(prompt)
+        talking = runner.open(TalkerPrompt(said.token_ids, said.states, tts))
+        for _ in range(3):
+            runner.add_reply(talking, thinker.step(thinking).states)
+        runner.end_text(talking)
+        runner.prefill(talking)
+        return talking
+
+    prompts = [text_prompt("Be brief."), text_prompt("Answer at length, " * 6)]
+    alone = [opened(plain, p) for p in prompts]
+    batched = [opened(rowed, p) for p in prompts]
+    for _ in range(6):
+        expected = plain.predict_batch(alone)
+        got = rowed.predict_batch(batched)
+        for want, have in zip(expected, got, strict=True):
+            assert want is not None and have is not None
+            assert want.tolist() == have.tolist()
+        plain.advance_batch(alone, [c for c in expected if c is not None])
+        rowed.advance_batch(batched, [c for c in got if c is not None])
+    assert [s.codes_seen for s in batched] == [s.codes_seen for s in alone]
+    for state in batched:
+        rowed.release(state)
+    assert rowed.decoder is not None and rowed.decoder.cache.in_use == 0
