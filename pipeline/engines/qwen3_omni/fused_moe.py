@@ -26,8 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MAX_FUSED_TOKENS = 64
-"""Blocks given more tokens than this (a prefill) run transformers' own forward."""
+MAX_GATHERED_TOKENS = 64
+"""Without grouped_mm, blocks given more tokens than this (a prefill) run transformers' own
+forward: gathering every token's experts would copy gigabytes. With it, prefill takes the
+grouped path too (no host sync per layer, each hit expert read once)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +76,11 @@ def _grouped_mm() -> Callable[..., torch.Tensor] | None:
 GROUPED_MM = _grouped_mm()
 
 
+def can_group(x: torch.Tensor) -> bool:
+    """Whether grouped_mm serves `x` (CUDA's takes bfloat16 only)."""
+    return GROUPED_MM is not None and (x.device.type != "cuda" or x.dtype == torch.bfloat16)
+
+
 def routed_experts(
     x: torch.Tensor, w: ExpertWeights, *, grouped: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,12 +93,7 @@ def routed_experts(
         weights = weights / weights.sum(dim=-1, keepdim=True)
     flat = chosen.reshape(-1)
     rows = x.repeat_interleave(w.top_k, dim=0)  # [tokens x k, hidden], token-major
-    # CUDA's grouped_mm takes bfloat16 only
-    if (
-        grouped
-        and GROUPED_MM is not None
-        and (x.device.type != "cuda" or x.dtype == torch.bfloat16)
-    ):
+    if grouped and GROUPED_MM is not None and can_group(x):
         out = _grouped(rows, flat, w, GROUPED_MM)
     else:
         gate, up = torch.bmm(w.gate_up[flat], rows.unsqueeze(-1)).squeeze(-1).chunk(2, dim=-1)
@@ -127,7 +129,7 @@ class FusedForward:
 
     def __call__(self, hidden: torch.Tensor) -> Any:
         batch, length, size = hidden.shape
-        if batch * length > MAX_FUSED_TOKENS:
+        if batch * length > MAX_GATHERED_TOKENS and not can_group(hidden):
             return self.own(hidden)
         x = hidden.reshape(-1, size)
         out, logits = routed_experts(x, self.weights)

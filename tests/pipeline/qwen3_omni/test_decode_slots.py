@@ -272,3 +272,15 @@ def test_talker_frames_on_rows_are_the_plain_frames(tiny_parts: Parts) -> None:
     for state in batched:
         rowed.release(state)
     assert rowed.decoder is not None and rowed.decoder.cache.in_use == 0
+
+
+def test_a_prefill_through_the_fused_experts_is_the_plain_prefill(tiny_parts: Parts) -> None:
+    """With grouped_mm, prefills (hundreds of tokens) take the fused experts too."""
+    model, config = build_part("thinker", tiny=True)
+    prompt = text_prompt("Answer at length, " * 20)
+    assert len(prompt.input_ids) > 64
+    before, hidden = ThinkerRunner(model, config).prefill(prompt)
+    install_fused_moe(model)
+    after, fused = ThinkerRunner(model, config).prefill(prompt)
+    np.testing.assert_allclose(fused.states, hidden.states, atol=1e-5)
+    assert after.next_token == before.next_token
