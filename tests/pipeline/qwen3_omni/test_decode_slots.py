@@ -284,3 +284,11 @@ def test_a_prefill_through_the_fused_experts_is_the_plain_prefill(tiny_parts: Pa
     after, fused = ThinkerRunner(model, config).prefill(prompt)
     np.testing.assert_allclose(fused.states, hidden.states, atol=1e-5)
     assert after.next_token == before.next_token
+
+
+def test_the_step_benchmark_runs_on_the_tiny_model() -> None:
+    from loadtest.omni_steps import main
+
+    report = main(["--tiny", "--device", "cpu", "--dtype", "float32", "--batches", "1,2"])
+    for part in ("thinker_step", "talker_frame"):
+        assert report[part]["plain_b1_ms"] > 0 and report[part]["rows_b2_ms"] > 0
