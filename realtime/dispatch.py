@@ -31,7 +31,8 @@ Decisions, following OpenAI where it has one:
 - `response.create` overrides (`response: {...}`) are accepted and ignored for now; the
   session's settings apply. `response.cancel` with nothing in progress is the error
   OpenAI sends, `response_cancel_not_active`.
-- `conversation.item.delete` is not supported (the session's history is append-only).
+- `conversation.item.delete` is refused as `unsupported` over OpenAI's protocol for now,
+  although the session can delete an item (the video chat stream uses that).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Session events -> OpenAI Realtime (GA) server events, as JSON-ready dicts.
 
-Every transport speaks the same JSON: the WebRTC data channel (`oai-events`) now, the
-WebSocket API later. The mapping lives here once so the two cannot drift apart. Each
+Every transport that speaks OpenAI Realtime sends the same JSON: the WebRTC data channel
+(`oai-events`) and the WebSocket API. The mapping lives here once so they cannot drift apart. Each
 event carries `event_id` and `type`; ids are the session's own, so a resumed connection
 replaying the event log sends the same ids again.
 

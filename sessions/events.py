@@ -218,6 +218,3 @@ class ErrorEvent(Event):
     error_type: str = "invalid_request_error"
     client_event_id: str | None = None
     param: str | None = None
-
-
-ServerEvent = Event

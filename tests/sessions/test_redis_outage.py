@@ -30,6 +30,7 @@ from sessions.redis_link import RedisLink
 from sessions.session import Session, SessionLimits
 from tests.fakes.fake_engine import FakeEngine
 from tests.fakes.sink import ClockedSink
+from tests.metrics import metric_value
 
 from .conftest import feed
 
@@ -204,11 +205,11 @@ async def test_a_redis_restart_under_live_calls_loses_no_event_and_no_lease(
                 assert not session.closed
             with pytest.raises(SessionLimitError, match="unreachable"):
                 await manager.create(ClockedSink())
-            assert manager.metrics.redis_up._value.get() == 0
+            assert metric_value(manager.metrics.redis_up) == 0
 
             own_redis.start()  # empty, on the same socket: what a restart without data is
             async with asyncio.timeout(20):
-                while manager.metrics.redis_up._value.get() != 1:
+                while metric_value(manager.metrics.redis_up) != 1:
                     await asyncio.sleep(0.05)
             assert await manager.leases.count() == SESSIONS
             for (session, sink), mark in zip(pairs, marks, strict=True):
@@ -226,8 +227,8 @@ async def test_a_redis_restart_under_live_calls_loses_no_event_and_no_lease(
             back = [r.getMessage() for r in caplog.records if "Redis is back" in r.getMessage()]
             assert len(back) == 1 and f"{SESSIONS} live sessions restored" in back[0]
             assert "0 dropped" in back[0]
-            assert manager.metrics.redis_outages._value.get() == 1
-            assert manager.metrics.redis_spilled_writes._value.get() > 0
+            assert metric_value(manager.metrics.redis_outages) == 1
+            assert metric_value(manager.metrics.redis_spilled_writes) > 0
 
             # And the next turn works as before.
             marks = [len(sink.events) for _, sink in pairs]
@@ -261,13 +262,13 @@ async def test_a_stalled_redis_costs_one_warning_and_keeps_every_event(
                 await asyncio.gather(*(feed(s, speech("During."), realtime=True) for s, _ in pairs))
                 for session, _ in pairs:
                     await session.add_text("typed while Redis was stalled")
-                assert manager.metrics.redis_up._value.get() == 0
+                assert metric_value(manager.metrics.redis_up) == 0
                 ended = pairs[-1][0]
                 await manager.close_session(ended.session_id)
             finally:
                 own_redis.resume()
             async with asyncio.timeout(20):
-                while manager.metrics.redis_up._value.get() != 1:
+                while metric_value(manager.metrics.redis_up) != 1:
                     await asyncio.sleep(0.05)
             for _, sink in pairs:
                 (_told,) = outage_errors(sink)
