@@ -14,6 +14,10 @@ import pytest
 from PIL import Image
 from transformers import Qwen3OmniMoeConfig
 
+from pipeline.engines.qwen3_omni.config import TOKENS as SPECIAL
+from pipeline.engines.qwen3_omni.prompt import ByteVocab, chat_prompt
+from pipeline.engines.qwen3_omni.talker_runner import TalkerPrompt, TalkerRunner, TalkerState
+from pipeline.engines.qwen3_omni.thinker_runner import ThinkerPrompt, ThinkerRunner
 from pipeline.engines.qwen3_omni.weights import build_part
 from pipeline.types import VideoFrame
 
@@ -73,3 +77,23 @@ def camera_frame(timestamp_ms: int, seed: int = 0) -> VideoFrame:
 def tiny_parts() -> dict[str, tuple[Any, Qwen3OmniMoeConfig]]:
     """The three parts of the tiny model, built once for the module's runner tests."""
     return {part: build_part(part, tiny=True) for part in ("thinker", "talker", "code2wav")}
+
+
+def text_prompt(instructions: str) -> ThinkerPrompt:
+    """A typed "hi" under `instructions` (prompts of different lengths batch differently)."""
+    ids = chat_prompt(ByteVocab(), instructions=instructions, history=[], audio_tokens=0, text="hi")
+    return ThinkerPrompt(ids)
+
+
+def open_talker(
+    thinker: ThinkerRunner, talker: TalkerRunner, prompt: ThinkerPrompt, reply_tokens: int
+) -> TalkerState:
+    """A Talker request prefilled from the Thinker's prompt and its first reply tokens."""
+    tts = thinker.special_embeddings([SPECIAL["tts_bos"], SPECIAL["tts_eos"], SPECIAL["tts_pad"]])
+    thinking, said = thinker.prefill(prompt)
+    talking = talker.open(TalkerPrompt(said.token_ids, said.states, tts))
+    for _ in range(reply_tokens):
+        talker.add_reply(talking, thinker.step(thinking).states)
+    talker.end_text(talking)
+    talker.prefill(talking)
+    return talking

@@ -13,10 +13,8 @@ from transformers import Qwen3OmniMoeConfig
 
 from pipeline.engines.qwen3_omni.code2wav import Code2WavEngine
 from pipeline.engines.qwen3_omni.code2wav_runner import Code2WavRunner
-from pipeline.engines.qwen3_omni.config import TOKENS
-from pipeline.engines.qwen3_omni.prompt import ByteVocab, chat_prompt
 from pipeline.engines.qwen3_omni.talker import TalkerEngine
-from pipeline.engines.qwen3_omni.talker_runner import TalkerPrompt, TalkerRunner, TalkerState
+from pipeline.engines.qwen3_omni.talker_runner import TalkerRunner, TalkerState
 from pipeline.engines.qwen3_omni.thinker import ThinkerEngine
 from pipeline.engines.qwen3_omni.thinker_runner import ThinkerPrompt, ThinkerRunner, ThinkerState
 from pipeline.types import (
@@ -29,15 +27,9 @@ from pipeline.types import (
     TextDelta,
 )
 
-from .conftest import turn_audio
+from .conftest import open_talker, text_prompt, turn_audio
 
 Parts = dict[str, tuple[Any, Qwen3OmniMoeConfig]]
-
-
-def text_prompt(instructions: str) -> ThinkerPrompt:
-    vocab = ByteVocab()
-    ids = chat_prompt(vocab, instructions=instructions, history=[], audio_tokens=0, text="hi")
-    return ThinkerPrompt(ids)
 
 
 def test_a_batched_thinker_step_is_each_request_s_own_step(tiny_parts: Parts) -> None:
@@ -59,16 +51,9 @@ def test_a_batched_talker_frame_is_each_request_s_own_frame(tiny_parts: Parts) -
     thinker = ThinkerRunner(*tiny_parts["thinker"])
     model, config = tiny_parts["talker"]
     talker = TalkerRunner(model, config)
-    tts = thinker.special_embeddings([TOKENS["tts_bos"], TOKENS["tts_eos"], TOKENS["tts_pad"]])
 
     def opened(prompt: ThinkerPrompt) -> TalkerState:
-        state, hidden = thinker.prefill(prompt)
-        talking = talker.open(TalkerPrompt(hidden.token_ids, hidden.states, tts))
-        for _ in range(4):
-            talker.add_reply(talking, thinker.step(state).states)
-        talker.end_text(talking)
-        talker.prefill(talking)
-        return talking
+        return open_talker(thinker, talker, prompt, reply_tokens=4)
 
     prompts = [text_prompt("Be brief."), text_prompt("Answer at length, " * 6)]
     batched = [opened(p) for p in prompts]

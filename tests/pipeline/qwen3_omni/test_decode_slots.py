@@ -11,15 +11,13 @@ import pytest
 import torch
 from transformers import Qwen3OmniMoeConfig
 
-from pipeline.engines.qwen3_omni.config import TOKENS
 from pipeline.engines.qwen3_omni.frame_predictor import FramePredictor
 from pipeline.engines.qwen3_omni.fused_moe import expert_weights, install_fused_moe, routed_experts
-from pipeline.engines.qwen3_omni.prompt import ByteVocab, chat_prompt
 from pipeline.engines.qwen3_omni.sampling import Sampling, sample_rows
 from pipeline.engines.qwen3_omni.slot_decoder import SlotDecoder
 from pipeline.engines.qwen3_omni.step_graphs import buckets_up_to
 from pipeline.engines.qwen3_omni.talker import TalkerEngine
-from pipeline.engines.qwen3_omni.talker_runner import TalkerPrompt, TalkerRunner, TalkerState
+from pipeline.engines.qwen3_omni.talker_runner import TalkerRunner, TalkerState
 from pipeline.engines.qwen3_omni.thinker import ThinkerEngine
 from pipeline.engines.qwen3_omni.thinker_runner import ThinkerPrompt, ThinkerRunner, ThinkerState
 from pipeline.engines.qwen3_omni.thinker_slots import ThinkerSlots
@@ -29,14 +27,9 @@ from pipeline.graph_config import parse_graph
 from pipeline.registry import build_engines
 from pipeline.types import AudioChunk, PipelineRequest, TextDelta
 
-from .conftest import turn_audio
+from .conftest import open_talker, text_prompt, turn_audio
 
 Parts = dict[str, tuple[Any, Qwen3OmniMoeConfig]]
-
-
-def text_prompt(instructions: str) -> ThinkerPrompt:
-    ids = chat_prompt(ByteVocab(), instructions=instructions, history=[], audio_tokens=0, text="hi")
-    return ThinkerPrompt(ids)
 
 
 def test_both_expert_paths_compute_what_the_block_computes() -> None:
@@ -135,15 +128,10 @@ def test_a_frame_on_rows_is_the_plain_frame(tiny_parts: Parts) -> None:
     greedy = Sampling()
     talker = TalkerRunner(talker_model, config, predictor_sampling=greedy, codec_sampling=greedy)
     predictor = FramePredictor(talker_model, rows=4, sampling=greedy, capture=False)
-    tts = thinker.special_embeddings([TOKENS["tts_bos"], TOKENS["tts_eos"], TOKENS["tts_pad"]])
-    states: list[TalkerState] = []
-    for prompt in (text_prompt("Be brief."), text_prompt("Answer at length, " * 6)):
-        thinking, said = thinker.prefill(prompt)
-        talking = talker.open(TalkerPrompt(said.token_ids, said.states, tts))
-        talker.add_reply(talking, thinker.step(thinking).states)
-        talker.end_text(talking)
-        talker.prefill(talking)
-        states.append(talking)
+    states = [
+        open_talker(thinker, talker, p, reply_tokens=1)
+        for p in (text_prompt("Be brief."), text_prompt("Answer at length, " * 6))
+    ]
     plain = talker.predict_batch(states)
     last = torch.cat([s.last_hidden for s in states if s.last_hidden is not None])
     rows, sums = predictor.predict(last, [s.next_code for s in states])
@@ -246,16 +234,9 @@ def test_talker_frames_on_rows_are_the_plain_frames(tiny_parts: Parts) -> None:
         predictor=FramePredictor(model, rows=4, sampling=greedy, capture=False),
         reserve=16,
     )
-    tts = thinker.special_embeddings([TOKENS["tts_bos"], TOKENS["tts_eos"], TOKENS["tts_pad"]])
 
     def opened(runner: TalkerRunner, prompt: ThinkerPrompt) -> TalkerState:
-        thinking, said = thinker.prefill(prompt)
-        talking = runner.open(TalkerPrompt(said.token_ids, said.states, tts))
-        for _ in range(3):
-            runner.add_reply(talking, thinker.step(thinking).states)
-        runner.end_text(talking)
-        runner.prefill(talking)
-        return talking
+        return open_talker(thinker, runner, prompt, reply_tokens=3)
 
     prompts = [text_prompt("Be brief."), text_prompt("Answer at length, " * 6)]
     alone = [opened(plain, p) for p in prompts]
