@@ -17,8 +17,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-INPUT_SAMPLE_RATE = 16_000
-"""Turn audio always reaches the pipeline as PCM16 mono at this rate."""
+# The audio formats are defined in audio_format; engines import INPUT_SAMPLE_RATE from here.
+from .audio_format import INPUT_SAMPLE_RATE as INPUT_SAMPLE_RATE
+from .audio_format import OUTPUT_SAMPLE_RATE
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +52,7 @@ class PipelineRequest:
     frames: tuple[VideoFrame, ...] = ()
     history: tuple[HistoryItem, ...] = ()
     instructions: str = ""
-    output_sample_rate: int = 24_000
+    output_sample_rate: int = OUTPUT_SAMPLE_RATE
     output_text_only: bool = False
     session_id: str = ""
     """The session the request answers for ("" outside a session): an engine may keep state

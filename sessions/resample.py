@@ -1,10 +1,16 @@
-"""Streaming conversion of client audio to the 16 kHz mono PCM16 the pipeline runs on.
+"""Streaming resampling, both ways: client audio in, assistant audio out.
 
 Clients send PCM16 at whatever rate their platform likes, in pieces of any size. The
-VAD and the models want 20 ms frames at 16 kHz, so this module is the one place that
+VAD and the models want 20 ms frames at 16 kHz, so `InputResampler` is the one place that
 turns the first into the second. It keeps the resampler's filter state and the partial
 frame between calls: a stream cut anywhere gives the same frames as one push (to float
 rounding), and no sample is ever dropped or repeated at a piece boundary.
+
+Assistant audio comes from the models in chunks at the session's output rate; a transport
+that plays at another rate (WebRTC's 48 kHz) converts it with an `OutputResampler`, one
+stream per response, for the same reason: resampling each chunk on its own starts and ends
+every chunk with the filter's edge, a click at every boundary. The formats themselves are
+defined in `pipeline.audio_format`.
 """
 
 from __future__ import annotations
@@ -13,13 +19,32 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
+from pipeline.audio_format import (
+    FRAME_MS,
+    INPUT_FRAME_BYTES,
+    INPUT_FRAME_SAMPLES,
+    INPUT_SAMPLE_RATE,
+    SUPPORTED_INPUT_RATES,
+)
+
 from .errors import MediaError
 
-SAMPLE_RATE = 16_000
-FRAME_MS = 20
-FRAME_SAMPLES = SAMPLE_RATE * FRAME_MS // 1000
-FRAME_BYTES = FRAME_SAMPLES * 2
-SUPPORTED_INPUT_RATES = (8_000, 11_025, 16_000, 22_050, 24_000, 32_000, 44_100, 48_000)
+# The input format under the names this module has always exported (importers use them).
+SAMPLE_RATE = INPUT_SAMPLE_RATE
+FRAME_SAMPLES = INPUT_FRAME_SAMPLES
+FRAME_BYTES = INPUT_FRAME_BYTES
+__all__ = [
+    "FRAME_BYTES",
+    "FRAME_MS",
+    "FRAME_SAMPLES",
+    "MAX_APPEND_BYTES",
+    "SAMPLE_RATE",
+    "SUPPORTED_CHANNELS",
+    "SUPPORTED_INPUT_RATES",
+    "InputResampler",
+    "OutputResampler",
+]
+
 SUPPORTED_CHANNELS = (1, 2)
 MAX_APPEND_BYTES = 1 << 20
 """Largest single push: about 5.5 s of 48 kHz stereo, far more than any sane chunk."""
@@ -122,8 +147,55 @@ class InputResampler:
         return frames
 
 
-def _to_pcm16(samples: npt.NDArray[np.float32]) -> bytes:
+class OutputResampler:
+    """PCM16 mono from `from_rate` to `to_rate` as one stream (one response's audio).
+
+    soxr holds back the filter's look-ahead (about 30 ms of output at 24 -> 48 kHz) until
+    more input or `flush()` comes, so output arrives in bursts and a response's last
+    samples only with `flush()`; the stream then starts afresh. `discard()` drops what it
+    holds (a barge-in). Cut anywhere, the output equals one whole resample (to rounding).
+    """
+
+    def __init__(self, from_rate: int, to_rate: int) -> None:
+        self.from_rate = from_rate
+        self.to_rate = to_rate
+        self._stream = self._new_stream()
+        self.holding = False
+        """Input was pushed since the last flush: the stream may hold some of it back."""
+
+    def push(self, pcm: npt.NDArray[np.int16]) -> npt.NDArray[np.int16]:
+        """Resample the next piece; returns what the filter has ready (maybe nothing)."""
+        if not len(pcm):
+            return np.zeros(0, dtype=np.int16)
+        self.holding = True
+        return _to_int16(self._stream.resample_chunk(pcm.astype(np.float32) / _FULL_SCALE))
+
+    def flush(self) -> npt.NDArray[np.int16]:
+        """The rest of the stream (the end of a response); the next push starts afresh."""
+        if not self.holding:
+            return np.zeros(0, dtype=np.int16)
+        tail = self._stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
+        self.discard()
+        return _to_int16(tail)
+
+    def discard(self) -> None:
+        """Drop whatever the stream holds and start afresh."""
+        if self.holding:
+            self._stream = self._new_stream()
+            self.holding = False
+
+    def _new_stream(self) -> soxr.ResampleStream:
+        # The same filter (soxr's default HQ) as a one-shot `soxr.resample`, delay removed;
+        # in float, as for input: soxr's own int16 output dithers, so it is not repeatable.
+        return soxr.ResampleStream(self.from_rate, self.to_rate, 1, dtype="float32")
+
+
+def _to_int16(samples: npt.NDArray[np.float32]) -> npt.NDArray[np.int16]:
     """Float samples back to PCM16, rounded and clipped (filter overshoot can pass 1.0)."""
     scaled = np.rint(samples * _FULL_SCALE)
     pcm: npt.NDArray[np.int16] = np.clip(scaled, -32768, 32767).astype(np.int16)
-    return pcm.tobytes()
+    return pcm
+
+
+def _to_pcm16(samples: npt.NDArray[np.float32]) -> bytes:
+    return _to_int16(samples).tobytes()

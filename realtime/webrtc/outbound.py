@@ -1,9 +1,12 @@
 """The call's outbound audio: one track that plays the session's output in real time.
 
-aiortc pulls `recv()` for each packet; we hand it the next 20 ms of the playout buffer at
-its due time (silence when nothing is queued, so the stream never stalls). Clearing the
-buffer takes effect at the next frame. Edges between silence and speech are reported, which
-is what OpenAI's `output_audio_buffer.started` / `stopped` events describe on WebRTC.
+aiortc pulls `recv()` for each packet; we hand it the next 20 ms frame of the call's
+playout engine (`sessions.playout.PlayoutBuffer`) at its due time (silence when nothing is
+queued or playback is paused, so the stream never stalls). The engine keeps the rules:
+clearing it takes effect at the next frame, and it resamples the session's output (24 kHz
+by default) to 48 kHz as one stream per answer. Edges between silence and speech are
+reported, which is what OpenAI's `output_audio_buffer.started` / `stopped` events describe
+on WebRTC.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Callable
 import av
 from aiortc import MediaStreamTrack
 
+from pipeline.audio_format import FRAME_MS
 from sessions.playout import PlayoutBuffer
 
 OUTPUT_RATE = 48_000
@@ -33,8 +37,8 @@ class OutboundAudioTrack(MediaStreamTrack):
         on_frame: Callable[[float], None] | None = None,
     ) -> None:
         super().__init__()
-        if playout.sample_rate != OUTPUT_RATE:
-            raise ValueError("the outbound track plays a 48 kHz playout buffer")
+        if playout.sample_rate != OUTPUT_RATE or playout.piece_ms != FRAME_MS:
+            raise ValueError("the outbound track plays a 48 kHz playout buffer of 20 ms frames")
         self.playout = playout
         self._on_start = on_start
         self._on_stop = on_stop

@@ -1,18 +1,22 @@
 """The outbound side of one WebSocket connection, and a session OutputSink base.
 
 A WebSocket has no media clock: whatever we write, the client buffers. So we keep the
-client's buffer small on purpose. One ordered, bounded queue holds everything going out,
-events (JSON-ready dicts) and audio; a single sender task writes events as they come and
-audio in ~100 ms pieces, paced at real time plus a small lead (300 ms by default). The
-client then never holds much more than the lead, which makes "sent" a fair estimate of
-"played": `played_ms` counts the audio sent, and a barge-in truncates the answer there.
+client's buffer small on purpose. Audio is queued in the session's one playout engine
+(`sessions.playout.PlayoutBuffer`, in ~100 ms pieces) and events (JSON-ready dicts) beside
+it, in one order: each event remembers the audio queued before it. A single sender task
+writes events as they come and audio paced at real time plus a small lead (300 ms by
+default). The client then never holds much more than the lead, which makes "sent" a fair
+estimate of "played": `played_ms`, the engine's cursor, counts the audio handed to the
+socket, and a barge-in truncates the answer there.
 
-- `clear()` drops queued audio at once; queued events stay (they say what happened).
+- `clear()` drops queued audio at once, and the rest of a write it interrupted; queued
+  events stay (they say what happened).
 - `pause()` holds audio. Events keep flowing past held audio, except those posted with
   `after_audio=True` (e.g. `response.done`), which never overtake audio queued before them.
 - `audio()` waits while more than ~2 s is queued: backpressure to the model.
-- A client that cannot keep up (its socket write blocks) fills the queue. The queue is
-  bounded: the oldest audio goes first, counted in `dropped_audio`. If only events are
+- A client that cannot keep up (its socket write blocks) fills the queue. The queue (audio
+  pieces and events together) is bounded: the oldest audio goes first, counted in
+  `dropped_audio`. If only events are
   left there is nothing safe to drop, so `run()` raises `SlowClientError` and the owner
   ends the connection; memory stays bounded either way.
 - The client's own messages must not fill the queue either: a reader that has a burst of
@@ -44,6 +48,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sessions.events import Event
+from sessions.playout import PlayoutBuffer, PlayoutSink
 
 log = logging.getLogger("parley.realtime.websocket.sender")
 
@@ -63,22 +68,14 @@ class SlowClientError(Exception):
 
 
 @dataclass(slots=True)
-class _Audio:
-    pcm: npt.NDArray[np.int16]
-    rate: int
-
-    @property
-    def ms(self) -> float:
-        return len(self.pcm) * 1000 / self.rate
-
-
-@dataclass(slots=True)
 class _Post:
     message: Message
     after_audio: bool
+    after_piece: int
+    """The playout's `pieces_added` when it was posted: the audio queued before it."""
 
 
-class PacedSender:
+class PacedSender(PlayoutSink):
     def __init__(
         self,
         send: SendFn,
@@ -90,6 +87,16 @@ class PacedSender:
         max_queued_ms: int = DEFAULT_MAX_QUEUED_MS,
         stall_s: float = DEFAULT_STALL_S,
     ) -> None:
+        # Each piece goes out at the rate it was written: the wire message says its rate.
+        super().__init__(
+            PlayoutBuffer(
+                None,
+                max_queued_ms,
+                piece_ms=piece_ms,
+                admit=self._admit_audio,
+                on_change=self._playout_changed,
+            )
+        )
         self._send = send
         self._audio_message = audio_message
         self.lead_s = lead_ms / 1000
@@ -97,26 +104,19 @@ class PacedSender:
         self.max_items = max_items
         self.max_queued_ms = max_queued_ms
         self.stall_s = stall_s
-        self._queue: collections.deque[_Audio | _Post] = collections.deque()
-        self._audio_items = 0
-        self._queued_ms = 0.0
-        self._sent_ms = 0.0
+        self._events: collections.deque[_Post] = collections.deque()
         self._play_end = 0.0
         """Monotonic time by which the client has played all audio sent (if it plays on
         receipt); pacing keeps this at most `lead` ahead of now."""
         self._wake = asyncio.Event()
-        self._room = asyncio.Event()
-        self._room.set()
-        self._no_audio = asyncio.Event()
-        self._no_audio.set()
+        self._audio_sent = asyncio.Event()
+        self._audio_sent.set()
+        """Clear while a piece taken from the playout is being written."""
         self._empty = asyncio.Event()
         self._empty.set()
         self._input_room = asyncio.Event()
         self._input_room.set()
         self._in_flight = False
-        self._generation = 0
-        """Bumped by clear(): an audio() call that was waiting drops the rest of its audio."""
-        self.paused = False
         self.closed = False
         self._overflow = False
         self.dropped_audio = 0
@@ -125,79 +125,41 @@ class PacedSender:
     # --- state -----------------------------------------------------------------------------
 
     @property
-    def played_ms(self) -> int:
-        """Milliseconds of audio sent since this sender was created."""
-        return int(self._sent_ms)
+    def paused(self) -> bool:
+        return self.playout.paused
 
     @property
     def queued_ms(self) -> int:
-        return int(self._queued_ms)
+        return self.playout.queued_ms
 
     @property
     def queued_items(self) -> int:
-        return len(self._queue)
+        return len(self._events) + self.playout.queued_pieces
 
     # --- OutputSink --------------------------------------------------------------------------
+    # audio(), pause(), resume() and played_ms are the playout's (PlayoutSink): audio()
+    # waits while more than `max_queued_ms` is queued; audio arriving after `close()`, or
+    # cut off by `clear()`, is dropped; played_ms counts the audio sent since creation.
 
     def event(self, event: Event) -> None:
         """Subclasses turn a session event into wire messages and `post()` them."""
         raise NotImplementedError
 
-    async def audio(self, pcm: npt.NDArray[np.int16], sample_rate: int) -> None:
-        """Queue audio in pieces of `piece_ms`; waits while more than `max_queued_ms` is
-        queued. Audio arriving after `close()`, or cut off by `clear()`, is dropped."""
-        pcm = pcm.astype(np.int16, copy=False).reshape(-1)
-        piece = max(1, sample_rate * self.piece_ms // 1000)
-        generation = self._generation
-        start = 0
-        while start < len(pcm) and not self.closed:
-            while self._queued_ms >= self.max_queued_ms and not self.closed:
-                self._room.clear()
-                await self._room.wait()
-            if self.closed or generation != self._generation:
-                return
-            last = self._queue[-1] if self._queue else None
-            if isinstance(last, _Audio) and last.rate == sample_rate and len(last.pcm) < piece:
-                take = min(piece - len(last.pcm), len(pcm) - start)  # coalesce small chunks
-                last.pcm = np.concatenate([last.pcm, pcm[start : start + take]])
-                self._queued_ms += take * 1000 / sample_rate
-            else:
-                take = min(piece, len(pcm) - start)
-                self._push(_Audio(pcm[start : start + take].copy(), sample_rate))
-            start += take
-
     def clear(self) -> None:
         """Drop all queued audio at once; queued events stay."""
-        if self._audio_items:
-            self._queue = collections.deque(i for i in self._queue if isinstance(i, _Post))
-        self._audio_items = 0
-        self._queued_ms = 0.0
-        self._generation += 1
+        super().clear()
         self._play_end = min(self._play_end, time.monotonic())  # the client flushes too
-        self._no_audio.set()
-        self._room.set()
-        self._wake.set()
-        self._check_empty()
-        self._check_room()
-
-    def pause(self) -> None:
-        self.paused = True
-        self._wake.set()
-
-    def resume(self) -> None:
-        self.paused = False
-        self._wake.set()
 
     async def drained(self) -> None:
         """Return once all queued audio is sent and, by the pacing clock, played."""
         while True:
-            await self._no_audio.wait()
+            await self.playout.drained()
+            await self._audio_sent.wait()
             remaining = self._play_end - time.monotonic()
-            if remaining <= 0:
-                if self._no_audio.is_set():
-                    return
-                continue
-            await asyncio.sleep(remaining)
+            if remaining > 0:
+                await asyncio.sleep(remaining)
+            elif not self.playout.queued_pieces and self._audio_sent.is_set():
+                return
 
     async def flushed(self) -> None:
         """Return once everything queued so far is sent (or dropped)."""
@@ -214,7 +176,7 @@ class PacedSender:
                 await self._input_room.wait()
         except TimeoutError:
             raise SlowClientError(
-                f"outbound queue over half full ({len(self._queue)} items) for "
+                f"outbound queue over half full ({self.queued_items} items) for "
                 f"{self.stall_s:g} s: the client is not reading"
             ) from None
 
@@ -223,13 +185,23 @@ class PacedSender:
     def post(self, message: Message, *, after_audio: bool = False) -> None:
         """Queue one wire event; never blocks. `after_audio`: never overtake audio queued
         before it, even while paused (an end-of-response event)."""
-        if not self.closed:
-            self._push(_Post(message, after_audio))
+        if self.closed:
+            return
+        self.playout.seal()  # audio written after this event goes after it
+        if self.queued_items >= self.max_items and not self._drop_oldest_audio():
+            self.dropped_events += 1
+            self._overflow = True
+            self._wake.set()
+            return
+        self._events.append(_Post(message, after_audio, self.playout.pieces_added))
+        self._empty.clear()
+        self._check_room()
+        self._wake.set()
 
     def close(self) -> None:
         """Stop taking output; a waiting `audio()` or `input_room()` returns. Idempotent."""
         self.closed = True
-        self._room.set()
+        self.playout.close()
         self._input_room.set()
         self._wake.set()
 
@@ -244,15 +216,14 @@ class PacedSender:
                 raise SlowClientError(
                     f"outbound queue full ({self.max_items} items): the client is not reading"
                 )
-            index = self._next_index()
-            if index is None:
-                await self._wake.wait()
-                continue
-            item = self._queue[index]
-            if isinstance(item, _Post):
-                del self._queue[index]
+            post = self._next_event()
+            if post is not None:
+                self._events.popleft()
                 self._check_room()
-                await self._sending(item.message)
+                await self._sending(post.message)
+                continue
+            if self.playout.paused or not self.playout.queued_pieces:
+                await self._wake.wait()
                 continue
             delay = self._play_end - self.lead_s - time.monotonic()
             if delay > 0:
@@ -262,17 +233,15 @@ class PacedSender:
                 except TimeoutError:
                     pass
                 continue
-            del self._queue[index]
-            self._check_room()
-            self._audio_items -= 1
-            self._queued_ms = max(0.0, self._queued_ms - item.ms)
-            if self._queued_ms < self.max_queued_ms:
-                self._room.set()
-            await self._sending(self._audio_message(item.pcm, item.rate))
-            self._sent_ms += item.ms
-            self._play_end = max(self._play_end, time.monotonic()) + item.ms / 1000
-            if not self._audio_items:  # only now: drained() must see this piece's play time
-                self._no_audio.set()
+            self._in_flight = True  # before take(): flushed() must not see an empty queue
+            piece = self.playout.take()
+            if piece is None:
+                self._in_flight = False
+                continue
+            self._audio_sent.clear()
+            await self._sending(self._audio_message(piece.pcm, piece.rate))
+            self._play_end = max(self._play_end, time.monotonic()) + piece.ms / 1000
+            self._audio_sent.set()  # only now: drained() must see this piece's play time
 
     async def _sending(self, message: Message) -> None:
         self._in_flight = True
@@ -290,60 +259,48 @@ class PacedSender:
             self._in_flight = False
             self._check_empty()
 
+    def _next_event(self) -> _Post | None:
+        """The first queued event if it goes next: no audio queued before it, or playback
+        paused and it need not wait for that audio."""
+        if not self._events:
+            return None
+        first = self._events[0]
+        if self.playout.pieces_removed >= first.after_piece:
+            return first
+        if self.playout.paused and not first.after_audio:
+            return first
+        return None
+
     def _check_empty(self) -> None:
-        if not self._queue and not self._in_flight:
+        if self.queued_items:
+            self._empty.clear()
+        elif not self._in_flight:
             self._empty.set()
 
     def _check_room(self) -> None:
         """`input_room()` is open while the queue is less than half full (or closed)."""
-        if len(self._queue) < self.max_items // 2 or self.closed:
+        if self.queued_items < self.max_items // 2 or self.closed:
             self._input_room.set()
         else:
             self._input_room.clear()
 
-    def _next_index(self) -> int | None:
-        """Where the next item to send is: the head, or while paused the first event
-        not held behind audio."""
-        if not self._queue:
-            return None
-        if not self.paused:
-            return 0
-        seen_audio = False
-        for index, item in enumerate(self._queue):
-            if isinstance(item, _Audio):
-                seen_audio = True
-            elif item.after_audio and seen_audio:
-                return None
-            else:
-                return index
-        return None
-
-    def _push(self, item: _Audio | _Post) -> None:
-        if len(self._queue) >= self.max_items and not self._drop_oldest_audio():
-            if isinstance(item, _Audio):
-                self.dropped_audio += 1
-            else:
-                self.dropped_events += 1
-            self._overflow = True
-            self._wake.set()
-            return
-        self._queue.append(item)
-        self._empty.clear()
-        self._check_room()
-        if isinstance(item, _Audio):
-            self._audio_items += 1
-            self._queued_ms += item.ms
-            self._no_audio.clear()
+    def _admit_audio(self) -> bool:
+        """The playout asks before queuing a new piece: room in the queue, made by dropping
+        the oldest audio if need be; with only events left, the piece is dropped."""
+        if self.queued_items < self.max_items or self._drop_oldest_audio():
+            return True
+        self.dropped_audio += 1
+        self._overflow = True
         self._wake.set()
+        return False
 
     def _drop_oldest_audio(self) -> bool:
-        for index, item in enumerate(self._queue):
-            if isinstance(item, _Audio):
-                del self._queue[index]
-                self._audio_items -= 1
-                self._queued_ms = max(0.0, self._queued_ms - item.ms)
-                self.dropped_audio += 1
-                if not self._audio_items:
-                    self._no_audio.set()
-                return True
-        return False
+        if not self.playout.drop_oldest():
+            return False
+        self.dropped_audio += 1
+        return True
+
+    def _playout_changed(self) -> None:
+        self._check_empty()
+        self._check_room()
+        self._wake.set()

@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from pipeline.tasks import cancel_and_wait
 from realtime.websocket.sender import PacedSender, SlowClientError
 
 RATE = 24_000
@@ -49,8 +50,7 @@ async def running(sender: PacedSender) -> AsyncIterator[asyncio.Task[None]]:
     try:
         yield task
     finally:
-        task.cancel()
-        await asyncio.wait({task})
+        await cancel_and_wait(task)
 
 
 async def test_audio_goes_out_in_pieces_at_real_time_with_a_lead() -> None:
@@ -217,3 +217,17 @@ async def test_a_write_blocked_by_a_client_that_never_reads_ends_the_sender() ->
     async with running(sender) as task:
         with pytest.raises(SlowClientError):
             await asyncio.wait_for(task, 2)
+
+
+async def test_clear_drops_the_rest_of_a_write_it_interrupted() -> None:
+    wire = Wire()
+    sender = PacedSender(wire.send, audio_message, max_queued_ms=200)
+    writer = asyncio.create_task(sender.audio(pcm(1_000), RATE))
+    await asyncio.sleep(0.02)
+    assert not writer.done() and sender.queued_ms == 200
+    sender.clear()  # barge-in while the model's chunk waits for room
+    await asyncio.wait_for(writer, 1)
+    assert sender.queued_ms == 0  # the other 800 ms never queue
+    async with running(sender):
+        await asyncio.wait_for(sender.drained(), 1)
+    assert wire.messages == [] and sender.played_ms == 0

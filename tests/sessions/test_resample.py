@@ -1,10 +1,12 @@
-"""InputResampler keeps duration, pitch and timing in any pieces; bad input changes nothing."""
+"""InputResampler keeps duration, pitch and timing in any pieces; bad input changes nothing.
+OutputResampler streams one response: cut anywhere, it equals one whole resample."""
 
 from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
 import pytest
+import soxr
 
 from sessions.errors import MediaError
 from sessions.resample import (
@@ -13,6 +15,7 @@ from sessions.resample import (
     MAX_APPEND_BYTES,
     SAMPLE_RATE,
     InputResampler,
+    OutputResampler,
 )
 
 Pcm = npt.NDArray[np.int16]
@@ -170,3 +173,47 @@ def test_bad_input_is_refused_and_changes_nothing(
 
 def test_half_a_stereo_sample_is_refused() -> None:
     assert_refused_without_change(48_000, 2, b"\0" * 6, "wrong sample format: .* stereo PCM16")
+
+
+# --- output ---------------------------------------------------------------------------------
+
+OUTPUT_RATES = [(24_000, 48_000), (16_000, 48_000), (24_000, 8_000), (48_000, 24_000)]
+
+
+def chunked(resampler: OutputResampler, pcm: Pcm, sizes: list[int]) -> Pcm:
+    pieces, pos, i = [], 0, 0
+    while pos < len(pcm):
+        pieces.append(resampler.push(pcm[pos : pos + sizes[i % len(sizes)]]))
+        pos += sizes[i % len(sizes)]
+        i += 1
+    return np.concatenate([*pieces, resampler.flush()])
+
+
+@pytest.mark.parametrize(("source", "target"), OUTPUT_RATES)
+def test_a_chunked_output_stream_equals_one_whole_resample(source: int, target: int) -> None:
+    speech = sine(source, 1.0, hz=330.0)
+    whole = soxr.resample(speech, source, target)
+    out = chunked(OutputResampler(source, target), speech, [source // 50, 7, source // 10 + 3])
+    assert len(out) == len(whole)
+    assert np.abs(out.astype(np.int32) - whole).max() <= 2  # rounding only
+    # What the stream replaces: each chunk on its own puts the filter's edges at every cut.
+    one_shot = np.concatenate(
+        [
+            soxr.resample(speech[i : i + source // 50], source, target)
+            for i in range(0, len(speech), source // 50)
+        ]
+    )
+    assert np.abs(one_shot[: len(whole)].astype(np.int32) - whole[: len(one_shot)]).max() > 1_000
+
+
+def test_output_flush_starts_afresh_and_discard_drops_the_held_tail() -> None:
+    speech = sine(24_000, 0.2)
+    resampler = OutputResampler(24_000, 48_000)
+    first = chunked(resampler, speech, [480])
+    assert resampler.flush().size == 0  # nothing held after a flush
+    assert np.array_equal(chunked(resampler, speech, [480]), first)
+    held = resampler.push(speech)
+    assert len(held) < 2 * len(speech)  # the filter's look-ahead is held back
+    resampler.discard()
+    assert resampler.flush().size == 0
+    assert np.array_equal(chunked(resampler, speech, [480]), first)
