@@ -5,6 +5,10 @@ text as events and audio to the sink, and commits the assistant item to the hist
 the turn is cancelled (barge-in, response.cancel, session close) the pipeline iterator is
 closed (which aborts the request in every stage) and the item is committed truncated to
 the audio the sink reports as played.
+
+A response does not drive the session: it reports what happened (its first audio through
+the context, its outcome as the return value of `run()`), and the session makes the state
+transitions. What it uses of the session is a `ResponseContext`, fixed when it starts.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
+from dataclasses import dataclass
 
 from pipeline.types import AudioChunk, End, ErrorChunk, Pipeline, PipelineRequest, TextDelta
 
@@ -37,44 +42,61 @@ from .events import (
 from .history import History
 from .sink import OutputSink
 from .spoken_text import SpokenText
-from .state import SessionState, StateMachine
 
 log = logging.getLogger("parley.sessions.response")
 
 FINALIZE_TIMEOUT_S = 2.0
 
 
+RequestBuilder = Callable[[str], Awaitable[PipelineRequest]]
+"""Builds the pipeline request of the response with this id (in the response's task)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseContext:
+    """What a response uses of its session, as it was when the response started."""
+
+    pipeline: Pipeline
+    history: History
+    sink: OutputSink
+    emit: Callable[[Event], None]
+    """Sends a server event to the client (and the event log)."""
+    first_audio: Callable[[], None]
+    """Reports the answer's first audio, before it is sent (the session starts speaking)."""
+    audio_output: bool
+    chunk_timeout_s: float
+    """Fail when the pipeline sends nothing for this long."""
+
+
 class Response:
     def __init__(
         self,
-        *,
         response_id: str,
-        build_request: Callable[[str], Awaitable[PipelineRequest]],
-        audio_output: bool,
-        pipeline: Pipeline,
-        sink: OutputSink,
-        history: History,
-        state: StateMachine,
-        emit: Callable[[Event], None],
-        user_item_id: str | None,
-        chunk_timeout_s: float,
+        context: ResponseContext,
+        build_request: RequestBuilder,
+        transcript_item_id: str | None,
     ) -> None:
+        """`transcript_item_id`: the user item that the pipeline's transcript of the
+        turn's audio is stored on."""
         self.response_id = response_id
         self.request: PipelineRequest | None = None
         self._build_request = build_request
         self.item = ConversationItem(
-            id=new_id("item"), role="assistant", status="in_progress", has_audio=audio_output
+            id=new_id("item"),
+            role="assistant",
+            status="in_progress",
+            has_audio=context.audio_output,
         )
-        self._pipeline = pipeline
-        self._sink = sink
-        self._history = history
-        self._state = state
-        self._emit = emit
-        self._user_item_id = user_item_id
-        self._chunk_timeout_s = chunk_timeout_s
+        self._pipeline = context.pipeline
+        self._sink = context.sink
+        self._history = context.history
+        self._emit = context.emit
+        self._first_audio = context.first_audio
+        self._user_item_id = transcript_item_id
+        self._chunk_timeout_s = context.chunk_timeout_s
         self._spoken = SpokenText()
         self._input_transcript: list[str] | None = []
-        self._played_base = sink.played_ms
+        self._played_base = context.sink.played_ms
         self._started = time.monotonic()
         self._first_text_ms: float | None = None
         self._first_audio_ms: float | None = None
@@ -92,7 +114,9 @@ class Response:
     def _elapsed_ms(self) -> float:
         return (time.monotonic() - self._started) * 1000
 
-    async def run(self) -> None:
+    async def run(self) -> ResponseStatus:
+        """Answer, commit the item, and once a completed answer has played out, return its
+        status. A cancelled response commits what was heard, then re-raises."""
         self._emit(ResponseCreated(response_id=self.response_id))
         try:
             try:
@@ -125,7 +149,7 @@ class Response:
             except asyncio.CancelledError:  # cut off while its last audio was still playing
                 await asyncio.wait_for(self._finish_cancelled(), FINALIZE_TIMEOUT_S)
                 raise
-        self._state.to(SessionState.LISTENING, f"response {status}")
+        return status
 
     async def _generate(self, request: PipelineRequest) -> tuple[ResponseStatus, str, str | None]:
         """Stream the answer; returns its status, the reason, and an error code if it failed."""
@@ -171,7 +195,7 @@ class Response:
             return
         if self._first_audio_ms is None:
             self._first_audio_ms = self._elapsed_ms()
-            self._state.to(SessionState.SPEAKING, "first audio")
+            self._first_audio()
         self._spoken.add_audio(chunk.duration_ms)
         self._emit(
             OutputAudioDelta(

@@ -3,7 +3,13 @@
 The session is the owner of everything it starts. `run()` is its scope (a TaskGroup, run
 by the SessionManager): the event-log writer, the watchdog, and at most one response task
 (the turn scope), so there is a single writer of output per session. Closing the session
-ends all of it, deletes its Redis keys, and sends a goodbye event.
+ends all of it, tells the pipeline to forget it, deletes its Redis keys, and sends a
+goodbye event.
+
+The session makes every state transition. Its parts report to it: the turn detector's
+signals, the `Turns` bookkeeping (where each turn's audio lies, what the next answer
+answers), and each `Response` (its first audio, its outcome). It knows no transport: the
+transports call its public methods and give it an `OutputSink`.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 import numpy as np
 import redis.asyncio as aioredis
 
+from pipeline.tasks import cancel_and_wait
 from pipeline.types import HistoryItem, Pipeline, PipelineRequest
 
 from .config import SessionConfig
@@ -45,16 +52,17 @@ from .keys import DEFAULT_KEY_TTL_S
 from .metrics import SessionMetrics
 from .redis_link import RedisLink
 from .resample import FRAME_MS, SAMPLE_RATE, InputResampler
-from .response import Response
+from .response import Response, ResponseContext
 from .sink import DetachedSink, OutputSink
 from .spill import DEFAULT_MAX_BYTES
 from .state import SessionState, StateMachine
 from .store import SessionStore
 from .turn_detection import SpeechConfirmed, SpeechEnd, SpeechStart, TurnDetector
+from .turns import MIN_COMMIT_MS as MIN_COMMIT_MS  # the transports size their queries by it
+from .turns import TurnInput, Turns
 
 log = logging.getLogger("parley.sessions.session")
 
-MIN_COMMIT_MS = 100
 FORGET_TIMEOUT_S = 5.0
 
 
@@ -112,17 +120,7 @@ class Session:
         self.machine = StateMachine(session_id, self._on_transition)
         self._detector = TurnDetector(config.turn_detection) if config.turn_detection else None
         self._resampler: InputResampler | None = None
-        self._offset_ms = 0
-        """End of the input audio received so far, on the session's audio timeline."""
-        self._uncommitted_from_ms = 0
-        self._speech_item_id: str | None = None
-        self._speech_start_ms = 0
-        self._turn_ranges: dict[str, tuple[int, int]] = {}
-        """User audio items awaiting an answer -> their range on the audio timeline."""
-        self._pending_user_item: str | None = None
-        self._pending_speech: str | None = None
-        """Committed speech that a typed message followed before any answer: one turn, so
-        the answer's request carries both (video chat: what was heard, then the question)."""
+        self._turns = Turns()
         self._response: Response | None = None
         self._response_task: asyncio.Task[None] | None = None
         self._media_lock = asyncio.Lock()
@@ -332,8 +330,7 @@ class Session:
         self._last_media = time.monotonic()
         async with self._media_lock:
             self._check_open()
-            first = self._offset_ms
-            self._offset_ms += FRAME_MS * len(frames)
+            first = self._turns.received(FRAME_MS * len(frames))
             try:
                 await self.audio.append(frames, first)
             except Exception as exc:
@@ -368,9 +365,8 @@ class Session:
         state = self.machine.state
         match signal:
             case SpeechStart(start_ms=start):
-                self._speech_item_id = new_id("item")
-                self._speech_start_ms = start
-                self._emit(SpeechStarted(audio_start_ms=start, item_id=self._speech_item_id))
+                item_id = self._turns.speech_started()
+                self._emit(SpeechStarted(audio_start_ms=start, item_id=item_id))
                 if state is SessionState.LISTENING:
                     self.machine.to(SessionState.USER_SPEAKING, "speech started")
                 elif td.interrupt_response and self.responding:
@@ -383,14 +379,13 @@ class Session:
                     self.metrics.barge_ins.inc()
                     await self._cancel_response("barge_in", next_state=SessionState.USER_SPEAKING)
             case SpeechEnd(start_ms=start, end_ms=end):
-                item_id = self._speech_item_id or new_id("item")
-                self._speech_item_id = None
+                item_id = self._turns.speech_stopped()
                 self._emit(SpeechStopped(audio_end_ms=end, item_id=item_id))
                 if self.machine.state is not SessionState.USER_SPEAKING:
                     self._sink.resume()  # too short to interrupt the answer: noise
                     return
-                begin = max(self._uncommitted_from_ms, start - td.prefix_padding_ms, 0)
-                await self._commit(item_id, begin, self._offset_ms)
+                begin = self._turns.speech_begin_ms(start, td.prefix_padding_ms)
+                await self._commit(item_id, begin, self._turns.offset_ms)
                 if td.create_response:
                     await self._start_response()
                 else:
@@ -404,10 +399,7 @@ class Session:
             self.metrics.redis_errors.inc()
             log.warning("session %s: could not commit turn %s: %s", self.session_id, item_id, exc)
             previous = None
-        self._uncommitted_from_ms = end_ms
-        self._turn_ranges[item_id] = (begin_ms, end_ms)
-        self._pending_user_item = item_id
-        self._pending_speech = None
+        self._turns.committed(item_id, begin_ms, end_ms)
         self.metrics.turns.inc()
         self._emit(AudioBufferCommitted(item_id=item_id, previous_item_id=previous))
         self._emit(ConversationItemCreated(item=item, previous_item_id=previous))
@@ -417,7 +409,7 @@ class Session:
         """Manual turns: make the uncommitted input audio a user item."""
         self._check_open()
         async with self._media_lock:
-            if self._offset_ms - self._uncommitted_from_ms < MIN_COMMIT_MS:
+            if self._turns.uncommitted_ms < MIN_COMMIT_MS:
                 raise InvalidRequestError(
                     f"the input audio buffer holds less than {MIN_COMMIT_MS} ms: nothing to commit"
                 )
@@ -426,16 +418,16 @@ class Session:
             self._sink.resume()
             if self.machine.state is SessionState.USER_SPEAKING:
                 self.machine.to(SessionState.LISTENING, "buffer committed")
-            return await self._commit(new_id("item"), self._uncommitted_from_ms, self._offset_ms)
+            turns = self._turns
+            return await self._commit(new_id("item"), turns.uncommitted_from_ms, turns.offset_ms)
 
     async def clear_audio(self) -> None:
         """Drop the uncommitted input audio."""
         self._check_open()
         async with self._media_lock:
-            self._uncommitted_from_ms = self._offset_ms
+            self._turns.cleared()
             if self._detector is not None:
                 self._detector.reset()
-            self._speech_item_id = None
             self._sink.resume()
             if self.machine.state is SessionState.USER_SPEAKING:
                 self.machine.to(SessionState.LISTENING, "buffer cleared")
@@ -451,9 +443,7 @@ class Session:
         item = ConversationItem(role="user" if role == "user" else "system", text=text)
         previous = await self.history.append(item)
         if role == "user":
-            if self._pending_user_item in self._turn_ranges:
-                self._pending_speech = self._pending_user_item
-            self._pending_user_item = item.id
+            self._turns.typed(item.id)
         self._emit(ConversationItemCreated(item=item, previous_item_id=previous))
         return item
 
@@ -480,20 +470,22 @@ class Session:
             await self._cancel_response("superseded")
             if self._tg is None:
                 raise SessionClosedError("the session is not running")
-            user_item, speech_item = self._pending_user_item, self._pending_speech
-            response = Response(
-                response_id=new_id("resp"),
-                build_request=lambda rid: self._build_request(rid, user_item, speech_item),
-                audio_output=self.config.audio_output,
+            turn = self._turns.take()
+            context = ResponseContext(
                 pipeline=self._pipeline,
-                sink=self._sink,
                 history=self.history,
-                state=self.machine,
+                sink=self._sink,
                 emit=self._emit,
-                user_item_id=speech_item or user_item,  # the transcript goes on the speech
+                first_audio=self._response_speaking,
+                audio_output=self.config.audio_output,
                 chunk_timeout_s=self.limits.chunk_timeout_s,
             )
-            self._pending_user_item = self._pending_speech = None
+            response = Response(
+                new_id("resp"),
+                context,
+                lambda request_id: self._build_request(request_id, turn),
+                turn.transcript_item_id,
+            )
             if self.machine.state is not SessionState.THINKING:
                 self.machine.to(SessionState.THINKING, "response started")
             self._response = response
@@ -502,9 +494,14 @@ class Session:
             )
             return response.response_id
 
+    def _response_speaking(self) -> None:
+        """The answer in progress has its first audio."""
+        self.machine.to(SessionState.SPEAKING, "first audio")
+
     async def _run_response(self, response: Response) -> None:
         try:
-            await response.run()
+            status = await response.run()
+            self.machine.to(SessionState.LISTENING, f"response {status}")
         except asyncio.CancelledError:
             raise
         except RedisUnavailableError:  # not a bug: the client hears of the outage once
@@ -531,8 +528,7 @@ class Session:
             return False
         self._sink.clear()
         response.cancel_reason = reason
-        task.cancel()
-        await asyncio.wait({task})  # the task's own CancelledError stays in the task
+        await cancel_and_wait(task)
         self._sink.resume()
         # The response stays in `_response`: a client may still truncate its item (OpenAI
         # clients send response.cancel, then conversation.item.truncate).
@@ -541,36 +537,33 @@ class Session:
             self.machine.to(next_state, reason)
         return True
 
-    async def _build_request(
-        self, request_id: str, user_id: str | None, speech_id: str | None = None
-    ) -> PipelineRequest:
-        audio = np.zeros(0, dtype=np.int16)
-        text: str | None = None
+    async def _build_request(self, request_id: str, turn: TurnInput) -> PipelineRequest:
+        """The turn's audio and text, the history before it, and the sampled frames."""
+        pcm = np.zeros(0, dtype=np.int16)
         items = await self.history.items()
-        audio_id = user_id if user_id in self._turn_ranges else speech_id
-        if audio_id is not None and audio_id in self._turn_ranges:
-            begin, end = self._turn_ranges.pop(audio_id)
+        audio = self._turns.claim_audio(turn)
+        if audio is not None:
             try:
-                audio = await self.audio.read(begin, end)
+                pcm = await self.audio.read(audio.begin_ms, audio.end_ms)
             except Exception:
                 self.metrics.redis_errors.inc()
                 raise
-        if user_id is not None and user_id != audio_id:
-            text = next((item.text for item in items if item.id == user_id), None)
-        turn = [item_id for item_id in (speech_id, user_id) if item_id is not None]
+        text_id = turn.text_item_id(audio)
+        text = next((item.text for item in items if item.id == text_id), None) if text_id else None
+        this_turn = turn.item_ids
         history = tuple(
             HistoryItem(role=item.role, text=item.text, item_id=item.id)
             for item in items
-            if item.id not in turn and item.text
+            if item.id not in this_turn and item.text
         )
-        earlier = tuple(item.id for item in items if item.id not in turn)
+        earlier = tuple(item.id for item in items if item.id not in this_turn)
         present = {item.id for item in items}
         frames = tuple(await self.frames.sample())
         return PipelineRequest(
             request_id=request_id,
             session_id=self.session_id,
-            item_ids=earlier + tuple(item_id for item_id in turn if item_id in present),
-            audio=audio,
+            item_ids=earlier + tuple(item_id for item_id in this_turn if item_id in present),
+            audio=pcm,
             text=text,
             frames=frames,
             history=history,
@@ -584,11 +577,7 @@ class Session:
         self._check_open()
         if not await self.history.delete(item_id):
             raise InvalidRequestError(f"no item {item_id} in the conversation")
-        self._turn_ranges.pop(item_id, None)
-        if self._pending_user_item == item_id:
-            self._pending_user_item = None
-        if self._pending_speech == item_id:
-            self._pending_speech = None
+        self._turns.forget(item_id)
         self._emit(ConversationItemDeleted(item_id=item_id))
 
     async def truncate_item(self, item_id: str, audio_end_ms: int) -> None:
@@ -602,6 +591,6 @@ class Session:
         return {
             "session_id": self.session_id,
             "state": self.state.value,
-            "input_audio_ms": self._offset_ms,
+            "input_audio_ms": self._turns.offset_ms,
             "age_s": round(time.monotonic() - self._created, 1),
         }
