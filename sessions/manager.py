@@ -2,8 +2,11 @@
 
 The manager owns each session's task (it starts `Session.run()` and awaits it on close),
 an upkeep task that renews leases and key expiries, and the process's watch on Redis (the
-link's heartbeat/probe and the reaction to an outage). Admission goes through
-`LeaseRegistry`, so the session cap holds across every process sharing the Redis.
+link's heartbeat/probe and the reaction to an outage). These tasks outlive the calls that
+start them (`create`, `__aenter__`), so no TaskGroup can hold them (it would have to span
+`__aenter__` and `__aexit__`, or a server's whole life): the manager keeps them and ends
+them with `cancel_and_wait`. Admission goes through `LeaseRegistry`, so the session cap
+holds across every process sharing the Redis.
 
 A Redis outage: every live session's client is told once; sessions go on with their writes
 kept locally; new sessions are refused (the cap cannot be checked). When Redis answers
@@ -21,6 +24,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from pipeline.tasks import cancel_all, cancel_and_wait
 from pipeline.types import Pipeline
 
 from .config import SessionConfig
@@ -154,7 +158,7 @@ class SessionManager:
         if session is not None:
             session.request_close(reason)
         task = self._tasks.get(session_id)
-        if task is not None:
+        if task is not None:  # not cancelled: the session ends itself, goodbye included
             await asyncio.wait({task})
             self._tasks.pop(session_id, None)
 
@@ -164,18 +168,12 @@ class SessionManager:
         for session in list(self._sessions.values()):
             session.request_close(reason)
         tasks = list(self._tasks.values())
-        if tasks:
+        if tasks:  # each session says goodbye and tears down; past the timeout it is cut
             _, slow = await asyncio.wait(tasks, timeout=SHUTDOWN_TIMEOUT_S)
-            for task in slow:
-                task.cancel()
-            if slow:
-                await asyncio.wait(slow)
+            await cancel_all(slow)
         self._tasks.clear()
         background, self._background = self._background, []
-        for task in background:
-            task.cancel()
-        if background:
-            await asyncio.wait(background)
+        await cancel_and_wait(*background)
 
     async def _upkeep_loop(self) -> None:
         interval = max(0.5, self.leases.ttl_s / 3)
