@@ -45,6 +45,19 @@ def percentiles(values: Sequence[float]) -> dict[str, float]:
     return out
 
 
+def playback_stall_s(audio: Sequence[tuple[float, float]]) -> float:
+    """How long a player that starts at the first chunk would wait for later ones, in all:
+    each chunk plays once it has arrived and the one before has played out."""
+    stall = 0.0
+    clock = audio[0][0] if audio else 0.0
+    for arrived, seconds in audio:
+        if arrived > clock:
+            stall += arrived - clock
+            clock = arrived
+        clock += seconds
+    return stall
+
+
 def request_record(
     *,
     text_times: Sequence[float],
@@ -75,6 +88,7 @@ def request_record(
         "talker_frames_per_s": FRAME_RATE_HZ * after_first / speaking if speaking else None,
         "audio_chunk_gap_s": [b - a for a, b in zip(times, times[1:], strict=False)],
         "audio_chunk_s": [seconds for _, seconds in audio],
+        "playback_stall_s": playback_stall_s(audio),
     }
 
 
@@ -126,6 +140,7 @@ def level_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "talker_frames_per_s_aggregate": percentiles([f for f in frames if f is not None]),
         "audio_chunk_gap_ms": percentiles([1000 * g for r in ok for g in r["audio_chunk_gap_s"]]),
         "first_chunk_audio_ms": percentiles([1000 * s for s in first_chunks]),
+        "playback_stall_ms": each("playback_stall_s", 1000),
         "audio_s": each("audio_s"),
         "text_tokens": each("text_tokens"),
     }
@@ -176,9 +191,10 @@ def table_lines(report: dict[str, Any]) -> list[str]:
     lines = header_lines(report.get("header", {}))
     lines += [
         "Qwen3-Omni: first audio (p50 / p95), RTF (p50), Thinker tokens/s and Talker frames/s"
-        " (per request p50 / aggregate p50), peak GPU memory (nvidia-smi, whole device)",
+        " (per request p50 / aggregate p50), peak GPU memory (nvidia-smi, whole device), playback"
+        " stall (p50: a player starting at the first chunk waits this long for later ones)",
         f"  {'row':48} {'conc':>4} {'first audio ms':>17} {'RTF':>6} {'tok/s':>13}"
-        f" {'frames/s':>13} {'GPU GiB':>8}",
+        f" {'frames/s':>13} {'GPU GiB':>8} {'stall ms':>9}",
     ]
     for name in ("parley", "baseline"):
         phase = report.get(name) or {}
@@ -200,6 +216,7 @@ def table_lines(report: dict[str, Any]) -> list[str]:
                 f" {_num(_pick(row, 'talker_frames_per_s'), '6.1f')}"
                 f"/{_num(_pick(row, 'talker_frames_per_s_aggregate'), '6.1f')}"
                 f" {_num(peak, '8.1f')}"
+                f" {_num(_pick(row, 'playback_stall_ms'), '9.0f')}"
             )
     for anchor in ANCHORS:
         rtf = anchor["rtf"]

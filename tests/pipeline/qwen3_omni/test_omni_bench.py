@@ -91,3 +91,13 @@ def test_split_runs_merge_into_one_table() -> None:
     rows = [line for line in lines.splitlines() if "(measured)" in line]
     assert [row.split()[2] for row in rows] == ["1", "4", "10", "1"]  # parley by level, baseline
     assert "12400" in lines and "1629" in lines  # measured and published side by side
+
+
+def test_playback_stalls_count_only_the_waits_after_the_first_chunk() -> None:
+    from loadtest.omni_bench_report import playback_stall_s
+
+    assert playback_stall_s([]) == 0.0
+    # 0.4 s playing while the next arrives at 0.2 s: no wait
+    assert playback_stall_s([(1.0, 0.4), (1.2, 2.0)]) == 0.0
+    # the next arrives 0.6 s after the first has played out, the third in time
+    assert abs(playback_stall_s([(1.0, 0.4), (2.0, 2.0), (3.0, 2.0)]) - 0.6) < 1e-9

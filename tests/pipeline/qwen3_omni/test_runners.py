@@ -113,6 +113,18 @@ def test_talker_waits_for_text_and_makes_frames_of_16_codes(tiny_parts: Parts) -
     assert (stacked >= 0).all() and (stacked[:, 1:] < 2048).all() and (stacked[:, 0] < 2048).all()
 
 
+def test_chunks_grow_from_the_first_to_the_full_size() -> None:
+    """Each chunk at most doubles the one before (playback never waits for a chunk four
+    times the length of the one playing), then stays at `chunk`."""
+    chunker = FrameChunker(first_chunk=5, chunk=25, left_context=25)
+    sizes = []
+    for i in range(100):
+        if (ready := chunker.push(np.full(16, i, dtype=np.int32))) is not None:
+            window, context = ready
+            sizes.append(len(window) - context)
+    assert sizes == [5, 10, 20, 25, 25]
+
+
 def test_code2wav_chunks_with_left_context(tiny_parts: Parts) -> None:
     chunker = FrameChunker(first_chunk=2, chunk=4, left_context=3)
     windows = []
