@@ -81,6 +81,15 @@ async def test_spoken_turn_gets_a_streamed_answer(
         )
     )
     assert sink.played_audio_frames >= 2000 // 20 - 1
+    # The session made every transition, in order; it was speaking before the first audio.
+    changes = sink.of(SessionStateChanged)
+    assert [(e.previous, e.state, e.reason) for e in changes] == [  # type: ignore[attr-defined]
+        ("listening", "user_speaking", "speech started"),
+        ("user_speaking", "thinking", "response started"),
+        ("thinking", "speaking", "first audio"),
+        ("speaking", "listening", "response completed"),
+    ]
+    assert sink.events.index(changes[2]) < sink.events.index(sink.of(OutputAudioDelta)[0])
     roles = [(item.role, item.text) for item in await session.history.items()]
     assert roles == [("user", ""), ("assistant", engine.text)]
 
