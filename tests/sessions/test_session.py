@@ -107,16 +107,16 @@ async def test_barge_in_cancels_and_truncates_at_the_played_position(
         [trim_silence(speak("Stop, stop, wait a moment please.")), silence(800)]
     )
     frames_before = sink.played_audio_frames
-    feeding = asyncio.create_task(feed(session, interruption, realtime=True))
-    done = await sink.wait_for(is_done)
-    # Output stopped within a frame of the clear.
-    await asyncio.sleep(0.2)
-    assert sink.played_audio_frames - frames_before < 200 // 20 * 20  # sanity
-    assert sink.cleared_at and sink.last_audio_at is not None
-    assert sink.last_audio_at - sink.cleared_at[0] <= 0.045
-    # Playback paused as soon as the speech began, before it was long enough to cut.
-    assert sink.paused_at and sink.paused_at[0] < sink.cleared_at[0] - 0.1
-    await feeding
+    async with asyncio.TaskGroup() as tg:  # the feed ends with the block, a failure's too
+        tg.create_task(feed(session, interruption, realtime=True))
+        done = await sink.wait_for(is_done)
+        # Output stopped within a frame of the clear.
+        await asyncio.sleep(0.2)
+        assert sink.played_audio_frames - frames_before < 200 // 20 * 20  # sanity
+        assert sink.cleared_at and sink.last_audio_at is not None
+        assert sink.last_audio_at - sink.cleared_at[0] <= 0.045
+        # Playback paused as soon as the speech began, before it was long enough to cut.
+        assert sink.paused_at and sink.paused_at[0] < sink.cleared_at[0] - 0.1
     assert isinstance(done, ResponseDone)
     assert done.status == "cancelled" and done.reason == "barge_in"
     truncated = await sink.wait_for(lambda e: isinstance(e, ConversationItemTruncated))
