@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis.asyncio as aioredis
@@ -25,46 +24,24 @@ from starlette.staticfiles import StaticFiles
 
 from pipeline.metrics import PipelineMetrics
 from pipeline.registry import load_pipeline
+from pipeline.tasks import cancel_and_wait
 from pipeline.types import Pipeline
 from realtime.auth import Authenticator
 from realtime.ice import IceSettings, parse_ice_servers
 from realtime.metrics import TransportMetrics
 from realtime.webrtc.registry import CallRegistry
-from realtime.websocket.connections import DEFAULT_GRACE_S
-from realtime.websocket.openai_accept import OpenAIConnections
-from realtime.websocket.video_stream import VideoStreams
 from sessions.manager import SessionManager
-from sessions.metrics import SessionMetrics
 
 from .origins import OriginAllowlist, OriginPolicy
 from .realtime_routes import ROUTES as REALTIME_ROUTES
+from .services import Running, Services, services_of
+
+__all__ = ["Services", "create_app"]
 from .settings import Settings
 
 log = logging.getLogger("parley.web")
 STATIC = Path(__file__).parent / "static"
 READY_TIMEOUT_S = 1.0
-
-
-@dataclass
-class Services:
-    """What the routes need, owned by the app's lifespan."""
-
-    settings: Settings
-    redis_url: str
-    metrics: SessionMetrics = field(default_factory=SessionMetrics)
-    redis: aioredis.Redis | None = None
-    pipeline: Pipeline | None = None
-    pipeline_error: str | None = None
-    pipeline_ready: bool = False
-    manager: SessionManager | None = None
-    auth: Authenticator = field(default_factory=lambda: Authenticator(None))
-    calls: CallRegistry | None = None
-    websockets: OpenAIConnections = field(default_factory=OpenAIConnections)
-    """OpenAI Realtime WebSocket connections by session, for resumes."""
-    video_streams: VideoStreams = field(default_factory=VideoStreams)
-    """Video chat streams by session, for resumes."""
-    resume_grace_s: float = DEFAULT_GRACE_S
-    """How long a WebSocket session outlives its dropped connection, for a resume."""
 
 
 async def _start_pipeline(services: Services, pipeline: Pipeline) -> None:
@@ -107,22 +84,21 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
         )
         try:
             async with manager:
-                services.manager = manager
-                services.calls = CallRegistry(
+                calls = CallRegistry(
                     manager,
                     _ice_settings(services.settings),
                     TransportMetrics(services.metrics.registry),
                 )
+                services.running = Running(manager, calls)
                 try:
                     yield
                 finally:
                     log.info("shutting down: closing %d session(s)", len(manager))
-                    await services.calls.close()
-                    services.calls = None
+                    await calls.close()
+                    services.running = None
         finally:
-            services.manager = None
-            loader.cancel()
-            await asyncio.wait({loader})
+            services.running = None
+            await cancel_and_wait(loader)
     finally:
         if services.pipeline is not None:
             await services.pipeline.close()
@@ -141,7 +117,7 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    services: Services = request.app.state.services
+    services = services_of(request)
     reasons: list[str] = []
     if services.redis is None:
         reasons.append("redis: not connected yet")
@@ -158,7 +134,7 @@ async def readyz(request: Request) -> Response:
         reasons.append(f"pipeline {services.settings.pipeline!r}: still loading")
     if reasons:
         return JSONResponse({"status": "unavailable", "reasons": reasons}, status_code=503)
-    manager = services.manager
+    manager = services.running.manager if services.running is not None else None
     return JSONResponse(
         {
             "status": "ready",
@@ -170,7 +146,7 @@ async def readyz(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    services: Services = request.app.state.services
+    services = services_of(request)
     return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -26,16 +26,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
-from realtime.auth import DEFAULT_TTL_S, Authenticator, AuthError
+from realtime.auth import DEFAULT_TTL_S, AuthError
 from realtime.client_events import ProtocolError, SessionUpdate, session_patch
 from realtime.sdp import MAX_OFFER_BYTES, OfferError, OfferTooLarge
 from realtime.server_events import session_object
 from realtime.webrtc.call import CallOptions
-from realtime.webrtc.registry import CallNotFound, CallRegistry, CallSetupError
+from realtime.webrtc.registry import CallNotFound, CallSetupError
 from sessions.config import SessionConfig
 from sessions.errors import ConfigError, SessionLimitError
 
 from .realtime_ws import openai_realtime
+from .services import services_of
 from .video_ws import video_chat_stream
 
 log = logging.getLogger("parley.web.realtime")
@@ -73,7 +74,7 @@ def _settings(session: dict[str, Any] | None) -> tuple[SessionConfig, CallOption
 
 
 async def client_secrets(request: Request) -> Response:
-    auth: Authenticator = request.app.state.services.auth
+    auth = services_of(request).auth
     try:
         auth.check_key(request.headers.get("authorization"))
     except AuthError as exc:
@@ -158,10 +159,10 @@ def _detail(exc: MultiPartException | HTTPException) -> str:
 
 
 async def create_call(request: Request) -> Response:
-    services = request.app.state.services
-    registry: CallRegistry | None = services.calls
-    if registry is None:
+    services = services_of(request)
+    if services.running is None:
         return error(503, "not_ready", "the server is not ready yet", "server_error")
+    registry = services.running.calls
     try:
         grant = services.auth.check(request.headers.get("authorization"))
     except AuthError as exc:
@@ -193,17 +194,16 @@ async def create_call(request: Request) -> Response:
 
 
 async def hangup(request: Request) -> Response:
-    services = request.app.state.services
+    services = services_of(request)
     try:
         services.auth.check(request.headers.get("authorization"))
     except AuthError as exc:
         return error(401, "invalid_api_key", str(exc))
-    registry: CallRegistry | None = services.calls
     call_id = request.path_params["call_id"]
     try:
-        if registry is None:
+        if services.running is None:
             raise CallNotFound(call_id)
-        await registry.hangup(call_id)
+        await services.running.calls.hangup(call_id)
     except CallNotFound:
         return error(404, "call_not_found", f"no live call {call_id}")
     return Response(status_code=200)

@@ -11,7 +11,7 @@ connection (see realtime.websocket.openai_ws).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.websockets import WebSocket
 
@@ -21,17 +21,15 @@ from realtime.websocket.openai_accept import ConnectRequest, serve_openai_realti
 from sessions.config import SessionConfig
 from sessions.errors import ConfigError
 
+from .services import services_of
 from .ws_admission import admit
-
-if TYPE_CHECKING:
-    from .app import Services
 
 KEY_PROTOCOL = "openai-insecure-api-key."
 BETA_PROTOCOL = "openai-beta.realtime-v1"
 
 
 async def openai_realtime(websocket: WebSocket) -> None:
-    services: Services = websocket.app.state.services
+    services = services_of(websocket)
     offered: list[str] = list(websocket.scope.get("subprotocols") or [])
     authorization = websocket.headers.get("authorization")
     for protocol in offered:

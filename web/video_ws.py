@@ -7,16 +7,12 @@ connection itself is realtime.websocket.video_stream's.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from starlette.websockets import WebSocket
 
 from realtime.websocket.video_stream import VideoChatStream
 
+from .services import services_of
 from .ws_admission import admit
-
-if TYPE_CHECKING:
-    from .app import Services
 
 
 async def video_chat_stream(websocket: WebSocket) -> None:
@@ -25,9 +21,9 @@ async def video_chat_stream(websocket: WebSocket) -> None:
     if admitted is None:
         return
     _, manager = admitted
-    services: Services = websocket.app.state.services
+    services = services_of(websocket)
     await websocket.accept()
     stream = VideoChatStream(
         websocket, manager, services.video_streams, grace_s=services.resume_grace_s
     )
-    await stream.run()
+    await stream.run_connection()

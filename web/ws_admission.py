@@ -7,29 +7,26 @@ denial responses the socket is closed with 1008 instead (realtime.websocket.deni
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from starlette.websockets import WebSocket
 
 from realtime.auth import AuthError, Grant
 from realtime.websocket.denial import deny
 from sessions.manager import SessionManager
 
-if TYPE_CHECKING:
-    from .app import Services
+from .services import services_of
 
 
 async def admit(
     websocket: WebSocket, authorization: str | None
 ) -> tuple[Grant, SessionManager] | None:
     """The caller's grant and the session manager, or None once the upgrade is refused."""
-    services: Services = websocket.app.state.services
+    services = services_of(websocket)
     try:
         grant = services.auth.check(authorization)
     except AuthError as exc:
         await deny(websocket, 401, "invalid_api_key", str(exc))
         return None
-    if services.manager is None:
+    if services.running is None:
         await deny(websocket, 503, "not_ready", "the server is not ready yet", "server_error")
         return None
-    return grant, services.manager
+    return grant, services.running.manager

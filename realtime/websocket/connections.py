@@ -79,6 +79,21 @@ class ConnectionRegistry(Generic[C]):
             del self._by_session[session.session_id]
 
 
+async def claim_session(
+    manager: SessionManager, registry: ConnectionRegistry[C], session_id: str, token: str | None
+) -> tuple[Session, C | None] | None:
+    """For a resume: the live session `session_id` if `token` is its resume token, and the
+    connection that last served it, which has handed the session over by now (a half-open
+    socket the server had not noticed yet); None when there is nothing to resume."""
+    session = resumable_session(manager, session_id, token)
+    if session is None:
+        return None
+    old = registry.get(session_id)
+    if old is not None:
+        await old.take_over()  # its teardown (a detach, maybe) ends before we attach
+    return session, old
+
+
 def resumable_session(
     manager: SessionManager, session_id: str, token: str | None
 ) -> Session | None:

@@ -18,8 +18,9 @@ from sessions.errors import SessionClosedError, SessionLimitError
 from sessions.manager import SessionManager
 
 from ..client_events import AudioFormats
-from .connections import DEFAULT_GRACE_S, ConnectionRegistry, resumable_session
-from .openai_ws import ENDED, SOCKET_ERRORS, OpenAIRealtimeConnection, error_message
+from .connection import CLOSE_POLICY, CLOSE_TRY_AGAIN, SOCKET_ERRORS
+from .connections import DEFAULT_GRACE_S, ConnectionRegistry, claim_session
+from .openai_ws import OpenAIRealtimeConnection, error_message
 
 log = logging.getLogger("parley.realtime.websocket.accept")
 
@@ -59,29 +60,20 @@ async def serve_openai_realtime(
         connection = await _resume(websocket, manager, connections, request)
     else:
         connection = await _start(websocket, manager, request)
-    if connection is None:
-        return
-    connections.register(connection)
-    try:
-        await connection.serve()
-    finally:
-        if connection.close_reason == "client_closed" and connection.session is not None:
-            # A clean close: the session ends now, its slot, lease and keys freed.
-            await manager.close_session(connection.session.session_id, "client_closed")
-        if connection.close_reason in ENDED:
-            connections.discard(connection)
+    if connection is not None:
+        await connection.serve(connections)
 
 
 async def _start(
     websocket: WebSocket, manager: SessionManager, request: ConnectRequest
 ) -> OpenAIRealtimeConnection | None:
     connection = OpenAIRealtimeConnection(
-        websocket, formats=request.formats, beta=request.beta, grace_s=request.grace_s
+        websocket, manager, formats=request.formats, beta=request.beta, grace_s=request.grace_s
     )
     try:
         session = await manager.create(connection, request.config)
     except SessionLimitError as exc:
-        await _refuse(websocket, "session_limit", str(exc), 1013, "server_error")
+        await _refuse(websocket, "session_limit", str(exc), CLOSE_TRY_AGAIN, "server_error")
         return None
     connection.bind(session)
     return connection
@@ -94,31 +86,27 @@ async def _resume(
     request: ConnectRequest,
 ) -> OpenAIRealtimeConnection | None:
     assert request.session_id is not None
-    session = resumable_session(manager, request.session_id, request.resume_token)
-    if session is None:
+    claimed = await claim_session(manager, connections, request.session_id, request.resume_token)
+    if claimed is None:
         await _refuse(
             websocket,
             "session_not_found",
             f"no resumable session {request.session_id} (it ended, or the token is wrong)",
-            1008,
+            CLOSE_POLICY,
         )
         return None
-    old = connections.get(session.session_id)
-    if old is not None:
-        await old.take_over()  # its teardown (a detach, maybe) ends before we attach
+    session, old = claimed
     formats = old.formats if old is not None else AudioFormats.for_config(session.config)
     connection = OpenAIRealtimeConnection(
-        websocket, formats=formats, beta=request.beta, grace_s=request.grace_s
+        websocket, manager, formats=formats, beta=request.beta, grace_s=request.grace_s
     )
-    connection.hold()
     try:
-        session.attach(connection)
+        connection.resume_into(session, request.last_event_id)
     except SessionClosedError:
-        await _refuse(websocket, "session_not_found", "the session has just ended", 1008)
+        await _refuse(websocket, "session_not_found", "the session has just ended", CLOSE_POLICY)
         return None
     connection.bind(session)
     log.info("session %s resumed after %s", session.session_id, request.last_event_id)
-    await connection.catch_up(request.last_event_id)
     return connection
 
 

@@ -3,7 +3,9 @@
 One WebSocket, one session. The client configures it (`session.config`, first, within
 10 s), streams camera frames and audio, and asks questions (`video.query`) about what it
 sent; each answer streams back as text deltas and WAV audio deltas. video_messages.py has
-the messages, video_sink.py how session events become them.
+the messages, video_mapping.py how session events become them, and connection.py the
+connection's lifecycle (reader, paced sender, size limit, close, resume), shared with
+the OpenAI Realtime endpoint.
 
 Where this goes past vLLM-Omni's documented limits:
 
@@ -42,7 +44,7 @@ Decisions:
 
 Resume (Parley's own; a vLLM-Omni client may ignore it): after `session.config` the server
 sends `session.created {session_id, resume_token}`, and every server message carries an
-`event_id` (video_sink.py says how they are made). A connection that drops (no close
+`event_id` (video_mapping.py says how they are made). A connection that drops (no close
 frame: a network error, a half-open socket; not `video.done`, a clean close or the
 session's own end) leaves the session alive for a grace period (30 s, as on the OpenAI
 endpoint), its events logged. A client that reconnects and sends
@@ -59,30 +61,35 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import contextlib
-import json
 import logging
 import math
 import re
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
 from sessions.errors import MediaError, ParleyError, SessionClosedError, SessionLimitError
+from sessions.events import Event, SessionClosed, SessionStateChanged
 from sessions.manager import SessionManager
 from sessions.resample import MAX_APPEND_BYTES, SAMPLE_RATE
 from sessions.session import MIN_COMMIT_MS, Session
+from sessions.state import SessionState
 
 from ..error_throttle import ErrorThrottle, summary_text
 from .audio_window import BYTES_PER_MS, AudioWindow, ms_of
-from .connections import (
-    CLOSE_VERDICT_S,
-    DEFAULT_GRACE_S,
-    ConnectionRegistry,
-    closed_cleanly,
-    resumable_session,
+from .connection import (
+    CLIENT_GONE,
+    CLOSE_NORMAL,
+    CLOSE_POLICY,
+    CLOSE_TRY_AGAIN,
+    SESSION_CLOSED,
+    TAKEN_OVER,
+    MessageConnection,
 )
-from .sender import Message, SlowClientError
+from .connections import DEFAULT_GRACE_S, ConnectionRegistry, claim_session
+from .sender import Message
+from .video_mapping import VideoMessages, wav_delta
 from .video_messages import (
     AudioChunkMessage,
     ClientMessage,
@@ -90,6 +97,7 @@ from .video_messages import (
     MessageError,
     PingMessage,
     Pong,
+    ServerMessage,
     SessionConfigMessage,
     SessionResumeMessage,
     VideoDoneMessage,
@@ -97,14 +105,10 @@ from .video_messages import (
     VideoQueryMessage,
     parse_message,
 )
-from .video_sink import VideoStreamSink, with_id
 
 log = logging.getLogger("parley.realtime.websocket.video")
 
 CONFIG_TIMEOUT_S = 10.0
-FLUSH_TIMEOUT_S = 2.0
-"""How long the goodbye (`session.done`) may take to go out before the socket closes."""
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 MAX_FRAME_BYTES = 10 * 1024 * 1024
 MAX_AUDIO_BYTES = 4 * 1024 * 1024
 OUTPUT_SAMPLE_RATE = 24_000
@@ -116,14 +120,7 @@ SESSION_AUDIO_SECONDS = math.ceil(MAX_AUDIO_BYTES / (BYTES_PER_MS * 1000)) + 1
 """The session's audio buffer holds a little more than the window, so nothing in the
 window is ever trimmed from it."""
 
-CLOSE_NORMAL = 1000
-CLOSE_INTERNAL_ERROR = 1011
-CLOSE_POLICY = 1008
-CLOSE_TOO_BIG = 1009
-CLOSE_TRY_AGAIN = 1013
-
-RESUMABLE = frozenset({"client_gone", "slow_client", "taken_over"})
-"""Why a connection ended that leaves its session waiting for a resume."""
+CLIENT_DONE = "client_done"
 
 _DATA_URL = re.compile(r"data:[\w/+.-]*;base64,")
 
@@ -160,8 +157,26 @@ def _pieces(pcm: bytes) -> list[bytes]:
     return [pcm[i : i + MAX_APPEND_BYTES] for i in range(0, len(pcm), MAX_APPEND_BYTES)]
 
 
-class VideoChatStream:
-    """One connection: its settings, its audio window, its session and sink."""
+@dataclass
+class VideoChatState:
+    """What a stream's session carries from one connection to the next on a resume: the
+    settings and the audio since the last query."""
+
+    config: SessionConfigMessage = field(
+        default_factory=lambda: SessionConfigMessage(type="session.config")
+    )
+    window: AudioWindow = field(default_factory=lambda: AudioWindow(MAX_AUDIO_BYTES))
+    unreported_drop: int = 0
+    """Audio dropped from the window that no warning has mentioned yet."""
+    last_warning: float = -math.inf
+
+
+class VideoChatStream(MessageConnection):
+    """One connection: the video chat mapping on the shared connection lifecycle."""
+
+    RESUMABLE = frozenset({CLIENT_GONE, "slow_client", TAKEN_OVER})
+    TOO_SLOW = "slow_client"
+    SAYS_WHY = False
 
     def __init__(
         self,
@@ -171,162 +186,111 @@ class VideoChatStream:
         *,
         grace_s: float = DEFAULT_GRACE_S,
     ) -> None:
-        self._ws = websocket
-        self._manager = manager
+        super().__init__(websocket, manager, wav_delta, grace_s=grace_s)
         self._streams = streams
-        self.grace_s = grace_s
-        """How long the session outlives a dropped connection, for a resume."""
-        self.session: Session | None = None
-        self._window = AudioWindow(MAX_AUDIO_BYTES)
-        self._config = SessionConfigMessage(type="session.config")
-        self._sink: VideoStreamSink | None = None
-        self._close_code: int | None = CLOSE_NORMAL
-        """How the socket closes at the end; None when the client has gone already."""
-        self._close_reason = "client_done"
-        """Why the session closes, as the session records it."""
-        self._unreported_drop = 0
-        self._last_warning = -math.inf
-        self._closed = False
-        self._last_id = "evt"
-        """The last id sent that a session event gave (`evt` until there is one)."""
-        self._seq = 0
-        self._taken_over = asyncio.Event()
-        self._done = asyncio.Event()
+        self.state = VideoChatState()
+        self._mapping = VideoMessages(audio_output=True)
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._errors = ErrorThrottle(self._summarise_errors, limit=ERROR_LIMIT)
 
-    async def run(self) -> None:
+    async def run_connection(self) -> None:
+        """The whole connection: its configuration (or resume), then its session."""
         try:
-            first = await self._configure()
-            if first is None:
-                return
-            resume: SessionResumeMessage | None = None
-            if isinstance(first, SessionResumeMessage):
-                resume, started = first, await self._resume(first)
-            else:
-                started = await self._start(first)
-            if not started:
-                return
-            assert self.session is not None and self._sink is not None
-            self._streams.register(self)
-            try:
-                await self._live(self.session, self._sink, resume)
-            finally:
-                if self._close_reason not in RESUMABLE:
-                    self._streams.discard(self)
+            if await self._open():
+                await self.serve(self._streams)
         finally:
             self._errors.close()
-            await self._close()
-            self._done.set()
+            await self.close_socket()
+
+    async def _open(self) -> bool:
+        """A session from the first message; False when there is none to serve."""
+        first = await self._configure()
+        if first is None:
+            return False
+        if isinstance(first, SessionResumeMessage):
+            return await self._resume(first)
+        return await self._start(first)
 
     async def _start(self, config: SessionConfigMessage) -> bool:
         """A new session with `config`; False when refused."""
-        self._config = config
-        sink = VideoStreamSink(self._send, audio_output=config.audio_output)
+        self.state.config = config
+        self._mapping = VideoMessages(audio_output=config.audio_output)
         try:
-            session = await self._manager.create(sink, session_settings(config))
+            self.session = await self.manager.create(self, session_settings(config))
         except ParleyError as exc:
             await self._report(str(exc), exc.code)
             limited = isinstance(exc, SessionLimitError)
-            self._close_code = CLOSE_TRY_AGAIN if limited else CLOSE_POLICY
+            self.finish("refused", CLOSE_TRY_AGAIN if limited else CLOSE_POLICY)
             return False
-        self.session, self._sink = session, sink
         return True
 
     async def _resume(self, message: SessionResumeMessage) -> bool:
         """Take over the session of a dropped connection; False when refused."""
-        session = resumable_session(self._manager, message.session_id, message.resume_token)
-        old = self._streams.get(message.session_id) if session is not None else None
+        claimed = await claim_session(
+            self.manager, self._streams, message.session_id, message.resume_token
+        )
+        session, old = claimed if claimed is not None else (None, None)
         if session is None or old is None:
             await self._refuse(
                 f"No resumable session {message.session_id} (it ended, or the resume token "
                 "is wrong)"
             )
             return False
-        await old.take_over()  # its teardown (the detach) ends before we attach
-        self._config, self._window = old._config, old._window
-        self._unreported_drop, self._last_warning = old._unreported_drop, old._last_warning
-        sink = VideoStreamSink(self._send, audio_output=self._config.audio_output)
-        sink.hold()
+        self.state = old.state
+        self._mapping = VideoMessages(audio_output=self.state.config.audio_output)
         try:
-            session.attach(sink)
+            self.resume_into(session, message.last_event_id)
         except SessionClosedError:
             await self._refuse(f"The session {message.session_id} has just ended")
             return False
-        self.session, self._sink = session, sink
-        # Messages of our own before the first replayed one are named after what the
-        # client saw last, so resuming from one of them again starts at the same place.
-        anchor, _, seq = (message.last_event_id or "evt").partition("~")
-        self._last_id, self._seq = anchor, int(seq) if seq.isdigit() else 0
         log.info("video stream %s resumed after %s", session.session_id, message.last_event_id)
         return True
 
     async def _refuse(self, text: str) -> None:
         await self._report(text, "session_not_found")
-        if self._close_code is not None:
-            self._close_code = CLOSE_POLICY
-
-    async def take_over(self) -> None:
-        """Another connection resumes this one's session: close this one (detaching the
-        session), and return once that is done."""
-        self._taken_over.set()
-        await self._done.wait()
-
-    # --- the socket ----------------------------------------------------------------------
-
-    async def _send(self, message: Message) -> None:
-        event_id = message.get("event_id")
-        if event_id is None:  # no session event behind it: named after the last one sent
-            self._seq += 1
-            message = with_id(message, f"{self._last_id}~{self._seq}")
-        elif "~" not in event_id:
-            self._last_id = event_id
-        await self._ws.send_text(json.dumps(message, separators=(",", ":")))
+        self.finish("refused", CLOSE_POLICY)
 
     async def _report(self, text: str, code: str) -> None:
-        """An `error` message: through the sink's queue once it exists, else directly."""
-        error = ErrorMessage(message=text, code=code)
-        if self._sink is not None:
-            self._sink.send_message(error)
-            return
-        try:
-            await self._send(error.wire())
-        except (WebSocketDisconnect, RuntimeError, OSError):
-            self._close_code = None  # the client has gone
+        """An `error` message: queued once there is a session, else sent at once."""
+        await self.say(ErrorMessage(message=text, code=code).wire())
 
-    async def _receive(self) -> str | None:
-        """The next text message; None when the connection is to end (the client left,
-        or sent too much at once)."""
-        while True:
-            message = await self._ws.receive()
-            if message["type"] == "websocket.disconnect":
-                clean = closed_cleanly(message.get("code"))
-                self._close_code = None
-                self._close_reason = "client_closed" if clean else "client_gone"
-                return None
-            text: str | None = message.get("text")
-            size = len(text) if text is not None else len(message.get("bytes") or b"")
-            if text is not None and size > MAX_MESSAGE_BYTES // 4:
-                size = len(text.encode())  # only a long text can be too long in bytes
-            if size > MAX_MESSAGE_BYTES:
-                self._close_code, self._close_reason = CLOSE_TOO_BIG, "message_too_big"
-                return None
-            if text is None:
-                await self._report("Send JSON text messages, not binary ones", "invalid_message")
-                continue
-            return text
+    def _tell(self, message: ServerMessage, *, after_audio: bool = False) -> None:
+        """Queue a message of the connection's own (no session event behind it)."""
+        self.post(message.wire(), after_audio=after_audio)
 
-    async def _close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._close_code is not None:
-            # A client that does not read may block the close frame too: returning from
-            # the route closes the transport anyway.
-            with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError, TimeoutError):
-                async with asyncio.timeout(FLUSH_TIMEOUT_S):
-                    await self._ws.close(self._close_code)
+    # --- the message mapping -------------------------------------------------------------
+
+    def messages(self, event: Event) -> list[tuple[Message, bool]]:
+        return self._mapping.expand(event)
+
+    def observe(self, event: Event) -> None:
+        if (
+            isinstance(event, SessionStateChanged)
+            and event.state == SessionState.LISTENING.value
+            or isinstance(event, SessionClosed)
+        ):
+            self._idle.set()
+
+    def error_message(self, code: str, text: str) -> Message:
+        return ErrorMessage(message=text, code=code).wire()
+
+    def on_close(self) -> None:
+        self._errors.close()
+
+    async def _idle_after_answer(self) -> None:
+        """Return once no answer is running: generated, played out, back to listening."""
+        await self._idle.wait()
 
     # --- before the session --------------------------------------------------------------
+
+    async def _next_text(self) -> str | None:
+        """The next text message; None when the connection is to end."""
+        while True:
+            raw = await self.receive()
+            if raw is None or isinstance(raw, str):
+                return raw
+            await self._report("Send JSON text messages, not binary ones", "invalid_message")
 
     async def _configure(self) -> SessionConfigMessage | SessionResumeMessage | None:
         """Wait for the first valid message, which must be `session.config` (or
@@ -335,13 +299,13 @@ class VideoChatStream:
         while True:
             try:
                 async with asyncio.timeout_at(deadline):
-                    raw = await self._receive()
+                    raw = await self._next_text()
             except TimeoutError:
                 await self._report(
                     f"No session.config within {CONFIG_TIMEOUT_S:g} s: it must come first",
                     "config_timeout",
                 )
-                self._close_code = CLOSE_POLICY
+                self.finish("config_timeout", CLOSE_POLICY)
                 return None
             if raw is None:
                 return None
@@ -356,145 +320,53 @@ class VideoChatStream:
                 f"The first message must be session.config, not {message.type}",
                 "config_required",
             )
-            self._close_code = CLOSE_POLICY
+            self.finish("config_required", CLOSE_POLICY)
             return None
 
     # --- the session's life --------------------------------------------------------------
 
-    async def _live(
-        self,
-        session: Session,
-        sink: VideoStreamSink,
-        resume: SessionResumeMessage | None = None,
-    ) -> None:
-        """Read the client's messages until it is done, it goes, or the session ends (or
-        another connection takes it over). A resumed connection first sends what the
-        client missed."""
-        sid = session.session_id
-        output = self._output(session, sink, resume)
-        sender = asyncio.create_task(output, name=f"{sid}:video-send")
-        reader = asyncio.create_task(self._serve(session, sink), name=f"{sid}:video-read")
-        ended = asyncio.create_task(sink.session_closed.wait(), name=f"{sid}:video-ended")
-        taken = asyncio.create_task(self._taken_over.wait(), name=f"{sid}:video-taken")
-        tasks = (sender, reader, ended, taken)
+    async def handle(self, raw: str | bytes) -> bool:
+        session = self.session
+        assert session is not None
+        if isinstance(raw, bytes):
+            self._error("Send JSON text messages, not binary ones", "invalid_message")
+            return False
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            if sender.done() and not reader.done() and not self._too_slow(sender):
-                # A send failed: the reader may be about to see the client's close frame.
-                await asyncio.wait({reader}, timeout=CLOSE_VERDICT_S)
-            for task in (reader, ended, taken):
-                task.cancel()
-            await asyncio.wait({reader, ended, taken})
-            if sender.done() and self._close_reason != "client_closed":
-                self._sender_ended(sender)
-            elif taken.done() and not taken.cancelled():
-                self._close_code, self._close_reason = CLOSE_NORMAL, "taken_over"
-            elif not reader.cancelled() and reader.exception() is not None:
-                log.error("video stream %s failed", sid, exc_info=reader.exception())
-                self._close_code, self._close_reason = CLOSE_INTERNAL_ERROR, "server_error"
-            if self._close_reason not in RESUMABLE:
-                await self._manager.close_session(sid, self._close_reason)
-                if self._close_code == CLOSE_NORMAL and not sender.done():
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(FLUSH_TIMEOUT_S):
-                            await sink.flushed()  # session.done is the last message queued
-        finally:
-            sink.close()
-            for task in tasks:
-                task.cancel()
-            await asyncio.wait(tasks)
-            for task in tasks:  # retrieved, so none is reported as never retrieved
-                if not task.cancelled() and task.exception() is not None:
-                    log.debug(
-                        "video stream %s: %s ended: %r", sid, task.get_name(), task.exception()
-                    )
-            await self._leave(session)
-
-    async def _output(
-        self, session: Session, sink: VideoStreamSink, resume: SessionResumeMessage | None
-    ) -> None:
-        """The sender: on a resume, what the client missed first; then the live output.
-        Meanwhile the reader may already apply new messages: their output waits."""
-        if resume is not None:
-            await sink.catch_up(session.event_log, session.session_id, resume.last_event_id)
-        await sink.run()
-
-    @staticmethod
-    def _too_slow(sender: asyncio.Task[None]) -> bool:
-        return not sender.cancelled() and isinstance(sender.exception(), SlowClientError)
-
-    def _sender_ended(self, sender: asyncio.Task[None]) -> None:
-        if self._too_slow(sender):
-            log.warning("video stream: %s", sender.exception())
-            self._close_code, self._close_reason = CLOSE_POLICY, "slow_client"
-        else:  # the socket is gone: nothing more can be sent
-            self._close_code, self._close_reason = None, "client_gone"
-
-    async def _leave(self, session: Session) -> None:
-        """Close the session, or leave it to wait for a resume when the client may come
-        back (it dropped, or a resume took over)."""
-        if self._close_reason not in RESUMABLE:
-            await self._manager.close_session(session.session_id, self._close_reason)
-            return
-        try:
-            await session.detach(self.grace_s)
+            return await self._apply(parse_message(raw), session)
+        except MessageError as exc:
+            self._error(str(exc), exc.code)
         except SessionClosedError:
-            return
-        log.info(
-            "video stream %s: connection ended (%s); resumable for %g s",
-            session.session_id,
-            self._close_reason,
-            self.grace_s,
-        )
+            self.finish(SESSION_CLOSED)
+            return True
+        except ParleyError as exc:
+            self._error(str(exc), exc.code)
+        return False
 
-    async def _serve(self, session: Session, sink: VideoStreamSink) -> None:
-        while True:
-            try:
-                await sink.input_room()  # the replies to what we read so far go out first
-            except SlowClientError as exc:
-                log.warning("video stream %s: %s", session.session_id, exc)
-                self._close_code, self._close_reason = CLOSE_POLICY, "slow_client"
-                return
-            raw = await self._receive()
-            if raw is None:
-                return
-            try:
-                if await self._handle(parse_message(raw), session, sink):
-                    return
-            except MessageError as exc:
-                self._error(sink, str(exc), exc.code)
-            except SessionClosedError:
-                return
-            except ParleyError as exc:
-                self._error(sink, str(exc), exc.code)
-
-    def _error(self, sink: VideoStreamSink, text: str, code: str) -> None:
+    def _error(self, text: str, code: str) -> None:
         """An `error` about a client message, within the connection's error budget."""
         if self._errors.admit(code, text):
-            sink.send_message(ErrorMessage(message=text, code=code))
+            self._tell(ErrorMessage(message=text, code=code))
 
     def _summarise_errors(self, count: int, first: str) -> None:
-        if self._sink is not None and not self._sink.closed:
+        if self.session is not None and not self.closed:
             text = summary_text(count, first, self._errors.limit, self._errors.window_s)
-            self._sink.send_message(ErrorMessage(message=text, code="errors_suppressed"))
+            self._tell(ErrorMessage(message=text, code="errors_suppressed"))
 
-    async def _handle(
-        self, message: ClientMessage, session: Session, sink: VideoStreamSink
-    ) -> bool:
+    async def _apply(self, message: ClientMessage, session: Session) -> bool:
         """Apply one message; True when the client is done."""
         match message:
             case VideoFrameMessage():
                 await self._frame(message.data, session)
             case AudioChunkMessage():
-                await self._audio(message.data, session, sink)
+                await self._audio(message.data, session)
             case VideoQueryMessage():
-                await self._query(message.text, session, sink)
+                await self._query(message.text, session)
             case VideoDoneMessage():
-                await sink.idle()
-                self._close_code, self._close_reason = CLOSE_NORMAL, "client_done"
+                await self._idle_after_answer()
+                self.finish(CLIENT_DONE, CLOSE_NORMAL)
                 return True
             case PingMessage():
-                sink.send_message(Pong())
+                self._tell(Pong())
             case SessionConfigMessage():
                 raise MessageError(
                     "session.config: the session is configured already; its settings are "
@@ -534,7 +406,7 @@ class VideoChatStream:
     def _too_large(size: int) -> str:
         return f"Frame too large: {size} bytes; the limit is {MAX_FRAME_BYTES} bytes (10 MiB)"
 
-    async def _audio(self, data: str, session: Session, sink: VideoStreamSink) -> None:
+    async def _audio(self, data: str, session: Session) -> None:
         try:
             pcm = base64.b64decode(data, validate=True)
         except (binascii.Error, ValueError):
@@ -543,24 +415,24 @@ class VideoChatStream:
             raise MessageError(
                 "Invalid audio data: PCM16 audio has an even number of bytes", "invalid_audio"
             )
-        frames, dropped = self._window.add(pcm)
+        frames, dropped = self.state.window.add(pcm)
         if dropped:
-            self._unreported_drop += dropped
-            self._warn_overflow(sink)
+            self.state.unreported_drop += dropped
+            self._warn_overflow()
         for piece in _pieces(frames):
             await session.append_audio(piece, SAMPLE_RATE, 1)
 
-    def _warn_overflow(self, sink: VideoStreamSink, *, now: bool = False) -> None:
+    def _warn_overflow(self, *, now: bool = False) -> None:
         """Say how much old audio was dropped: at most once a second, unless `now`."""
         clock = asyncio.get_running_loop().time()
-        if not self._unreported_drop or (
-            not now and clock - self._last_warning < OVERFLOW_WARNING_INTERVAL_S
+        if not self.state.unreported_drop or (
+            not now and clock - self.state.last_warning < OVERFLOW_WARNING_INTERVAL_S
         ):
             return
-        dropped, self._unreported_drop = self._unreported_drop, 0
-        self._last_warning = clock
-        keep = self._window.max_bytes
-        sink.send_message(
+        dropped, self.state.unreported_drop = self.state.unreported_drop, 0
+        self.state.last_warning = clock
+        keep = self.state.window.max_bytes
+        self._tell(
             ErrorMessage(
                 message=f"Audio buffer overflow: dropped the oldest {ms_of(dropped)} ms "
                 f"({dropped} bytes) of audio; the buffer keeps the newest "
@@ -569,12 +441,12 @@ class VideoChatStream:
             )
         )
 
-    async def _query(self, text: str, session: Session, sink: VideoStreamSink) -> None:
+    async def _query(self, text: str, session: Session) -> None:
         if session.responding:
             await session.cancel_response()  # a soft interrupt: the new question wins
-        audio, dropped = self._window.take()
-        self._warn_overflow(sink, now=True)
-        if self._config.use_audio_in_video and len(audio) >= MIN_QUERY_AUDIO_BYTES:
+        audio, dropped = self.state.window.take()
+        self._warn_overflow(now=True)
+        if self.state.config.use_audio_in_video and len(audio) >= MIN_QUERY_AUDIO_BYTES:
             if dropped:  # the session also holds audio older than the window: replace it
                 await session.clear_audio()
                 for piece in _pieces(audio):
@@ -584,7 +456,7 @@ class VideoChatStream:
             await session.clear_audio()
         await session.add_text(text)
         await session.create_response()
-        sink.expect_response()
+        self._idle.clear()  # `video.done` waits for this answer
 
 
 VideoStreams: TypeAlias = ConnectionRegistry[VideoChatStream]

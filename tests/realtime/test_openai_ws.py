@@ -23,8 +23,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from loadtest.speech import silence, speak, trim_silence
 from realtime.g711 import ulaw_encode
+from realtime.websocket.connection import MAX_MESSAGE_BYTES
 from realtime.websocket.ga_events import source_id
-from realtime.websocket.openai_ws import MAX_MESSAGE_BYTES
 from tests.realtime.apps import ServedApp, fake_graph_file, served_app
 from tests.realtime.clients import RecordingClient
 from web.app import create_app
@@ -259,6 +259,11 @@ async def test_g711_both_ways(server: ServedApp) -> None:
         if e["type"] == "response.output_audio.delta"
     )
     assert len(audio) == 6 * 8_000  # one byte a sample at 8 kHz
+    # Each audio delta is named after the last event sent before it: `<that id>~<n>`.
+    ids = [e["event_id"] for e in client.events if e["type"] == "response.output_audio.delta"]
+    anchors = {e["event_id"] for e in client.events if "~" not in e["event_id"]}
+    assert all(i.count("~") == 1 and i.split("~")[0] in anchors for i in ids), ids[:3]
+    assert [int(i.split("~")[1]) for i in ids] == sorted({int(i.split("~")[1]) for i in ids})
 
 
 async def test_auth_by_header_subprotocol_or_secret(server: ServedApp) -> None:

@@ -27,7 +27,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from loadtest.speech import speak, trim_silence
 from realtime.auth import Authenticator
-from realtime.websocket import video_stream
+from realtime.websocket import connection, video_stream
 from realtime.websocket.ga_events import source_id
 from sessions.session import SessionLimits
 from tests.fakes.fake_engine import FakeEngine
@@ -285,7 +285,7 @@ async def test_a_message_over_16_mib_closes_with_1009(open_client: OpenClient) -
 async def test_the_app_keeps_its_own_message_limit_behind_any_server(
     open_client: OpenClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(video_stream, "MAX_MESSAGE_BYTES", 64 * 1024)  # under uvicorn's
+    monkeypatch.setattr(connection, "MAX_MESSAGE_BYTES", 64 * 1024)  # under uvicorn's
     async with open_client({}) as client:
         await client.send(type="ping")
         await client.wait_for("pong")

@@ -1,0 +1,70 @@
+"""What the routes serve with: one typed object, owned by the app's lifespan.
+
+Some of it lives as long as the app (settings, auth, metrics, the resume registries); the
+session manager and the call registry exist only while the server runs, and they come and
+go together. They are one `Running` value, not two optional fields: a route asks once
+whether the server runs (`services.running`) and then has both, typed, with nothing left
+to re-check. `services_of()` is how a route finds the app's Services.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+from starlette.requests import HTTPConnection
+
+from pipeline.types import Pipeline
+from realtime.auth import Authenticator
+from realtime.webrtc.registry import CallRegistry
+from realtime.websocket.connections import DEFAULT_GRACE_S
+from realtime.websocket.openai_accept import OpenAIConnections
+from realtime.websocket.video_stream import VideoStreams
+from sessions.manager import SessionManager
+from sessions.metrics import SessionMetrics
+
+from .settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """What exists while the server runs: made together by the lifespan, gone together."""
+
+    manager: SessionManager
+    calls: CallRegistry
+
+
+@dataclass
+class Services:
+    """What the routes need, owned by the app's lifespan."""
+
+    settings: Settings
+    redis_url: str
+    metrics: SessionMetrics = field(default_factory=SessionMetrics)
+    redis: aioredis.Redis | None = None
+    pipeline: Pipeline | None = None
+    pipeline_error: str | None = None
+    pipeline_ready: bool = False
+    running: Running | None = None
+    """The session manager and the call registry; None while the server starts or stops."""
+    auth: Authenticator = field(default_factory=lambda: Authenticator(None))
+    websockets: OpenAIConnections = field(default_factory=OpenAIConnections)
+    """OpenAI Realtime WebSocket connections by session, for resumes."""
+    video_streams: VideoStreams = field(default_factory=VideoStreams)
+    """Video chat streams by session, for resumes."""
+    resume_grace_s: float = DEFAULT_GRACE_S
+    """How long a WebSocket session outlives its dropped connection, for a resume."""
+
+    @property
+    def manager(self) -> SessionManager | None:
+        return self.running.manager if self.running is not None else None
+
+    @property
+    def calls(self) -> CallRegistry | None:
+        return self.running.calls if self.running is not None else None
+
+
+def services_of(connection: HTTPConnection) -> Services:
+    """The Services of the app serving `connection` (a request or a WebSocket)."""
+    services: Services = connection.app.state.services
+    return services
