@@ -21,6 +21,7 @@ import asyncio
 import collections
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,19 @@ MAX_MESSAGE_BYTES = 256 * 1024
 ERROR_LIMIT = 20
 """`error` events about the client's own messages per second; the rest are summarised."""
 SESSION_CLOSE_TIMEOUT_S = 10.0
+
+
+_EVENT_ID = re.compile(rb'"event_id"\s*:\s*"([^"\\]{1,256})"')
+EVENT_ID_SCAN_BYTES = 1024
+"""How far into a refused message its `event_id` is looked for (it is not parsed)."""
+
+
+def client_event_id(message: str | bytes) -> str | None:
+    """The `event_id` of a message refused unparsed (too large, or no room for it), when
+    its first KiB names one; clients put it up front, and a flood must stay cheap."""
+    head = message[:EVENT_ID_SCAN_BYTES]
+    found = _EVENT_ID.search(head.encode() if isinstance(head, str) else head)
+    return found.group(1).decode(errors="replace") if found else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,11 +159,13 @@ class WebRTCCall(PlayoutSink):
         size = len(message)
         if size > MAX_MESSAGE_BYTES:
             self._refuse(
+                message,
                 "message_too_large",
                 f"the message is {size:,} bytes; the limit is {MAX_MESSAGE_BYTES:,} per event",
             )
         elif self._inbox.full() or self._inbox_bytes + size > INBOUND_BYTES:
             self._refuse(
+                message,
                 "rate_limited",
                 "too many client events at once; this one was dropped (send them more slowly)",
             )
@@ -157,13 +173,16 @@ class WebRTCCall(PlayoutSink):
             self._inbox_bytes += size
             self._inbox.put_nowait(message)
 
-    def _refuse(self, code: str, message: str) -> None:
+    def _refuse(self, message: str | bytes, code: str, text: str) -> None:
+        """An `error` about a message that is not applied, pointing at its `event_id`
+        like one about a malformed message, within the dispatcher's error budget."""
         self.refused_messages += 1
         dispatcher, session = self._dispatcher, self.session
         if dispatcher is None or session is None or session.closed:
             return
-        if dispatcher.errors is None or dispatcher.errors.admit(code, message):
-            session.report_error(ProtocolError(code, message))
+        if dispatcher.errors is None or dispatcher.errors.admit(code, text):
+            error = ProtocolError(code, text, client_event_id(message))
+            session.report_error(error, error.event_id)
 
     async def _read_channel(self) -> None:
         """One reader, so client events are applied in the order they were sent."""
