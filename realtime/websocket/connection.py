@@ -117,6 +117,7 @@ class MessageConnection(PacedSender):
         self._end = asyncio.Event()
         self._done = asyncio.Event()
         self._socket_closed = False
+        self._session_ended = False
         self._held: collections.deque[Event] | None = None
         self._resume_from: tuple[str | None] | None = None
         """(the client's last event id,) while a resume's catch-up is due."""
@@ -299,8 +300,10 @@ class MessageConnection(PacedSender):
                 await self.websocket.close(self.close_code, reason)
 
     async def _end_session(self, session: Session) -> None:
-        """Close the session with the connection's reason (a no-op once it has ended)."""
-        await self.manager.close_session(session.session_id, self.close_reason)
+        """Close the session with the connection's reason, once."""
+        if not self._session_ended:
+            self._session_ended = True
+            await self.manager.close_session(session.session_id, self.close_reason)
 
     async def _leave(self, session: Session) -> None:
         """Close the session, or leave it to wait for a resume when the client may come
@@ -338,6 +341,9 @@ class MessageConnection(PacedSender):
                 async with asyncio.timeout(CLOSE_VERDICT_S):
                     await self._end.wait()
             self.finish(CLIENT_GONE, None)
+        except Exception:
+            log.exception("session %s: the sender failed", self._session_id)
+            self.finish(SERVER_ERROR, CLOSE_INTERNAL_ERROR)
 
     async def _read(self) -> None:
         """One reader, so client messages are applied in the order they were sent."""

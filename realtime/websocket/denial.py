@@ -9,9 +9,8 @@ HTTP response; elsewhere the socket closes with 1008.
 from __future__ import annotations
 
 from starlette.responses import JSONResponse
+from starlette.status import WS_1008_POLICY_VIOLATION
 from starlette.websockets import WebSocket
-
-CLOSE_POLICY = 1008
 
 
 async def deny(
@@ -26,4 +25,4 @@ async def deny(
         body = {"error": {"type": kind, "code": code, "message": message}}
         await websocket.send_denial_response(JSONResponse(body, status))
     else:
-        await websocket.close(CLOSE_POLICY, code)
+        await websocket.close(WS_1008_POLICY_VIOLATION, code)

@@ -65,6 +65,20 @@ def error_message(
     }
 
 
+def ga_messages(
+    event: Event, expander: GAExpander, formats: AudioFormats
+) -> list[tuple[Message, bool]]:
+    """OpenAI's message mapping: the GA JSON of a session event, completed by `expander`,
+    each message with its `after_audio` flag. Audio deltas map to nothing: the audio itself
+    comes through `audio()`, and a replay never sends stale audio."""
+    if isinstance(event, OutputAudioDelta):
+        return []
+    wire = to_wire(event, formats=formats)
+    if wire is None:
+        return []
+    return [(m, m["type"] in AFTER_AUDIO) for m in expander.expand(event, wire)]
+
+
 class OpenAIRealtimeConnection(MessageConnection):
     RESUMABLE = frozenset({CLIENT_GONE, TAKEN_OVER, "client_too_slow", MESSAGE_TOO_BIG})
     """Every end but the client's clean close and the session's own leaves the session
@@ -101,12 +115,7 @@ class OpenAIRealtimeConnection(MessageConnection):
     # --- the message mapping -------------------------------------------------------------
 
     def messages(self, event: Event) -> list[tuple[Message, bool]]:
-        if isinstance(event, OutputAudioDelta):  # the audio itself comes through audio()
-            return []
-        wire = to_wire(event, formats=self.formats)
-        if wire is None:
-            return []
-        return [(m, m["type"] in AFTER_AUDIO) for m in self.expander.expand(event, wire)]
+        return ga_messages(event, self.expander, self.formats)
 
     def observe(self, event: Event) -> None:
         if isinstance(event, OutputAudioDelta):

@@ -1,18 +1,19 @@
-"""What a reconnecting client missed: the event log after its last event, as GA JSON.
+"""What a reconnecting client missed: the event log after its last event, as wire messages.
 
 The log holds the session's own events (`sessions.records.event_to_dict`), not wire JSON.
-We rebuild each event and run the *whole* log through the connection's fresh GAExpander:
-the expander's state (the response in progress, its text so far) must be what it was
-live, and its ids are deterministic, so the replay carries exactly the ids the client
-would have seen. Everything after the client's `last_event_id` is missed.
+We rebuild each event and run the *whole* log through the connection's fresh message
+mapping (for an OpenAI client, its GAExpander): the mapping's state (the response in
+progress, its text so far) must be what it was live, and its ids are deterministic, so
+the replay carries exactly the ids the client would have seen. Everything after the
+client's `last_event_id` is missed.
 
 `last_event_id` may be any id the client received: a logged event (`evt_…`), an event
 the expander added (`evt_….2`), or an audio delta (`<last event id>~<n>`, named after the
 event sent just before it). Audio is never replayed: it is stale by now, and the items
 and transcripts say what was said.
 
-The video chat stream (video_sink.py) replays the same way, through its own message
-mapper: `replay_messages` is the part the two share.
+Both WebSocket protocols replay this way, each through its own message mapping
+(`MessageConnection.messages`, connection.py): `replay_messages` is the part they share.
 """
 
 from __future__ import annotations
@@ -29,9 +30,7 @@ from sessions.event_log import EventLog
 from sessions.events import Event
 from sessions.records import event_from_dict
 
-from ..client_events import AudioFormats
-from ..server_events import to_wire
-from .ga_events import GAExpander, source_id
+from .ga_events import source_id
 
 log = logging.getLogger("parley.realtime.websocket.resume")
 
@@ -102,19 +101,3 @@ def replay_messages(
     if not replay.found:
         replay.missed = everything
     return replay
-
-
-def replay_after(
-    bodies: list[dict[str, Any]],
-    expander: GAExpander,
-    formats: AudioFormats,
-    last_event_id: str | None,
-) -> Replay:
-    """The events after `last_event_id` (all of them when None) in this OpenAI Realtime
-    connection's spelling; `expander` is left in the state the live stream continues from."""
-
-    def expand(event: Event) -> list[Message]:
-        wire = to_wire(event, formats=formats)
-        return [] if wire is None else expander.expand(event, wire)
-
-    return replay_messages(bodies, expand, last_event_id)

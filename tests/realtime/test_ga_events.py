@@ -7,13 +7,23 @@ from typing import Any
 from realtime.client_events import AudioFormats
 from realtime.server_events import to_wire
 from realtime.websocket.ga_events import GAExpander, source_id
-from realtime.websocket.resume import replay_after
+from realtime.websocket.openai_ws import ga_messages
+from realtime.websocket.resume import Replay, replay_messages
 from sessions import events as ev
 from sessions.config import SessionConfig
 from sessions.events import ConversationItem, Event
 from sessions.records import event_to_dict
 
 FORMATS = AudioFormats()
+
+
+def replay_after(
+    bodies: list[dict[str, Any]], expander: GAExpander, formats: AudioFormats, last: str | None
+) -> Replay:
+    """What an OpenAI client missed after `last`, through the connection's own mapping."""
+    return replay_messages(
+        bodies, lambda e: [m for m, _ in ga_messages(e, expander, formats)], last
+    )
 
 
 def a_turn() -> list[Event]:
