@@ -30,6 +30,7 @@ from .graph_config import (
     wrong_engine_kind,
 )
 from .metrics import PipelineMetrics
+from .tasks import cancel_all
 from .types import (
     AudioChunk,
     Chunk,
@@ -146,6 +147,7 @@ class StageGraph:
             if stage.name not in self._entry:
                 inputs[stage.name] = Channel(self.channel_size)
                 open_upstreams[stage.name] = len(self.config.upstream(stage.name))
+        # tasks and not a TaskGroup: their scope spans this generator's yields
         tasks = [
             asyncio.create_task(
                 self._run_stage(stage, request, inputs, open_upstreams, out),
@@ -165,12 +167,10 @@ class StageGraph:
                     return
             yield End()
         finally:
-            for task in tasks:
-                task.cancel()
             out.discard()
             for channel in inputs.values():
                 channel.discard()
-            await asyncio.wait(tasks)
+            await cancel_all(tasks)
 
     async def _run_stage(
         self,

@@ -24,6 +24,7 @@ from .connectors.base import LinkClosed, LinkUnavailable
 from .connectors.redis_streams import RedisStreamLink
 from .link_messages import Alive, Fatal, Ready
 from .stage_client import RETRY_S, LinkedStage
+from .tasks import cancel_and_wait
 
 log = logging.getLogger("parley.pipeline.remote")
 
@@ -82,10 +83,8 @@ class RemoteEngine(LinkedStage):
 
     async def close(self) -> None:
         self._closing = True
-        if self._waiter is not None:
-            self._waiter.cancel()
-            await asyncio.wait({self._waiter})
-            self._waiter = None
+        waiter, self._waiter = self._waiter, None
+        await cancel_and_wait(waiter)
         if self._pending is not None:  # the remote side never came
             await self._pending.close()
             self._pending = None

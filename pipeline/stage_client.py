@@ -37,6 +37,7 @@ from .link_messages import (
     Stats,
     StatsReply,
 )
+from .tasks import cancel_and_wait
 from .types import Chunk, End, EntryEngine, ErrorChunk, PipelineRequest, StageInput, StreamEngine
 
 log = logging.getLogger("parley.pipeline.stage_client")
@@ -75,10 +76,8 @@ class LinkedStage(EntryEngine, StreamEngine):
     async def _detach(self) -> None:
         """Stop reading and close the link (for close()); idempotent."""
         self._closing = True
-        if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.wait({self._reader})
-            self._reader = None
+        reader, self._reader = self._reader, None
+        await cancel_and_wait(reader)
         if self._link is not None:
             link, self._link = self._link, None
             await link.close()
@@ -216,6 +215,7 @@ class LinkedStage(EntryEngine, StreamEngine):
         try:
             await link.send(Generate(request_id, request, streamed=upstream is not None))
             if upstream is not None:
+                # a task and not a TaskGroup: its scope spans this generator's yields
                 feeder = asyncio.create_task(self._feed(link, request_id, upstream))
             async for chunk in channel:
                 yield chunk
@@ -231,9 +231,7 @@ class LinkedStage(EntryEngine, StreamEngine):
             self._mark_down(str(exc))
             yield ErrorChunk(f"the {self.name} stage is not answering ({exc})", self.name)
         finally:
-            if feeder is not None:
-                feeder.cancel()
-                await asyncio.wait({feeder})
+            await cancel_and_wait(feeder)
             if finished:
                 self._requests.pop(request_id, None)
             else:

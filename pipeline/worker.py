@@ -18,6 +18,7 @@ from .connectors.base import LinkClosed
 from .connectors.shm import DEFAULT_CAPACITY, ShmLink
 from .link_messages import Close, Fatal, Ready
 from .stage_client import LinkedStage
+from .tasks import cancel_and_wait
 from .worker_main import WorkerSpec, launch_args
 
 log = logging.getLogger("parley.pipeline.worker")
@@ -108,10 +109,8 @@ class WorkerEngine(LinkedStage):
     async def close(self) -> None:
         """Stop the child (politely, then by force). Idempotent."""
         self._closing = True
-        if self._supervisor is not None:
-            self._supervisor.cancel()
-            await asyncio.wait({self._supervisor})
-            self._supervisor = None
+        supervisor, self._supervisor = self._supervisor, None
+        await cancel_and_wait(supervisor)
         if self._link is not None:
             with contextlib.suppress(LinkClosed):
                 await self._link.send(Close())

@@ -48,6 +48,7 @@ from .link_messages import (
     Stats,
     StatsReply,
 )
+from .tasks import cancel_all, cancel_and_wait
 from .types import (
     Chunk,
     End,
@@ -171,12 +172,13 @@ async def _serve_until_closed(server: _Server, link: Link, heartbeat_s: float | 
 
 
 async def _serve_with_heartbeat(server: _Server, link: Link, every_s: float) -> None:
+    # a task and not a TaskGroup: the heartbeat never ends by itself, and a TaskGroup would
+    # hand serve()'s LinkUnavailable to the caller inside an ExceptionGroup
     beat = asyncio.create_task(_heartbeat(link, every_s), name="stage:heartbeat")
     try:
         await server.serve()
     finally:
-        beat.cancel()
-        await asyncio.wait({beat})
+        await cancel_and_wait(beat)
 
 
 async def _heartbeat(link: Link, every_s: float) -> None:
@@ -257,18 +259,12 @@ class _Server:
             await self.link.send(Done(rid))
 
     async def _abort(self, rid: str) -> None:
-        task = self.tasks.get(rid)
-        if task is not None:
-            task.cancel()
-            await asyncio.wait({task})
+        await cancel_and_wait(self.tasks.get(rid))
         await self.engine.abort(rid)
 
     async def stop(self) -> None:
-        tasks = list(self.tasks.values())
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
+        """Cancel every request in flight and wait until each has ended."""
+        await cancel_all(self.tasks.values())
 
 
 async def _refuse(message: str) -> AsyncGenerator[Chunk, None]:

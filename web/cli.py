@@ -22,6 +22,7 @@ import uvicorn
 from pipeline.graph_config import GraphConfigError, load_graph
 from pipeline.registry import PipelineNotFound, graph_path
 from pipeline.remote import serve_remote_stage
+from pipeline.tasks import cancel_and_wait
 from realtime.ice import is_loopback
 
 from .app import Services, create_app
@@ -94,12 +95,13 @@ async def _serve(settings: Settings, redis_url: str) -> None:
         ws_max_size=WS_MAX_SIZE,
     )
     server = _Server(config)
+    # a task and not a TaskGroup: the server's end must stop it rather than wait for it, and
+    # its PipelineFailed is read below rather than raised inside an ExceptionGroup
     announce = asyncio.create_task(_announce_when_ready(server, services, settings))
     try:
         await server.serve()
     finally:
-        announce.cancel()
-        await asyncio.wait({announce})
+        await cancel_and_wait(announce)
     if not announce.cancelled() and isinstance(announce.exception(), PipelineFailed):
         print(f"parley: {announce.exception()}", file=sys.stderr, flush=True)
         raise SystemExit(1)

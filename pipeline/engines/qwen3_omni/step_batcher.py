@@ -17,6 +17,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
+from ...tasks import cancel_and_wait
 from .model_thread import ModelThread
 
 ItemT = TypeVar("ItemT")
@@ -54,9 +55,7 @@ class StepBatcher(Generic[ItemT, ResultT]):
     async def close(self) -> None:
         """Stop dispatching; steps still waiting fail. Idempotent."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.wait({task})
+        await cancel_and_wait(task)
         for _, waiter in self._queue:
             if not waiter.done():
                 waiter.set_exception(RuntimeError(f"{self.name} is closed"))

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ...tasks import cancel_and_wait
 from ...types import Chunk, CodecCodes, End, ErrorChunk, HiddenStates, StageInput, StreamEngine
 from .frame_predictor import FramePredictor
 from .fused_moe import install_fused_moe
@@ -163,11 +164,7 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
         except UpstreamError as exc:
             yield exc.chunk
         finally:
-            if reader is not None:
-                reader.cancel()
-                await asyncio.wait({reader})
-                if not reader.cancelled():
-                    reader.exception()  # retrieved: an error already ended the request
+            await cancel_and_wait(reader)  # its error, if any, already ended the request
             self._requests.end(request_id)
             if state is not None:  # finished, aborted or cancelled: its cache row goes back
                 self.thread.post(runner.release, state)
