@@ -1,4 +1,5 @@
 # Two entry points: `make serve` and `make test`. Both install what they need first and are idempotent.
+# `make test-quick` is the loop to run often: the same checks, the suite without its `slow` tests.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -6,13 +7,16 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SYSTEM_PACKAGES := redis-server espeak-ng sox chromium
 
-.PHONY: serve test check system-deps deps clean
+.PHONY: serve test test-quick check system-deps deps clean
 
 serve: deps
 	$(BIN)/parley serve
 
 test: deps check
 	$(BIN)/pytest
+
+test-quick: deps check
+	$(BIN)/pytest -m "not slow"
 
 check: deps
 	$(BIN)/ruff check .

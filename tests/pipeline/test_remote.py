@@ -117,6 +117,7 @@ def parley_stage(path: Path, redis_url: str) -> subprocess.Popen[bytes]:
     )
 
 
+@pytest.mark.slow
 async def test_a_killed_remote_stage_fails_fast_and_is_used_again_when_it_returns(
     stage_processes: list[subprocess.Popen[bytes]],
     remote_graph: tuple[StageGraph, Path],
@@ -145,6 +146,7 @@ async def test_a_killed_remote_stage_fails_fast_and_is_used_again_when_it_return
     await answered_again(graph, within_s=30)
 
 
+@pytest.mark.slow
 async def test_a_redis_outage_under_a_remote_stage_is_ridden_out(tmp_path: Path) -> None:
     own = RedisProcess()
     own.start()

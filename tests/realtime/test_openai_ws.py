@@ -71,6 +71,7 @@ def types(events: list[Any]) -> list[str]:
     return [e["type"] if isinstance(e, dict) else e.type for e in events]
 
 
+@pytest.mark.slow
 async def test_the_openai_sdk_holds_a_spoken_turn(server: ServedApp) -> None:
     base_url = f"{server.http_url}/v1"
     async with (
@@ -231,6 +232,7 @@ async def test_malformed_messages_get_errors_and_the_connection_stays_open(
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
 
 
+@pytest.mark.slow
 async def test_g711_both_ways(server: ServedApp) -> None:
     async with raw(server) as client:
         await client.wait_for(lambda e: e["type"] == "session.created")

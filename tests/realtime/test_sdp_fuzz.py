@@ -69,6 +69,7 @@ async def post(http: httpx.AsyncClient, mutant: Mutant) -> tuple[httpx.Response,
     return response, time.monotonic() - started
 
 
+@pytest.mark.slow
 async def test_thousands_of_mutated_offers_get_quick_answers_and_leave_nothing(
     http: httpx.AsyncClient, app: Starlette, unseen_task_errors: list[dict[str, Any]]
 ) -> None:

@@ -43,6 +43,7 @@ def question() -> np.ndarray:
     return np.concatenate([silence(300), trim_silence(speak("What is the weather like today?"))])
 
 
+@pytest.mark.slow
 async def test_a_spoken_question_gets_an_audible_answer_and_transcript_events(
     caller: Caller, app: Starlette
 ) -> None:
@@ -72,6 +73,7 @@ async def test_a_spoken_question_gets_an_audible_answer_and_transcript_events(
     assert transcript.strip().startswith("Hello there")
 
 
+@pytest.mark.slow
 async def test_speaking_over_the_answer_stops_it_and_truncates_the_item(caller: Caller) -> None:
     assert (await caller.connect()).status_code == 201
     caller.mic.say(question())
@@ -93,6 +95,7 @@ async def test_speaking_over_the_answer_stops_it_and_truncates_the_item(caller: 
     assert not old_audio or old_audio[-1] - interrupted_at < 1.0
 
 
+@pytest.mark.slow
 async def test_camera_frames_reach_the_frame_cache_at_the_configured_rate(
     http: httpx.AsyncClient, app: Starlette
 ) -> None:

@@ -121,6 +121,7 @@ def random_datagram(rng: random.Random) -> bytes:
     return bytes([first]) + rng.randbytes(size - 1)
 
 
+@pytest.mark.slow
 async def test_random_datagrams_at_a_calls_port_do_not_end_it(
     callers: tuple[Caller, Caller, int],
     http: httpx.AsyncClient,
@@ -150,6 +151,7 @@ def rtp_with_bad_audio_level(sequence: int, ssrc: int) -> bytes:
     return header + extension + UNDECODABLE_OPUS
 
 
+@pytest.mark.slow
 async def test_malformed_rtp_and_rtcp_from_the_peer_do_not_end_its_call(
     callers: tuple[Caller, Caller, int],
     http: httpx.AsyncClient,
@@ -192,6 +194,7 @@ def garbling(send: Callable[[bytes], Awaitable[None]], on: asyncio.Event) -> Any
     return send_rtp
 
 
+@pytest.mark.slow
 async def test_opus_that_fails_to_decode_for_a_while_is_counted_and_the_call_recovers(
     callers: tuple[Caller, Caller, int],
     http: httpx.AsyncClient,

@@ -181,6 +181,7 @@ async def test_an_abrupt_drop_keeps_the_session_for_a_resume(
 # --- churn ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_hundreds_of_connect_talk_close_cycles_never_hit_the_session_cap(
     server: ServedApp, redis: aioredis.Redis
 ) -> None:

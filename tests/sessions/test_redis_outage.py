@@ -169,6 +169,7 @@ async def check_replay_holds(session: Session, sink: ClockedSink, since: int) ->
     assert [i for i in logged if i in set(sent)] == sent
 
 
+@pytest.mark.slow
 async def test_a_redis_restart_under_live_calls_loses_no_event_and_no_lease(
     own_redis: OwnRedis,
     client: aioredis.Redis,

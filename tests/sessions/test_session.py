@@ -94,6 +94,7 @@ async def test_spoken_turn_gets_a_streamed_answer(
     assert roles == [("user", ""), ("assistant", engine.text)]
 
 
+@pytest.mark.slow
 async def test_barge_in_cancels_and_truncates_at_the_played_position(
     make_session: MakeSession, engine: FakeEngine
 ) -> None:
@@ -322,6 +323,7 @@ async def test_a_redis_outage_does_not_end_the_call(engine: FakeEngine) -> None:
             await client.aclose()
 
 
+@pytest.mark.slow
 async def test_barge_in_after_generation_truncates_what_is_still_playing(
     make_session: MakeSession, engine: FakeEngine
 ) -> None:

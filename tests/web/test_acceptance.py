@@ -274,6 +274,7 @@ async def test_at_the_session_cap_every_transport_refuses_cleanly(redis_url: str
             await caller.close()
 
 
+@pytest.mark.slow
 async def test_a_killed_worker_fails_the_answer_and_the_next_one_works(
     tmp_path: Path, redis_url: str
 ) -> None:

@@ -75,6 +75,7 @@ async def test_not_ready_when_the_pipeline_does_not_load(redis_url: str) -> None
         assert (await client.get("/healthz")).status_code == 200
 
 
+@pytest.mark.slow
 async def test_a_missing_model_package_is_reported_by_readyz(
     redis_url: str, tmp_path: Path
 ) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 
+import pytest
 import redis.asyncio as aioredis
 
 from loadtest.churn import Resources, churn
@@ -26,6 +27,7 @@ async def settled(check: object, within_s: float = 10.0) -> None:
             await asyncio.sleep(0.05)
 
 
+@pytest.mark.slow
 async def test_churn_returns_to_baseline(redis_url: str, redis: aioredis.Redis) -> None:
     async with served_app(Settings(pipeline="echo", max_sessions=8), redis_url) as server:
         manager = server.services.manager

@@ -194,6 +194,7 @@ def children(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_serves_the_cascade_by_default_and_stops_its_workers(servers: list[Server]) -> None:
     port = free_port()
     server = Server("--port", str(port))
@@ -247,6 +248,7 @@ def test_a_bad_graph_file_names_its_line(tmp_path: Path) -> None:
     assert f"{graph}:3" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_pipeline_that_cannot_start_exits_1_and_is_never_announced_ready(
     servers: list[Server], tmp_path: Path
 ) -> None:

@@ -147,6 +147,7 @@ async def sessions(base: str) -> int:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 async def test_a_spoken_question_is_answered_aloud_in_the_page(
     echo_server: tuple[Server, str], question_wav: Path, tmp_path: Path
 ) -> None:
@@ -205,6 +206,7 @@ async def test_a_spoken_question_is_answered_aloud_in_the_page(
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 async def test_a_wrong_api_key_is_a_readable_error(
     keyed_server: tuple[Server, str], question_wav: Path, tmp_path: Path
 ) -> None:

@@ -46,6 +46,7 @@ def rms(pcm: np.ndarray) -> float:
     return float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2)))
 
 
+@pytest.mark.slow
 async def test_a_spoken_question_gets_a_spoken_answer(cascade: StageGraph, speak: Speak) -> None:
     request = PipelineRequest(request_id="resp_q", audio=speak(QUESTION), output_sample_rate=24_000)
     async with asyncio.timeout(60):
@@ -67,6 +68,7 @@ async def test_a_spoken_question_gets_a_spoken_answer(cascade: StageGraph, speak
             assert await engine.remote_active_requests() == 0
 
 
+@pytest.mark.slow
 async def test_the_session_core_turns_speech_into_streamed_speech(
     cascade: StageGraph, speak: Speak, redis: aioredis.Redis
 ) -> None:

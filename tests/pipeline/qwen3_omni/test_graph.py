@@ -78,6 +78,7 @@ async def remote_requests(graph: StageGraph) -> int:
     return sum([await e.remote_active_requests() for e in engines])
 
 
+@pytest.mark.slow
 async def test_workers_stream_hidden_states_and_codes_and_audio_comes_before_the_text_ends() -> (
     None
 ):

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from loadtest.omni_bench_report import PUBLISHED, merge, table_lines
 
 TINY = [
@@ -27,6 +29,7 @@ def bench(out: Path, *extra: str) -> tuple[dict[str, Any], str]:
     return report, done.stdout
 
 
+@pytest.mark.slow
 def test_the_tiny_bench_reports_every_level_and_phase(tmp_path: Path) -> None:
     report, printed = bench(
         tmp_path / "bench.json",

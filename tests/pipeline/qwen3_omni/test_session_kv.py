@@ -427,6 +427,7 @@ async def spoken(
     return "".join(c.text for c in out if isinstance(c, TextDelta)).strip()
 
 
+@pytest.mark.slow
 async def test_a_session_ending_reaches_the_thinker_in_its_worker() -> None:
     """Through the graph, the Thinker in a worker process: a second spoken turn goes on from
     the first (the Talker speaks it), and after `forget_session` it is prefilled from its
