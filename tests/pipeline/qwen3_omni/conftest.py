@@ -1,4 +1,4 @@
-"""The tiny random-weight Qwen3-Omni: built once per test module, graphs in or out of process.
+"""The tiny random-weight Qwen3-Omni: built once per test run, graphs in or out of process.
 
 Random weights never stop by themselves, so every length here is fixed by engine arguments.
 """
@@ -73,9 +73,11 @@ def camera_frame(timestamp_ms: int, seed: int = 0) -> VideoFrame:
     return VideoFrame(image=out.getvalue(), timestamp_ms=timestamp_ms)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_parts() -> dict[str, tuple[Any, Qwen3OmniMoeConfig]]:
-    """The three parts of the tiny model, built once for the module's runner tests."""
+    """The three parts of the tiny model, built once for the whole run. The runner tests only
+    read them (a runner keeps its state, caches and rows, outside the model); a test that
+    changes a model in place (fused experts) builds its own."""
     return {part: build_part(part, tiny=True) for part in ("thinker", "talker", "code2wav")}
 
 

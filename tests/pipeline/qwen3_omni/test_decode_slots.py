@@ -7,7 +7,6 @@ import asyncio
 from typing import Any
 
 import numpy as np
-import pytest
 import torch
 from transformers import Qwen3OmniMoeConfig
 
@@ -144,11 +143,6 @@ def test_a_frame_on_rows_is_the_plain_frame(tiny_parts: Parts) -> None:
         torch.testing.assert_close(
             sums[index : index + 1] + text, talker._frame_embeds(state, codes)
         )
-
-
-@pytest.fixture(scope="module")
-def tiny_parts() -> Parts:
-    return {part: build_part(part, tiny=True) for part in ("thinker", "talker")}
 
 
 ROWS_GRAPH = """\
