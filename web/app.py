@@ -75,6 +75,8 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
         if services.pipeline is None:
             yield
             return
+        # A task the lifespan owns, not a TaskGroup: it must run across the `yield`, which
+        # a TaskGroup in an async generator cannot span.
         loader = asyncio.create_task(_start_pipeline(services, services.pipeline))
         manager = SessionManager(
             services.redis,

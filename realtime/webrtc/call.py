@@ -28,6 +28,7 @@ from typing import Any
 
 from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
 
+from pipeline.tasks import cancel_all
 from sessions.events import Event, ResponseCreated, SessionClosed
 from sessions.playout import PlayoutBuffer, PlayoutSink
 from sessions.session import Session
@@ -126,6 +127,8 @@ class WebRTCCall(PlayoutSink):
             self._on_track(track)
 
     def _spawn(self, coro: Any, what: str) -> None:
+        # Not a TaskGroup: these tasks outlive the callback that starts them (a track or
+        # the data channel arriving); `close()` is their owner and ends them.
         task = asyncio.get_running_loop().create_task(coro, name=f"{self.call_id}:{what}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -245,11 +248,7 @@ class WebRTCCall(PlayoutSink):
                     self.session.session_id,
                     SESSION_CLOSE_TIMEOUT_S,
                 )
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
+        await cancel_all(self._tasks)
         self._early_tracks.clear()
         self.track.stop()
         await close_peer(self.pc)

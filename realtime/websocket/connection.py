@@ -75,7 +75,7 @@ TAKEN_OVER = "taken_over"
 SESSION_CLOSED = "session_closed"
 MESSAGE_TOO_BIG = "message_too_big"
 SERVER_ERROR = "server_error"
-CANCELLED = "server_shutdown"
+SERVER_SHUTDOWN = "server_shutdown"
 
 
 def with_id(message: Message, event_id: str) -> Message:
@@ -275,7 +275,7 @@ class MessageConnection(PacedSender):
                         async with asyncio.timeout(FLUSH_TIMEOUT_S):
                             await self.flushed()
         finally:
-            self.finish(CANCELLED, CLOSE_GOING_AWAY)  # when the route itself was cancelled
+            self.finish(SERVER_SHUTDOWN, CLOSE_GOING_AWAY)  # when the route itself was cancelled
             await cancel_and_wait(reader, sender)
             self.close()
             self.on_close()

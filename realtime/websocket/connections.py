@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Generic, Protocol, TypeVar
 
+from starlette import status
+
 from sessions.errors import SessionNotFoundError
 from sessions.manager import SessionManager
 from sessions.session import Session
@@ -20,7 +22,7 @@ from sessions.session import Session
 DEFAULT_GRACE_S = 30.0
 """How long a session outlives its dropped connection, waiting for a resume."""
 
-CLEAN_CLOSE_CODES = frozenset({1000, 1001})
+CLEAN_CLOSE_CODES = frozenset({status.WS_1000_NORMAL_CLOSURE, status.WS_1001_GOING_AWAY})
 """Close codes that mean the client ended the connection on purpose: its session ends at
 once. Only a close frame the client sent carries one of these. uvicorn reports a dropped
 TCP connection (no close frame) as 1005 with its default, sans-I/O websockets protocol

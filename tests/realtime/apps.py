@@ -16,6 +16,7 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 
+from pipeline.tasks import cancel_and_wait
 from web.app import Services, create_app
 from web.cli import WS_MAX_SIZE
 from web.settings import Settings
@@ -124,6 +125,8 @@ async def served_app(
             **uvicorn_options,
         }
         server = _QuietServer(uvicorn.Config(app, **options))
+        # Not a TaskGroup: the server runs across the `yield`, which a TaskGroup in an
+        # async generator cannot span; the `finally` below owns it.
         task = asyncio.create_task(server.serve(sockets=[sock]), name="uvicorn")
         try:
             async with asyncio.timeout(30):
@@ -136,7 +139,5 @@ async def served_app(
             yield ServedApp(app, port)
         finally:
             server.should_exit = True
-            await asyncio.wait({task}, timeout=15)
-            if not task.done():
-                task.cancel()
-                await asyncio.wait({task})
+            await asyncio.wait({task}, timeout=15)  # a graceful stop first
+            await cancel_and_wait(task)
