@@ -80,7 +80,7 @@ def ga_messages(
 
 
 class OpenAIRealtimeConnection(MessageConnection):
-    RESUMABLE = frozenset({CLIENT_GONE, TAKEN_OVER, "client_too_slow", MESSAGE_TOO_BIG})
+    RESUMABLE = frozenset({CLIENT_GONE, TAKEN_OVER, MessageConnection.TOO_SLOW, MESSAGE_TOO_BIG})
     """Every end but the client's clean close and the session's own leaves the session
     waiting for a resume (a server error is no drop: it ends the session)."""
 

@@ -174,9 +174,12 @@ class VideoChatState:
 class VideoChatStream(MessageConnection):
     """One connection: the video chat mapping on the shared connection lifecycle."""
 
-    RESUMABLE = frozenset({CLIENT_GONE, "slow_client", TAKEN_OVER})
     TOO_SLOW = "slow_client"
+    RESUMABLE = frozenset({CLIENT_GONE, TOO_SLOW, TAKEN_OVER})
+    """A drop, a client too slow to read, a take-over; every other end closes the session
+    (a message over the size limit too)."""
     SAYS_WHY = False
+    """vLLM-Omni's clients get a bare close code."""
 
     def __init__(
         self,
