@@ -18,9 +18,9 @@ from sessions.errors import SessionClosedError, SessionLimitError
 from sessions.manager import SessionManager
 
 from ..client_events import AudioFormats
-from .connection import CLOSE_POLICY, CLOSE_TRY_AGAIN, SOCKET_ERRORS
+from .connection import CLOSE_POLICY, CLOSE_TRY_AGAIN
 from .connections import DEFAULT_GRACE_S, ConnectionRegistry, claim_session
-from .openai_ws import OpenAIRealtimeConnection, error_message
+from .openai_ws import OpenAIRealtimeConnection
 
 log = logging.getLogger("parley.realtime.websocket.accept")
 
@@ -56,69 +56,51 @@ async def serve_openai_realtime(
 ) -> None:
     """Serve one accepted-to-be WebSocket until it closes."""
     await websocket.accept(subprotocol=request.subprotocol)
-    if request.session_id is not None:
-        connection = await _resume(websocket, manager, connections, request)
-    else:
-        connection = await _start(websocket, manager, request)
-    if connection is not None:
-        await connection.serve(connections)
-
-
-async def _start(
-    websocket: WebSocket, manager: SessionManager, request: ConnectRequest
-) -> OpenAIRealtimeConnection | None:
     connection = OpenAIRealtimeConnection(
         websocket, manager, formats=request.formats, beta=request.beta, grace_s=request.grace_s
     )
     try:
-        session = await manager.create(connection, request.config)
+        if request.session_id is not None:
+            bound = await _resume(connection, connections, request)
+        else:
+            bound = await _start(connection, request)
+        if bound:
+            await connection.serve(connections)
+    finally:
+        await connection.close_socket()
+
+
+async def _start(connection: OpenAIRealtimeConnection, request: ConnectRequest) -> bool:
+    try:
+        session = await connection.manager.create(connection, request.config)
     except SessionLimitError as exc:
-        await _refuse(websocket, "session_limit", str(exc), CLOSE_TRY_AGAIN, "server_error")
-        return None
+        await connection.refuse("session_limit", str(exc), CLOSE_TRY_AGAIN, "server_error")
+        return False
     connection.bind(session)
-    return connection
+    return True
 
 
 async def _resume(
-    websocket: WebSocket,
-    manager: SessionManager,
-    connections: OpenAIConnections,
-    request: ConnectRequest,
-) -> OpenAIRealtimeConnection | None:
+    connection: OpenAIRealtimeConnection, connections: OpenAIConnections, request: ConnectRequest
+) -> bool:
     assert request.session_id is not None
-    claimed = await claim_session(manager, connections, request.session_id, request.resume_token)
+    claimed = await claim_session(
+        connection.manager, connections, request.session_id, request.resume_token
+    )
     if claimed is None:
-        await _refuse(
-            websocket,
+        await connection.refuse(
             "session_not_found",
             f"no resumable session {request.session_id} (it ended, or the token is wrong)",
             CLOSE_POLICY,
         )
-        return None
+        return False
     session, old = claimed
     formats = old.formats if old is not None else AudioFormats.for_config(session.config)
-    connection = OpenAIRealtimeConnection(
-        websocket, manager, formats=formats, beta=request.beta, grace_s=request.grace_s
-    )
     try:
         connection.resume_into(session, request.last_event_id)
     except SessionClosedError:
-        await _refuse(websocket, "session_not_found", "the session has just ended", CLOSE_POLICY)
-        return None
-    connection.bind(session)
+        await connection.refuse("session_not_found", "the session has just ended", CLOSE_POLICY)
+        return False
+    connection.bind(session, formats)
     log.info("session %s resumed after %s", session.session_id, request.last_event_id)
-    return connection
-
-
-async def _refuse(
-    websocket: WebSocket,
-    code: str,
-    message: str,
-    close_code: int,
-    error_type: str = "invalid_request_error",
-) -> None:
-    try:
-        await websocket.send_json(error_message(code, message, error_type))
-        await websocket.close(close_code, code)
-    except SOCKET_ERRORS:
-        pass
+    return True

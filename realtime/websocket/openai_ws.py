@@ -105,7 +105,11 @@ class OpenAIRealtimeConnection(MessageConnection):
     def formats(self) -> AudioFormats:
         return self.dispatcher.formats if self.dispatcher is not None else self._formats
 
-    def bind(self, session: Session) -> None:
+    def bind(self, session: Session, formats: AudioFormats | None = None) -> None:
+        """Serve `session` from now on (with `formats`: a resumed session's, as the last
+        connection had them)."""
+        if formats is not None:
+            self._formats = formats
         self.session = session
         self.dispatcher = ClientEventDispatcher(
             session, transport="websocket", g711=self._codec, error_limit=ERROR_LIMIT
@@ -128,6 +132,13 @@ class OpenAIRealtimeConnection(MessageConnection):
 
     def error_message(self, code: str, text: str) -> Message:
         return error_message(code, text)
+
+    async def refuse(
+        self, code: str, text: str, close_code: int, error_type: str = "invalid_request_error"
+    ) -> None:
+        """No session for this connection: an `error` event, then a close saying `code`."""
+        await self.say(error_message(code, text, error_type))
+        self.finish(code, close_code)
 
     def on_close(self) -> None:
         if self.dispatcher is not None:
