@@ -12,6 +12,8 @@ transports all read the same numbers.
 
 from __future__ import annotations
 
+from typing import Final
+
 SAMPLE_BYTES = 2
 """PCM16: two bytes a sample."""
 
@@ -26,7 +28,7 @@ INPUT_FRAME_BYTES = INPUT_FRAME_SAMPLES * SAMPLE_BYTES
 SUPPORTED_INPUT_RATES = (8_000, 11_025, 16_000, 22_050, 24_000, 32_000, 44_100, 48_000)
 """Client audio rates the input resampler takes."""
 
-OUTPUT_SAMPLE_RATE = 24_000
+OUTPUT_SAMPLE_RATE: Final = 24_000
 """The default output rate: OpenAI Realtime's PCM rate, and the speech models' own."""
 SUPPORTED_OUTPUT_RATES = (8_000, 16_000, 24_000, 48_000)
 

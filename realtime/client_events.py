@@ -21,11 +21,10 @@ from typing import Any, Literal, TypeAlias, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from sessions.config import SUPPORTED_OUTPUT_RATES, SessionConfig
-from sessions.errors import InvalidRequestError
-from sessions.resample import SUPPORTED_INPUT_RATES
+from pipeline.audio_format import OUTPUT_SAMPLE_RATE, SUPPORTED_INPUT_RATES, SUPPORTED_OUTPUT_RATES
+from sessions import InvalidRequestError, SessionConfig
 
-PCM_RATE = 24_000
+PCM_RATE = OUTPUT_SAMPLE_RATE
 G711_RATE = 8_000
 _G711 = ("audio/pcmu", "audio/pcma")
 _BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}

@@ -41,9 +41,7 @@ import logging
 from collections.abc import Callable
 from typing import Literal, Protocol, assert_never
 
-from sessions.errors import ParleyError
-from sessions.resample import MAX_APPEND_BYTES
-from sessions.session import Session
+from sessions import MAX_APPEND_BYTES, ParleyError, Session
 
 from .client_events import (
     G711_RATE,
@@ -109,7 +107,7 @@ class ClientEventDispatcher:
         try:
             event = parse_client_event(raw)
         except ProtocolError as exc:
-            self._report(exc, exc.event_id)
+            self.report(exc, exc.event_id)
             return
         await self.handle(event)
 
@@ -118,13 +116,16 @@ class ClientEventDispatcher:
         try:
             await self._perform(event)
         except ParleyError as exc:
-            self._report(exc, event.event_id)
+            self.report(exc, event.event_id)
         except Exception:
             log.exception("session %s: %s failed", self.session.session_id, event.type)
             failure = ParleyError(f"{event.type} failed on the server; the session goes on")
-            self._report(failure, event.event_id)
+            self.report(failure, event.event_id)
 
-    def _report(self, error: ParleyError, client_event_id: str | None) -> None:
+    def report(self, error: ParleyError, client_event_id: str | None) -> None:
+        """Send `error` about the client's event `client_event_id`, within the error budget."""
+        if self.session.closed:
+            return
         if self.errors is None or self.errors.admit(error.code, str(error)):
             self.session.report_error(error, client_event_id)
 

@@ -15,7 +15,7 @@ import base64
 import dataclasses
 from typing import Any, Literal
 
-from sessions.config import SessionConfig, TurnDetectionConfig
+from sessions import SessionConfig, TurnDetectionConfig, event_to_dict
 from sessions.events import (
     AudioBufferCleared,
     AudioBufferCommitted,
@@ -36,7 +36,6 @@ from sessions.events import (
     SpeechStopped,
     new_id,
 )
-from sessions.records import event_to_dict
 
 from .client_events import AudioFormats, format_object
 

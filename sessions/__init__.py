@@ -1,12 +1,61 @@
 """The session core: one conversation's state, turns, responses and buffers, in Redis.
 
-What it offers the transports (`realtime`, `web`):
-- `manager.SessionManager` admits and finds sessions (Redis leases); `session.Session` is
-  one conversation: audio in, turn detection, responses from the pipeline, history, the
-  event stream a transport forwards (`events`), and the output it plays (`sink.OutputSink`).
-- `config` (validated session settings), `errors` (what a client can be told), `state`
-  (the session's state machine), `playout` and `resample` (the audio a transport plays).
-- Redis-backed parts: `audio_buffer`, `frame_cache`, `history`, `event_log`, `store`,
-  `records`, with `redis_link` / `spill` riding out a Redis outage.
-Transport rules (wire formats, connections, resume) stay in `realtime`.
+What it offers the transports (`realtime`, `web`), all importable from `sessions` itself:
+- `SessionManager` admits and finds sessions (Redis leases); a `Session` is one
+  conversation: audio in, turn detection, responses from the pipeline, history, the event
+  stream a transport forwards, and the output it plays (`PlayoutSink` over a
+  `PlayoutBuffer`); `SessionState` is its state machine's states.
+- `SessionConfig` (validated settings) and the errors a client can be told (`ParleyError`
+  and its kinds).
+- `EventLog` and `event_to_dict` / `event_from_dict`: the event log a resume replays.
+- The event vocabulary itself is the module `sessions.events`.
+Transport rules (wire formats, connections, resume) stay in `realtime`; audio formats are
+`pipeline.audio_format`'s.
 """
+
+from .config import MaxFrames, NumFrames, SessionConfig, TurnDetectionConfig, Unit
+from .errors import (
+    ConfigError,
+    InvalidRequestError,
+    MediaError,
+    ParleyError,
+    SessionClosedError,
+    SessionLimitError,
+    SessionNotFoundError,
+)
+from .event_log import EventLog
+from .manager import DEFAULT_MAX_SESSIONS, SessionManager
+from .metrics import SessionMetrics
+from .playout import PlayoutBuffer, PlayoutSink
+from .records import event_from_dict, event_to_dict
+from .resample import MAX_APPEND_BYTES
+from .session import Session
+from .state import SessionState
+from .turns import MIN_COMMIT_MS
+
+__all__ = [
+    "DEFAULT_MAX_SESSIONS",
+    "MAX_APPEND_BYTES",
+    "MIN_COMMIT_MS",
+    "ConfigError",
+    "EventLog",
+    "InvalidRequestError",
+    "MaxFrames",
+    "MediaError",
+    "NumFrames",
+    "ParleyError",
+    "PlayoutBuffer",
+    "PlayoutSink",
+    "Session",
+    "SessionClosedError",
+    "SessionConfig",
+    "SessionLimitError",
+    "SessionManager",
+    "SessionMetrics",
+    "SessionNotFoundError",
+    "SessionState",
+    "TurnDetectionConfig",
+    "Unit",
+    "event_from_dict",
+    "event_to_dict",
+]

@@ -24,10 +24,11 @@ import numpy.typing as npt
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
+from pipeline.audio_format import FRAME_MS
+
 from .errors import RedisUnavailableError
 from .keys import DEFAULT_KEY_TTL_S, SessionKeys
 from .redis_link import RedisLink
-from .resample import FRAME_MS
 from .spill import Spill
 
 FRAMES_PER_SECOND = 1000 // FRAME_MS

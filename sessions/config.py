@@ -12,9 +12,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 
+from pipeline.audio_format import OUTPUT_SAMPLE_RATE, SUPPORTED_OUTPUT_RATES
+
 from .errors import ConfigError
 
-SUPPORTED_OUTPUT_RATES = (8_000, 16_000, 24_000, 48_000)
+__all__ = ["SUPPORTED_OUTPUT_RATES", "SessionConfig"]
 
 
 def _between(lo: float, hi: float) -> Callable[[Any], Any]:
@@ -73,7 +75,7 @@ class SessionConfig(_Model):
     turn_detection: TurnDetectionConfig | None = TurnDetectionConfig()
     video: VideoConfig = VideoConfig()
     max_audio_seconds: AudioSeconds = 120
-    output_sample_rate: Literal[8_000, 16_000, 24_000, 48_000] = 24_000
+    output_sample_rate: Literal[8_000, 16_000, 24_000, 48_000] = OUTPUT_SAMPLE_RATE
 
     @classmethod
     def parse(cls, data: Mapping[str, Any] | None = None) -> SessionConfig:

@@ -5,9 +5,9 @@ Recording never blocks the session: events go into a bounded queue that a writer
 while Redis is unreachable the batches are kept locally (bounded, oldest dropped and
 counted) and written back in order when it answers, so the resume log has no gap. If the
 writer falls behind, the queue drops its oldest entries and counts them; the live call
-goes on. Droppable events
-(audio deltas) are not logged: replaying stale audio after a reconnect would play speech
-that is no longer current, and the items and transcripts say what was said.
+goes on. Droppable events (audio deltas) are not logged: replaying stale audio after a
+reconnect would play speech that is no longer current, and the items and transcripts say
+what was said.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 
+from pipeline.audio_format import INPUT_SAMPLE_RATE
 from pipeline.types import AudioChunk, End, ErrorChunk, Pipeline, PipelineRequest, TextDelta
 
 from .errors import ParleyError, RedisUnavailableError
@@ -221,7 +222,9 @@ class Response:
 
     def _usage(self) -> ResponseUsage:
         return ResponseUsage(
-            input_audio_ms=len(self.request.audio) * 1000 // 16_000 if self.request else 0,
+            input_audio_ms=len(self.request.audio) * 1000 // INPUT_SAMPLE_RATE
+            if self.request
+            else 0,
             output_audio_ms=round(self._spoken.audio_ms),
             output_text_chars=len(self._spoken.text),
             first_text_ms=self._first_text_ms,

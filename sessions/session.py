@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import redis.asyncio as aioredis
 
+from pipeline.audio_format import FRAME_MS, INPUT_SAMPLE_RATE
 from pipeline.tasks import cancel_and_wait
 from pipeline.types import HistoryItem, Pipeline, PipelineRequest
 
@@ -51,7 +52,7 @@ from .events import (
 from .keys import DEFAULT_KEY_TTL_S
 from .metrics import SessionMetrics
 from .redis_link import RedisLink
-from .resample import FRAME_MS, SAMPLE_RATE, InputResampler
+from .resample import InputResampler
 from .response import Response, ResponseContext
 from .sink import DetachedSink, OutputSink
 from .spill import DEFAULT_MAX_BYTES
@@ -313,7 +314,7 @@ class Session:
     # --- media in ------------------------------------------------------------------------
 
     async def append_audio(
-        self, pcm: bytes, sample_rate: int = SAMPLE_RATE, channels: int = 1
+        self, pcm: bytes, sample_rate: int = INPUT_SAMPLE_RATE, channels: int = 1
     ) -> None:
         """Buffer client audio (PCM16 interleaved, any supported rate) and detect turns."""
         self._check_open()

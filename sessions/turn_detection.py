@@ -29,11 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 import webrtcvad
 
-from .config import TurnDetectionConfig
+from pipeline.audio_format import FRAME_MS, INPUT_FRAME_BYTES, INPUT_SAMPLE_RATE
 
-SAMPLE_RATE = 16_000
-FRAME_MS = 20
-FRAME_BYTES = SAMPLE_RATE * FRAME_MS // 1000 * 2
+from .config import TurnDetectionConfig
 
 START_WINDOW = 5
 """Frames (100 ms) in the window that decides a turn has started."""
@@ -119,9 +117,13 @@ class TurnDetector:
 
     def process(self, frame: bytes, offset_ms: int) -> list[TurnSignal]:
         """Classify one 640-byte frame starting at `offset_ms`; return what it changed."""
-        if len(frame) != FRAME_BYTES:
-            raise ValueError(f"a frame is {FRAME_BYTES} bytes of 16 kHz PCM16, got {len(frame)}")
-        voiced = self._vad.is_speech(frame, SAMPLE_RATE) and self._frames_seen >= VAD_WARMUP_FRAMES
+        if len(frame) != INPUT_FRAME_BYTES:
+            raise ValueError(
+                f"a frame is {INPUT_FRAME_BYTES} bytes of 16 kHz PCM16, got {len(frame)}"
+            )
+        voiced = (
+            self._vad.is_speech(frame, INPUT_SAMPLE_RATE) and self._frames_seen >= VAD_WARMUP_FRAMES
+        )
         self._frames_seen += 1
         level = _level_dbfs(frame)
         rise = FLOOR_RISE_IN_SPEECH_DB if voiced and self.in_speech else FLOOR_RISE_DB

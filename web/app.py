@@ -30,7 +30,7 @@ from realtime.auth import Authenticator
 from realtime.ice import IceSettings, parse_ice_servers
 from realtime.metrics import TransportMetrics
 from realtime.webrtc.registry import CallRegistry
-from sessions.manager import SessionManager
+from sessions import SessionManager
 
 from .origins import OriginAllowlist, OriginPolicy
 from .realtime_routes import ROUTES as REALTIME_ROUTES

@@ -24,6 +24,7 @@ from pipeline.registry import PipelineNotFound, graph_path
 from pipeline.remote import serve_remote_stage
 from pipeline.tasks import cancel_and_wait
 from realtime.ice import is_loopback
+from realtime.websocket.connection import MAX_MESSAGE_BYTES
 
 from .app import Services, create_app
 from .redis_server import EmbeddedRedis, RedisServerMissing
@@ -31,7 +32,6 @@ from .settings import Settings, SettingsError, parse_settings
 
 log = logging.getLogger("parley")
 GRACEFUL_SHUTDOWN_S = 5
-WS_MAX_SIZE = 16 * 1024 * 1024
 """OpenAI Realtime's message limit: a bigger WebSocket message closes with 1009."""
 
 
@@ -92,7 +92,7 @@ async def _serve(settings: Settings, redis_url: str) -> None:
         log_level=settings.log_level,
         lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        ws_max_size=WS_MAX_SIZE,
+        ws_max_size=MAX_MESSAGE_BYTES,
     )
     server = _Server(config)
     # a task and not a TaskGroup: the server's end must stop it rather than wait for it, and

@@ -23,6 +23,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from starlette import status
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -209,4 +210,10 @@ async def _refuse_websocket(scope: Scope, receive: Receive, send: Send, origin: 
     if "websocket.http.response" in (scope.get("extensions") or {}):
         await _forbidden(origin)(scope, receive, send)
     else:
-        await send({"type": "websocket.close", "code": 1008, "reason": "origin_not_allowed"})
+        await send(
+            {
+                "type": "websocket.close",
+                "code": status.WS_1008_POLICY_VIOLATION,
+                "reason": "origin_not_allowed",
+            }
+        )

@@ -32,8 +32,7 @@ from realtime.sdp import MAX_OFFER_BYTES, OfferError, OfferTooLarge
 from realtime.server_events import session_object
 from realtime.webrtc.call import CallOptions
 from realtime.webrtc.registry import CallNotFound, CallSetupError
-from sessions.config import SessionConfig
-from sessions.errors import ConfigError, SessionLimitError
+from sessions import ConfigError, SessionConfig, SessionLimitError
 
 from .realtime_ws import openai_realtime
 from .services import services_of

@@ -18,8 +18,7 @@ from starlette.websockets import WebSocket
 from realtime.client_events import ProtocolError, SessionUpdate, session_patch
 from realtime.websocket.denial import deny
 from realtime.websocket.openai_accept import ConnectRequest, serve_openai_realtime
-from sessions.config import SessionConfig
-from sessions.errors import ConfigError
+from sessions import ConfigError, SessionConfig
 
 from .services import services_of
 from .ws_admission import admit

@@ -20,8 +20,7 @@ from realtime.webrtc.registry import CallRegistry
 from realtime.websocket.connections import DEFAULT_GRACE_S
 from realtime.websocket.openai_accept import OpenAIConnections
 from realtime.websocket.video_stream import VideoStreams
-from sessions.manager import SessionManager
-from sessions.metrics import SessionMetrics
+from sessions import SessionManager, SessionMetrics
 
 from .settings import Settings
 

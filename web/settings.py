@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeline.registry import DEFAULT_PIPELINE
-from sessions.manager import DEFAULT_MAX_SESSIONS
+from sessions import DEFAULT_MAX_SESSIONS
 
 from .origins import ANY_ORIGIN, normalize_origin
 

@@ -11,7 +11,7 @@ from starlette.websockets import WebSocket
 
 from realtime.auth import AuthError, Grant
 from realtime.websocket.denial import deny
-from sessions.manager import SessionManager
+from sessions import SessionManager
 
 from .services import services_of
 

@@ -29,9 +29,8 @@ from typing import Any
 from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
 
 from pipeline.tasks import cancel_all
+from sessions import PlayoutBuffer, PlayoutSink, Session
 from sessions.events import Event, ResponseCreated, SessionClosed
-from sessions.playout import PlayoutBuffer, PlayoutSink
-from sessions.session import Session
 
 from ..client_events import ProtocolError
 from ..dispatch import ClientEventDispatcher
@@ -180,12 +179,9 @@ class WebRTCCall(PlayoutSink):
         """An `error` about a message that is not applied, pointing at its `event_id`
         like one about a malformed message, within the dispatcher's error budget."""
         self.refused_messages += 1
-        dispatcher, session = self._dispatcher, self.session
-        if dispatcher is None or session is None or session.closed:
-            return
-        if dispatcher.errors is None or dispatcher.errors.admit(code, text):
-            error = ProtocolError(code, text, client_event_id(message))
-            session.report_error(error, error.event_id)
+        if self._dispatcher is not None:
+            event_id = client_event_id(message)
+            self._dispatcher.report(ProtocolError(code, text, event_id), event_id)
 
     async def _read_channel(self) -> None:
         """One reader, so client events are applied in the order they were sent."""

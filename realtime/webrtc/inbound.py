@@ -22,9 +22,7 @@ import av
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
-from sessions.errors import ParleyError, SessionClosedError
-from sessions.session import Session
-from sessions.state import SessionState
+from sessions import ParleyError, Session, SessionClosedError, SessionState
 
 from . import guards
 

@@ -20,7 +20,7 @@ import av
 from aiortc import MediaStreamTrack
 
 from pipeline.audio_format import FRAME_MS
-from sessions.playout import PlayoutBuffer
+from sessions import PlayoutBuffer
 
 OUTPUT_RATE = 48_000
 """Opus runs at 48 kHz: playing out at that rate spares aiortc a resampling step."""

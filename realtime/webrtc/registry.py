@@ -19,9 +19,8 @@ import logging
 
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
-from sessions.config import SessionConfig
+from sessions import SessionConfig, SessionManager
 from sessions.events import new_id
-from sessions.manager import SessionManager
 
 from ..ice import IceSettings
 from ..metrics import TransportMetrics

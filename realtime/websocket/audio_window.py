@@ -9,9 +9,10 @@ later, so what it holds is exactly what the session was given.
 
 from __future__ import annotations
 
-from sessions.resample import FRAME_BYTES, SAMPLE_RATE
+from pipeline.audio_format import INPUT_FRAME_BYTES as FRAME_BYTES
+from pipeline.audio_format import INPUT_SAMPLE_RATE, SAMPLE_BYTES
 
-BYTES_PER_MS = SAMPLE_RATE * 2 // 1000
+BYTES_PER_MS = INPUT_SAMPLE_RATE * SAMPLE_BYTES // 1000
 
 
 def ms_of(nbytes: int) -> int:

@@ -43,10 +43,8 @@ from starlette import status
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from pipeline.tasks import cancel_and_wait
-from sessions.errors import SessionClosedError
+from sessions import Session, SessionClosedError, SessionManager
 from sessions.events import Event, SessionClosed
-from sessions.manager import SessionManager
-from sessions.session import Session
 
 from .connections import CLOSE_VERDICT_S, DEFAULT_GRACE_S, ConnectionRegistry, closed_cleanly
 from .resume import HELD_EVENTS, read_log, replay_messages

@@ -15,9 +15,7 @@ from typing import Generic, Protocol, TypeVar
 
 from starlette import status
 
-from sessions.errors import SessionNotFoundError
-from sessions.manager import SessionManager
-from sessions.session import Session
+from sessions import Session, SessionManager, SessionNotFoundError
 
 DEFAULT_GRACE_S = 30.0
 """How long a session outlives its dropped connection, waiting for a resume."""

@@ -13,9 +13,7 @@ from dataclasses import dataclass
 
 from starlette.websockets import WebSocket
 
-from sessions.config import SessionConfig
-from sessions.errors import SessionClosedError, SessionLimitError
-from sessions.manager import SessionManager
+from sessions import SessionClosedError, SessionConfig, SessionLimitError, SessionManager
 
 from ..client_events import AudioFormats
 from .connection import CLOSE_POLICY, CLOSE_TRY_AGAIN

@@ -37,9 +37,8 @@ import numpy.typing as npt
 import soxr
 from starlette.websockets import WebSocket
 
+from sessions import Session, SessionManager
 from sessions.events import Event, OutputAudioDelta, new_id
-from sessions.manager import SessionManager
-from sessions.session import Session
 
 from ..client_events import AudioFormats
 from ..dispatch import ClientEventDispatcher

@@ -26,9 +26,8 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from sessions.event_log import EventLog
+from sessions import EventLog, event_from_dict
 from sessions.events import Event
-from sessions.records import event_from_dict
 
 from .ga_events import source_id
 

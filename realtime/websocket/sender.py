@@ -47,8 +47,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from sessions import PlayoutBuffer, PlayoutSink
 from sessions.events import Event
-from sessions.playout import PlayoutBuffer, PlayoutSink
 
 log = logging.getLogger("parley.realtime.websocket.sender")
 

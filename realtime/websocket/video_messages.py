@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from sessions.config import MaxFrames, NumFrames, Unit
+from sessions import MaxFrames, NumFrames, Unit
 
 Modality = Literal["text", "audio"]
 Status = Literal["completed", "cancelled", "failed"]

@@ -69,12 +69,20 @@ from typing import Any, TypeAlias
 
 from starlette.websockets import WebSocket
 
-from sessions.errors import MediaError, ParleyError, SessionClosedError, SessionLimitError
+from pipeline.audio_format import INPUT_SAMPLE_RATE as SAMPLE_RATE
+from pipeline.audio_format import OUTPUT_SAMPLE_RATE
+from sessions import (
+    MAX_APPEND_BYTES,
+    MIN_COMMIT_MS,
+    MediaError,
+    ParleyError,
+    Session,
+    SessionClosedError,
+    SessionLimitError,
+    SessionManager,
+    SessionState,
+)
 from sessions.events import Event, SessionClosed, SessionStateChanged
-from sessions.manager import SessionManager
-from sessions.resample import MAX_APPEND_BYTES, SAMPLE_RATE
-from sessions.session import MIN_COMMIT_MS, Session
-from sessions.state import SessionState
 
 from ..error_throttle import ErrorThrottle, summary_text
 from .audio_window import BYTES_PER_MS, AudioWindow, ms_of
@@ -111,7 +119,6 @@ log = logging.getLogger("parley.realtime.websocket.video")
 CONFIG_TIMEOUT_S = 10.0
 MAX_FRAME_BYTES = 10 * 1024 * 1024
 MAX_AUDIO_BYTES = 4 * 1024 * 1024
-OUTPUT_SAMPLE_RATE = 24_000
 OVERFLOW_WARNING_INTERVAL_S = 1.0
 ERROR_LIMIT = 20
 """`error` messages about the client's own messages per second; the rest are summarised."""

@@ -10,12 +10,14 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from pipeline.audio_format import FRAME_MS, OUTPUT_SAMPLE_RATE
+from pipeline.tasks import cancel_and_wait
 from sessions.events import Event
-from sessions.playout import FRAME_MS, PlayoutBuffer, PlayoutSink
+from sessions.playout import PlayoutBuffer, PlayoutSink
 
 
 class ClockedSink(PlayoutSink):
-    def __init__(self, sample_rate: int = 24_000) -> None:
+    def __init__(self, sample_rate: int = OUTPUT_SAMPLE_RATE) -> None:
         super().__init__(PlayoutBuffer(sample_rate))
         self.events: list[Event] = []
         self.played_audio_frames = 0
@@ -31,10 +33,8 @@ class ClockedSink(PlayoutSink):
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._clock is not None:
-            self._clock.cancel()
-            await asyncio.wait({self._clock})
-            self._clock = None
+        await cancel_and_wait(self._clock)
+        self._clock = None
 
     async def _run_clock(self) -> None:
         next_at = time.monotonic()

@@ -17,8 +17,8 @@ import uvicorn
 from starlette.applications import Starlette
 
 from pipeline.tasks import cancel_and_wait
+from realtime.websocket.connection import MAX_MESSAGE_BYTES as WS_MAX_SIZE
 from web.app import Services, create_app
-from web.cli import WS_MAX_SIZE
 from web.settings import Settings
 
 

@@ -9,6 +9,7 @@ import pytest
 import redis.asyncio as aioredis
 from PIL import Image
 
+from pipeline.tasks import cancel_and_wait
 from sessions.audio_buffer import AudioBuffer
 from sessions.config import VideoConfig
 from sessions.errors import MediaError
@@ -160,8 +161,7 @@ async def test_event_log_replays_in_order(redis: aioredis.Redis, keys: SessionKe
         log.record(OutputAudioDelta(response_id="r", item_id="i", pcm=b"\0\0", sample_rate=24000))
         await log.flushed()
     finally:
-        writer.cancel()
-        await asyncio.wait({writer})
+        await cancel_and_wait(writer)
     replayed = await log.replay()
     assert [e["audio_start_ms"] for e in replayed] == [0, 1, 2, 3, 4]
     assert all(e["type"] == "input_audio_buffer.speech_started" for e in replayed)

@@ -9,6 +9,7 @@ import asyncio
 import numpy as np
 import redis.asyncio as aioredis
 
+from pipeline.tasks import cancel_and_wait
 from sessions.audio_buffer import AudioBuffer
 from sessions.errors import RedisUnavailableError
 from sessions.event_log import EventLog
@@ -27,8 +28,7 @@ async def written(log: EventLog, spill: Spill, count: int) -> None:
             while len(spill.pending("events")) < count:
                 await asyncio.sleep(0.01)
     finally:
-        writer.cancel()
-        await asyncio.wait({writer})
+        await cancel_and_wait(writer)
 
 
 def frame(value: int) -> bytes:

@@ -9,11 +9,11 @@ import numpy.typing as npt
 import pytest
 
 from loadtest.speech import silence, speak, trim_silence, utterances_with_gaps
+from pipeline.audio_format import FRAME_MS
+from pipeline.audio_format import INPUT_FRAME_BYTES as FRAME_BYTES
 from sessions.config import TurnDetectionConfig
 from sessions.resample import InputResampler
 from sessions.turn_detection import (
-    FRAME_BYTES,
-    FRAME_MS,
     SpeechConfirmed,
     SpeechEnd,
     SpeechStart,
