@@ -27,6 +27,7 @@ from redis.exceptions import RedisError
 from pipeline.tasks import cancel_all, cancel_and_wait
 from pipeline.types import Pipeline
 
+from .clock import REAL_CLOCK, Clock
 from .config import SessionConfig
 from .errors import RedisUnavailableError, SessionLimitError, SessionNotFoundError
 from .events import new_id
@@ -54,8 +55,12 @@ class SessionManager:
         lease_ttl_s: float = 30.0,
         metrics: SessionMetrics | None = None,
         link: RedisLink | None = None,
+        clock: Clock = REAL_CLOCK,
     ) -> None:
+        """`clock`: the time its sessions live by (tests compress it); the upkeep that
+        renews leases and key expiries stays on wall time, as Redis expires them in its own."""
         self.redis = redis
+        self.clock = clock
         self.link = link or RedisLink(redis)
         self.pipeline = pipeline
         self.limits = limits or SessionLimits()
@@ -122,6 +127,7 @@ class SessionManager:
             limits=self.limits,
             metrics=self.metrics,
             link=self.link,
+            clock=self.clock,
         )
         self._sessions[session_id] = session
         self.metrics.active_sessions.inc()

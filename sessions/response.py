@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from pipeline.audio_format import INPUT_SAMPLE_RATE
 from pipeline.types import AudioChunk, End, ErrorChunk, Pipeline, PipelineRequest, TextDelta
 
+from .clock import REAL_CLOCK, Clock
 from .errors import ParleyError, RedisUnavailableError
 from .events import (
     ConversationItem,
@@ -67,6 +67,8 @@ class ResponseContext:
     audio_output: bool
     chunk_timeout_s: float
     """Fail when the pipeline sends nothing for this long."""
+    clock: Clock = REAL_CLOCK
+    """The time the chunk timeout and the latency figures are measured in."""
 
 
 class Response:
@@ -95,10 +97,11 @@ class Response:
         self._first_audio = context.first_audio
         self._user_item_id = transcript_item_id
         self._chunk_timeout_s = context.chunk_timeout_s
+        self._clock = context.clock
         self._spoken = SpokenText()
         self._input_transcript: list[str] | None = []
         self._played_base = context.sink.played_ms
-        self._started = time.monotonic()
+        self._started = self._clock.now()
         self._first_text_ms: float | None = None
         self._first_audio_ms: float | None = None
         self.committed = False
@@ -113,7 +116,7 @@ class Response:
         return max(0, self._sink.played_ms - self._played_base)
 
     def _elapsed_ms(self) -> float:
-        return (time.monotonic() - self._started) * 1000
+        return (self._clock.now() - self._started) * 1000
 
     async def run(self) -> ResponseStatus:
         """Answer, commit the item, and once a completed answer has played out, return its
@@ -158,7 +161,7 @@ class Response:
         async with aclosing(stream):
             while True:
                 try:
-                    async with asyncio.timeout(self._chunk_timeout_s):
+                    async with self._clock.timeout(self._chunk_timeout_s):
                         chunk = await anext(stream)
                 except TimeoutError:
                     reason = f"the model sent nothing for {self._chunk_timeout_s:g} s"

@@ -10,6 +10,9 @@ The session makes every state transition. Its parts report to it: the turn detec
 signals, the `Turns` bookkeeping (where each turn's audio lies, what the next answer
 answers), and each `Response` (its first audio, its outcome). It knows no transport: the
 transports call its public methods and give it an `OutputSink`.
+
+Its limits (idle timeout, lifetime, detach grace, a response's chunk timeout) are measured on
+a `Clock`: wall time, unless a test compresses it (sessions.clock).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pipeline.audio_format import FRAME_MS, INPUT_SAMPLE_RATE
 from pipeline.tasks import cancel_and_wait
 from pipeline.types import HistoryItem, Pipeline, PipelineRequest
 
+from .clock import REAL_CLOCK, Clock
 from .config import SessionConfig
 from .errors import InvalidRequestError, RedisUnavailableError, SessionClosedError
 from .events import (
@@ -95,8 +99,11 @@ class Session:
         limits: SessionLimits | None = None,
         metrics: SessionMetrics | None = None,
         link: RedisLink | None = None,
+        clock: Clock = REAL_CLOCK,
     ) -> None:
+        """`clock`: the time the watchdog and the responses live by (tests compress it)."""
         self.session_id = session_id
+        self.clock = clock
         self.config = config
         self.resume_token = secrets.token_urlsafe(24)
         self.limits = limits or SessionLimits()
@@ -130,7 +137,7 @@ class Session:
         self._close_requested = asyncio.Event()
         self._closed = asyncio.Event()
         self.close_reason = ""
-        self._created = time.monotonic()
+        self._created = clock.now()
         self._last_media = self._created
         self._detached_until: float | None = None
 
@@ -227,8 +234,8 @@ class Session:
         limits = self.limits
         warned = False
         while True:
-            await asyncio.sleep(limits.watchdog_interval_s)
-            now = time.monotonic()
+            await self.clock.sleep(limits.watchdog_interval_s)
+            now = self.clock.now()
             age = now - self._created
             if self._detached_until is not None and now >= self._detached_until:
                 self.request_close("client_gone")
@@ -255,14 +262,14 @@ class Session:
         async with self._writer_lock:
             await self._cancel_response("client_disconnected")
         self._sink = DetachedSink()
-        self._detached_until = time.monotonic() + grace_s
+        self._detached_until = self.clock.now() + grace_s
 
     def attach(self, sink: OutputSink) -> None:
         """A client (re)connected: output goes to `sink` from now on."""
         self._check_open()
         self._sink = sink
         self._detached_until = None
-        self._last_media = time.monotonic()
+        self._last_media = self.clock.now()
 
     # --- events --------------------------------------------------------------------------
 
@@ -328,7 +335,7 @@ class Session:
             tail = resampler.flush() if resampler is not None else []
             resampler = self._resampler = InputResampler(sample_rate, channels)
         frames = tail + resampler.push(pcm)  # validates before changing any state
-        self._last_media = time.monotonic()
+        self._last_media = self.clock.now()
         async with self._media_lock:
             self._check_open()
             first = self._turns.received(FRAME_MS * len(frames))
@@ -348,7 +355,7 @@ class Session:
     async def add_frame(self, image: bytes, timestamp_ms: int | None = None) -> bool:
         """Cache a camera frame (JPEG or PNG); False if the similar-frame filter dropped it."""
         self._check_open()
-        self._last_media = time.monotonic()
+        self._last_media = self.clock.now()
         ts = round(time.time() * 1000) if timestamp_ms is None else timestamp_ms
         async with self._media_lock:
             self._check_open()
@@ -480,6 +487,7 @@ class Session:
                 first_audio=self._response_speaking,
                 audio_output=self.config.audio_output,
                 chunk_timeout_s=self.limits.chunk_timeout_s,
+                clock=self.clock,
             )
             response = Response(
                 new_id("resp"),
@@ -593,5 +601,5 @@ class Session:
             "session_id": self.session_id,
             "state": self.state.value,
             "input_audio_ms": self._turns.offset_ms,
-            "age_s": round(time.monotonic() - self._created, 1),
+            "age_s": round(self.clock.now() - self._created, 1),
         }

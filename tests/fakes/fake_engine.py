@@ -2,6 +2,7 @@
 
 It streams a fixed answer as text deltas, then as audio (a tone, so it is audibly not
 silence) at a set pace, and holds per-request state that abort or cancellation removes.
+Its pace is in the time of the given `Clock` (a test's `ScaledClock` runs it faster).
 The same contract tests run against it and the real engines (tests/pipeline).
 """
 
@@ -22,6 +23,7 @@ from pipeline.types import (
     PipelineRequest,
     TextDelta,
 )
+from sessions.clock import REAL_CLOCK, Clock
 
 
 class FakeEngine(EntryEngine):
@@ -37,6 +39,7 @@ class FakeEngine(EntryEngine):
         fail_with: str | None = None,
         first_chunk_delay_s: float = 0.0,
         start_delay_s: float = 0.0,
+        clock: Clock = REAL_CLOCK,
     ) -> None:
         self.text = text
         self.text_interval_s = text_interval_s
@@ -46,13 +49,14 @@ class FakeEngine(EntryEngine):
         self.fail_with = fail_with
         self.first_chunk_delay_s = first_chunk_delay_s
         self.start_delay_s = start_delay_s
+        self.clock = clock
         self.requests: list[PipelineRequest] = []
         self.aborted: list[str] = []
         self._held: RequestTracker[None] = RequestTracker()
 
     async def start(self) -> None:
         """Models take a while to load; `start_delay_s` stands in for that."""
-        await asyncio.sleep(self.start_delay_s)
+        await self.clock.sleep(self.start_delay_s)
 
     async def close(self) -> None:
         self._held.clear()
@@ -75,7 +79,7 @@ class FakeEngine(EntryEngine):
         self.requests.append(request)
         self._held.begin(request_id)
         try:
-            await asyncio.sleep(self.first_chunk_delay_s)
+            await self.clock.sleep(self.first_chunk_delay_s)
             if self.fail_with:
                 yield ErrorChunk(message=self.fail_with, stage=self.name)
                 return
@@ -83,7 +87,7 @@ class FakeEngine(EntryEngine):
                 if self._held.aborted(request_id):
                     return
                 yield TextDelta(text=word + " ")
-                await asyncio.sleep(self.text_interval_s)
+                await self.clock.sleep(self.text_interval_s)
             rate = request.output_sample_rate
             samples = rate * self.chunk_ms // 1000
             t = np.arange(samples) / rate
@@ -92,7 +96,7 @@ class FakeEngine(EntryEngine):
                 if self._held.aborted(request_id):
                     return
                 yield AudioChunk(pcm=tone.copy(), sample_rate=rate)
-                await asyncio.sleep(self.chunk_ms / 1000 / self.realtime_factor)
+                await self.clock.sleep(self.chunk_ms / 1000 / self.realtime_factor)
             yield End()
         except (asyncio.CancelledError, GeneratorExit):  # cancelled, or the stream closed early
             self.aborted.append(request_id)

@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 from pipeline.engine_pipeline import EnginePipeline
 from pipeline.types import PipelineRequest
+from sessions.clock import ScaledClock
 from sessions.events import (
     ConversationItemTruncated,
     Event,
@@ -23,6 +24,9 @@ from sessions.keys import SessionKeys
 from sessions.response import Response, ResponseContext
 from tests.fakes.fake_engine import FakeEngine
 from tests.fakes.sink import ClockedSink
+
+CLOCK = ScaledClock(4.0)
+"""The engine, the playout and the response run 4 times faster than real time."""
 
 
 class Reports:
@@ -58,6 +62,7 @@ def start(engine: FakeEngine, history: History, sink: ClockedSink, reports: Repo
         first_audio=reports.first_audio,
         audio_output=True,
         chunk_timeout_s=5.0,
+        clock=CLOCK,
     )
     return Response("resp_test", context, request, transcript_item_id=None)
 
@@ -65,8 +70,8 @@ def start(engine: FakeEngine, history: History, sink: ClockedSink, reports: Repo
 async def test_a_completed_answer_reports_its_first_audio_and_returns_after_playout(
     history: History,
 ) -> None:
-    engine, reports = FakeEngine(audio_ms=400, realtime_factor=100.0), Reports()
-    async with ClockedSink() as sink:
+    engine, reports = FakeEngine(audio_ms=400, realtime_factor=100.0, clock=CLOCK), Reports()
+    async with ClockedSink(clock=CLOCK) as sink:
         response = start(engine, history, sink, reports)
         status = await response.run()
         assert status == "completed" == response.status
@@ -82,14 +87,14 @@ async def test_a_completed_answer_reports_its_first_audio_and_returns_after_play
 async def test_a_cancelled_answer_commits_what_was_heard_and_reraises(
     history: History,
 ) -> None:
-    engine, reports = FakeEngine(audio_ms=5_000, realtime_factor=1.0), Reports()
-    async with ClockedSink() as sink:
+    engine, reports = FakeEngine(audio_ms=5_000, realtime_factor=1.0, clock=CLOCK), Reports()
+    async with ClockedSink(clock=CLOCK) as sink:
         response = start(engine, history, sink, reports)
         async with asyncio.TaskGroup() as tg:
             task = tg.create_task(response.run())
             while "first audio" not in reports.seen:
                 await asyncio.sleep(0.01)
-            await asyncio.sleep(0.2)
+            await CLOCK.sleep(0.2)
             sink.clear()  # the session clears the sink first, then cancels the turn
             response.cancel_reason = "barge_in"
             task.cancel()

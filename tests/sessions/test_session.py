@@ -1,4 +1,9 @@
-"""A session end to end with real speech, a real Redis and a fake engine behind it."""
+"""A session end to end with real speech, a real Redis and a fake engine behind it.
+
+The session, the engine, the playout and the microphone run on a `ScaledClock` (`CLOCK`, 4 times
+faster than real time): every limit, pace and assertion is in the scenario's own time, and
+turn detection works on audio offsets, so the scenarios mean what they would at speed 1.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import redis.asyncio as aioredis
 
 from loadtest.speech import silence, speak, trim_silence, utterances_with_gaps
 from pipeline.engine_pipeline import EnginePipeline
+from sessions.clock import ScaledClock
 from sessions.errors import ConfigError, InvalidRequestError, MediaError, SessionClosedError
 from sessions.events import (
     AudioBufferCommitted,
@@ -31,6 +37,9 @@ from web.redis_server import EmbeddedRedis
 from .conftest import MakeSession, feed
 
 QUESTION = "What is the weather like in Paris today?"
+
+CLOCK = ScaledClock(4.0)
+"""These scenarios run 4 times faster than real time (conftest's fixtures run on it)."""
 
 
 def spoken_turn() -> tuple[np.ndarray, tuple[int, int]]:
@@ -103,7 +112,7 @@ async def test_barge_in_cancels_and_truncates_at_the_played_position(
     pcm, _ = spoken_turn()
     await feed(session, pcm)
     await sink.wait_for(lambda e: isinstance(e, OutputAudioDelta))
-    await asyncio.sleep(1.0)  # let about a second of the answer play
+    await session.clock.sleep(1.0)  # let about a second of the answer play
     interruption = np.concatenate(
         [trim_silence(speak("Stop, stop, wait a moment please.")), silence(800)]
     )
@@ -112,7 +121,7 @@ async def test_barge_in_cancels_and_truncates_at_the_played_position(
         tg.create_task(feed(session, interruption, realtime=True))
         done = await sink.wait_for(is_done)
         # Output stopped within a frame of the clear.
-        await asyncio.sleep(0.2)
+        await session.clock.sleep(0.2)
         assert sink.played_audio_frames - frames_before < 200 // 20 * 20  # sanity
         assert sink.cleared_at and sink.last_audio_at is not None
         assert sink.last_audio_at - sink.cleared_at[0] <= 0.045
@@ -296,8 +305,8 @@ async def test_a_redis_outage_does_not_end_the_call(engine: FakeEngine) -> None:
         client = aioredis.Redis.from_url(private.url, socket_timeout=1, socket_connect_timeout=1)
         try:
             async with (
-                SessionManager(client, EnginePipeline(engine)) as manager,
-                ClockedSink() as sink,
+                SessionManager(client, EnginePipeline(engine), clock=CLOCK) as manager,
+                ClockedSink(clock=CLOCK) as sink,
             ):
                 session = await manager.create(sink, {"turn_detection": None})
                 await sink.wait_for(lambda e: e.type == "session.created")
@@ -358,7 +367,7 @@ async def test_a_detached_session_waits_for_its_client_then_closes(
     back = ClockedSink()
     session.attach(back)  # the client came back in time
     await session.add_text("Still there?")
-    await asyncio.sleep(0.8)
+    await session.clock.sleep(0.8)
     assert not session.closed
     await session.detach(grace_s=0.3)  # gone for good this time
     async with asyncio.timeout(5):
