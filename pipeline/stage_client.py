@@ -77,10 +77,16 @@ class LinkedStage(EntryEngine, StreamEngine):
         """Stop reading and close the link (for close()); idempotent."""
         self._closing = True
         reader, self._reader = self._reader, None
-        await cancel_and_wait(reader)
-        if self._link is not None:
-            link, self._link = self._link, None
+        link, self._link = self._link, None
+        if reader is not None:
+            reader.cancel()
+        # The link closes before the reader is awaited: redis-py can swallow a cancellation
+        # that lands inside a blocking XREAD (it disconnects and carries on), and the
+        # reader's next read then finds the link closed and ends, instead of reading on
+        # while this waits for it (seen as a 60 s hang under load).
+        if link is not None:
             await link.close()
+        await cancel_and_wait(reader)
 
     # --- the reader ----------------------------------------------------------------------
 
