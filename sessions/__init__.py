@@ -8,11 +8,14 @@ What it offers the transports (`realtime`, `web`), all importable from `sessions
 - `SessionConfig` (validated settings) and the errors a client can be told (`ParleyError`
   and its kinds).
 - `EventLog` and `event_to_dict` / `event_from_dict`: the event log a resume replays.
+- `Clock`: the time a session's limits and a response's timeouts run on (`RealClock` in a
+  server; tests compress time with `ScaledClock`).
 - The event vocabulary itself is the module `sessions.events`.
 Transport rules (wire formats, connections, resume) stay in `realtime`; audio formats are
 `pipeline.audio_format`'s.
 """
 
+from .clock import REAL_CLOCK, Clock, RealClock, ScaledClock
 from .config import MaxFrames, NumFrames, SessionConfig, TurnDetectionConfig, Unit
 from .errors import (
     ConfigError,
@@ -35,8 +38,10 @@ from .turns import MIN_COMMIT_MS
 
 __all__ = [
     "DEFAULT_MAX_SESSIONS",
+    "REAL_CLOCK",
     "MAX_APPEND_BYTES",
     "MIN_COMMIT_MS",
+    "Clock",
     "ConfigError",
     "EventLog",
     "InvalidRequestError",
@@ -46,6 +51,8 @@ __all__ = [
     "ParleyError",
     "PlayoutBuffer",
     "PlayoutSink",
+    "RealClock",
+    "ScaledClock",
     "Session",
     "SessionClosedError",
     "SessionConfig",
