@@ -17,7 +17,6 @@ simply evicted (that is how an ended session's KV goes).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,6 +25,7 @@ import numpy.typing as npt
 from transformers import DynamicCache
 
 from .batch_cache import crop_copy
+from .token_lru import TokenLRU
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,13 +56,12 @@ class PrefixCache:
     def __init__(self, budget_tokens: int, min_tokens: int = 8) -> None:
         self.budget_tokens = budget_tokens
         self.min_tokens = min_tokens
-        self._entries: OrderedDict[tuple[int, ...], PrefixEntry] = OrderedDict()
-        self._tokens = 0
+        self._entries: TokenLRU[tuple[int, ...], PrefixEntry] = TokenLRU(budget_tokens)
 
     @property
     def tokens(self) -> int:
         """Tokens of KV held now (never more than `budget_tokens`)."""
-        return self._tokens
+        return self._entries.tokens
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -71,13 +70,13 @@ class PrefixCache:
         """The longest cached prefix of `tokens` (at least `min_tokens`), copied."""
         best: PrefixEntry | None = None
         best_length = 0
-        for entry in self._entries.values():
+        for _, entry in self._entries.items():
             length = _common(entry.tokens, tokens)
             if length > best_length:
                 best, best_length = entry, length
         if best is None or best_length < self.min_tokens:
             return None
-        self._entries.move_to_end(best.tokens)
+        self._entries.touch(best.tokens)
         return PrefixHit(
             best_length, crop_copy(best.cache, best_length), best.hidden[:best_length].copy()
         )
@@ -90,20 +89,13 @@ class PrefixCache:
         if len(key) < self.min_tokens or len(key) > self.budget_tokens:
             return
         if key in self._entries:
-            self._entries.move_to_end(key)
+            self._entries.touch(key)
             return
-        for other in list(self._entries):
+        for other in [k for k, _ in self._entries.items()]:
             if key[: len(other)] == other:  # a longer version of an entry replaces it
-                self._drop(other)
-        self._entries[key] = PrefixEntry(key, crop_copy(cache, len(key)), hidden[: len(key)].copy())
-        self._tokens += len(key)
-        while self._tokens > self.budget_tokens:
-            self._drop(next(iter(self._entries)))
+                self._entries.pop(other)
+        entry = PrefixEntry(key, crop_copy(cache, len(key)), hidden[: len(key)].copy())
+        self._entries.put(key, entry, len(key))
 
     def clear(self) -> None:
         self._entries.clear()
-        self._tokens = 0
-
-    def _drop(self, key: tuple[int, ...]) -> None:
-        entry = self._entries.pop(key)
-        self._tokens -= len(entry.tokens)

@@ -22,7 +22,6 @@ session out first. `forget` drops a session's entry when it ends.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,6 +31,7 @@ from transformers import DynamicCache
 
 from ...types import HistoryItem
 from .config import TOKENS
+from .token_lru import TokenLRU
 
 Hidden = npt.NDArray[np.floating]
 MULTIMODAL = frozenset({TOKENS["audio"], TOKENS["image"], TOKENS["video"]})
@@ -122,20 +122,17 @@ def talker_positions(token_ids: Sequence[int], turn_start: int) -> list[int]:
 
 class SessionKV:
     def __init__(self, budget_tokens: int, max_tokens: int = 0) -> None:
-        if budget_tokens < 1:
-            raise ValueError("budget_tokens must be at least 1")
+        self._entries: TokenLRU[str, SessionEntry] = TokenLRU(budget_tokens)
         self.budget_tokens = budget_tokens
         self.max_tokens = min(max_tokens or budget_tokens, budget_tokens)
         """One session's entry is kept only up to this many tokens."""
         self.evicted = 0
         """Entries dropped for the budgets (not counting forgotten or mismatched ones)."""
-        self._entries: OrderedDict[str, SessionEntry] = OrderedDict()
-        self._tokens = 0
 
     @property
     def tokens(self) -> int:
         """Tokens of KV held now (never more than `budget_tokens`)."""
-        return self._tokens
+        return self._entries.tokens
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -149,10 +146,7 @@ class SessionKV:
 
     def take(self, session_id: str) -> SessionEntry | None:
         """The session's entry, out of the store: its turn owns the cache now."""
-        entry = self._entries.pop(session_id, None)
-        if entry is not None:
-            self._tokens -= entry.tokens
-        return entry
+        return self._entries.pop(session_id)
 
     def store(self, session_id: str, entry: SessionEntry) -> bool:
         """Keep the session's entry (replacing any); False when it is over `max_tokens`,
@@ -161,12 +155,7 @@ class SessionKV:
         if entry.tokens > self.max_tokens:
             self.evicted += 1
             return False
-        self._entries[session_id] = entry
-        self._tokens += entry.tokens
-        while self._tokens > self.budget_tokens:
-            oldest = next(iter(self._entries))
-            self.forget(oldest)
-            self.evicted += 1
+        self.evicted += self._entries.put(session_id, entry, entry.tokens)
         return True
 
     def forget(self, session_id: str) -> bool:
@@ -174,4 +163,3 @@ class SessionKV:
 
     def clear(self) -> None:
         self._entries.clear()
-        self._tokens = 0
