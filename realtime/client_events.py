@@ -98,6 +98,7 @@ class TurnDetectionSpec(_Open):
     silence_duration_ms: int | None = None
     create_response: bool | None = None
     interrupt_response: bool | None = None
+    eagerness: str | None = None
 
 
 class AudioInputSpec(_Open):
@@ -363,57 +364,91 @@ def session_patch(
 ) -> tuple[dict[str, Any], AudioFormats]:
     """The GA or beta session object -> a patch for `SessionConfig.updated()`, and formats.
 
+    All or nothing: the first value Parley cannot use is raised (a session being created
+    should not start on half its settings). `session.update` uses `partial_session_patch`.
+    """
+    patch, new, errors = partial_session_patch(update, formats)
+    if errors:
+        raise errors[0]
+    return patch, new
+
+
+def partial_session_patch(
+    update: SessionUpdate, formats: AudioFormats = AudioFormats()
+) -> tuple[dict[str, Any], AudioFormats, list[ProtocolError]]:
+    """What of the session object Parley can apply, and a ProtocolError for each value it
+    cannot (each names its field); the rest applies without those.
+
     `formats` are the connection's current ones; the result keeps what the update does
     not mention. The session validates the patch's ranges (its ConfigError names the
     field); this checks only what the wire format itself decides.
     """
     spec, eid = update.session, update.event_id
     patch: dict[str, Any] = {}
+    errors: list[ProtocolError] = []
     if spec.type not in (None, "realtime"):
-        raise ProtocolError(
-            "unsupported",
-            f"session type {spec.type!r} is not supported; use 'realtime'",
-            eid,
-            "session.type",
+        errors.append(
+            ProtocolError(
+                "unsupported",
+                f"session type {spec.type!r} is not supported; use 'realtime'",
+                eid,
+                "session.type",
+            )
         )
     if spec.instructions is not None:
         patch["instructions"] = spec.instructions
     modalities = spec.output_modalities if spec.output_modalities is not None else spec.modalities
     if modalities is not None:
         if not modalities:
-            raise ProtocolError(
-                "invalid_value",
-                "output_modalities must name 'audio' or 'text'",
-                eid,
-                "session.output_modalities",
+            errors.append(
+                ProtocolError(
+                    "invalid_value",
+                    "output_modalities must name 'audio' or 'text'",
+                    eid,
+                    "session.output_modalities",
+                )
             )
-        # Audio output always carries its transcript, so beta's ["text", "audio"] is audio.
-        patch["output_modalities"] = ["audio"] if "audio" in modalities else ["text"]
+        else:
+            # Audio output always carries its transcript, so beta's ["text", "audio"] is audio.
+            patch["output_modalities"] = ["audio"] if "audio" in modalities else ["text"]
 
     audio_in = spec.audio.input if spec.audio else None
     audio_out = spec.audio.output if spec.audio else None
-    if audio_in is not None and "turn_detection" in audio_in.model_fields_set:
-        patch["turn_detection"] = _turn_detection(
-            audio_in.turn_detection, "session.audio.input.turn_detection", eid
-        )
-    elif "turn_detection" in spec.model_fields_set:
-        patch["turn_detection"] = _turn_detection(
-            spec.turn_detection, "session.turn_detection", eid
-        )
+    td_set = True
+    try:
+        if audio_in is not None and "turn_detection" in audio_in.model_fields_set:
+            patch["turn_detection"] = _turn_detection(
+                audio_in.turn_detection, "session.audio.input.turn_detection", eid
+            )
+        elif "turn_detection" in spec.model_fields_set:
+            patch["turn_detection"] = _turn_detection(
+                spec.turn_detection, "session.turn_detection", eid
+            )
+    except ProtocolError as exc:
+        errors.append(exc)
+        td_set = False
     voice = audio_out.voice if audio_out and audio_out.voice is not None else spec.voice
     if voice is not None:
         patch["voice"] = voice
 
     new = formats
-    in_fmt = _format(audio_in.format if audio_in else None, spec.input_audio_format, "input", eid)
-    if in_fmt is not None:
-        new = replace(new, input=in_fmt[0], input_rate=in_fmt[1])
-    out_fmt = _format(
-        audio_out.format if audio_out else None, spec.output_audio_format, "output", eid
-    )
-    if out_fmt is not None:
-        new = replace(new, output=out_fmt[0], output_rate=out_fmt[1])
-        patch["output_sample_rate"] = new.output_rate
+    try:
+        in_fmt = _format(
+            audio_in.format if audio_in else None, spec.input_audio_format, "input", eid
+        )
+        if in_fmt is not None:
+            new = replace(new, input=in_fmt[0], input_rate=in_fmt[1])
+    except ProtocolError as exc:
+        errors.append(exc)
+    try:
+        out_fmt = _format(
+            audio_out.format if audio_out else None, spec.output_audio_format, "output", eid
+        )
+        if out_fmt is not None:
+            new = replace(new, output=out_fmt[0], output_rate=out_fmt[1])
+            patch["output_sample_rate"] = new.output_rate
+    except ProtocolError as exc:
+        errors.append(exc)
 
     extras = spec.parley
     if extras is not None:
@@ -421,18 +456,24 @@ def session_patch(
             patch["video"] = extras.video
         if extras.max_audio_seconds is not None:
             patch["max_audio_seconds"] = extras.max_audio_seconds
-        if extras.min_speech_ms is not None:
+        if extras.min_speech_ms is not None and td_set:
             vad = patch.get("turn_detection", {})
             if vad is None:
-                raise ProtocolError(
-                    "invalid_value",
-                    "parley.min_speech_ms needs server_vad turn detection, "
-                    "but this update turns it off",
-                    eid,
-                    "session.parley.min_speech_ms",
+                errors.append(
+                    ProtocolError(
+                        "invalid_value",
+                        "parley.min_speech_ms needs voice activity turn detection, "
+                        "but this update turns it off",
+                        eid,
+                        "session.parley.min_speech_ms",
+                    )
                 )
-            patch["turn_detection"] = {**vad, "min_speech_ms": extras.min_speech_ms}
-    return patch, new
+            else:
+                patch["turn_detection"] = {**vad, "min_speech_ms": extras.min_speech_ms}
+    return patch, new, errors
+
+
+_EAGERNESS = ("low", "medium", "high", "auto")
 
 
 def _turn_detection(
@@ -441,17 +482,21 @@ def _turn_detection(
     if spec is None:
         return None  # manual turns: input_audio_buffer.commit + response.create
     if spec.type == "semantic_vad":
-        raise ProtocolError(
-            "unsupported",
-            "turn detection 'semantic_vad' is not supported; use 'server_vad', "
-            "or null for manual turns",
-            eid,
-            f"{param}.type",
+        if spec.eagerness not in (None, *_EAGERNESS):
+            raise ProtocolError(
+                "invalid_value",
+                f"unknown eagerness {spec.eagerness!r}; use low, medium, high or auto",
+                eid,
+                f"{param}.eagerness",
+            )
+        knobs = spec.model_dump(
+            include={"eagerness", "create_response", "interrupt_response"}, exclude_none=True
         )
+        return {"type": "semantic_vad", **knobs}
     if spec.type != "server_vad":
         raise ProtocolError(
             "invalid_value",
-            f"unknown turn detection type {spec.type!r}; use 'server_vad'",
+            f"unknown turn detection type {spec.type!r}; use 'server_vad' or 'semantic_vad'",
             eid,
             f"{param}.type",
         )

@@ -28,8 +28,13 @@ Decisions, following OpenAI where it has one:
   then the text becomes one item. The client's item `id` and `previous_item_id` are not
   honoured: items get the session's ids and go at the end of the conversation. An
   image-only item adds frames and creates no conversation item.
-- `response.create` overrides (`response: {...}`) are accepted and ignored for now; the
-  session's settings apply. `response.cancel` with nothing in progress is the error
+- `session.update` applies what it can: each value Parley cannot use (an unknown turn
+  detection type, a setting out of range, G.711 where the transport has no codec) is an
+  `error` naming its field, and the rest of the update still applies, as
+  `session.updated` shows. Fields Parley does not implement are ignored, not errors.
+- `response.create`'s `response.metadata` is echoed in `response.created` and
+  `response.done`; its other overrides are accepted and ignored for now (the session's
+  settings apply). `response.cancel` with nothing in progress is the error
   OpenAI sends, `response_cancel_not_active`.
 - `conversation.item.delete` is refused as `unsupported` over OpenAI's protocol for now,
   although the session can delete an item (the video chat stream uses that).
@@ -39,9 +44,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Literal, Protocol, assert_never
+from typing import Any, Literal, Protocol, assert_never
 
-from sessions import MAX_APPEND_BYTES, ParleyError, Session
+from sessions import MAX_APPEND_BYTES, ConfigError, ParleyError, Session
 
 from .client_events import (
     G711_RATE,
@@ -59,11 +64,16 @@ from .client_events import (
     ResponseCreate,
     SessionUpdate,
     parse_client_event,
-    session_patch,
+    partial_session_patch,
 )
 from .error_throttle import ErrorThrottle, summary_text
 
 log = logging.getLogger("parley.realtime.dispatch")
+
+_MAX_REFUSED_SETTINGS = 16
+"""Settings one session.update may have refused before the rest applies (bounds retries)."""
+_MAX_METADATA_PAIRS = 16
+"""OpenAI's limit on `metadata`: 16 pairs, keys up to 64 characters, values up to 512."""
 
 Transport = Literal["webrtc", "websocket"]
 
@@ -161,7 +171,7 @@ class ClientEventDispatcher:
                     "unsupported", "conversation.item.delete is not supported by Parley"
                 )
             case ResponseCreate():
-                await session.create_response()
+                await session.create_response(metadata=_metadata(event))
             case ResponseCancel():
                 if not await session.cancel_response():
                     raise ProtocolError(
@@ -179,36 +189,66 @@ class ClientEventDispatcher:
                 assert_never(event)
 
     async def _update(self, event: SessionUpdate) -> None:
-        patch, formats = session_patch(event, self.formats)
+        """Apply what can be applied; each value that cannot is its own `error` (naming
+        the field), sent before `session.updated` shows what took effect."""
+        eid = event.event_id
+        patch, formats, errors = partial_session_patch(event, self.formats)
         if self.transport == "webrtc":
             patch.pop("output_sample_rate", None)
             formats = self.formats
         elif formats.uses_g711 and self._g711 is None:
-            raise ProtocolError(
-                "unsupported",
-                "G.711 (audio/pcmu, audio/pcma) is not available on this connection; use audio/pcm",
-                param="session.audio",
+            errors.append(
+                ProtocolError(
+                    "unsupported",
+                    "G.711 (audio/pcmu, audio/pcma) is not available on this connection; "
+                    "use audio/pcm",
+                    eid,
+                    param="session.audio",
+                )
             )
+            formats = self.formats
+            patch.pop("output_sample_rate", None)
         vad = patch.get("turn_detection")
         if (
             isinstance(vad, dict)
             and "type" not in vad
             and self.session.config.turn_detection is None
         ):
-            raise ProtocolError(
-                "invalid_value",
-                "parley.min_speech_ms needs server_vad turn detection, which is off; "
-                "set session.audio.input.turn_detection too",
-                param="session.parley.min_speech_ms",
+            errors.append(
+                ProtocolError(
+                    "invalid_value",
+                    "parley.min_speech_ms needs voice activity turn detection, which is "
+                    "off; set session.audio.input.turn_detection too",
+                    eid,
+                    param="session.parley.min_speech_ms",
+                )
             )
+            del patch["turn_detection"]
+        for error in errors:
+            self.report(error, eid)
         # The new formats are in place before session.updated goes out, so the transport
         # renders the effective ones; a refused update puts the old ones back.
         previous, self.formats = self.formats, formats
         try:
-            await self.session.update(patch)
+            await self._apply(patch, eid)
         except BaseException:
             self.formats = previous
             raise
+
+    async def _apply(self, patch: dict[str, Any], eid: str | None) -> None:
+        """session.update(patch), leaving out each setting the session refuses as out of
+        range (its ConfigError names it, and goes to the client) until the rest applies."""
+        for _ in range(_MAX_REFUSED_SETTINGS):
+            try:
+                await self.session.update(patch)
+                return
+            except ConfigError as exc:
+                smaller = _without(patch, exc.field)
+                if smaller == patch:
+                    raise
+                self.report(exc, eid)
+                patch = smaller
+        await self.session.update(patch)
 
     async def _append(self, event: InputAudioBufferAppend) -> None:
         if self.transport == "webrtc":
@@ -247,3 +287,44 @@ class ClientEventDispatcher:
             await self.session.add_frame(image)
         if texts:
             await self.session.add_text("\n".join(texts), item.role)
+
+
+def _metadata(event: ResponseCreate) -> dict[str, str] | None:
+    """`response.metadata`, checked as OpenAI declares it: at most 16 string pairs."""
+    raw = (event.response or {}).get("metadata")
+    if raw is None:
+        return None
+    if (
+        not isinstance(raw, dict)
+        or len(raw) > _MAX_METADATA_PAIRS
+        or not all(
+            isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512
+            for k, v in raw.items()
+        )
+    ):
+        raise ProtocolError(
+            "invalid_value",
+            "response.metadata must be an object of at most 16 string pairs (keys up to 64 "
+            "characters, values up to 512)",
+            event.event_id,
+            param="response.metadata",
+        )
+    return dict(raw)
+
+
+def _without(patch: dict[str, Any], field: str) -> dict[str, Any]:
+    """`patch` less the setting at dotted `field` (`turn_detection.threshold`)."""
+    head, _, rest = field.partition(".")
+    if head not in patch:
+        return patch
+    out = dict(patch)
+    inner = out[head]
+    if rest and isinstance(inner, dict):
+        smaller = _without(inner, rest)
+        if smaller is inner:
+            del out[head]
+        else:
+            out[head] = smaller
+    else:
+        del out[head]
+    return out

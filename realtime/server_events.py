@@ -88,7 +88,11 @@ def to_wire(
         case InputTranscriptionCompleted():
             body = {"item_id": event.item_id, "content_index": 0, "transcript": event.transcript}
         case ResponseCreated():
-            body = {"response": _response(event.response_id, "in_progress", None, [], None)}
+            body = {
+                "response": _response(
+                    event.response_id, "in_progress", None, [], None, event.metadata
+                )
+            }
         case OutputTextDelta() | OutputAudioTranscriptDelta():
             body = _part_fields(event.response_id, event.item_id) | {"delta": event.delta}
         case OutputAudioDelta():
@@ -186,9 +190,13 @@ def item_object(item: ConversationItem) -> dict[str, Any]:
 
 
 def _turn_detection(td: TurnDetectionConfig | None) -> dict[str, Any] | None:
+    """As the client set it: semantic_vad shows only OpenAI's semantic_vad fields (its
+    silence window follows eagerness); min_speech_ms is under `parley`."""
     if td is None:
         return None
-    return td.model_dump(exclude={"min_speech_ms"})  # min_speech_ms is under `parley`
+    if td.type == "semantic_vad":
+        return td.model_dump(include={"type", "eagerness", "create_response", "interrupt_response"})
+    return td.model_dump(exclude={"min_speech_ms", "eagerness"})
 
 
 def _part_fields(response_id: str, item_id: str) -> dict[str, Any]:
@@ -202,6 +210,7 @@ def _response(
     status_details: dict[str, Any] | None,
     output: list[dict[str, Any]],
     usage: dict[str, Any] | None,
+    metadata: dict[str, str] | None,
 ) -> dict[str, Any]:
     return {
         "id": response_id,
@@ -210,6 +219,7 @@ def _response(
         "status_details": status_details,
         "output": output,
         "usage": usage,
+        "metadata": metadata,
     }
 
 
@@ -226,7 +236,7 @@ def _done_response(event: ResponseDone) -> dict[str, Any]:
     output = [item_object(event.item)] if event.item is not None else []
     # No token counts: Parley reports what it measures, audio and text and timings.
     usage = dataclasses.asdict(event.usage)
-    return _response(event.response_id, event.status, details, output, usage)
+    return _response(event.response_id, event.status, details, output, usage, event.metadata)
 
 
 def _error(event: ErrorEvent) -> dict[str, Any]:

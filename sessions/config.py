@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, model_validator
 
 from pipeline.audio_format import OUTPUT_SAMPLE_RATE, SUPPORTED_OUTPUT_RATES
 
@@ -41,16 +41,51 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 
 
-class TurnDetectionConfig(_Model):
-    """Server VAD, with OpenAI Realtime's knobs plus `min_speech_ms` for barge-in."""
+Eagerness = Literal["low", "medium", "high", "auto"]
 
-    type: Literal["server_vad"] = "server_vad"
+SEMANTIC_SILENCE_MS: dict[str, int] = {"low": 1200, "medium": 700, "auto": 700, "high": 350}
+"""semantic_vad's end of turn, as a silence window by eagerness.
+
+OpenAI's semantic_vad ends a turn when a model judges the user has finished; Parley has
+no turn-end model yet, so eagerness sets how long a pause must last. The windows bracket
+server_vad's 500 ms the way OpenAI describes eagerness: `low` lets the user think aloud
+(1.2 s covers the hesitation pauses inside a sentence, 0.5-1 s), `medium`/`auto` (0.7 s)
+waits out most such pauses but still answers well within a second of a real pause, and
+`high` (350 ms) answers as soon as a short pause ends a phrase, at the cost of cutting in
+on a mid-sentence breath.
+"""
+
+
+class TurnDetectionConfig(_Model):
+    """Server VAD, with OpenAI Realtime's knobs plus `min_speech_ms` for barge-in.
+
+    `semantic_vad` runs the same detector with `silence_duration_ms` set by `eagerness`
+    (SEMANTIC_SILENCE_MS); server_vad has no eagerness.
+    """
+
+    type: Literal["server_vad", "semantic_vad"] = "server_vad"
     threshold: Unit = 0.5
     prefix_padding_ms: PaddingMs = 300
     silence_duration_ms: SilenceMs = 500
     min_speech_ms: MinSpeechMs = 200
     create_response: bool = True
     interrupt_response: bool = True
+    eagerness: Eagerness | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _eagerness(cls, data: Any) -> Any:
+        """semantic_vad: the silence window follows eagerness; server_vad: no eagerness."""
+        if not isinstance(data, Mapping):
+            return data
+        data = dict(data)
+        if data.get("type") == "semantic_vad":
+            data["eagerness"] = data.get("eagerness") or "auto"
+            if data["eagerness"] in SEMANTIC_SILENCE_MS:
+                data["silence_duration_ms"] = SEMANTIC_SILENCE_MS[data["eagerness"]]
+        else:
+            data.pop("eagerness", None)
+        return data
 
     @property
     def aggressiveness(self) -> int:
@@ -92,11 +127,23 @@ class SessionConfig(_Model):
         leaves `self` untouched when the result is invalid.
         """
         merged = _deep_merge(self.model_dump(), patch)
+        td, was = patch.get("turn_detection"), self.turn_detection
+        if (
+            isinstance(td, Mapping)
+            and td.get("type") == "server_vad"
+            and was is not None
+            and was.type == "semantic_vad"
+            and "silence_duration_ms" not in td
+        ):  # eagerness set the window; server_vad starts again from its own default
+            merged["turn_detection"]["silence_duration_ms"] = _SERVER_SILENCE_MS
         return SessionConfig.parse(merged)
 
     @property
     def audio_output(self) -> bool:
         return "audio" in self.output_modalities
+
+
+_SERVER_SILENCE_MS: int = TurnDetectionConfig.model_fields["silence_duration_ms"].default
 
 
 def _deep_merge(base: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:

@@ -154,6 +154,8 @@ class InputTranscriptionCompleted(Event):
 class ResponseCreated(Event):
     type: ClassVar[str] = "response.created"
     response_id: str
+    metadata: dict[str, str] | None = None
+    """What the client's `response.create` carried as `response.metadata`, echoed."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -206,6 +208,7 @@ class ResponseDone(Event):
     reason: str = ""
     item: ConversationItem | None = None
     usage: ResponseUsage = field(default_factory=ResponseUsage)
+    metadata: dict[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

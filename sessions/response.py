@@ -78,10 +78,13 @@ class Response:
         context: ResponseContext,
         build_request: RequestBuilder,
         transcript_item_id: str | None,
+        metadata: dict[str, str] | None = None,
     ) -> None:
         """`transcript_item_id`: the user item that the pipeline's transcript of the
-        turn's audio is stored on."""
+        turn's audio is stored on; `metadata`: the client's, echoed in response.created
+        and response.done."""
         self.response_id = response_id
+        self.metadata = metadata
         self.request: PipelineRequest | None = None
         self._build_request = build_request
         self.item = ConversationItem(
@@ -121,7 +124,7 @@ class Response:
     async def run(self) -> ResponseStatus:
         """Answer, commit the item, and once a completed answer has played out, return its
         status. A cancelled response commits what was heard, then re-raises."""
-        self._emit(ResponseCreated(response_id=self.response_id))
+        self._emit(ResponseCreated(response_id=self.response_id, metadata=self.metadata))
         try:
             try:
                 previous = await self._history.last_id()
@@ -252,6 +255,7 @@ class Response:
                 reason=reason,
                 item=self.item,
                 usage=self._usage(),
+                metadata=self.metadata,
             )
         )
 

@@ -461,19 +461,20 @@ class Session:
     def responding(self) -> bool:
         return self._response_task is not None and not self._response_task.done()
 
-    async def create_response(self) -> str:
-        """response.create: answer the conversation so far."""
+    async def create_response(self, metadata: dict[str, str] | None = None) -> str:
+        """response.create: answer the conversation so far; `metadata` is echoed in the
+        response's events."""
         self._check_open()
         if self.responding:
             raise InvalidRequestError("a response is already in progress; cancel it first")
-        return await self._start_response()
+        return await self._start_response(metadata)
 
     async def cancel_response(self) -> bool:
         """response.cancel: False when nothing was in progress."""
         self._check_open()
         return await self._cancel_response("client_cancelled")
 
-    async def _start_response(self) -> str:
+    async def _start_response(self, metadata: dict[str, str] | None = None) -> str:
         async with self._writer_lock:  # one writer: never start while one is torn down
             await self._cancel_response("superseded")
             if self._tg is None:
@@ -494,6 +495,7 @@ class Session:
                 context,
                 lambda request_id: self._build_request(request_id, turn),
                 turn.transcript_item_id,
+                metadata,
             )
             if self.machine.state is not SessionState.THINKING:
                 self.machine.to(SessionState.THINKING, "response started")

@@ -22,6 +22,7 @@ from realtime.client_events import (
     ResponseCreate,
     SessionUpdate,
     parse_client_event,
+    partial_session_patch,
     session_patch,
 )
 from sessions.config import SessionConfig
@@ -311,13 +312,33 @@ def test_null_turn_detection_means_manual_turns_and_absent_means_unchanged() -> 
     assert session_patch(update({"audio": {"input": {}}}))[0] == {}
 
 
-def test_semantic_vad_is_refused() -> None:
-    session = {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}
-    with pytest.raises(ProtocolError, match="semantic_vad") as err:
-        session_patch(update(session, "evt_sem"))
-    assert err.value.code == "unsupported"
-    assert err.value.event_id == "evt_sem"
-    assert err.value.field == "session.audio.input.turn_detection.type"
+@pytest.mark.parametrize("where", ["ga", "beta"])
+def test_semantic_vad_is_taken_as_sent(where: str) -> None:
+    vad = {"type": "semantic_vad", "eagerness": "high", "interrupt_response": False}
+    session = (
+        {"audio": {"input": {"turn_detection": vad}}} if where == "ga" else {"turn_detection": vad}
+    )
+    assert session_patch(update(session))[0] == {"turn_detection": vad}
+
+
+def test_a_bad_eagerness_or_vad_type_is_named_and_the_rest_kept() -> None:
+    session = {
+        "instructions": "kept",
+        "turn_detection": {"type": "semantic_vad", "eagerness": "eager"},
+        "audio": {"output": {"format": {"type": "audio/opus"}}},
+    }
+    patch, formats, errors = partial_session_patch(update(session, "evt_p"))
+    assert patch == {"instructions": "kept"} and formats == AudioFormats()
+    assert [(e.event_id, e.field) for e in errors] == [
+        ("evt_p", "session.turn_detection.eagerness"),
+        ("evt_p", "session.audio.output.format.type"),
+    ]
+    with pytest.raises(ProtocolError) as err:  # session_patch is all or nothing
+        session_patch(update(session))
+    assert err.value.field == "session.turn_detection.eagerness"
+    unknown = {"audio": {"input": {"turn_detection": {"type": "magic_vad"}}}}
+    (error,) = partial_session_patch(update(unknown))[2]
+    assert error.field == "session.audio.input.turn_detection.type"
 
 
 def test_formats_keep_what_the_update_leaves_out() -> None:
@@ -344,7 +365,7 @@ def test_formats_keep_what_the_update_leaves_out() -> None:
         ({"turn_detection": {"type": "push_to_talk"}}, "'push_to_talk'"),
         (
             {"turn_detection": None, "parley": {"min_speech_ms": 300}},
-            "min_speech_ms needs server_vad",
+            "min_speech_ms needs voice activity",
         ),
     ],
 )

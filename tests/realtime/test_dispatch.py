@@ -13,7 +13,7 @@ from PIL import Image
 from realtime.client_events import AudioFormats, parse_client_event
 from realtime.dispatch import ClientEventDispatcher, Transport
 from realtime.server_events import to_wire
-from sessions.events import ErrorEvent, Event, ResponseDone, SessionUpdated
+from sessions.events import ErrorEvent, Event, ResponseCreated, ResponseDone, SessionUpdated
 from sessions.session import Session
 from tests.fakes.fake_engine import FakeEngine
 from tests.fakes.sink import ClockedSink
@@ -75,27 +75,76 @@ async def test_session_update_changes_the_config_and_says_so(make_session: MakeS
     assert wire["session"]["audio"]["input"]["turn_detection"]["silence_duration_ms"] == 800
 
 
-async def test_a_bad_update_is_an_error_event_and_changes_nothing(
+async def test_a_bad_value_is_an_error_naming_it_and_the_rest_applies(
     make_session: MakeSession,
 ) -> None:
     d, session, sink = await dispatcher(make_session)
-    before = session.config
-    vad = {"type": "server_vad", "threshold": 5}
+    vad = {"type": "server_vad", "threshold": 5, "silence_duration_ms": 900}
     bad = {"instructions": "changed", "audio": {"input": {"turn_detection": vad}}}
     await d.handle_raw(msg(type="session.update", event_id="evt_bad", session=bad))
+    (error,) = errors(sink)
+    assert (error.client_event_id, error.code) == ("evt_bad", "invalid_config")
+    assert error.param == "turn_detection.threshold" and "between 0 and 1" in error.message
+    assert session.config.instructions == "changed"
+    assert session.config.turn_detection is not None
+    assert session.config.turn_detection.threshold == 0.5  # left as it was
+    assert session.config.turn_detection.silence_duration_ms == 900
+    wire = to_wire(sink.of(SessionUpdated)[-1], formats=d.formats)
+    assert wire is not None and wire["session"]["instructions"] == "changed"
+    assert sink.events.index(error) < sink.events.index(sink.of(SessionUpdated)[-1])
+
+
+async def test_instructions_apply_despite_an_unsupported_field(
+    make_session: MakeSession,
+) -> None:
+    d, session, sink = await dispatcher(make_session)
+    update = {
+        "instructions": "Be brief.",
+        "audio": {
+            "input": {"turn_detection": {"type": "magic_vad"}},
+            "output": {"voice": "alloy", "format": {"type": "audio/pcmu"}},
+        },
+    }
+    await d.handle_raw(msg(type="session.update", event_id="evt_u", session=update))
+    params = {(e.client_event_id, e.param) for e in errors(sink)}
+    assert params == {
+        ("evt_u", "session.audio.input.turn_detection.type"),
+        ("evt_u", "session.audio"),  # no G.711 codec on this connection
+    }
+    wire = to_wire(sink.of(SessionUpdated)[-1], formats=d.formats)
+    assert wire is not None
+    assert wire["session"]["instructions"] == "Be brief."
+    assert wire["session"]["audio"]["output"]["voice"] == "alloy"
+    assert wire["session"]["audio"]["output"]["format"] == {"type": "audio/pcm", "rate": 24_000}
+    assert wire["session"]["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+
+
+async def test_semantic_vad_applies_with_its_eagerness(make_session: MakeSession) -> None:
+    d, session, sink = await dispatcher(make_session)
+    vad = {"type": "semantic_vad", "eagerness": "low", "create_response": True}
+    update = {"instructions": "Agent.", "audio": {"input": {"turn_detection": vad}}}
+    await d.handle_raw(msg(type="session.update", event_id="evt_s", session=update))
+    assert not errors(sink)
+    td = session.config.turn_detection
+    assert td is not None and td.type == "semantic_vad" and td.silence_duration_ms == 1200
+    wire = to_wire(sink.of(SessionUpdated)[-1], formats=d.formats)
+    assert wire is not None
+    assert wire["session"]["audio"]["input"]["turn_detection"] == {
+        "type": "semantic_vad",
+        "eagerness": "low",
+        "create_response": True,
+        "interrupt_response": True,
+    }
+    beta = {"turn_detection": {"type": "semantic_vad", "eagerness": "high"}}
+    await d.handle_raw(msg(type="session.update", session=beta))
+    td = session.config.turn_detection
+    assert td is not None and (td.eagerness, td.silence_duration_ms) == ("high", 350)
     await d.handle_raw(
-        msg(
-            type="session.update",
-            event_id="evt_sem",
-            session={"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}},
-        )
+        msg(type="session.update", session={"turn_detection": {"type": "server_vad"}})
     )
-    first, second = errors(sink)
-    assert (first.client_event_id, first.code) == ("evt_bad", "invalid_config")
-    assert first.param == "turn_detection.threshold" and "between 0 and 1" in first.message
-    assert (second.client_event_id, second.code) == ("evt_sem", "unsupported")
-    assert session.config == before
-    assert not sink.of(SessionUpdated)
+    td = session.config.turn_detection
+    assert td is not None and (td.type, td.silence_duration_ms) == ("server_vad", 500)
+    assert not errors(sink)
 
 
 async def test_text_item_and_response_create_get_an_answer(
@@ -121,6 +170,30 @@ async def test_text_item_and_response_create_get_an_answer(
     assert request.text == "What is two plus two?"
     wire = to_wire(done)
     assert wire is not None and wire["response"]["output"][0]["role"] == "assistant"
+
+
+async def test_response_metadata_is_echoed_in_created_and_done(
+    make_session: MakeSession,
+) -> None:
+    d, session, sink = await dispatcher(make_session)
+    await d.handle_raw(
+        msg(
+            type="conversation.item.create",
+            item={"role": "user", "content": [{"type": "input_text", "text": "Hello."}]},
+        )
+    )
+    metadata = {"client_event_id": "evt_lk_1"}
+    await d.handle_raw(msg(type="response.create", response={"metadata": metadata}))
+    done = await sink.wait_for(is_done)
+    (created,) = sink.of(ResponseCreated)
+    for event in (created, done):
+        wire = to_wire(event)
+        assert wire is not None and wire["response"]["metadata"] == metadata
+    await d.handle_raw(
+        msg(type="response.create", event_id="evt_m", response={"metadata": {"n": 1}})
+    )
+    (error,) = errors(sink)
+    assert (error.client_event_id, error.param) == ("evt_m", "response.metadata")
 
 
 async def test_response_cancel_stops_the_answer_and_a_second_cancel_is_an_error(

@@ -207,6 +207,58 @@ async def test_manual_turns_cancel_and_truncate_from_the_client(server: ServedAp
         assert "error" not in types(client.events)
 
 
+async def test_an_agent_frameworks_defaults_apply_through_the_sdk(server: ServedApp) -> None:
+    """The Agents SDK's and LiveKit's defaults: semantic_vad with instructions (plus a
+    setting Parley cannot use), and a response.create whose metadata must come back."""
+    base_url = f"{server.http_url}/v1"
+    async with (
+        AsyncOpenAI(api_key=KEY, base_url=base_url) as client,
+        client.realtime.connect(model="parley") as conn,
+    ):
+        assert (await conn.recv()).type == "session.created"
+        await conn.session.update(
+            session={
+                "type": "realtime",
+                "instructions": "You are a pirate.",
+                "audio": {
+                    "input": {"turn_detection": {"type": "semantic_vad", "eagerness": "auto"}},
+                    "output": {"voice": "marin", "format": {"type": "audio/pcm", "rate": 7}},  # type: ignore[typeddict-item]
+                },
+            },
+            event_id="evt_upd",
+        )
+        error = await conn.recv()
+        assert error.type == "error"
+        assert (error.error.event_id, error.error.param) == (
+            "evt_upd",
+            "session.audio.output.format.rate",
+        )
+        updated = await conn.recv()
+        assert updated.type == "session.updated"
+        session: dict[str, Any] = json.loads(updated.session.to_json())
+        assert session["instructions"] == "You are a pirate."
+        vad = session["audio"]["input"]["turn_detection"]
+        assert (vad["type"], vad["eagerness"]) == ("semantic_vad", "auto")
+        assert session["audio"]["output"]["voice"] == "marin"
+        await conn.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Hello?"}],
+            }
+        )
+        metadata = {"client_event_id": "lk_reply_1"}
+        await conn.response.create(response={"metadata": metadata})
+        events: list[Any] = []
+        async with asyncio.timeout(30):
+            while not events or events[-1].type != "response.done":
+                events.append(await conn.recv())
+    created = next(e for e in events if e.type == "response.created")
+    assert created.response.metadata == metadata
+    assert events[-1].response.metadata == metadata
+    assert "error" not in types(events)
+
+
 async def test_malformed_messages_get_errors_and_the_connection_stays_open(
     server: ServedApp,
 ) -> None:

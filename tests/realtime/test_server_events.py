@@ -7,6 +7,8 @@ import json
 from typing import Any
 
 import pytest
+from openai.types.realtime import RealtimeAudioInputTurnDetection, RealtimeResponse
+from pydantic import TypeAdapter
 
 from realtime.client_events import AudioFormats
 from realtime.server_events import output_audio_buffer_event, session_object, to_wire
@@ -180,6 +182,27 @@ def test_response_created() -> None:
     assert response["object"] == "realtime.response"
     assert response["status"] == "in_progress"
     assert response["output"] == []
+
+
+def test_response_metadata_is_echoed_in_created_and_done() -> None:
+    meta = {"client_event_id": "lk_1"}
+    created = wire(ev.ResponseCreated(response_id="resp_1", metadata=meta))["response"]
+    done = wire(ev.ResponseDone(response_id="resp_1", status="completed", metadata=meta))
+    assert created["metadata"] == meta and done["response"]["metadata"] == meta
+    assert RealtimeResponse.model_validate(created).metadata == meta
+    assert wire(ev.ResponseCreated(response_id="resp_1"))["response"]["metadata"] is None
+
+
+@pytest.mark.parametrize("eagerness", ["low", "medium", "high", "auto"])
+def test_semantic_vad_is_shown_as_the_client_set_it(eagerness: str) -> None:
+    vad = {"type": "semantic_vad", "eagerness": eagerness}
+    config = SessionConfig.parse({"turn_detection": vad})
+    shown = session_object(config)["audio"]["input"]["turn_detection"]
+    assert shown == {**vad, "create_response": True, "interrupt_response": True}
+    sdk = TypeAdapter(RealtimeAudioInputTurnDetection).validate_python(shown)
+    assert sdk is not None and sdk.type == "semantic_vad" and sdk.eagerness == eagerness
+    server = session_object(CONFIG)["audio"]["input"]["turn_detection"]
+    assert server["type"] == "server_vad" and "eagerness" not in server
 
 
 @pytest.mark.parametrize("cls", [ev.OutputTextDelta, ev.OutputAudioTranscriptDelta])

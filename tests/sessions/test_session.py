@@ -23,6 +23,7 @@ from sessions.events import (
     ErrorEvent,
     OutputAudioDelta,
     OutputAudioTranscriptDelta,
+    ResponseCreated,
     ResponseDone,
     SessionClosed,
     SessionExpiring,
@@ -400,3 +401,28 @@ async def test_speech_then_a_typed_question_is_one_turn(
     assert request.text == "What was that?"
     assert len(request.audio) / 16 == pytest.approx(speech.audio_ms, abs=20)
     assert request.history == ()  # neither half of the turn is history yet
+
+
+@pytest.mark.parametrize(("eagerness", "turns"), [("low", 1), ("high", 2)])
+async def test_semantic_vad_eagerness_decides_where_a_turn_ends(
+    make_session: MakeSession, eagerness: str, turns: int
+) -> None:
+    """A 900 ms pause between two sentences: `low` (a 1.2 s window) waits it out as one
+    turn, `high` (350 ms) answers the first sentence."""
+    vad = {"type": "semantic_vad", "eagerness": eagerness, "create_response": False}
+    session, sink = await make_session({"turn_detection": vad})
+    pcm, _ = utterances_with_gaps(["Hello there.", "How are you today?"], gap_ms=900, lead_ms=400)
+    await feed(session, np.concatenate([pcm, silence(1500, 16_000)]))
+    assert sink.types().count("input_audio_buffer.speech_stopped") == turns
+
+
+async def test_response_metadata_is_carried_to_its_events(
+    make_session: MakeSession, engine: FakeEngine
+) -> None:
+    session, sink = await make_session({"turn_detection": None})
+    await session.add_text("Hello?")
+    await session.create_response(metadata={"client_event_id": "c1"})
+    done = await sink.wait_for(is_done)
+    assert isinstance(done, ResponseDone) and done.metadata == {"client_event_id": "c1"}
+    (created,) = sink.of(ResponseCreated)
+    assert created.metadata == {"client_event_id": "c1"}  # type: ignore[attr-defined]
