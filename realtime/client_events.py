@@ -119,13 +119,16 @@ class AudioSpec(_Open):
 class ParleyExtras(_Open):
     """Parley's own settings, under the session's `parley` key.
 
-    The session takes these three; a transport may read more of its own here (the WebRTC
+    The session takes these four (`extra_events`: send Parley's own server events, such
+    as `session.state_changed`, which OpenAI's API does not have; off by default, as an
+    OpenAI client may reject them); a transport may read more of its own here (the WebRTC
     call's `video_fps_idle` and `video_fps_speaking`), so other keys are let through.
     """
 
     video: dict[str, Any] | None = None
     min_speech_ms: int | None = None
     max_audio_seconds: int | None = None
+    extra_events: bool | None = None
 
 
 class SessionSpec(_Open):
@@ -456,6 +459,8 @@ def partial_session_patch(
             patch["video"] = extras.video
         if extras.max_audio_seconds is not None:
             patch["max_audio_seconds"] = extras.max_audio_seconds
+        if extras.extra_events is not None:
+            patch["extra_events"] = extras.extra_events
         if extras.min_speech_ms is not None and td_set:
             vad = patch.get("turn_detection", {})
             if vad is None:

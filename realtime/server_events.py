@@ -7,6 +7,9 @@ replaying the event log sends the same ids again.
 
 Where OpenAI has no field for something Parley knows (the resume token, the video cache,
 timings), it goes under a `parley` key or into `usage`, which OpenAI clients ignore.
+Parley's own event types (session.state_changed, .expiring, .closed) go only to a client
+that opted in (`session.parley.extra_events`): an OpenAI client validating events, as the
+Agents SDK does, rejects types it does not know.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from sessions.events import (
     AudioBufferCommitted,
     ConversationItem,
     ConversationItemCreated,
+    ConversationItemDeleted,
     ConversationItemTruncated,
     ErrorEvent,
     Event,
@@ -30,7 +34,10 @@ from sessions.events import (
     OutputTextDelta,
     ResponseCreated,
     ResponseDone,
+    SessionClosed,
     SessionCreated,
+    SessionExpiring,
+    SessionStateChanged,
     SessionUpdated,
     SpeechStarted,
     SpeechStopped,
@@ -46,11 +53,22 @@ _CANCEL_REASONS = {"barge_in": "turn_detected", "client_cancelled": "client_canc
 """The session's cancel reasons in OpenAI's words; others (superseded, session closed)
 pass through as they are."""
 
+PARLEY_EVENTS = (SessionStateChanged, SessionExpiring, SessionClosed)
+"""Parley's own server events (no such event in OpenAI's API): sent only to a client that
+opted in with `session.parley.extra_events`, as an OpenAI client may reject unknown types."""
+
 
 def to_wire(
-    event: Event, *, audio: AudioMode = "base64", formats: AudioFormats | None = None
+    event: Event,
+    *,
+    audio: AudioMode = "base64",
+    formats: AudioFormats | None = None,
+    extra_events: bool = False,
 ) -> dict[str, Any] | None:
     """The GA JSON of `event`, or None when this transport does not send it.
+
+    Parley's own events (`PARLEY_EVENTS`) go out only with `extra_events` (the client
+    opted in); everything else is an event of OpenAI's GA API.
 
     `audio="omit"` drops `response.output_audio.delta` (WebRTC: audio goes on the media
     track). `formats` are the connection's audio formats, shown in the session object;
@@ -101,9 +119,17 @@ def to_wire(
             body = {"response": _done_response(event)}
         case ErrorEvent():
             body = {"error": _error(event)}
+        case ConversationItemDeleted():
+            body = {"item_id": event.item_id}
         case _:  # Parley's own events (session.state_changed, .expiring, .closed)
-            return event_to_dict(event)
+            return event_to_dict(event) if extra_events else None
     return {"type": event.type, "event_id": event.event_id, **body}
+
+
+def transcription_usage(audio_ms: int) -> dict[str, Any]:
+    """`usage` of `...input_audio_transcription.completed`: OpenAI's duration form (Parley
+    counts no tokens), the seconds of the user's audio that were transcribed."""
+    return {"type": "duration", "seconds": audio_ms / 1000}
 
 
 def output_audio_delta(event: OutputAudioDelta, payload: bytes) -> dict[str, Any]:
@@ -142,6 +168,7 @@ def session_object(
         "min_speech_ms": td.min_speech_ms if td is not None else None,
         "max_audio_seconds": config.max_audio_seconds,
         "output_sample_rate": config.output_sample_rate,
+        "extra_events": config.extra_events,
     }
     if resume_token is not None:
         parley["resume_token"] = resume_token

@@ -111,6 +111,8 @@ class SessionConfig(_Model):
     video: VideoConfig = VideoConfig()
     max_audio_seconds: AudioSeconds = 120
     output_sample_rate: Literal[8_000, 16_000, 24_000, 48_000] = OUTPUT_SAMPLE_RATE
+    extra_events: bool = False
+    """Send Parley's own server events (session.state_changed, .expiring, .closed) too."""
 
     @classmethod
     def parse(cls, data: Mapping[str, Any] | None = None) -> SessionConfig:

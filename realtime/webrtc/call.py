@@ -254,7 +254,8 @@ class WebRTCCall(PlayoutSink):
     def event(self, event: Event) -> None:
         if isinstance(event, ResponseCreated):
             self._response_id = event.response_id
-        wire = to_wire(event, audio="omit")
+        extra = self.session is not None and self.session.config.extra_events
+        wire = to_wire(event, audio="omit", extra_events=extra)
         if wire is not None:
             self._send(wire)
         if isinstance(event, SessionClosed):

@@ -4,8 +4,10 @@ The session emits what it knows: a response was created, an item was created, de
 response is done. An OpenAI Realtime (GA) client expects more: the output item and its
 content part announced and finished, the transcript or text in full at the end,
 `conversation.item.added` / `.done`, and `rate_limits.updated`. `GAExpander` adds them.
-It keeps a little state per connection (the response in progress, its text so far), so
-each connection has its own.
+It keeps a little state per connection (the response in progress, its text so far, the
+length of user audio awaiting its transcript), so each connection has its own.
+`...input_audio_transcription.completed` gets its `usage` here (OpenAI's duration form):
+the session's event names the item, the item's creation said how long its audio was.
 
 Ids are deterministic, so a resumed connection, which runs the event log through a fresh
 expander, sends the very same ids again: the session event keeps its own id, and each
@@ -24,13 +26,14 @@ from sessions.events import (
     ConversationItem,
     ConversationItemCreated,
     Event,
+    InputTranscriptionCompleted,
     OutputAudioTranscriptDelta,
     OutputTextDelta,
     ResponseCreated,
     ResponseDone,
 )
 
-from ..server_events import item_object
+from ..server_events import item_object, transcription_usage
 
 Message = dict[str, Any]
 
@@ -76,6 +79,8 @@ class GAExpander:
         self._response_id: str | None = None
         self._item: ConversationItem | None = None
         self._text: list[str] = []
+        self._user_audio_ms: dict[str, int] = {}
+        """Item id -> audio length, for user audio items awaiting their transcript."""
 
     def name(self, event_type: str) -> str:
         """An event type as this connection spells it."""
@@ -89,7 +94,15 @@ class GAExpander:
                 rate_limits = {"type": "rate_limits.updated", "rate_limits": RATE_LIMITS}
                 return self._ids(event, [wire, rate_limits], wire)
             case ConversationItemCreated():
+                if event.item.role == "user" and event.item.has_audio:
+                    self._user_audio_ms[event.item.id] = event.item.audio_ms
                 return self._item_created(event, wire)
+            case InputTranscriptionCompleted():
+                # 0 s only when this connection never saw the item created (a resume
+                # whose replay starts between the two): the SDK requires a usage.
+                audio_ms = self._user_audio_ms.pop(event.item_id, 0)
+                wire = {**wire, "usage": transcription_usage(audio_ms)}
+                return self._ids(event, [wire], wire)
             case OutputAudioTranscriptDelta() | OutputTextDelta():
                 if self._item is not None and event.item_id == self._item.id:
                     self._text.append(event.delta)

@@ -65,14 +65,15 @@ def error_message(
 
 
 def ga_messages(
-    event: Event, expander: GAExpander, formats: AudioFormats
+    event: Event, expander: GAExpander, formats: AudioFormats, *, extra_events: bool = False
 ) -> list[tuple[Message, bool]]:
     """OpenAI's message mapping: the GA JSON of a session event, completed by `expander`,
     each message with its `after_audio` flag. Audio deltas map to nothing: the audio itself
-    comes through `audio()`, and a replay never sends stale audio."""
+    comes through `audio()`, and a replay never sends stale audio. Parley's own events go
+    out only with `extra_events` (the session's `parley.extra_events`)."""
     if isinstance(event, OutputAudioDelta):
         return []
-    wire = to_wire(event, formats=formats)
+    wire = to_wire(event, formats=formats, extra_events=extra_events)
     if wire is None:
         return []
     return [(m, m["type"] in AFTER_AUDIO) for m in expander.expand(event, wire)]
@@ -118,7 +119,8 @@ class OpenAIRealtimeConnection(MessageConnection):
     # --- the message mapping -------------------------------------------------------------
 
     def messages(self, event: Event) -> list[tuple[Message, bool]]:
-        return ga_messages(event, self.expander, self.formats)
+        extra = self.session is not None and self.session.config.extra_events
+        return ga_messages(event, self.expander, self.formats, extra_events=extra)
 
     def observe(self, event: Event) -> None:
         if isinstance(event, OutputAudioDelta):

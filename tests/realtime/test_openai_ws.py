@@ -16,6 +16,8 @@ import httpx
 import numpy as np
 import pytest
 from openai import AsyncOpenAI
+from openai.types.realtime import RealtimeServerEvent
+from pydantic import TypeAdapter
 from starlette.testclient import TestClient, WebSocketTestSession
 from starlette.websockets import WebSocketDisconnect
 from websockets.asyncio.client import connect
@@ -23,6 +25,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from loadtest.speech import silence, speak, trim_silence
 from realtime.g711 import ulaw_encode
+from realtime.server_events import PARLEY_EVENTS
 from realtime.websocket.connection import MAX_MESSAGE_BYTES
 from realtime.websocket.connection import MAX_MESSAGE_BYTES as WS_MAX_SIZE
 from realtime.websocket.ga_events import source_id
@@ -30,6 +33,8 @@ from tests.realtime.apps import ServedApp, fake_graph_file, served_app
 from tests.realtime.clients import RecordingClient
 from web.app import create_app
 from web.settings import Settings
+
+PARLEY_TYPES = {cls.type for cls in PARLEY_EVENTS}
 
 KEY = "sk-test-parley-ws"
 RATE = 24_000
@@ -168,6 +173,51 @@ async def test_speaking_over_the_answer_cancels_it_and_truncates_to_what_was_sen
     assert not [
         e for e in after if e.type == "response.output_audio.delta" and e.item_id == answer_item
     ]
+
+
+async def test_every_event_of_a_session_is_one_the_openai_sdk_declares(
+    server: ServedApp,
+) -> None:
+    """A spoken turn, session.update, a typed turn cancelled, a bad message: every event
+    validates against the SDK's server event union (issue 11); Parley's own events only
+    after the client opts in."""
+    async with raw(server) as client:
+        await client.wait_type("session.created")
+        await client.append(utterance("What is the weather like today?"))
+        # The fake engine transcribes nothing: test_server_events validates the transcript.
+        await client.wait_type("response.done", within_s=30)
+        await client.send({"type": "session.update", "session": {"instructions": "Be brief."}})
+        await client.wait_type("session.updated")
+        await client.until_quiet()  # the spoken answer's response ends a moment after its done
+        await client.send(
+            {
+                "type": "conversation.item.create",
+                "item": {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "Hello?"}],
+                },
+            }
+        )
+        await client.send({"type": "response.create"})
+        await client.wait_type("response.output_audio.delta")
+        await client.send({"type": "response.cancel"})
+        await client.wait_for(
+            lambda e: e["type"] == "response.done" and e["response"]["status"] == "cancelled"
+        )
+        await client.send({"type": "no.such.event"})
+        await client.wait_type("error")
+        await client.send({"type": "session.update", "session": {"parley": {"extra_events": True}}})
+        updated = await client.wait_type("session.updated")
+        assert updated["session"]["parley"]["extra_events"] is True
+        await client.send({"type": "response.create"})
+        await client.wait_type("session.state_changed")  # opted in: Parley's own events too
+        sent = client.events[: client.events.index(updated)]
+
+    sdk_event: TypeAdapter[Any] = TypeAdapter(RealtimeServerEvent)
+    for message in sent:
+        assert sdk_event.validate_python(message).type == message["type"]
+    assert {"input_audio_buffer.speech_started", "session.updated", "error"} <= set(types(sent))
 
 
 async def test_manual_turns_cancel_and_truncate_from_the_client(server: ServedApp) -> None:
@@ -386,7 +436,11 @@ async def test_a_dropped_connection_resumes_with_the_missed_events_exactly_once(
         # Read while the session lives: the clean close at the end of the block ends it,
         # and its log with it.
         await session.event_log.flushed()
-        logged = [body["event_id"] for body in await session.event_log.replay()]
+        logged = [
+            body["event_id"]
+            for body in await session.event_log.replay()
+            if body["type"] not in PARLEY_TYPES  # not sent: the client did not opt in
+        ]
 
     ids_before = [e["event_id"] for e in first.events]
     ids_after = [e["event_id"] for e in replayed]

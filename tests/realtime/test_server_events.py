@@ -7,11 +7,21 @@ import json
 from typing import Any
 
 import pytest
-from openai.types.realtime import RealtimeAudioInputTurnDetection, RealtimeResponse
+from openai.types.realtime import (
+    RealtimeAudioInputTurnDetection,
+    RealtimeResponse,
+    RealtimeServerEvent,
+)
 from pydantic import TypeAdapter
 
 from realtime.client_events import AudioFormats
-from realtime.server_events import output_audio_buffer_event, session_object, to_wire
+from realtime.server_events import (
+    PARLEY_EVENTS,
+    output_audio_buffer_event,
+    session_object,
+    to_wire,
+)
+from realtime.websocket.ga_events import GAExpander
 from sessions import events as ev
 from sessions.config import SessionConfig
 from sessions.events import ConversationItem, Event
@@ -51,7 +61,7 @@ def samples() -> list[Event]:
 
 
 def wire(event: Event, **kwargs: Any) -> dict[str, Any]:
-    out = to_wire(event, **kwargs)
+    out = to_wire(event, **{"extra_events": True} | kwargs)
     assert out is not None
     json.dumps(out)  # JSON-ready, no bytes or dataclasses left
     return out
@@ -299,3 +309,41 @@ def test_output_audio_buffer_events(kind: str) -> None:
     assert out["type"] == f"output_audio_buffer.{kind}"
     assert out["response_id"] == "resp_1"
     assert out["event_id"].startswith("evt_")
+
+
+SDK_EVENT: TypeAdapter[Any] = TypeAdapter(RealtimeServerEvent)
+
+
+def test_parleys_own_events_go_only_to_a_client_that_opted_in() -> None:
+    for event in samples():
+        out = to_wire(event)
+        assert (out is None) == isinstance(event, PARLEY_EVENTS), event.type
+    assert SessionConfig.parse({"extra_events": True}).extra_events
+
+
+@pytest.mark.parametrize(
+    "event", [e for e in samples() if not isinstance(e, PARLEY_EVENTS)], ids=lambda e: e.type
+)
+def test_every_ga_event_validates_against_the_openai_sdk(event: Event) -> None:
+    """The shared mapping (both transports) as the `openai` SDK's models declare it; the
+    transcript's `usage` comes from the connection's expander (it knows the item's audio)."""
+    expander = GAExpander()
+    expander.expand(ev.ConversationItemCreated(item=USER_AUDIO, previous_item_id=None), {})
+    for message in expander.expand(event, wire(event)):
+        parsed = SDK_EVENT.validate_python(message)
+        assert parsed.type == message["type"]
+
+
+def test_transcription_usage_is_the_duration_of_the_users_audio() -> None:
+    expander = GAExpander()
+    created = ev.ConversationItemCreated(item=USER_AUDIO, previous_item_id=None)
+    expander.expand(created, wire(created))
+    done = ev.InputTranscriptionCompleted(item_id="item_u", transcript="hello")
+    [message] = expander.expand(done, wire(done))
+    assert message["usage"] == {"type": "duration", "seconds": 0.9}
+
+
+@pytest.mark.parametrize("kind", ["started", "stopped", "cleared"])
+def test_output_audio_buffer_events_validate_against_the_openai_sdk(kind: str) -> None:
+    message = output_audio_buffer_event(kind, "resp_1")  # type: ignore[arg-type]
+    assert SDK_EVENT.validate_python(message).type == f"output_audio_buffer.{kind}"

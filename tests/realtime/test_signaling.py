@@ -53,7 +53,11 @@ async def test_a_secret_starts_a_call_with_its_settings(http: httpx.AsyncClient)
         headers={"Authorization": f"Bearer {KEY}"},
         json={
             "expires_after": {"anchor": "created_at", "seconds": 60},
-            "session": {"type": "realtime", "instructions": "Speak like a pirate."},
+            "session": {
+                "type": "realtime",
+                "instructions": "Speak like a pirate.",
+                "parley": {"extra_events": True},  # session.closed is Parley's own
+            },
         },
     )
     assert minted.status_code == 200, minted.text

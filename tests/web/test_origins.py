@@ -159,6 +159,9 @@ async def test_an_allowed_page_can_call_mint_and_hang_up_across_origins(
             assert "location" in answered.headers["access-control-expose-headers"].lower()
             assert "origin" in answered.headers["vary"].lower()
             await caller.wait_for(lambda e: e["type"] == "session.created")
+            # session.closed is Parley's own event: a client opts in to see it
+            caller.send({"type": "session.update", "session": {"parley": {"extra_events": True}}})
+            await caller.wait_for(lambda e: e["type"] == "session.updated")
             hangup = await http.post(
                 f"{answered.headers['location']}/hangup", headers={"Origin": page}
             )
