@@ -110,6 +110,17 @@ class SlotCache:
             self.write_at[row] = 0
         return row
 
+    def seat(self, state: Any, reserve: int) -> bool:
+        """Whether `state` (a runner's request: `.cache`, `.length`) holds a row, taking one
+        for it if it can: its prefill cache is copied in and `state.cache` emptied (the row
+        holds its KV now). `reserve`: positions it may still add."""
+        if self.holds(state):
+            return True
+        if self.take(state, state.cache, state.length + reserve) is None:
+            return False
+        state.cache = DynamicCache()
+        return True
+
     def cache_of(self, owner: Any, length: int) -> DynamicCache:
         """A copy of `owner`'s first `length` positions as a batch-of-one DynamicCache."""
         row = self.row_of(owner)

@@ -145,7 +145,6 @@ class SlotDecoder:
             self.cache,
             keep_input_of=self.keep_input_of,
         )
-        self.cache.write_at[:batch] += 1  # only stepped rows keep it (see `step`)
         kept = hidden if kept is None else kept
         return hidden[:, -1], kept[:, -1], last[:, -1]
 
@@ -156,8 +155,7 @@ class SlotDecoder:
         where = torch.tensor(positions, device=self.device)
         self.embeds[:, 0].index_copy_(0, rows, embeds.to(self.embeds.dtype))
         self.positions[:, :, 0].index_copy_(1, rows, where.view(1, -1).expand(3, -1))
-        before = self.cache.write_at.clone()
         first, kept, last = self.graphs.run(self.cache.in_use)
-        stepped = torch.zeros_like(before, dtype=torch.bool).index_fill_(0, rows, True)
-        self.cache.write_at.copy_(torch.where(stepped, before + 1, before))
+        # only the stepped rows moved on: a spare row in the batch rewrites its next position
+        self.cache.write_at.index_add_(0, rows, torch.ones_like(rows))
         return StepRows(first[rows], kept[rows], last[rows])

@@ -345,7 +345,7 @@ class TalkerRunner:
         """The talker LM step on cache rows; a request that gets no row goes the plain way."""
         decoder = self.decoder
         assert decoder is not None
-        seated = [i for i, state in enumerate(states) if self._seat(decoder, state)]
+        seated = [i for i, state in enumerate(states) if decoder.cache.seat(state, self.reserve)]
         if seated:
             rows = decoder.step(
                 [states[i] for i in seated], embeds[seated, 0], [where[i] for i in seated]
@@ -359,14 +359,6 @@ class TalkerRunner:
         rest = [i for i in range(len(states)) if i not in seated]
         if rest:
             self._forward_plain([states[i] for i in rest], embeds[rest], [where[i] for i in rest])
-
-    def _seat(self, decoder: SlotDecoder, state: TalkerState) -> bool:
-        if decoder.cache.holds(state):
-            return True
-        if decoder.cache.take(state, state.cache, state.length + self.reserve) is None:
-            return False
-        state.cache = DynamicCache()  # the row holds it now
-        return True
 
     def release(self, state: TalkerState) -> None:
         """The request is over: give its cache row back. Idempotent."""

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from .slot_decoder import SlotDecoder
 
@@ -46,14 +45,9 @@ class ThinkerSlots:
         self.decoder.graphs.warm()
 
     def seat(self, state: Any) -> bool:
-        """Whether `state` holds a row (taking one for it if it can)."""
-        cache = self.decoder.cache
-        if cache.holds(state):
-            return True
-        if cache.take(state, state.cache, state.length + self.reserve) is None:
-            return False
-        state.cache = DynamicCache()  # the row holds it now; `release` brings it back
-        return True
+        """Whether `state` holds a row (taking one for it if it can; `release` gives its KV
+        back)."""
+        return self.decoder.cache.seat(state, self.reserve)
 
     def step(
         self, states: list[Any], choose: Callable[[list[Any], torch.Tensor], list[int]]
