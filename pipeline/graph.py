@@ -43,6 +43,7 @@ from .types import (
     StageInput,
     StreamEngine,
     TextDelta,
+    ToolCallDelta,
 )
 
 log = logging.getLogger("parley.pipeline.graph")
@@ -202,6 +203,9 @@ class StageGraph:
                     if isinstance(chunk, End):
                         break
                     self.metrics.chunk(name)
+                    if isinstance(chunk, ToolCallDelta):  # for the client: no stage takes it
+                        await out.send(chunk)
+                        continue
                     if name in self._outputs and isinstance(chunk, TextDelta | AudioChunk):
                         await out.send(chunk)
                     for edge, batch in zip(edges, batches, strict=True):

@@ -30,14 +30,42 @@ class VideoFrame:
     timestamp_ms: int
 
 
+ItemKind = Literal["message", "function_call", "function_call_output"]
+
+
 @dataclass(frozen=True, slots=True)
 class HistoryItem:
-    """A committed conversation item as the model sees it."""
+    """A committed conversation item as the model sees it.
+
+    A `message` is the role's `text`. A `function_call` (role assistant) is the model's
+    call of tool `name` with JSON `arguments`, under the client's `call_id`; its
+    `function_call_output` (role user: what the client's code returned) has the same
+    `call_id` and the result as `text`.
+    """
 
     role: Literal["user", "assistant", "system"]
     text: str
     item_id: str = ""
     """The session's id of the item ("" outside a session)."""
+    kind: ItemKind = "message"
+    name: str = ""
+    call_id: str = ""
+    arguments: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A function the model may call: OpenAI's `{"type": "function", ...}` tool."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+    """The arguments' JSON schema (an object schema; empty means no arguments)."""
+
+
+ToolChoice = str
+"""`auto` (the model decides), `none` (never call), `required` (call one of the tools), or
+a tool's name (call that one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +89,15 @@ class PipelineRequest:
     """Every item of the session's conversation in the prompt's order: the history's (with
     or without text, which `history` leaves out) and last this turn's own. An engine that
     keeps a session's state checks with it that the conversation is still the one it saw."""
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice = "auto"
+    max_output_tokens: int | None = None
+    """At most this many tokens of reply (None: the engine's own limit)."""
+    voice: str = ""
+    """The voice to speak in ("": the engine's default); an engine that has no such voice
+    uses its default."""
+    speed: float = 1.0
+    """Speaking rate: 1.0 normal, OpenAI's range 0.25-1.5."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +121,21 @@ class TextDelta:
 
     text: str
     kind: Literal["output", "input_transcript"] = "output"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """Part of a function call the model is making, for the client to run.
+
+    A call streams as several deltas with the same `call_id` and `name`: `arguments` is the
+    next piece of the arguments' JSON text; the last delta has `done=True` and the
+    arguments are then complete (the pieces joined parse as JSON). A response may make
+    several calls, one after another."""
+
+    call_id: str
+    name: str
+    arguments: str
+    done: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,8 +179,8 @@ class ErrorChunk:
     stage: str = ""
 
 
-Chunk = TextDelta | HiddenStates | CodecCodes | AudioChunk | End | ErrorChunk
-OutputChunk = TextDelta | AudioChunk | End | ErrorChunk
+Chunk = TextDelta | ToolCallDelta | HiddenStates | CodecCodes | AudioChunk | End | ErrorChunk
+OutputChunk = TextDelta | ToolCallDelta | AudioChunk | End | ErrorChunk
 """What a pipeline yields to its caller (intermediate chunks never leave the graph)."""
 
 

@@ -14,6 +14,7 @@ from typing import ClassVar, Literal
 from .config import SessionConfig
 
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
+ItemType = Literal["message", "function_call", "function_call_output"]
 ResponseStatus = Literal["completed", "cancelled", "failed"]
 
 
@@ -24,16 +25,27 @@ def new_id(prefix: str) -> str:
 
 @dataclass(slots=True, kw_only=True)
 class ConversationItem:
-    """One message in the conversation: a user turn or an assistant answer."""
+    """One item of the conversation: a message (a user turn, an assistant answer, a system
+    note), or a function call the model made and the output the client sent back.
+
+    A `function_call` has role assistant, the tool's `name`, the `call_id` and its JSON
+    `arguments`; a `function_call_output` has role user, the same `call_id`, and the
+    output as `text`.
+    """
 
     id: str = field(default_factory=lambda: new_id("item"))
     role: Literal["user", "assistant", "system"]
     status: ItemStatus = "completed"
     text: str = ""
-    """A typed message, the user's transcript, or the assistant's (possibly truncated) text."""
+    """A typed message, the user's transcript, the assistant's (possibly truncated) text,
+    or a function call's output."""
     has_audio: bool = False
     audio_ms: int = 0
     """Duration of the item's audio: the user's turn, or the assistant audio actually played."""
+    type: ItemType = "message"
+    name: str = ""
+    call_id: str = ""
+    arguments: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
