@@ -8,6 +8,13 @@ on past its end, so the voice is loaded with the model's per-phoneme durations e
 `voice.py`), and each row is cut at the sum of its durations. Without durations (no `onnx`
 package) rows cannot be cut, and clauses run one per call.
 
+Voices and speed. Each clause is rendered with the voice its phoneme ids were made for (the
+Talker names it in the chunk's metadata; without that, the request's `voice`), at the request's
+`speed`: Piper's `length_scale` is the voice's own divided by the speed, so speed 1.5 speaks in
+two thirds of the time. The model takes one voice and one set of scales per call, so a batch
+collected by the worker is split into runs of one (voice, length_scale) each, and only those
+rows share an ONNX call.
+
 Each clause is normalised to full scale as Piper does per sentence, resampled with soxr to the
 request's output rate and converted to PCM16, all on the worker thread.
 """
@@ -18,7 +25,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -26,8 +33,12 @@ import soxr
 
 from ...requests import RequestTracker
 from ...types import AudioChunk, Chunk, CodecCodes, End, ErrorChunk, StageInput, StreamEngine
+from ...voices import CATALOGUE, VoiceCatalogue, clamp_speed
 from .batching import BatchWorker
-from .voice import VOICE_PACKAGE, has_durations, load_voice
+from .voice import VOICE_PACKAGE, EngineVoices, has_durations
+
+if TYPE_CHECKING:
+    from piper import PiperVoice
 
 Pcm = npt.NDArray[np.int16]
 
@@ -35,6 +46,8 @@ Pcm = npt.NDArray[np.int16]
 @dataclass(eq=False)
 class _Clause:
     ids: npt.NDArray[np.int32]
+    voice: PiperVoice
+    length_scale: float
     output_rate: int
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Pcm | None]
@@ -61,11 +74,14 @@ class Code2WavEngine(StreamEngine):
         voice_package: str = VOICE_PACKAGE,
         batch_window_ms: float = 20.0,
         max_batch: int = 8,
+        catalogue: VoiceCatalogue = CATALOGUE,
     ) -> None:
         self.voice_package = voice_package
         self.batch_window_ms = batch_window_ms
         self.max_batch = max_batch
-        self._voice: Any = None
+        self._voices = EngineVoices(voice_package, catalogue)
+        self.last_runs: list[int] = []
+        """How many rows each ONNX call of the most recent batch rendered (one per voice)."""
         self._worker: BatchWorker[_Clause] | None = None
         self._requests: RequestTracker[_Clause] = RequestTracker()
         """Each request's state is the clause it is waiting for, if any."""
@@ -78,13 +94,12 @@ class Code2WavEngine(StreamEngine):
     async def start(self) -> None:
         if self._worker is not None:
             return
-        self._voice = await asyncio.to_thread(load_voice, self.voice_package)
-        max_batch = self.max_batch if has_durations(self._voice) else 1
+        await self._voices.start()
         self._worker = BatchWorker(
             "parley-code2wav",
             self._render,
             window_s=self.batch_window_ms / 1000,
-            max_batch=max_batch,
+            max_batch=self.max_batch,
         )
         self._worker.start()
 
@@ -110,7 +125,10 @@ class Code2WavEngine(StreamEngine):
         if inputs.request.output_text_only:
             yield End()
             return
-        rate = inputs.request.output_sample_rate
+        request = inputs.request
+        rate = request.output_sample_rate
+        speed = clamp_speed(request.speed)
+        voices: dict[str, PiperVoice] = {}
         self._requests.begin(request_id)
         try:
             async for chunk in inputs.chunks:
@@ -123,8 +141,13 @@ class Code2WavEngine(StreamEngine):
                     break
                 if not isinstance(chunk, CodecCodes) or not len(chunk.codes):
                     continue
+                package = chunk.metadata.get("voice") or self._voices.package_for(request.voice)
+                if (voice := voices.get(package)) is None:
+                    _, voice = await self._voices.load(package)
+                    voices[package] = voice
+                length_scale = round(float(voice.config.length_scale) / speed, 4)
                 try:
-                    pcm = await self._synthesize(request_id, chunk.codes, rate)
+                    pcm = await self._synthesize(request_id, chunk.codes, voice, length_scale, rate)
                 except Exception as exc:
                     yield ErrorChunk(message=f"{type(exc).__name__}: {exc}", stage=self.name)
                     return
@@ -138,11 +161,16 @@ class Code2WavEngine(StreamEngine):
                 self._drop(clause)
 
     async def _synthesize(
-        self, request_id: str, ids: npt.NDArray[np.int32], rate: int
+        self,
+        request_id: str,
+        ids: npt.NDArray[np.int32],
+        voice: PiperVoice,
+        length_scale: float,
+        rate: int,
     ) -> Pcm | None:
         assert self._worker is not None
         loop = asyncio.get_running_loop()
-        clause = _Clause(ids, rate, loop, loop.create_future())
+        clause = _Clause(ids, voice, length_scale, rate, loop, loop.create_future())
         self._requests.set_state(request_id, clause)
         self._worker.submit(clause)
         try:
@@ -159,8 +187,20 @@ class Code2WavEngine(StreamEngine):
         _settle(clause.future, None)
 
     def _render(self, clauses: list[_Clause]) -> None:
-        """Worker thread: one ONNX call for the whole batch, then each row to its request."""
-        voice = self._voice
+        """Worker thread: one ONNX call per (voice, length_scale) run, each row to its request."""
+        runs: dict[tuple[int, float], list[_Clause]] = {}
+        for clause in clauses:
+            runs.setdefault((id(clause.voice), clause.length_scale), []).append(clause)
+        groups: list[list[_Clause]] = []
+        for run in runs.values():  # a model without durations cannot cut padded rows: one each
+            groups.extend([run] if has_durations(run[0].voice) else [[c] for c in run])
+        self.last_runs = [len(group) for group in groups]
+        for group in groups:
+            self._render_run(group)
+
+    def _render_run(self, clauses: list[_Clause]) -> None:
+        """One ONNX call for clauses of one voice and one length_scale."""
+        voice = clauses[0].voice
         try:
             lengths = np.array([len(c.ids) for c in clauses], dtype=np.int64)
             ids = np.zeros((len(clauses), int(lengths.max())), dtype=np.int64)
@@ -168,7 +208,8 @@ class Code2WavEngine(StreamEngine):
                 ids[row, : len(clause.ids)] = clause.ids
             config = voice.config
             scales = np.array(
-                [config.noise_scale, config.length_scale, config.noise_w_scale], dtype=np.float32
+                [config.noise_scale, clauses[0].length_scale, config.noise_w_scale],
+                dtype=np.float32,
             )
             args = {"input": ids, "input_lengths": lengths, "scales": scales}
             if config.num_speakers > 1:

@@ -11,17 +11,23 @@ comma, or after `first_clause_words` words, whichever comes first. Later clauses
 at punctuation, which reads more naturally.
 
 Phonemizing a clause with Piper's espeak-ng takes well under a millisecond, so it runs inline.
+Each request speaks with the voice it names (`request.voice`, see `pipeline/voices.py`): the
+Talker phonemizes with that voice's espeak-ng voice and phoneme map, and tells Code2Wav which
+voice the ids are for in each chunk's metadata ("voice": the package).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ...requests import RequestTracker, TracksRequests
 from ...types import Chunk, CodecCodes, End, ErrorChunk, StageInput, StreamEngine, TextDelta
-from .voice import VOICE_PACKAGE, clause_phoneme_ids, load_voice
+from ...voices import CATALOGUE, VoiceCatalogue
+from .voice import VOICE_PACKAGE, EngineVoices, clause_phoneme_ids
+
+if TYPE_CHECKING:
+    from piper import PiperVoice
 
 ENDS = frozenset(".!?;:\n")
 CLOSERS = frozenset("\"')]\u201d\u2019")
@@ -96,19 +102,21 @@ class TalkerEngine(TracksRequests, StreamEngine):
         voice_package: str = VOICE_PACKAGE,
         comma_after: int = COMMA_AFTER,
         first_clause_words: int = FIRST_CLAUSE_WORDS,
+        catalogue: VoiceCatalogue = CATALOGUE,
     ):
         self.voice_package = voice_package
         self.comma_after = comma_after
         self.first_clause_words = first_clause_words
-        self._voice: Any = None
+        self._voices = EngineVoices(voice_package, catalogue)
+        self._started = False
         self._requests: RequestTracker[None] = RequestTracker()
 
     async def start(self) -> None:
-        if self._voice is None:
-            self._voice = await asyncio.to_thread(load_voice, self.voice_package)
+        await self._voices.start()
+        self._started = True
 
     async def generate(self, request_id: str, inputs: StageInput) -> AsyncGenerator[Chunk, None]:
-        if self._voice is None:
+        if not self._started:
             yield ErrorChunk(message="the talker was not started", stage=self.name)
             return
         if inputs.request.output_text_only:
@@ -116,6 +124,7 @@ class TalkerEngine(TracksRequests, StreamEngine):
             return
         splitter = ClauseSplitter(self.comma_after, self.first_clause_words)
         with self._requests.track(request_id):
+            package, voice = await self._voices.for_name(inputs.request.voice)
             async for chunk in inputs.chunks:
                 if self._requests.aborted(request_id):
                     return
@@ -126,16 +135,18 @@ class TalkerEngine(TracksRequests, StreamEngine):
                     break
                 if isinstance(chunk, TextDelta) and chunk.kind == "output":
                     for clause in splitter.feed(chunk.text):
-                        if (codes := self._codes(clause)) is not None:
+                        if (codes := _codes(voice, package, clause)) is not None:
                             yield codes
-            if (rest := splitter.flush()) and (codes := self._codes(rest)) is not None:
+            rest = splitter.flush()
+            if rest and (codes := _codes(voice, package, rest)) is not None:
                 yield codes
             if not self._requests.aborted(request_id):
                 yield End()
 
-    def _codes(self, clause: str) -> CodecCodes | None:
-        ids = clause_phoneme_ids(self._voice, clause)
-        if not len(ids):
-            return None
-        rate = int(self._voice.config.sample_rate)
-        return CodecCodes(codes=ids, metadata={"text": clause, "sample_rate": rate})
+
+def _codes(voice: PiperVoice, package: str, clause: str) -> CodecCodes | None:
+    ids = clause_phoneme_ids(voice, clause)
+    if not len(ids):
+        return None
+    rate = int(voice.config.sample_rate)
+    return CodecCodes(codes=ids, metadata={"text": clause, "sample_rate": rate, "voice": package})
