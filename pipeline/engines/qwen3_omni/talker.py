@@ -123,7 +123,7 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
                 return
             if self._requests.aborted(request_id):
                 return  # aborted
-            state = runner.open(prompt)
+            state = runner.open(prompt, inputs.request.voice)
             self._requests.set_state(request_id, state)
             wake = self._wakes[request_id] = asyncio.Event()
             # a task and not a TaskGroup: its scope spans the generator's yields

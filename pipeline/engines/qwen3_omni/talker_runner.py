@@ -18,6 +18,7 @@ Talker waits (`text_ready`). The runner is plain and synchronous; the engine dec
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,8 @@ class TalkerPrompt:
 @dataclass
 class TalkerState:
     prompt: TalkerPrompt
+    speaker_id: int = -1
+    """the codec token of the voice this request speaks in (-1: the runner's default)"""
     reply: list[torch.Tensor] = field(default_factory=list)
     """projected embeddings of the reply tokens so far, [1, talker_hidden] each"""
     text_done: bool = False
@@ -75,6 +78,29 @@ class TalkerState:
     generator: torch.Generator | None = None
     tts: torch.Tensor | None = None
     """projected tts_bos, tts_eos, tts_pad: [3, talker_hidden]"""
+
+
+OPENAI_SPEAKERS = {
+    "alloy": "chelsie",
+    "coral": "chelsie",
+    "marin": "chelsie",
+    "sage": "chelsie",
+    "shimmer": "chelsie",
+    "ash": "ethan",
+    "echo": "ethan",
+    "verse": "ethan",
+    "ballad": "aiden",
+    "cedar": "aiden",
+}
+"""OpenAI's Realtime voices -> Qwen3-Omni's speakers, by sex (Chelsie is its female voice)
+and feel (Aiden the mellower of its two male voices)."""
+
+
+def speaker_id(speakers: Mapping[str, int], voice: str, default: int) -> int:
+    """The codec token for a voice name: a speaker's own name, an OpenAI voice, or `default`."""
+    name = voice.strip().lower()
+    name = OPENAI_SPEAKERS.get(name, name)
+    return int(speakers.get(name, default))
 
 
 class TalkerRunner:
@@ -127,9 +153,11 @@ class TalkerRunner:
         # a copy: inputs may be views onto a shared-memory ring
         return torch.tensor(array, dtype=self.dtype, device=self.device)
 
-    def open(self, prompt: TalkerPrompt) -> TalkerState:
+    def open(self, prompt: TalkerPrompt, voice: str = "") -> TalkerState:
+        """A request's state; `voice` names a speaker or an OpenAI voice ("": the default)."""
         generator = torch.Generator().manual_seed(self.seed)
-        return TalkerState(prompt=prompt, generator=generator)
+        speaker = speaker_id(self.config.talker_config.speaker_id, voice, self.speaker_id)
+        return TalkerState(prompt=prompt, speaker_id=speaker, generator=generator)
 
     @torch.inference_mode()
     def add_reply(self, state: TalkerState, states: npt.NDArray[np.floating]) -> None:
@@ -218,7 +246,8 @@ class TalkerRunner:
         bos, _eos, pad = state.tts.split(1)
         text = torch.cat((opening[:3], pad.expand(4, -1), bos, state.reply[0]), dim=0)
         codec_ids = [CODEC["nothink"], CODEC["think_bos"], CODEC["think_eos"]]
-        codec_ids += [self.speaker_id, CODEC["pad"], CODEC["bos"]]
+        speaker = state.speaker_id if state.speaker_id >= 0 else self.speaker_id
+        codec_ids += [speaker, CODEC["pad"], CODEC["bos"]]
         codec = self.model.get_input_embeddings()(torch.tensor(codec_ids, device=self.device))
         codec = torch.cat((codec.new_zeros(3, codec.shape[1]), codec), dim=0)
         parts.append(text + codec)

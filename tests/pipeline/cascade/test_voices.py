@@ -198,3 +198,17 @@ async def test_speed_changes_how_long_the_same_clause_takes(voice: PiperVoice) -
     # short of 2/3 and 2 (measured ~0.73 and ~1.75)
     assert 0.55 < seconds[1.5] / seconds[1.0] < 0.85
     assert 1.5 < seconds[0.5] / seconds[1.0] < 2.3
+
+
+def test_qwen3_omni_speaks_openai_voices_with_its_own_speakers() -> None:
+    from pipeline.engines.qwen3_omni.config import SPEAKERS
+    from pipeline.engines.qwen3_omni.talker_runner import OPENAI_SPEAKERS, speaker_id
+
+    assert set(OPENAI_SPEAKERS) == set(OPENAI_VOICES)
+    for name, (sex, _) in OPENAI_VOICES.items():
+        assert (OPENAI_SPEAKERS[name] == "chelsie") == (sex == "female")
+    default = SPEAKERS["ethan"]
+    assert speaker_id(SPEAKERS, "Shimmer", default) == SPEAKERS["chelsie"]
+    assert speaker_id(SPEAKERS, "aiden", default) == SPEAKERS["aiden"]
+    assert speaker_id(SPEAKERS, "cedar", default) == SPEAKERS["aiden"]
+    assert speaker_id(SPEAKERS, "", default) == speaker_id(SPEAKERS, "joe", default) == default
