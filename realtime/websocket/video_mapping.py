@@ -18,6 +18,10 @@ Which events map to what:
 - everything else (state changes, items, audio deltas, which arrive through `audio()`)
   stays on the server.
 
+These are the full messages, Parley's extras included (ids, codes, statuses, done messages
+for a cancelled answer, `session.created`); a client that did not opt in to them gets
+each reshaped as vLLM-Omni's server writes it (video_wire.py).
+
 Ids. Every message carries an `event_id`, deterministic so that a resumed connection can
 replay the session's event log through a fresh `VideoMessages` and send the very ids the
 client would have seen: the first message of an event takes the event's id, the others

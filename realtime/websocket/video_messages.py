@@ -3,29 +3,32 @@
 Clients send JSON text messages with a `type`: `session.config` first, then `video.frame`,
 `audio.chunk`, `video.query`, `video.done` and `ping`. The server answers with
 `response.start`, `response.text.delta`/`.done`, `response.audio.delta`/`.done`,
-`session.done`, `pong` and `error`.
+`session.done`, `pong` and `error`, each with exactly vLLM-Omni's keys (video_wire.py).
 
-Parley's resume extension, which a vLLM-Omni client may ignore: after `session.config` the
-server sends `session.created {session_id, resume_token}`, and every server message has an
-`event_id`. A client whose connection dropped reconnects and sends `session.resume
-{session_id, resume_token, last_event_id}` as its first message instead of the config.
+Parley's extras, only for a client whose `session.config` has `"parley": {"extras": true}`:
+`session.created {session_id, resume_token}` after the config, an `event_id` on every
+server message, a `code` on errors, a `status` on the done messages (and done messages for
+a cancelled answer), a `reason` on `session.done`, the longer error texts, and resume: a
+client whose connection dropped reconnects and sends `session.resume {session_id,
+resume_token, last_event_id}` as its first message instead of the config.
 
-`parse_message` validates every client message and
-turns each problem into a `MessageError` whose text names the message type and the field,
-so the connection can say what was wrong and go on.
+`parse_message` validates every client message and turns each problem into a
+`MessageError`: its text names the message type and the field (an opted-in client gets
+it), its `short` is vLLM-Omni's own wording (everyone else gets that).
 
-Decisions:
+Decisions, as vLLM-Omni's server:
 
-- `session.config` rejects unknown settings, as the session's own config does: a typo
-  would otherwise be ignored without a word. The other messages ignore extra fields.
+- `session.config` ignores settings it does not know; the other messages ignore extra
+  fields too.
 - The legacy names `num_sample_frames`, `evs_enabled` and `evs_threshold` mean
   `num_frames`, `enable_frame_filter` and `frame_filter_threshold`; when a message has
-  both spellings, the canonical one wins.
-- `sampling_params_list` is accepted and ignored (the server's graph sets sampling);
-  `speaker` picks the session's voice.
-- `response.text.done` and `response.audio.done` carry a `status`: `completed`,
-  `cancelled` (a newer query cut the answer off) or `failed`; the text is what was sent
-  as deltas.
+  both spellings, the canonical one wins. `latest_frames` is Parley's `latest` sampling.
+- A `video.query` may have empty text (a voice-only turn); its `audio_data` (base64 PCM16
+  16 kHz mono) joins the audio sent since the last query. A `video.frame` without data is
+  ignored.
+- `sampling_params_list` ([thinker, talker, code2wav], vLLM sampling params): the
+  thinker's `max_tokens` caps the answer where the session takes a cap; the rest is
+  ignored (the server's graph sets sampling). `speaker` picks the session's voice.
 """
 
 from __future__ import annotations
@@ -45,14 +48,21 @@ LEGACY_NAMES = {
     "evs_enabled": "enable_frame_filter",
     "evs_threshold": "frame_filter_threshold",
 }
+STRATEGY_NAMES = {"latest_frames": "latest"}
+"""vLLM-Omni's sampling strategy names that Parley spells otherwise."""
 
 
 class MessageError(Exception):
-    """A client message that cannot be used; the text says why, for the client."""
+    """A client message that cannot be used: the text says why (for an opted-in client),
+    `short` as vLLM-Omni words it (for everyone else)."""
 
-    def __init__(self, message: str, code: str = "invalid_message") -> None:
+    def __init__(self, message: str, code: str = "invalid_message", short: str = "") -> None:
         super().__init__(message)
         self.code = code
+        self.short = short or message
+
+    def text(self, extras: bool) -> str:
+        return str(self) if extras else self.short
 
 
 # --- client -> server ----------------------------------------------------------------------
@@ -62,9 +72,13 @@ class _ClientMessage(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
-class SessionConfigMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class ParleyOptions(_ClientMessage):
+    """`session.config`'s `parley`: what a client that knows Parley opts into."""
 
+    extras: bool = False
+
+
+class SessionConfigMessage(_ClientMessage):
     type: Literal["session.config"]
     model: str | None = None
     modalities: tuple[Modality, ...] = ("text", "audio")
@@ -75,8 +89,9 @@ class SessionConfigMessage(BaseModel):
     enable_frame_filter: bool = True
     frame_filter_threshold: Unit = 0.95
     sampling_strategy: Literal["uniform", "latest"] = "uniform"
-    sampling_params_list: list[Any] | None = None
+    sampling_params_list: list[dict[str, Any]] | None = None
     speaker: str | None = None
+    parley: ParleyOptions = ParleyOptions()
 
     @model_validator(mode="before")
     @classmethod
@@ -88,6 +103,9 @@ class SessionConfigMessage(BaseModel):
             if legacy in data:
                 value = data.pop(legacy)
                 data.setdefault(canonical, value)
+        strategy = data.get("sampling_strategy")
+        if isinstance(strategy, str):
+            data["sampling_strategy"] = STRATEGY_NAMES.get(strategy, strategy)
         return data
 
     @field_validator("modalities")
@@ -101,10 +119,22 @@ class SessionConfigMessage(BaseModel):
     def audio_output(self) -> bool:
         return "audio" in self.modalities
 
+    @property
+    def extras(self) -> bool:
+        return self.parley.extras
+
+    @property
+    def max_output_tokens(self) -> int | None:
+        """The thinker's `max_tokens` from `sampling_params_list`, if it has one."""
+        if not self.sampling_params_list:
+            return None
+        cap = self.sampling_params_list[0].get("max_tokens")
+        return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
+
 
 class VideoFrameMessage(_ClientMessage):
     type: Literal["video.frame"]
-    data: str
+    data: str = ""
     """A base64 JPEG or PNG image (a `data:image/...;base64,` prefix is allowed)."""
 
 
@@ -116,14 +146,10 @@ class AudioChunkMessage(_ClientMessage):
 
 class VideoQueryMessage(_ClientMessage):
     type: Literal["video.query"]
-    text: str
-
-    @field_validator("text")
-    @classmethod
-    def _not_blank(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must not be empty")
-        return value
+    text: str = ""
+    """The question; empty for a voice-only turn."""
+    audio_data: str | None = None
+    """Base64 PCM16 16 kHz mono, after the audio chunks sent since the last query."""
 
 
 class VideoDoneMessage(_ClientMessage):
@@ -170,20 +196,26 @@ def parse_message(raw: str) -> ClientMessage:
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise MessageError(f"Malformed JSON: {exc.msg} at position {exc.pos}") from None
+        raise MessageError(
+            f"Invalid JSON: {exc.msg} at position {exc.pos}", short="Invalid JSON"
+        ) from None
     if not isinstance(data, dict):
-        raise MessageError("A message must be a JSON object with a type")
+        raise MessageError(
+            "Messages must be JSON objects with a type", short="Messages must be JSON objects"
+        )
     kind = data.get("type")
-    if not isinstance(kind, str):
-        raise MessageError("A message needs a string type")
-    model = _MODELS.get(kind)
+    model = _MODELS.get(kind) if isinstance(kind, str) else None
     if model is None:
         known = ", ".join(_MODELS)
-        raise MessageError(f"Unknown message type {kind!r}; expected one of: {known}")
+        raise MessageError(
+            f"Unknown type: {kind}; expected one of: {known}", short=f"Unknown type: {kind}"
+        )
     try:
         message = model.model_validate(data)
     except ValidationError as exc:
-        raise MessageError(f"{kind}: {_describe(exc)}") from None
+        detail = f"{kind}: {_describe(exc)}"
+        short = f"Invalid session config: {detail}" if kind == "session.config" else detail
+        raise MessageError(detail, short=short) from None
     return message
 
 
@@ -192,8 +224,6 @@ def _describe(exc: ValidationError) -> str:
     err = exc.errors()[0]
     field = ".".join(str(part) for part in err["loc"]) or "message"
     text = str(err["msg"]).removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        text = "unknown setting"
     return f"{field}: {text}"
 
 

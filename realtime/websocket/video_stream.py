@@ -3,57 +3,67 @@
 One WebSocket, one session. The client configures it (`session.config`, first, within
 10 s), streams camera frames and audio, and asks questions (`video.query`) about what it
 sent; each answer streams back as text deltas and WAV audio deltas. video_messages.py has
-the messages, video_mapping.py how session events become them, and connection.py the
-connection's lifecycle (reader, paced sender, size limit, close, resume), shared with
-the OpenAI Realtime endpoint.
+the messages, video_mapping.py how session events become them, video_wire.py how they go
+out to a client written for vLLM-Omni, and connection.py the connection's lifecycle
+(reader, paced sender, size limit, close, resume), shared with the OpenAI Realtime
+endpoint.
+
+By default the stream is vLLM-Omni's, message for message: its keys, its error texts, its
+order (`response.text.done` before the first audio delta, no done messages for a
+cancelled answer, `session.done` only after `video.done`). Parley's extras are for a
+client whose `session.config` has `"parley": {"extras": true}` (or that resumes):
+`session.created` with a resume token, an `event_id` on every message, `code` on errors,
+`status` on the done messages, longer error texts, and resume.
+
+As vLLM-Omni's server:
+
+- A query cuts off the answer still running, adds its `audio_data` to the audio since the
+  last query, and answers the buffered frames; with no frame yet it is an `error` "No
+  frames buffered" (the audio stays for the next query). Empty text is a voice-only turn.
+- The audio since the last query goes with the question whatever `use_audio_in_video`
+  says (Parley's engine has no separate audio-in-video mode); less than 100 ms is dropped.
+- Any client message keeps the session from its idle timeout (60 s).
 
 Where this goes past vLLM-Omni's documented limits:
 
 - Audio overflow: the audio since the last query is bounded (4 MiB, about 131 s); past
-  that the oldest audio is dropped and the client is told how much (at most one warning a
-  second, and the rest before the next answer), never the whole buffer.
-- Back-to-back queries: a query while an answer runs cuts that answer off (its
-  `response.text.done` and `response.audio.done` say `"status": "cancelled"`, the text is
-  what was sent so far) and starts the new one at once; no idle gap is needed.
+  that the oldest audio is dropped and the client is told (at most one warning a second,
+  and the rest before the next answer), never the whole buffer.
 - History: the session keeps the whole conversation, so every query's request carries
   all earlier turns, not just the last exchange.
 
 Decisions:
 
 - Turns are manual. A query commits the audio since the previous query as the user's
-  speech (with `use_audio_in_video`, and at least 100 ms of it), adds the question as
-  text, and asks for an answer: one request with both. Without `use_audio_in_video` the
-  audio is dropped at each query.
+  speech, adds the question as text, and asks for an answer: one request with both.
 - Until a valid `session.config` arrives, a malformed message gets an `error` and the
   client may try again; any other valid message gets an `error` and the connection
   closes (1008), as does 10 s of silence. A second `session.config` is an error: the
   settings are fixed for the connection.
 - A message over 16 MiB closes the connection with 1009; every other bad message gets an
   `error` and the connection stays open. Those errors are throttled (`ERROR_LIMIT` a
-  second, the rest summarised in one `errors_suppressed` error), so a burst of bad
-  messages never fills the outbound queue of a client that reads; nor does a burst of
-  valid ones that each get a reply (`ping`): the reader waits while that queue is half
-  full.
+  second, the rest summarised in one error), so a burst of bad messages never fills the
+  outbound queue of a client that reads; nor does a burst of valid ones that each get a
+  reply (`ping`): the reader waits while that queue is half full.
 - A missing or wrong API key is refused before the upgrade with HTTP 401 (503 while the
   server starts), as on `/v1/realtime` (the route, web/video_ws.py).
 - The client's close frame with 1000 or 1001 ends the session at once, like `video.done`
   without waiting for the answer.
 - `video.done` waits for the running answer to finish (its audio played out), then
   `session.done` and close 1000. A session that ends by itself (idle for 60 s, its
-  maximum lifetime) sends an `error` saying why, then `session.done`, then closes 1000.
+  maximum lifetime) sends an `error` saying why, then closes 1000.
 
-Resume (Parley's own; a vLLM-Omni client may ignore it): after `session.config` the server
-sends `session.created {session_id, resume_token}`, and every server message carries an
-`event_id` (video_mapping.py says how they are made). A connection that drops (no close
-frame: a network error, a half-open socket; not `video.done`, a clean close or the
-session's own end) leaves the session alive for a grace period (30 s, as on the OpenAI
-endpoint), its events logged. A client that reconnects and sends
-`session.resume {session_id, resume_token, last_event_id}` first, instead of the config,
-gets the messages it missed (not the audio), each exactly once and in order, then the live
-ones; the connection keeps the first one's settings and the audio since the last query. A
-wrong token or a session that has ended: `error`, close 1008. A resume while the server
-still holds the old, half-open connection takes the session over (the old one closes).
-Sessions live in the process that created them: route resumes to it.
+Resume (an extra): every server message carries an `event_id` (video_mapping.py says how
+they are made). A connection that drops (no close frame: a network error, a half-open
+socket; not `video.done`, a clean close or the session's own end) leaves the session alive
+for a grace period (30 s, as on the OpenAI endpoint), its events logged. A client that
+reconnects and sends `session.resume {session_id, resume_token, last_event_id}` first,
+instead of the config, gets the messages it missed (not the audio), each exactly once and
+in order, then the live ones; the connection keeps the first one's settings and the audio
+since the last query. A wrong token or a session that has ended: `error`, close 1008. A
+resume while the server still holds the old, half-open connection takes the session over
+(the old one closes). Sessions live in the process that created them: route resumes to
+it. A session without the extras ends when its connection drops.
 """
 
 from __future__ import annotations
@@ -78,6 +88,7 @@ from sessions import (
     ParleyError,
     Session,
     SessionClosedError,
+    SessionConfig,
     SessionLimitError,
     SessionManager,
     SessionState,
@@ -113,6 +124,7 @@ from .video_messages import (
     VideoQueryMessage,
     parse_message,
 )
+from .video_wire import VllmOmniWire, encode
 
 log = logging.getLogger("parley.realtime.websocket.video")
 
@@ -127,7 +139,12 @@ SESSION_AUDIO_SECONDS = math.ceil(MAX_AUDIO_BYTES / (BYTES_PER_MS * 1000)) + 1
 """The session's audio buffer holds a little more than the window, so nothing in the
 window is ever trimmed from it."""
 
+MAX_OUTPUT_TOKENS = 4_096
+"""The session's largest answer cap; a larger `max_tokens` asks for no more than that."""
+
 CLIENT_DONE = "client_done"
+TOO_LARGE = "Frame too large"
+BAD_IMAGE = "Invalid image data"
 
 _DATA_URL = re.compile(r"data:[\w/+.-]*;base64,")
 
@@ -151,6 +168,8 @@ def session_settings(config: SessionConfigMessage) -> dict[str, Any]:
         settings["instructions"] = config.system_prompt
     if config.speaker:
         settings["voice"] = config.speaker
+    if config.max_output_tokens is not None and "max_output_tokens" in SessionConfig.model_fields:
+        settings["max_output_tokens"] = min(config.max_output_tokens, MAX_OUTPUT_TOKENS)
     return settings
 
 
@@ -173,6 +192,8 @@ class VideoChatState:
         default_factory=lambda: SessionConfigMessage(type="session.config")
     )
     window: AudioWindow = field(default_factory=lambda: AudioWindow(MAX_AUDIO_BYTES))
+    has_frames: bool = False
+    """Whether a frame was buffered: a query needs one."""
     unreported_drop: int = 0
     """Audio dropped from the window that no warning has mentioned yet."""
     last_warning: float = -math.inf
@@ -203,6 +224,25 @@ class VideoChatStream(MessageConnection):
         self._idle = asyncio.Event()
         self._idle.set()
         self._errors = ErrorThrottle(self._summarise_errors, limit=ERROR_LIMIT)
+        self._wire = VllmOmniWire()
+        self._resuming = False
+
+    @property
+    def extras(self) -> bool:
+        """Whether the client opted in to Parley's extras (a resume is Parley's own)."""
+        return self._resuming or self.state.config.extras
+
+    @property
+    def resumable(self) -> bool:
+        """Only a client that has the resume token can come back."""
+        return self.extras and super().resumable
+
+    async def _send_message(self, message: Message) -> None:
+        if self.extras:
+            await super()._send_message(message)
+            return
+        for out in self._wire.shape(message):
+            await self.websocket.send_text(encode(out))
 
     async def run_connection(self) -> None:
         """The whole connection: its configuration (or resume), then its session."""
@@ -219,6 +259,7 @@ class VideoChatStream(MessageConnection):
         if first is None:
             return False
         if isinstance(first, SessionResumeMessage):
+            self._resuming = True
             return await self._resume(first)
         return await self._start(first)
 
@@ -261,9 +302,14 @@ class VideoChatStream(MessageConnection):
         await self._report(text, "session_not_found")
         self.finish("refused", CLOSE_POLICY)
 
-    async def _report(self, text: str, code: str) -> None:
+    async def _report(self, text: str, code: str, short: str = "") -> None:
         """An `error` message: queued once there is a session, else sent at once."""
-        await self.say(ErrorMessage(message=text, code=code).wire())
+        await self.say(self._error_of(text, code, short))
+
+    def _error_of(self, text: str, code: str, short: str = "") -> Message:
+        """An `error`: the full text for a client with the extras, else `short` (vLLM-Omni's
+        wording), when there is one."""
+        return ErrorMessage(message=text if self.extras else short or text, code=code).wire()
 
     def _tell(self, message: ServerMessage, *, after_audio: bool = False) -> None:
         """Queue a message of the connection's own (no session event behind it)."""
@@ -300,7 +346,9 @@ class VideoChatStream(MessageConnection):
             raw = await self.receive()
             if raw is None or isinstance(raw, str):
                 return raw
-            await self._report("Send JSON text messages, not binary ones", "invalid_message")
+            await self._report(
+                "Send JSON text messages, not binary ones", "invalid_message", "Invalid JSON"
+            )
 
     async def _configure(self) -> SessionConfigMessage | SessionResumeMessage | None:
         """Wait for the first valid message, which must be `session.config` (or
@@ -314,6 +362,7 @@ class VideoChatStream(MessageConnection):
                 await self._report(
                     f"No session.config within {CONFIG_TIMEOUT_S:g} s: it must come first",
                     "config_timeout",
+                    "Timeout waiting for session.config",
                 )
                 self.finish("config_timeout", CLOSE_POLICY)
                 return None
@@ -322,13 +371,14 @@ class VideoChatStream(MessageConnection):
             try:
                 message = parse_message(raw)
             except MessageError as exc:
-                await self._report(str(exc), exc.code)
+                await self._report(str(exc), exc.code, exc.short)
                 continue
             if isinstance(message, SessionConfigMessage | SessionResumeMessage):
                 return message
             await self._report(
                 f"The first message must be session.config, not {message.type}",
                 "config_required",
+                f"Expected session.config, got: {message.type}",
             )
             self.finish("config_required", CLOSE_POLICY)
             return None
@@ -338,13 +388,13 @@ class VideoChatStream(MessageConnection):
     async def handle(self, raw: str | bytes) -> bool:
         session = self.session
         assert session is not None
-        if isinstance(raw, bytes):
-            self._error("Send JSON text messages, not binary ones", "invalid_message")
-            return False
         try:
+            session.attach(self)  # any message keeps the session from its idle timeout
+            if isinstance(raw, bytes):
+                raise MessageError("Send JSON text messages, not binary ones", short="Invalid JSON")
             return await self._apply(parse_message(raw), session)
         except MessageError as exc:
-            self._error(str(exc), exc.code)
+            self._error(str(exc), exc.code, exc.short)
         except SessionClosedError:
             self.finish(SESSION_CLOSED)
             return True
@@ -352,10 +402,10 @@ class VideoChatStream(MessageConnection):
             self._error(str(exc), exc.code)
         return False
 
-    def _error(self, text: str, code: str) -> None:
+    def _error(self, text: str, code: str, short: str = "") -> None:
         """An `error` about a client message, within the connection's error budget."""
         if self._errors.admit(code, text):
-            self._tell(ErrorMessage(message=text, code=code))
+            self.post(self._error_of(text, code, short))
 
     def _summarise_errors(self, count: int, first: str) -> None:
         if self.session is not None and not self.closed:
@@ -370,7 +420,7 @@ class VideoChatStream(MessageConnection):
             case AudioChunkMessage():
                 await self._audio(message.data, session)
             case VideoQueryMessage():
-                await self._query(message.text, session)
+                await self._query(message, session)
             case VideoDoneMessage():
                 await self._idle_after_answer()
                 self.finish(CLIENT_DONE, CLOSE_NORMAL)
@@ -382,11 +432,13 @@ class VideoChatStream(MessageConnection):
                     "session.config: the session is configured already; its settings are "
                     "fixed for the connection",
                     "config_fixed",
+                    "Unknown type: session.config",
                 )
             case SessionResumeMessage():
                 raise MessageError(
                     "session.resume: only as the first message of a new connection",
                     "resume_not_first",
+                    "Unknown type: session.resume",
                 )
         return False
 
@@ -396,25 +448,26 @@ class VideoChatStream(MessageConnection):
         prefix = _DATA_URL.match(data)
         if prefix is not None:  # a data URL: the base64 after its header
             data = data[prefix.end() :]
+        if not data:
+            return  # as vLLM-Omni: a frame without data is ignored
         if _decoded_size(data) - 2 > MAX_FRAME_BYTES:
-            raise MessageError(self._too_large(_decoded_size(data)), "frame_too_large")
+            raise MessageError(_too_large(_decoded_size(data)), "frame_too_large", TOO_LARGE)
         try:
             image = base64.b64decode(data, validate=True)
         except (binascii.Error, ValueError):
-            raise MessageError("Invalid image data: not valid base64", "invalid_image") from None
+            raise MessageError(
+                f"{BAD_IMAGE}: not valid base64", "invalid_image", BAD_IMAGE
+            ) from None
         if len(image) > MAX_FRAME_BYTES:
-            raise MessageError(self._too_large(len(image)), "frame_too_large")
+            raise MessageError(_too_large(len(image)), "frame_too_large", TOO_LARGE)
         try:
             await session.add_frame(image)
         except MediaError as exc:
             detail = str(exc)
             if detail.startswith("invalid image data"):
                 detail = "send a base64-encoded JPEG or PNG image"
-            raise MessageError(f"Invalid image data: {detail}", "invalid_image") from None
-
-    @staticmethod
-    def _too_large(size: int) -> str:
-        return f"Frame too large: {size} bytes; the limit is {MAX_FRAME_BYTES} bytes (10 MiB)"
+            raise MessageError(f"{BAD_IMAGE}: {detail}", "invalid_image", BAD_IMAGE) from None
+        self.state.has_frames = True
 
     async def _audio(self, data: str, session: Session) -> None:
         try:
@@ -442,21 +495,33 @@ class VideoChatStream(MessageConnection):
         dropped, self.state.unreported_drop = self.state.unreported_drop, 0
         self.state.last_warning = clock
         keep = self.state.window.max_bytes
-        self._tell(
-            ErrorMessage(
-                message=f"Audio buffer overflow: dropped the oldest {ms_of(dropped)} ms "
-                f"({dropped} bytes) of audio; the buffer keeps the newest "
-                f"{ms_of(keep) / 1000:.1f} s ({keep} bytes) since the last query",
-                code="audio_buffer_overflow",
-            )
+        text = (
+            f"Audio buffer overflow: dropped the oldest {ms_of(dropped)} ms ({dropped} bytes) "
+            f"of audio; the buffer keeps the newest {ms_of(keep) / 1000:.1f} s ({keep} bytes) "
+            "since the last query"
         )
+        self.post(self._error_of(text, "audio_buffer_overflow", "Audio buffer overflow"))
 
-    async def _query(self, text: str, session: Session) -> None:
+    async def _query(self, query: VideoQueryMessage, session: Session) -> None:
+        """As vLLM-Omni: cut the running answer off, take the query's audio, then answer
+        the buffered frames (none: an error, and the audio waits for the next query)."""
         if session.responding:
             await session.cancel_response()  # a soft interrupt: the new question wins
+        if query.audio_data:
+            try:
+                await self._audio(query.audio_data, session)
+            except MessageError as exc:
+                if self.extras:  # vLLM-Omni ignores audio it cannot decode
+                    self._error(f"video.query: audio_data: {exc}", exc.code)
+        if not self.state.has_frames:
+            raise MessageError(
+                "No frames buffered: send a video.frame before a video.query",
+                "no_frames",
+                "No frames buffered",
+            )
         audio, dropped = self.state.window.take()
         self._warn_overflow(now=True)
-        if self.state.config.use_audio_in_video and len(audio) >= MIN_QUERY_AUDIO_BYTES:
+        if len(audio) >= MIN_QUERY_AUDIO_BYTES:
             if dropped:  # the session also holds audio older than the window: replace it
                 await session.clear_audio()
                 for piece in _pieces(audio):
@@ -464,9 +529,14 @@ class VideoChatStream(MessageConnection):
             await session.commit_audio()
         elif audio or dropped:
             await session.clear_audio()
-        await session.add_text(text)
+        if query.text.strip():
+            await session.add_text(query.text)
         await session.create_response()
         self._idle.clear()  # `video.done` waits for this answer
+
+
+def _too_large(size: int) -> str:
+    return f"{TOO_LARGE}: {size} bytes; the limit is {MAX_FRAME_BYTES} bytes (10 MiB)"
 
 
 VideoStreams: TypeAlias = ConnectionRegistry[VideoChatStream]

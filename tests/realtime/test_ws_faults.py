@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import io
 import os
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from openai import AsyncOpenAI
+from PIL import Image
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
@@ -64,6 +66,17 @@ async def openai_peer(server: ServedApp, query: str = "") -> AsyncIterator[Recor
         yield RecordingClient(ws, wait_s=10.0)
 
 
+def _jpeg() -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (32, 24), (90, 120, 150)).save(out, format="JPEG")
+    return out.getvalue()
+
+
+VIDEO_CONFIG: Message = {"type": "session.config", "parley": {"extras": True}}
+"""The video stream's ids, codes and resume are Parley's extras: these tests opt in."""
+FRAME = base64.b64encode(_jpeg()).decode("ascii")
+
+
 @contextlib.asynccontextmanager
 async def video_peer(server: ServedApp) -> AsyncIterator[RecordingClient]:
     url = f"{server.ws_url}/v1/video/chat/stream"
@@ -79,6 +92,7 @@ async def openai_turn(peer: RecordingClient) -> None:
 
 
 async def video_turn(peer: RecordingClient) -> None:
+    await peer.send({"type": "video.frame", "data": FRAME})  # a query needs a frame
     await peer.send({"type": "video.query", "text": "What do you see?"})
     done = await peer.wait_type("response.text.done")
     assert done["status"] == "completed", done
@@ -135,7 +149,7 @@ async def test_a_clean_close_ends_the_session_at_once(
             assert len(manager_of(server)) == 1
     else:
         async with video_peer(server) as peer:
-            await peer.send({"type": "session.config"})
+            await peer.send(VIDEO_CONFIG)
             await peer.wait_type("session.created")
             await video_turn(peer)
             assert len(manager_of(server)) == 1
@@ -156,7 +170,7 @@ async def test_an_abrupt_drop_keeps_the_session_for_a_resume(
             first.ws.transport.abort()  # no close frame: the network dropped
     else:
         async with video_peer(server) as first:
-            await first.send({"type": "session.config"})
+            await first.send(VIDEO_CONFIG)
             created = await first.wait_type("session.created")
             session_id, token = created["session_id"], created["resume_token"]
             first.ws.transport.abort()
@@ -196,7 +210,7 @@ async def test_hundreds_of_connect_talk_close_cycles_never_hit_the_session_cap(
 
     async def video_cycle() -> None:
         async with video_peer(server) as peer:
-            await peer.send({"type": "session.config", "modalities": ["text"]})
+            await peer.send({**VIDEO_CONFIG, "modalities": ["text"]})
             first = await peer.next()
             assert first["type"] == "session.created", first
             await video_turn(peer)
@@ -274,7 +288,7 @@ async def test_a_burst_of_malformed_messages_is_summarised_not_a_disconnect(
     peer_of = openai_peer if endpoint == "openai" else video_peer
     async with peer_of(server) as peer:
         if endpoint == "video":
-            await peer.send({"type": "session.config", "modalities": ["text"]})
+            await peer.send({**VIDEO_CONFIG, "modalities": ["text"]})
         await peer.wait_type("session.created")
         reader = read_errors(peer, openai_error if endpoint == "openai" else video_error)
         async with asyncio.TaskGroup() as group:
@@ -298,7 +312,7 @@ async def test_a_burst_of_messages_that_each_get_a_reply_gets_every_reply(
     peer_of = openai_peer if endpoint == "openai" else video_peer
     async with peer_of(server) as peer:
         if endpoint == "video":
-            await peer.send({"type": "session.config", "modalities": ["text"]})
+            await peer.send({**VIDEO_CONFIG, "modalities": ["text"]})
             message: Message = {"type": "ping"}
             reply = "pong"
         else:
