@@ -10,8 +10,9 @@ Which events map to what:
 - `response.output_audio_transcript.delta` / `response.output_text.delta`
   -> `response.text.delta`
 - `response.done` -> `response.text.done` (the text sent as deltas, and the status),
-  then `response.audio.done` when the session speaks; a failed answer says why in an
-  `error` first
+  then `response.audio.done` when the session speaks; a failed answer says why in one
+  `error` first (code `response_failed`: the session's own error about the failure,
+  which comes while the answer is open, is folded into it)
 - `error` -> `error`; `session.closed` -> `session.done` (after an `error` when the
   session ended by itself, e.g. on the idle timeout)
 - `session.created` -> `session.created {session_id, resume_token}` (Parley's own)
@@ -81,6 +82,8 @@ class VideoMessages:
     def __init__(self, *, audio_output: bool) -> None:
         self.audio_output = audio_output
         self._texts: dict[str, list[str]] = {}
+        self._held_error: ErrorEvent | None = None
+        """A server error while an answer is open: most likely the answer's failure."""
 
     def expand(self, event: Event) -> list[tuple[Message, bool]]:
         """The messages for `event`, in order, each with its `after_audio` flag: an end of
@@ -100,6 +103,8 @@ class VideoMessages:
                 group.append((ResponseTextDelta(delta=event.delta), False))
             case ResponseDone():
                 group.extend(self._response_done(event))
+            case ErrorEvent() if self._texts and event.error_type == "server_error":
+                self._held_error = event
             case ErrorEvent():
                 group.append((ErrorMessage(message=event.message, code=event.code), False))
             case SessionExpiring():
@@ -122,10 +127,13 @@ class VideoMessages:
 
     def _response_done(self, event: ResponseDone) -> list[tuple[ServerMessage, bool]]:
         text = "".join(self._texts.pop(event.response_id, [])).strip()
+        held, self._held_error = self._held_error, None
         group: list[tuple[ServerMessage, bool]] = []
         if event.status == "failed":
-            reason = event.reason or "the answer failed"
+            reason = event.reason or (held.message if held else "") or "the answer failed"
             group.append((ErrorMessage(message=reason, code="response_failed"), True))
+        elif held is not None:  # not about this answer after all: told now
+            group.append((ErrorMessage(message=held.message, code=held.code), True))
         group.append((ResponseTextDone(text=text, status=event.status), True))
         if self.audio_output:
             group.append((ResponseAudioDone(status=event.status), True))

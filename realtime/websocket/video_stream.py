@@ -371,7 +371,10 @@ class VideoChatStream(MessageConnection):
             try:
                 message = parse_message(raw)
             except MessageError as exc:
-                await self._report(str(exc), exc.code, exc.short)
+                short = (
+                    "Invalid JSON in session.config" if exc.short == "Invalid JSON" else exc.short
+                )
+                await self._report(str(exc), exc.code, short)
                 continue
             if isinstance(message, SessionConfigMessage | SessionResumeMessage):
                 return message

@@ -13,7 +13,8 @@ only there is the order of text and audio final):
 - `response.audio.done` only for an answer that sent audio.
 - A cancelled answer (a newer query cut it off) ends without done messages.
 - A session that ends by itself says so in an `error` and sends no `session.done` (that
-  answers `video.done` only); the idle timeout's error reads "Idle timeout".
+  answers `video.done` only). The idle timeout and a failed answer are told in
+  vLLM-Omni's words ("Idle timeout", "Query processing failed").
 - JSON as Starlette's `send_json` writes it (compact, UTF-8 as is).
 """
 
@@ -34,6 +35,12 @@ KEYS: dict[str, tuple[str, ...]] = {
     "error": ("message",),
 }
 """Every message vLLM-Omni's server sends, with its keys besides `type`."""
+
+VLLM_OMNI_ERRORS = {
+    "idle_timeout": "Idle timeout",
+    "response_failed": "Query processing failed",
+}
+"""Errors of the session's own (by code), as vLLM-Omni words them."""
 
 CLIENT_ENDS = frozenset({None, "client", "client_done", "client_closed", "client_gone"})
 """`session.done` reasons that answer the client (the others: the session ended itself)."""
@@ -74,8 +81,7 @@ class VllmOmniWire:
             case "session.done":
                 return [out] if message.get("reason") in CLIENT_ENDS else []
             case "error":
-                if message.get("code") == "idle_timeout":
-                    out["message"] = "Idle timeout"
+                out["message"] = VLLM_OMNI_ERRORS.get(str(message.get("code")), out["message"])
         return [out]
 
     def _finish_text(self) -> list[Message]:

@@ -223,8 +223,9 @@ async def test_bad_settings_are_named_and_a_corrected_config_is_taken(
 
 
 async def test_an_opted_in_client_gets_the_longer_texts_and_codes(
-    open_client: OpenClient,
+    open_client: OpenClient, server: ServedApp
 ) -> None:
+    engine_of(server).fail_with = "the model fell over"
     async with open_client(EXTRAS) as client:
         await client.wait_for("session.created")
         await client.send(type="session.config")
@@ -234,6 +235,18 @@ async def test_an_opted_in_client_gets_the_longer_texts_and_codes(
         error = await client.wait_for("error")
         assert error["code"] == "no_frames"
         assert error["message"].startswith("No frames buffered: send a video.frame")
+        await client.send(type="video.frame", data=b64(jpeg((5, 5, 5))))
+        await client.send(type="video.query", text="Anything now?")
+        await client.wait_for("response.audio.done")
+        failure = client.messages[client.types().index("response.start") + 1 :]
+        assert [m["type"] for m in failure] == [
+            "error",
+            "response.text.done",
+            "response.audio.done",
+        ]  # one error for the failure, not the session's and the answer's
+        assert failure[0]["code"] == "response_failed"
+        assert "the model fell over" in failure[0]["message"]
+        assert failure[1]["status"] == failure[2]["status"] == "failed"
 
 
 async def test_the_first_message_must_be_session_config(

@@ -206,3 +206,49 @@ async def test_any_message_keeps_the_session_from_its_idle_timeout(
         assert await client.next(within_s=5) == {"type": "error", "message": "Idle timeout"}
         assert await client.closed_with() == 1000
         assert client.messages[-1] == {"type": "error", "message": "Idle timeout"}
+
+
+async def test_a_failed_answer_reads_as_from_vllm_omni(
+    open_strict: OpenStrict, server: ServedApp
+) -> None:
+    engine_of(server).fail_with = "the model fell over"
+    async with open_strict({}) as client:
+        await client.send(type="video.frame", data=b64(jpeg((9, 90, 9))))
+        await client.send(type="video.query", text="Anything?")
+        assert [await client.next() for _ in range(3)] == [
+            {"type": "response.start"},
+            {"type": "error", "message": "Query processing failed"},
+            {"type": "response.text.done", "text": ""},
+        ]
+        await client.send(type="ping")
+        assert await client.next() == {"type": "pong"}  # no audio done: there was no audio
+
+
+async def test_before_the_config_errors_read_as_from_vllm_omni(server: ServedApp) -> None:
+    async with connect(f"{server.ws_url}/v1/video/chat/stream") as ws:
+        client = StrictClient(ws)
+        await ws.send("{oops")
+        assert await client.next() == {"type": "error", "message": "Invalid JSON in session.config"}
+        await client.send(type="ping")
+        assert await client.next() == {
+            "type": "error",
+            "message": "Expected session.config, got: ping",
+        }
+        assert await client.closed_with() == 1008
+
+
+async def test_without_the_extras_a_dropped_connection_ends_its_session(
+    open_strict: OpenStrict, server: ServedApp
+) -> None:
+    """No resume token was given, so nobody can resume: the session ends at once, not after
+    the grace period (30 s)."""
+    assert server.services.manager is not None
+    async with open_strict({}) as client:
+        await client.send(type="ping")
+        assert await client.next() == {"type": "pong"}
+        session = server.services.manager.sessions()[0]
+        client.ws.transport.abort()
+    async with asyncio.timeout(5):
+        while not session.closed:
+            await asyncio.sleep(0.02)
+    assert session.close_reason == "client_gone"
