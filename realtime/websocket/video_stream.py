@@ -3,7 +3,8 @@
 One WebSocket, one session. The client configures it (`session.config`, first, within
 10 s), streams camera frames and audio, and asks questions (`video.query`) about what it
 sent; each answer streams back as text deltas and WAV audio deltas. video_messages.py has
-the messages, video_mapping.py how session events become them, video_wire.py how they go
+the messages, video_input.py what the session takes of them, video_mapping.py how session
+events become messages, video_wire.py how they go
 out to a client written for vLLM-Omni, and connection.py the connection's lifecycle
 (reader, paced sender, size limit, close, resume), shared with the OpenAI Realtime
 endpoint.
@@ -69,26 +70,20 @@ it. A session without the extras ends when its connection drops.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import logging
 import math
-import re
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 from starlette.websockets import WebSocket
 
 from pipeline.audio_format import INPUT_SAMPLE_RATE as SAMPLE_RATE
-from pipeline.audio_format import OUTPUT_SAMPLE_RATE
 from sessions import (
-    MAX_APPEND_BYTES,
     MIN_COMMIT_MS,
     MediaError,
     ParleyError,
     Session,
     SessionClosedError,
-    SessionConfig,
     SessionLimitError,
     SessionManager,
     SessionState,
@@ -108,6 +103,14 @@ from .connection import (
 )
 from .connections import DEFAULT_GRACE_S, ConnectionRegistry, claim_session
 from .sender import Message
+from .video_input import (
+    MAX_AUDIO_BYTES,
+    bad_image,
+    frame_image,
+    pcm_audio,
+    pieces,
+    session_settings,
+)
 from .video_mapping import VideoMessages, wav_delta
 from .video_messages import (
     AudioChunkMessage,
@@ -129,58 +132,11 @@ from .video_wire import VllmOmniWire, encode
 log = logging.getLogger("parley.realtime.websocket.video")
 
 CONFIG_TIMEOUT_S = 10.0
-MAX_FRAME_BYTES = 10 * 1024 * 1024
-MAX_AUDIO_BYTES = 4 * 1024 * 1024
 OVERFLOW_WARNING_INTERVAL_S = 1.0
 ERROR_LIMIT = 20
 """`error` messages about the client's own messages per second; the rest are summarised."""
 MIN_QUERY_AUDIO_BYTES = MIN_COMMIT_MS * BYTES_PER_MS
-SESSION_AUDIO_SECONDS = math.ceil(MAX_AUDIO_BYTES / (BYTES_PER_MS * 1000)) + 1
-"""The session's audio buffer holds a little more than the window, so nothing in the
-window is ever trimmed from it."""
-
-MAX_OUTPUT_TOKENS = 4_096
-"""The session's largest answer cap; a larger `max_tokens` asks for no more than that."""
-
 CLIENT_DONE = "client_done"
-TOO_LARGE = "Frame too large"
-BAD_IMAGE = "Invalid image data"
-
-_DATA_URL = re.compile(r"data:[\w/+.-]*;base64,")
-
-
-def session_settings(config: SessionConfigMessage) -> dict[str, Any]:
-    """The session's settings for a video chat: manual turns and the client's knobs."""
-    settings: dict[str, Any] = {
-        "output_modalities": list(config.modalities),
-        "turn_detection": None,
-        "video": {
-            "num_frames": config.num_frames,
-            "max_frames": config.max_frames,
-            "sampling_strategy": config.sampling_strategy,
-            "frame_filter": config.enable_frame_filter,
-            "frame_filter_threshold": config.frame_filter_threshold,
-        },
-        "output_sample_rate": OUTPUT_SAMPLE_RATE,
-        "max_audio_seconds": SESSION_AUDIO_SECONDS,
-    }
-    if config.system_prompt:
-        settings["instructions"] = config.system_prompt
-    if config.speaker:
-        settings["voice"] = config.speaker
-    if config.max_output_tokens is not None and "max_output_tokens" in SessionConfig.model_fields:
-        settings["max_output_tokens"] = min(config.max_output_tokens, MAX_OUTPUT_TOKENS)
-    return settings
-
-
-def _decoded_size(data: str) -> int:
-    """An upper bound of what base64 `data` decodes to, without decoding it."""
-    return len(data) * 3 // 4
-
-
-def _pieces(pcm: bytes) -> list[bytes]:
-    """`pcm` in pieces the session takes in one append."""
-    return [pcm[i : i + MAX_APPEND_BYTES] for i in range(0, len(pcm), MAX_APPEND_BYTES)]
 
 
 @dataclass
@@ -448,44 +404,21 @@ class VideoChatStream(MessageConnection):
     # --- media and questions -------------------------------------------------------------
 
     async def _frame(self, data: str, session: Session) -> None:
-        prefix = _DATA_URL.match(data)
-        if prefix is not None:  # a data URL: the base64 after its header
-            data = data[prefix.end() :]
-        if not data:
-            return  # as vLLM-Omni: a frame without data is ignored
-        if _decoded_size(data) - 2 > MAX_FRAME_BYTES:
-            raise MessageError(_too_large(_decoded_size(data)), "frame_too_large", TOO_LARGE)
-        try:
-            image = base64.b64decode(data, validate=True)
-        except (binascii.Error, ValueError):
-            raise MessageError(
-                f"{BAD_IMAGE}: not valid base64", "invalid_image", BAD_IMAGE
-            ) from None
-        if len(image) > MAX_FRAME_BYTES:
-            raise MessageError(_too_large(len(image)), "frame_too_large", TOO_LARGE)
+        image = frame_image(data)
+        if image is None:
+            return
         try:
             await session.add_frame(image)
         except MediaError as exc:
-            detail = str(exc)
-            if detail.startswith("invalid image data"):
-                detail = "send a base64-encoded JPEG or PNG image"
-            raise MessageError(f"{BAD_IMAGE}: {detail}", "invalid_image", BAD_IMAGE) from None
+            raise bad_image(str(exc)) from None
         self.state.has_frames = True
 
     async def _audio(self, data: str, session: Session) -> None:
-        try:
-            pcm = base64.b64decode(data, validate=True)
-        except (binascii.Error, ValueError):
-            raise MessageError("Invalid audio data: not valid base64", "invalid_audio") from None
-        if len(pcm) % 2:
-            raise MessageError(
-                "Invalid audio data: PCM16 audio has an even number of bytes", "invalid_audio"
-            )
-        frames, dropped = self.state.window.add(pcm)
+        frames, dropped = self.state.window.add(pcm_audio(data))
         if dropped:
             self.state.unreported_drop += dropped
             self._warn_overflow()
-        for piece in _pieces(frames):
+        for piece in pieces(frames):
             await session.append_audio(piece, SAMPLE_RATE, 1)
 
     def _warn_overflow(self, *, now: bool = False) -> None:
@@ -527,7 +460,7 @@ class VideoChatStream(MessageConnection):
         if len(audio) >= MIN_QUERY_AUDIO_BYTES:
             if dropped:  # the session also holds audio older than the window: replace it
                 await session.clear_audio()
-                for piece in _pieces(audio):
+                for piece in pieces(audio):
                     await session.append_audio(piece, SAMPLE_RATE, 1)
             await session.commit_audio()
         elif audio or dropped:
@@ -536,10 +469,6 @@ class VideoChatStream(MessageConnection):
             await session.add_text(query.text)
         await session.create_response()
         self._idle.clear()  # `video.done` waits for this answer
-
-
-def _too_large(size: int) -> str:
-    return f"{TOO_LARGE}: {size} bytes; the limit is {MAX_FRAME_BYTES} bytes (10 MiB)"
 
 
 VideoStreams: TypeAlias = ConnectionRegistry[VideoChatStream]

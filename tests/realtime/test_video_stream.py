@@ -29,7 +29,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from loadtest.speech import speak, trim_silence
 from realtime.auth import Authenticator
-from realtime.websocket import connection, video_stream
+from realtime.websocket import connection, video_input, video_stream
 from realtime.websocket.ga_events import source_id
 from sessions.session import SessionLimits
 from tests.fakes.fake_engine import FakeEngine
@@ -337,7 +337,7 @@ async def test_audio_overflow_drops_the_oldest_audio_and_says_how_much(
             )
         warning = await client.wait_for("error")
         assert warning["code"] == "audio_buffer_overflow"
-        kept = video_stream.MAX_AUDIO_BYTES - video_stream.MAX_AUDIO_BYTES % 640  # whole frames
+        kept = video_input.MAX_AUDIO_BYTES - video_input.MAX_AUDIO_BYTES % 640  # whole frames
         dropped = len(sent) * 2 - kept
         assert f"dropped the oldest {dropped // 32} ms ({dropped} bytes)" in warning["message"]
         await client.send(type="video.query", text="What did you hear?")
