@@ -6,7 +6,9 @@ browser (which cannot set headers on a WebSocket), the subprotocol
 key is refused before the upgrade: HTTP 401 where the server supports denial responses,
 else a close with 1008. `model` is accepted and ignored (the pipeline is the server's).
 `session_id`, `resume_token` and `last_event_id` resume a session after a dropped
-connection (see realtime.websocket.openai_ws).
+connection (see realtime.websocket.openai_ws). `call_id` attaches to a running WebRTC call
+instead (a sideband: realtime.websocket.sideband); an unknown call is refused before the
+upgrade with HTTP 404 (`call_not_found`).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from typing import Any
 from starlette.websockets import WebSocket
 
 from realtime.client_events import ProtocolError, SessionUpdate, session_patch
+from realtime.webrtc.registry import CallNotFound
 from realtime.websocket.denial import deny
 from realtime.websocket.openai_accept import ConnectRequest, serve_openai_realtime
-from sessions import ConfigError, SessionConfig
+from realtime.websocket.sideband import serve_sideband
+from sessions import ConfigError, SessionConfig, SessionManager
 
 from .services import services_of
 from .ws_admission import admit
@@ -38,6 +42,11 @@ async def openai_realtime(websocket: WebSocket) -> None:
     if admitted is None:
         return
     grant, manager = admitted
+    subprotocol = "realtime" if "realtime" in offered else None
+    call_id = websocket.query_params.get("call_id")
+    if call_id is not None:
+        await _sideband(websocket, manager, call_id, subprotocol)
+        return
     try:
         body: dict[str, Any] = {"type": "realtime", **(grant.session or {})}
         patch, formats = session_patch(SessionUpdate.model_validate({"session": body}))
@@ -51,10 +60,24 @@ async def openai_realtime(websocket: WebSocket) -> None:
         config=config,
         formats=formats,
         beta=beta,
-        subprotocol="realtime" if "realtime" in offered else None,
+        subprotocol=subprotocol,
         session_id=query.get("session_id") or None,
         resume_token=query.get("resume_token") or None,
         last_event_id=query.get("last_event_id") or None,
         grace_s=services.resume_grace_s,
     )
     await serve_openai_realtime(websocket, manager, services.websockets, request)
+
+
+async def _sideband(
+    websocket: WebSocket, manager: SessionManager, call_id: str, subprotocol: str | None
+) -> None:
+    calls = services_of(websocket).calls
+    try:
+        if calls is None:
+            raise CallNotFound(call_id)
+        call = calls.get(call_id)
+    except CallNotFound:
+        await deny(websocket, 404, "call_not_found", f"no live call {call_id!r}")
+        return
+    await serve_sideband(websocket, manager, call, subprotocol)

@@ -1,7 +1,8 @@
 """One WebRTC call: a peer connection bound to one session.
 
 The call is the session's output sink: assistant audio goes to the outbound track's playout
-buffer, events go out on the `oai-events` data channel as OpenAI Realtime JSON, and `clear`
+buffer, events go out on the `oai-events` data channel as OpenAI Realtime's GA sequence
+(call_events.py; sideband WebSockets attached with `?call_id=` get them too), and `clear`
 empties the playout at the next frame. It owns every task it starts (the track drains, the
 data-channel reader) and `close()` ends them, the session and the peer connection, once.
 `watch()` is the call's life: it returns when the call should end (hang-up, a peer that
@@ -18,8 +19,6 @@ flood of bad messages cannot flood the channel, the session's event log or the l
 from __future__ import annotations
 
 import asyncio
-import collections
-import json
 import logging
 import re
 import time
@@ -30,12 +29,12 @@ from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
 
 from pipeline.tasks import cancel_all
 from sessions import PlayoutBuffer, PlayoutSink, Session
-from sessions.events import Event, ResponseCreated, SessionClosed
+from sessions.events import Event, SessionClosed
 
 from ..client_events import ProtocolError
 from ..dispatch import ClientEventDispatcher
 from ..metrics import TransportMetrics
-from ..server_events import output_audio_buffer_event, to_wire
+from .call_events import CallEvents, CallListener
 from .inbound import drain_audio, drain_video
 from .outbound import OUTPUT_RATE, OutboundAudioTrack
 from .peer import close_peer
@@ -43,9 +42,6 @@ from .peer import close_peer
 log = logging.getLogger("parley.realtime.webrtc")
 
 DATA_CHANNEL = "oai-events"
-PENDING_EVENTS = 512
-"""Events held until the data channel opens (session.created comes first)."""
-MAX_CHANNEL_BUFFER = 4 * 1024 * 1024
 INBOUND_MESSAGES = 64
 INBOUND_BYTES = 2 * 1024 * 1024
 """What the inbox holds at most: a few large events (images) or many small ones."""
@@ -96,9 +92,8 @@ class WebRTCCall(PlayoutSink):
             self.playout, self._audio_started, self._audio_stopped, self.metrics.frame
         )
         self.close_reason = ""
-        self.dropped_events = 0
-        self._channel: RTCDataChannel | None = None
-        self._pending: collections.deque[str] = collections.deque(maxlen=PENDING_EVENTS)
+        self.events = CallEvents()
+        """The server events: to the data channel, and to sideband listeners."""
         self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue(INBOUND_MESSAGES)
         self._inbox_bytes = 0
         self._early_tracks: list[MediaStreamTrack] = []
@@ -107,7 +102,6 @@ class WebRTCCall(PlayoutSink):
         self._tasks: set[asyncio.Task[None]] = set()
         self._end = asyncio.Event()
         self._closed = False
-        self._response_id: str | None = None
         self._dispatcher: ClientEventDispatcher | None = None
         self._created = time.monotonic()
         pc.on("track", self._on_track)
@@ -150,12 +144,8 @@ class WebRTCCall(PlayoutSink):
         if channel.label != DATA_CHANNEL:
             log.info("call %s: ignoring data channel %r", self.call_id, channel.label)
             return
-        self._channel = channel
         channel.on("message", self._on_message)
-        if channel.readyState == "open":
-            self._flush_pending()
-        else:
-            channel.on("open", self._flush_pending)
+        self.events.open(channel)
 
     def _on_message(self, message: str | bytes) -> None:
         size = len(message)
@@ -193,6 +183,14 @@ class WebRTCCall(PlayoutSink):
                 await self._dispatcher.handle_raw(raw)
         finally:
             self._dispatcher.close()
+
+    def listen(self, listener: CallListener) -> bool:
+        """A sideband connection reads the call's events from now on (False once the call
+        has ended); it is told when the call ends."""
+        return self.events.listen(listener)
+
+    def unlisten(self, listener: CallListener) -> None:
+        self.events.unlisten(listener)
 
     # --- the call's life -----------------------------------------------------------------
 
@@ -244,6 +242,7 @@ class WebRTCCall(PlayoutSink):
                     self.session.session_id,
                     SESSION_CLOSE_TIMEOUT_S,
                 )
+        self.events.end(self.close_reason)
         await cancel_all(self._tasks)
         self._early_tracks.clear()
         self.track.stop()
@@ -252,12 +251,8 @@ class WebRTCCall(PlayoutSink):
     # --- OutputSink ----------------------------------------------------------------------
 
     def event(self, event: Event) -> None:
-        if isinstance(event, ResponseCreated):
-            self._response_id = event.response_id
         extra = self.session is not None and self.session.config.extra_events
-        wire = to_wire(event, audio="omit", extra_events=extra)
-        if wire is not None:
-            self._send(wire)
+        self.events.session_event(event, extra_events=extra)
         if isinstance(event, SessionClosed):
             self.request_close(event.reason)
 
@@ -265,30 +260,12 @@ class WebRTCCall(PlayoutSink):
         had_audio = self.playout.queued_ms > 0
         super().clear()
         if had_audio:
-            self._send(output_audio_buffer_event("cleared", self._response_id))
+            self.events.playout("cleared")
 
     # --- helpers -------------------------------------------------------------------------
 
     def _audio_started(self) -> None:
-        self._send(output_audio_buffer_event("started", self._response_id))
+        self.events.playout("started")
 
     def _audio_stopped(self) -> None:
-        self._send(output_audio_buffer_event("stopped", self._response_id))
-
-    def _send(self, wire: dict[str, Any]) -> None:
-        text = json.dumps(wire, separators=(",", ":"))
-        channel = self._channel
-        if channel is None or channel.readyState != "open":
-            if len(self._pending) == self._pending.maxlen:
-                self.dropped_events += 1
-            self._pending.append(text)
-            return
-        if channel.bufferedAmount > MAX_CHANNEL_BUFFER:
-            self.dropped_events += 1
-            return
-        channel.send(text)
-
-    def _flush_pending(self) -> None:
-        channel = self._channel
-        while self._pending and channel is not None and channel.readyState == "open":
-            channel.send(self._pending.popleft())
+        self.events.playout("stopped")

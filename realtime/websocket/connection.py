@@ -27,7 +27,9 @@ messages only. Everything else is here, once:
 
 A protocol is a message mapping on top: `messages()` (a session event -> wire messages, for
 the live stream and a replay alike), `handle()` (one client message), `error_message()`,
-and `RESUMABLE`: which ends leave the session waiting for a resume.
+and `RESUMABLE`: which ends leave the session waiting for a resume. A connection that does
+not own its session (`OWNS_SESSION = False`: a sideband on a WebRTC call, whose session is
+the call's) just ends: the session goes on, untouched.
 """
 
 from __future__ import annotations
@@ -94,6 +96,9 @@ class MessageConnection(PacedSender):
     """The reason for a client that stopped reading (closed with 1008)."""
     SAYS_WHY: ClassVar[bool] = True
     """Whether the close frame carries the reason."""
+    OWNS_SESSION: ClassVar[bool] = True
+    """Whether the connection's end ends (or detaches) its session; False for a second
+    reader of a session that another transport serves."""
 
     def __init__(
         self,
@@ -249,13 +254,15 @@ class MessageConnection(PacedSender):
         self.finish(TAKEN_OVER)
         await self._done.wait()
 
-    async def serve(self, registry: ConnectionRegistry[Self]) -> None:
+    async def serve(self, registry: ConnectionRegistry[Self] | None) -> None:
         """Run until the client leaves, the session ends or another connection takes it
         over, then tear down in order. `registry` knows the connection meanwhile (and
-        after, while its session waits for a resume)."""
+        after, while its session waits for a resume); None for a connection that cannot be
+        resumed."""
         session = self.session
         assert session is not None
-        registry.register(self)
+        if registry is not None:
+            registry.register(self)
         name = session.session_id
         reader: asyncio.Task[None] | None = None
         sender: asyncio.Task[None] | None = None
@@ -266,8 +273,9 @@ class MessageConnection(PacedSender):
             sender = asyncio.create_task(self._run_sender(), name=f"{name}:ws-out")
             await self._end.wait()
             await cancel_and_wait(reader)
-            if not self.resumable:
-                await self._end_session(session)  # its goodbye is queued now
+            if not self.resumable or not self.OWNS_SESSION:
+                if self.OWNS_SESSION:
+                    await self._end_session(session)  # its goodbye is queued now
                 if self.close_code == CLOSE_NORMAL and not sender.done():
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(FLUSH_TIMEOUT_S):
@@ -278,8 +286,9 @@ class MessageConnection(PacedSender):
             self.close()
             self.on_close()
             await self.close_socket()
-            await self._leave(session)
-            if not self.resumable:
+            if self.OWNS_SESSION:
+                await self._leave(session)
+            if registry is not None and not self.resumable:
                 registry.discard(self)
             self._done.set()
 

@@ -1,0 +1,146 @@
+"""A call's server events: the GA sequence on the data channel, and the call's listeners.
+
+The session emits its events to the call (its one output sink). Here they become what an
+OpenAI Realtime client reads, through a GAExpander as on the WebSocket (output items,
+content parts, `*.done`, transcription `usage`), so both transports send one sequence.
+Audio deltas are left out: the audio is on the media track. The call's own playout news
+(`output_audio_buffer.started` / `.stopped` / `.cleared`) goes in, but only once a
+response exists: the event's `response_id` is required (OpenAI's SDK refuses a null one),
+and audio with no response behind it has no id to give.
+
+The data channel gets every message, in order: held until it opens (the oldest dropped
+past `PENDING_EVENTS`), and dropped, counted, while more than `MAX_CHANNEL_BUFFER` is
+unsent (a peer that stopped reading). Listeners (sideband WebSockets, `?call_id=`) get the
+session's events and the playout news from the moment they attach, and map them with
+expanders of their own; when the call ends each is told once. A listener that fails is
+detached (and told the call has ended for it): the call and its data channel go on.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
+
+from aiortc import RTCDataChannel
+
+from sessions.events import Event, ResponseCreated
+
+from ..server_events import output_audio_buffer_event, to_wire
+from ..websocket.ga_events import GAExpander
+
+log = logging.getLogger("parley.realtime.webrtc")
+
+Message = dict[str, Any]
+PlayoutNews = Literal["started", "stopped", "cleared"]
+
+PENDING_EVENTS = 512
+"""Events held until the data channel opens (session.created comes first)."""
+MAX_CHANNEL_BUFFER = 4 * 1024 * 1024
+
+
+class CallListener(Protocol):
+    """A second reader of a call's events (a sideband connection). Neither method may block."""
+
+    def event(self, event: Event) -> None:
+        """One session event, as the call got it."""
+
+    def post(self, message: Message, *, after_audio: bool = False) -> None:
+        """One message of the call's own (its playout news), JSON-ready."""
+
+    def call_ended(self, reason: str) -> None:
+        """The call has ended (hang-up, the peer gone, the session closed)."""
+
+
+class CallEvents:
+    def __init__(self) -> None:
+        self.expander = GAExpander()
+        self.dropped = 0
+        """Messages the data channel did not get (never open in time, or not reading)."""
+        self.ended = False
+        self._channel: RTCDataChannel | None = None
+        self._pending: collections.deque[str] = collections.deque(maxlen=PENDING_EVENTS)
+        self._listeners: list[CallListener] = []
+        self._response_id: str | None = None
+
+    def open(self, channel: RTCDataChannel) -> None:
+        """The `oai-events` channel: what waited goes out once it is open."""
+        self._channel = channel
+        if channel.readyState == "open":
+            self._flush_pending()
+        else:
+            channel.on("open", self._flush_pending)
+
+    def session_event(self, event: Event, *, extra_events: bool) -> None:
+        if isinstance(event, ResponseCreated):
+            self._response_id = event.response_id
+        self._tell(lambda listener: listener.event(event))
+        wire = to_wire(event, audio="omit", extra_events=extra_events)
+        if wire is not None:
+            for message in self.expander.expand(event, wire):
+                self._send(message)
+
+    def playout(self, news: PlayoutNews) -> None:
+        """`output_audio_buffer.<news>` about the latest response's audio."""
+        if self._response_id is None:
+            return
+        message = output_audio_buffer_event(news, self._response_id)
+        self._tell(lambda listener: listener.post(message))
+        self._send(message)
+
+    # --- listeners -----------------------------------------------------------------------
+
+    def listen(self, listener: CallListener) -> bool:
+        """Give `listener` the call's events from now on; False once the call has ended."""
+        if self.ended:
+            return False
+        self._listeners.append(listener)
+        return True
+
+    def unlisten(self, listener: CallListener) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    @property
+    def listeners(self) -> int:
+        return len(self._listeners)
+
+    def _tell(self, what: Callable[[CallListener], None]) -> None:
+        for listener in list(self._listeners):
+            try:
+                what(listener)
+            except Exception:
+                log.exception("a call listener failed; detaching it")
+                self.unlisten(listener)
+                listener.call_ended("server_error")
+
+    def end(self, reason: str) -> None:
+        """The call has ended: each listener is told, once. Idempotent."""
+        if self.ended:
+            return
+        self.ended = True
+        listeners, self._listeners = self._listeners, []
+        for listener in listeners:
+            listener.call_ended(reason)
+
+    # --- the data channel ----------------------------------------------------------------
+
+    def _send(self, message: Message) -> None:
+        text = json.dumps(message, separators=(",", ":"))
+        channel = self._channel
+        if channel is None or channel.readyState != "open":
+            if len(self._pending) == self._pending.maxlen:
+                self.dropped += 1
+            self._pending.append(text)
+            return
+        if channel.bufferedAmount > MAX_CHANNEL_BUFFER:
+            self.dropped += 1
+            return
+        channel.send(text)
+
+    def _flush_pending(self) -> None:
+        channel = self._channel
+        while self._pending and channel is not None and channel.readyState == "open":
+            channel.send(self._pending.popleft())

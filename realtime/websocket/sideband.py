@@ -1,0 +1,94 @@
+"""A sideband connection: a server-side controller attached to a running WebRTC call.
+
+OpenAI's pattern for keeping tools and business logic off the browser ("Webhooks and
+server-side controls"): the browser holds the call, media and data channel, and the
+application's server opens `/v1/realtime?call_id=<the id in the call's Location>` with
+its own key. That WebSocket is a second connection to the call's session:
+
+- It reads the session's events as the data channel carries them, from the moment it
+  attaches: the same GA sequence (its own expander) and the call's
+  `output_audio_buffer.*` news, no audio deltas (the audio is on the WebRTC track), and no
+  `session.created` (the session was created with the call).
+- It sends client events (`session.update`, `response.create`,
+  `conversation.item.create`, ...), applied to the call's session by a dispatcher of its
+  own with the call's rules: no `input_audio_buffer.append` (the microphone is the
+  track), audio formats ignored (the SDP set them), `output_audio_buffer.clear` clears the
+  call's playout. An `error` about its event is the session's, so the data channel sees
+  it too; each names the client's `event_id`.
+- Its end leaves the call alone (the session is the call's: OWNS_SESSION is False); it
+  cannot be resumed, and reconnecting with the call id again attaches anew. The call's end
+  closes it with 1000 and a reason saying why the call ended. A sideband that stops
+  reading is closed as any OpenAI WebSocket client is (1008), and the call goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from starlette.websockets import WebSocket
+
+from sessions import Session, SessionManager
+from sessions.events import Event, SessionClosed
+
+from ..client_events import AudioFormats
+from ..dispatch import ClientEventDispatcher
+from ..webrtc.call import WebRTCCall
+from .connection import CLOSE_NORMAL
+from .openai_ws import ERROR_LIMIT, OpenAIRealtimeConnection
+
+log = logging.getLogger("parley.realtime.websocket.sideband")
+
+CALL_ENDED = "call_ended"
+
+
+class SidebandConnection(OpenAIRealtimeConnection):
+    OWNS_SESSION = False
+
+    def __init__(self, websocket: WebSocket, manager: SessionManager, call: WebRTCCall) -> None:
+        session = call.session
+        assert session is not None  # a registered call is attached to its session
+        super().__init__(websocket, manager, formats=AudioFormats.for_config(session.config))
+        self.call = call
+        self.bind(session)
+
+    def bind(self, session: Session, formats: AudioFormats | None = None) -> None:
+        """Serve `session` with the call's rules (the WebRTC transport's dispatcher)."""
+        if formats is not None:
+            self._formats = formats
+        self.session = session
+        self.dispatcher = ClientEventDispatcher(
+            session, transport="webrtc", clear_output=self.call.clear, error_limit=ERROR_LIMIT
+        )
+        self.dispatcher.formats = self._formats
+
+    def event(self, event: Event) -> None:
+        if isinstance(event, SessionClosed):  # the call's session: the call is ending
+            self.call_ended(event.reason)
+        super().event(event)
+
+    def call_ended(self, reason: str) -> None:
+        """The call has ended: what is queued goes out, then a close frame saying why."""
+        self.finish(f"{CALL_ENDED}: {reason}" if reason else CALL_ENDED, CLOSE_NORMAL)
+
+
+async def serve_sideband(
+    websocket: WebSocket, manager: SessionManager, call: WebRTCCall, subprotocol: str | None
+) -> None:
+    """Serve one sideband WebSocket on `call` until either ends. The route has checked the
+    caller's key and that the call exists."""
+    connection = SidebandConnection(websocket, manager, call)
+    # Listening before the upgrade completes: an event the client's first message causes
+    # cannot come before the connection hears it.
+    attached = call.listen(connection)
+    await websocket.accept(subprotocol=subprotocol)
+    try:
+        if not attached:
+            connection.call_ended(call.close_reason)
+            await connection.close_socket()
+            return
+        log.info("call %s: sideband attached", call.call_id)
+        await connection.serve(None)
+        log.info("call %s: sideband closed (%s)", call.call_id, connection.close_reason)
+    finally:
+        call.unlisten(connection)
+        await connection.close_socket()
