@@ -16,6 +16,7 @@ from .types import (
     OutputChunk,
     PipelineRequest,
     TextDelta,
+    ToolCallDelta,
 )
 
 
@@ -41,7 +42,7 @@ class EnginePipeline:
         finished = False
         try:
             async for chunk in stream:
-                if isinstance(chunk, TextDelta | AudioChunk):
+                if isinstance(chunk, TextDelta | ToolCallDelta | AudioChunk):
                     yield chunk
                 elif isinstance(chunk, End | ErrorChunk):
                     finished = True

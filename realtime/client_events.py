@@ -13,38 +13,24 @@ top-level `turn_detection`, `voice`, `modalities`); GA wins where both are given
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeAlias, cast
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from pipeline.audio_format import OUTPUT_SAMPLE_RATE, SUPPORTED_INPUT_RATES, SUPPORTED_OUTPUT_RATES
-from sessions import InvalidRequestError, SessionConfig
+from sessions import SessionConfig
+
+from .client_items import ItemSpec
+from .response_spec import max_tokens_value, tool_choice_value, tool_configs
+from .wire_values import ProtocolError as ProtocolError
+from .wire_values import decode_base64 as decode_base64
 
 PCM_RATE = OUTPUT_SAMPLE_RATE
 G711_RATE = 8_000
 _G711 = ("audio/pcmu", "audio/pcma")
 _BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
-_IMAGE_TYPES = ("image/jpeg", "image/png")
-
-
-class ProtocolError(InvalidRequestError):
-    """A client event Parley cannot use. The session reports it and goes on.
-
-    `event_id` is the client's own id for the offending event, when it could be read, so
-    the `error` event can point at it; `param` names the parameter at fault.
-    """
-
-    def __init__(
-        self, code: str, message: str, event_id: str | None = None, param: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.event_id = event_id
-        self.field = param
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +85,7 @@ class TurnDetectionSpec(_Open):
     create_response: bool | None = None
     interrupt_response: bool | None = None
     eagerness: str | None = None
+    idle_timeout_ms: int | None = None
 
 
 class AudioInputSpec(_Open):
@@ -109,6 +96,7 @@ class AudioInputSpec(_Open):
 class AudioOutputSpec(_Open):
     format: AudioFormatSpec | None = None
     voice: str | None = None
+    speed: float | None = None
 
 
 class AudioSpec(_Open):
@@ -137,52 +125,16 @@ class SessionSpec(_Open):
     output_modalities: list[Literal["audio", "text"]] | None = None
     audio: AudioSpec | None = None
     parley: ParleyExtras | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    max_output_tokens: int | Literal["inf"] | None = None
     # beta spellings
+    max_response_output_tokens: int | Literal["inf"] | None = None
     modalities: list[Literal["audio", "text"]] | None = None
     voice: str | None = None
     turn_detection: TurnDetectionSpec | None = None
     input_audio_format: str | None = None
     output_audio_format: str | None = None
-
-
-class ContentPart(_Open):
-    type: Literal["input_text", "input_image"]
-    text: str | None = None
-    image_url: str | None = None
-
-    @model_validator(mode="after")
-    def _has_payload(self) -> ContentPart:
-        needed = "text" if self.type == "input_text" else "image_url"
-        if getattr(self, needed) is None:
-            raise ValueError(f"an {self.type} part needs '{needed}'")
-        return self
-
-    def image_bytes(self) -> bytes:
-        """Decode an inline `data:image/jpeg;base64,...` URL (JPEG or PNG)."""
-        url = self.image_url or ""
-        header, comma, payload = url.partition(",")
-        media = header.removeprefix("data:").removesuffix(";base64")
-        if not comma or not header.startswith("data:") or not header.endswith(";base64"):
-            raise ProtocolError(
-                "invalid_value",
-                "image_url must be an inline data URL (data:image/jpeg;base64,...); "
-                "Parley does not fetch images",
-                param="item.content.image_url",
-            )
-        if media not in _IMAGE_TYPES:
-            raise ProtocolError(
-                "invalid_value",
-                f"image type {media!r} is not supported; send image/jpeg or image/png",
-                param="item.content.image_url",
-            )
-        return decode_base64(payload, "item.content.image_url")
-
-
-class ItemSpec(_Open):
-    id: str | None = None
-    type: Literal["message"] = "message"
-    role: Literal["user", "system"]
-    content: list[ContentPart] = Field(min_length=1)
 
 
 class _Event(_Closed):
@@ -192,6 +144,9 @@ class _Event(_Closed):
 class SessionUpdate(_Event):
     type: Literal["session.update"] = "session.update"
     session: SessionSpec
+    _dropped: list[ProtocolError] = PrivateAttr(default_factory=list)
+    """Values of the session object that had the wrong JSON type: left out, each an error
+    of its own, so the rest of the update still applies."""
 
 
 class InputAudioBufferAppend(_Event):
@@ -223,6 +178,11 @@ class ConversationItemTruncate(_Event):
     audio_end_ms: int = Field(ge=0)
 
 
+class ConversationItemRetrieve(_Event):
+    type: Literal["conversation.item.retrieve"] = "conversation.item.retrieve"
+    item_id: str
+
+
 class ConversationItemDelete(_Event):
     type: Literal["conversation.item.delete"] = "conversation.item.delete"
     item_id: str
@@ -250,6 +210,7 @@ ClientEvent: TypeAlias = (
     | ConversationItemCreate
     | ConversationItemTruncate
     | ConversationItemDelete
+    | ConversationItemRetrieve
     | ResponseCreate
     | ResponseCancel
     | OutputAudioBufferClear
@@ -263,6 +224,7 @@ CLIENT_EVENT_TYPES: dict[str, type[_Event]] = {
     "conversation.item.create": ConversationItemCreate,
     "conversation.item.truncate": ConversationItemTruncate,
     "conversation.item.delete": ConversationItemDelete,
+    "conversation.item.retrieve": ConversationItemRetrieve,
     "response.create": ResponseCreate,
     "response.cancel": ResponseCancel,
     "output_audio_buffer.clear": OutputAudioBufferClear,
@@ -297,10 +259,54 @@ def parse_client_event(raw: str | bytes) -> ClientEvent:
             event_id,
             "type",
         )
+    if model is SessionUpdate:
+        return _session_update(data, event_id)
     try:
         return cast(ClientEvent, model.model_validate(data))
     except ValidationError as exc:
         raise _protocol_error(exc, kind, event_id) from None
+
+
+_MAX_DROPPED = 32
+
+
+def _session_update(data: dict[str, Any], event_id: str | None) -> SessionUpdate:
+    """session.update, leaving out each value inside the session object that does not
+    parse (`instructions: 5`): one error each, and the rest of the update stands."""
+    dropped: list[ProtocolError] = []
+    for _ in range(_MAX_DROPPED):
+        try:
+            event = SessionUpdate.model_validate(data)
+        except ValidationError as exc:
+            loc = exc.errors()[0]["loc"]
+            smaller = _without_value(data, loc) if len(loc) > 1 and loc[0] == "session" else None
+            if smaller is None:
+                raise _protocol_error(exc, "session.update", event_id) from None
+            dropped.append(_protocol_error(exc, "session.update", event_id))
+            data = smaller
+        else:
+            event._dropped = dropped
+            return event
+    raise ProtocolError("invalid_value", "session.update: too many invalid values", event_id)
+
+
+def _without_value(data: dict[str, Any], loc: tuple[int | str, ...]) -> dict[str, Any] | None:
+    """`data` less the value at `loc`, cut at the innermost object key (a bad array
+    element drops the whole array); None when there is no such key."""
+    path = [part for part in loc if isinstance(part, str)]
+    cut = next((i for i, part in enumerate(loc) if isinstance(part, int)), len(loc))
+    path = [part for part in loc[:cut] if isinstance(part, str)]
+    out = dict(data)
+    node = out
+    for key in path[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            return None
+        node[key] = node = dict(child)
+    if not path or path[-1] not in node:
+        return None
+    del node[path[-1]]
+    return out
 
 
 def _json_kind(value: object) -> str:
@@ -350,15 +356,6 @@ _JSON_TYPES = {
 """Pydantic's type errors in JSON's words: the client wrote JSON, not Python."""
 
 
-def decode_base64(payload: str, param: str) -> bytes:
-    try:
-        return base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError):
-        raise ProtocolError(
-            "invalid_value", f"'{param}' is not valid base64", param=param
-        ) from None
-
-
 # --- session.update -> SessionConfig patch -------------------------------------------------
 
 
@@ -388,7 +385,7 @@ def partial_session_patch(
     """
     spec, eid = update.session, update.event_id
     patch: dict[str, Any] = {}
-    errors: list[ProtocolError] = []
+    errors: list[ProtocolError] = list(update._dropped)
     if spec.type not in (None, "realtime"):
         errors.append(
             ProtocolError(
@@ -433,6 +430,28 @@ def partial_session_patch(
     voice = audio_out.voice if audio_out and audio_out.voice is not None else spec.voice
     if voice is not None:
         patch["voice"] = voice
+    if audio_out is not None and audio_out.speed is not None:
+        patch["speed"] = audio_out.speed
+    if spec.tools is not None:
+        tools, tool_errors = tool_configs(spec.tools, "session.tools", eid)
+        patch["tools"] = tools
+        errors += tool_errors
+    if spec.tool_choice is not None:
+        try:
+            patch["tool_choice"] = tool_choice_value(spec.tool_choice, "session.tool_choice", eid)
+        except ProtocolError as exc:
+            errors.append(exc)
+    cap_set = {"max_output_tokens", "max_response_output_tokens"} & spec.model_fields_set
+    if cap_set:
+        cap = (
+            spec.max_output_tokens
+            if "max_output_tokens" in cap_set
+            else spec.max_response_output_tokens
+        )
+        try:
+            patch["max_output_tokens"] = max_tokens_value(cap, "session.max_output_tokens", eid)
+        except ProtocolError as exc:
+            errors.append(exc)
 
     new = formats
     try:
@@ -495,7 +514,8 @@ def _turn_detection(
                 f"{param}.eagerness",
             )
         knobs = spec.model_dump(
-            include={"eagerness", "create_response", "interrupt_response"}, exclude_none=True
+            include={"eagerness", "create_response", "interrupt_response", "idle_timeout_ms"},
+            exclude_none=True,
         )
         return {"type": "semantic_vad", **knobs}
     if spec.type != "server_vad":
@@ -512,6 +532,7 @@ def _turn_detection(
             "silence_duration_ms",
             "create_response",
             "interrupt_response",
+            "idle_timeout_ms",
         },
         exclude_none=True,
     )

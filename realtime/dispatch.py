@@ -23,21 +23,21 @@ Decisions, following OpenAI where it has one:
   the session's output rate.
 - `output_audio_buffer.clear` calls the transport's `clear_output`; a transport without
   playout of its own (WebSocket: the client plays the audio) gets an error.
-- `conversation.item.create` takes user or system messages of `input_text` and
-  `input_image` parts. Images go to the frame cache first (so the next answer sees them),
-  then the text becomes one item. The client's item `id` and `previous_item_id` are not
-  honoured: items get the session's ids and go at the end of the conversation. An
-  image-only item adds frames and creates no conversation item.
+- `conversation.item.create` takes messages (user, system, assistant), function calls and
+  function call outputs (client_items.py). The client's item `id` is kept and
+  `previous_item_id` places the item (`root`: at the start). Images go to the frame cache
+  first (so the next answer sees them); an image-only user message adds frames and
+  creates no item. A user message with `input_audio` is a committed turn of that audio.
 - `session.update` applies what it can: each value Parley cannot use (an unknown turn
   detection type, a setting out of range, G.711 where the transport has no codec) is an
   `error` naming its field, and the rest of the update still applies, as
   `session.updated` shows. Fields Parley does not implement are ignored, not errors.
-- `response.create`'s `response.metadata` is echoed in `response.created` and
-  `response.done`; its other overrides are accepted and ignored for now (the session's
-  settings apply). `response.cancel` with nothing in progress is the error
-  OpenAI sends, `response_cancel_not_active`.
-- `conversation.item.delete` is refused as `unsupported` over OpenAI's protocol for now,
-  although the session can delete an item (the video chat stream uses that).
+- `response.create` takes OpenAI's per-response options (response_spec.py); a bad one
+  fails that response.create with an error naming it. `response.cancel` with nothing in
+  progress is the error OpenAI sends, `response_cancel_not_active`.
+- `conversation.item.retrieve` and `.delete` work on any item of the conversation.
+- Every error sent is logged (INFO: the client's mistake, not the server's), with its code
+  and the client's event id, so an operator can see what a client was told.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from .client_events import (
     ClientEvent,
     ConversationItemCreate,
     ConversationItemDelete,
+    ConversationItemRetrieve,
     ConversationItemTruncate,
     InputAudioBufferAppend,
     InputAudioBufferClear,
@@ -66,14 +67,14 @@ from .client_events import (
     parse_client_event,
     partial_session_patch,
 )
+from .client_items import client_item
 from .error_throttle import ErrorThrottle, summary_text
+from .response_spec import response_options
 
 log = logging.getLogger("parley.realtime.dispatch")
 
 _MAX_REFUSED_SETTINGS = 16
 """Settings one session.update may have refused before the rest applies (bounds retries)."""
-_MAX_METADATA_PAIRS = 16
-"""OpenAI's limit on `metadata`: 16 pairs, keys up to 64 characters, values up to 512."""
 
 Transport = Literal["webrtc", "websocket"]
 
@@ -137,6 +138,13 @@ class ClientEventDispatcher:
         if self.session.closed:
             return
         if self.errors is None or self.errors.admit(error.code, str(error)):
+            log.info(
+                "session %s: error %s sent for client event %s: %s",
+                self.session.session_id,
+                error.code,
+                client_event_id,
+                error,
+            )
             self.session.report_error(error, client_event_id)
 
     def _summarise(self, count: int, first: str) -> None:
@@ -167,11 +175,11 @@ class ClientEventDispatcher:
                     )
                 await session.truncate_item(event.item_id, event.audio_end_ms)
             case ConversationItemDelete():
-                raise ProtocolError(
-                    "unsupported", "conversation.item.delete is not supported by Parley"
-                )
+                await session.delete_item(event.item_id)
+            case ConversationItemRetrieve():
+                await session.retrieve_item(event.item_id)
             case ResponseCreate():
-                await session.create_response(metadata=_metadata(event))
+                await session.create_response(response_options(event.response, event.event_id))
             case ResponseCancel():
                 if not await session.cancel_response():
                     raise ProtocolError(
@@ -280,36 +288,30 @@ class ClientEventDispatcher:
         return MAX_APPEND_BYTES if self.formats.input == "audio/pcm" else MAX_APPEND_BYTES // 2
 
     async def _create_item(self, event: ConversationItemCreate) -> None:
-        item = event.item
-        images = [part.image_bytes() for part in item.content if part.type == "input_image"]
-        texts = [part.text or "" for part in item.content if part.type == "input_text"]
-        for image in images:
+        made = client_item(event.item, event.event_id)
+        previous = event.previous_item_id
+        if previous == "root":
+            previous = ""
+        for image in made.images:
             await self.session.add_frame(image)
-        if texts:
-            await self.session.add_text("\n".join(texts), item.role)
-
-
-def _metadata(event: ResponseCreate) -> dict[str, str] | None:
-    """`response.metadata`, checked as OpenAI declares it: at most 16 string pairs."""
-    raw = (event.response or {}).get("metadata")
-    if raw is None:
-        return None
-    if (
-        not isinstance(raw, dict)
-        or len(raw) > _MAX_METADATA_PAIRS
-        or not all(
-            isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512
-            for k, v in raw.items()
-        )
-    ):
-        raise ProtocolError(
-            "invalid_value",
-            "response.metadata must be an object of at most 16 string pairs (keys up to 64 "
-            "characters, values up to 512)",
-            event.event_id,
-            param="response.metadata",
-        )
-    return dict(raw)
+        if made.item is None:
+            return
+        if made.audio is None:
+            await self.session.add_item(made.item, previous)
+            return
+        if previous is not None:
+            raise ProtocolError(
+                "unsupported",
+                "an input_audio message joins the conversation at its end: leave out "
+                "previous_item_id",
+                event.event_id,
+                "previous_item_id",
+            )
+        pcm, rate = made.audio, self.formats.input_rate
+        if self.formats.input != "audio/pcm":
+            assert self._g711 is not None  # checked when the format was set
+            pcm, rate = self._g711.decode(pcm, self.formats.input), G711_RATE
+        await self.session.add_audio_item(made.item, pcm, rate)
 
 
 def _without(patch: dict[str, Any], field: str) -> dict[str, Any]:

@@ -25,15 +25,22 @@ from sessions.events import (
     ConversationItem,
     ConversationItemCreated,
     ConversationItemDeleted,
+    ConversationItemRetrieved,
     ConversationItemTruncated,
     ErrorEvent,
     Event,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
+    InputAudioTimeoutTriggered,
     InputTranscriptionCompleted,
+    InputTranscriptionDelta,
+    InputTranscriptionFailed,
     OutputAudioDelta,
     OutputAudioTranscriptDelta,
     OutputTextDelta,
     ResponseCreated,
     ResponseDone,
+    ResponseUsage,
     SessionClosed,
     SessionCreated,
     SessionExpiring,
@@ -47,11 +54,14 @@ from sessions.events import (
 from .client_events import AudioFormats, format_object
 
 MODEL = "parley"
+CONVERSATION_ID = "conv_default"
+"""Each session has one conversation; OpenAI names it in every in-conversation response."""
 AudioMode = Literal["omit", "base64"]
 
-_CANCEL_REASONS = {"barge_in": "turn_detected", "client_cancelled": "client_cancelled"}
-"""The session's cancel reasons in OpenAI's words; others (superseded, session closed)
-pass through as they are."""
+_CANCEL_REASONS = {"barge_in": "turn_detected"}
+"""The session's cancel reasons in OpenAI's words: speech cut the answer off
+(`turn_detected`); everything else (response.cancel, a new answer superseding it, the
+session closing) is `client_cancelled`. The session's own reason goes under `parley`."""
 
 PARLEY_EVENTS = (SessionStateChanged, SessionExpiring, SessionClosed)
 """Parley's own server events (no such event in OpenAI's API): sent only to a client that
@@ -105,12 +115,43 @@ def to_wire(
             }
         case InputTranscriptionCompleted():
             body = {"item_id": event.item_id, "content_index": 0, "transcript": event.transcript}
-        case ResponseCreated():
-            body = {
-                "response": _response(
-                    event.response_id, "in_progress", None, [], None, event.metadata
-                )
+        case InputTranscriptionDelta():
+            body = {"item_id": event.item_id, "content_index": 0, "delta": event.delta}
+        case InputTranscriptionFailed():
+            error = {
+                "type": "transcription_error",
+                "code": "transcription_failed",
+                "message": event.message,
+                "param": None,
             }
+            body = {"item_id": event.item_id, "content_index": 0, "error": error}
+        case InputAudioTimeoutTriggered():
+            body = {
+                "item_id": event.item_id,
+                "audio_start_ms": event.audio_start_ms,
+                "audio_end_ms": event.audio_end_ms,
+            }
+        case ConversationItemRetrieved():
+            body = {"item": item_object(event.item)}
+        case FunctionCallArgumentsDelta():
+            body = {
+                "response_id": event.response_id,
+                "item_id": event.item_id,
+                "output_index": 0,
+                "call_id": event.call_id,
+                "delta": event.delta,
+            }
+        case FunctionCallArgumentsDone():
+            body = {
+                "response_id": event.response_id,
+                "item_id": event.item.id,
+                "output_index": 0,
+                "call_id": event.item.call_id,
+                "name": event.item.name,
+                "arguments": event.item.arguments,
+            }
+        case ResponseCreated():
+            body = {"response": _response(event, "in_progress", None, [], None)}
         case OutputTextDelta() | OutputAudioTranscriptDelta():
             body = _part_fields(event.response_id, event.item_id) | {"delta": event.delta}
         case OutputAudioDelta():
@@ -187,15 +228,39 @@ def session_object(
             "output": {
                 "format": format_object(formats.output, formats.output_rate),
                 "voice": config.voice,
+                "speed": config.speed,
             },
         },
+        "tools": [tool.model_dump(mode="json") for tool in config.tools],
+        "tool_choice": _tool_choice(config.tool_choice),
+        "max_output_tokens": config.max_output_tokens or "inf",
         "parley": parley,
     }
     return session
 
 
 def item_object(item: ConversationItem) -> dict[str, Any]:
-    """A GA `realtime.item` message with one content part, as the session knows it."""
+    """A GA `realtime.item`: a message with one content part, as the session knows it, a
+    function call, or a function call's output."""
+    if item.type == "function_call":
+        return {
+            "id": item.id,
+            "object": "realtime.item",
+            "type": "function_call",
+            "status": item.status,
+            "call_id": item.call_id,
+            "name": item.name,
+            "arguments": item.arguments,
+        }
+    if item.type == "function_call_output":
+        return {
+            "id": item.id,
+            "object": "realtime.item",
+            "type": "function_call_output",
+            "status": item.status,
+            "call_id": item.call_id,
+            "output": item.text,
+        }
     part: dict[str, Any]
     if item.role != "assistant":
         if item.has_audio:  # the transcript arrives later, with ...transcription.completed
@@ -216,6 +281,13 @@ def item_object(item: ConversationItem) -> dict[str, Any]:
     }
 
 
+def _tool_choice(choice: str) -> str | dict[str, str]:
+    """A mode as it is; a tool's name as OpenAI's forced-function object."""
+    if choice in ("auto", "none", "required"):
+        return choice
+    return {"type": "function", "name": choice}
+
+
 def _turn_detection(td: TurnDetectionConfig | None) -> dict[str, Any] | None:
     """As the client set it: semantic_vad shows only OpenAI's semantic_vad fields (its
     silence window follows eagerness); min_speech_ms is under `parley`."""
@@ -223,7 +295,10 @@ def _turn_detection(td: TurnDetectionConfig | None) -> dict[str, Any] | None:
         return None
     if td.type == "semantic_vad":
         return td.model_dump(include={"type", "eagerness", "create_response", "interrupt_response"})
-    return td.model_dump(exclude={"min_speech_ms", "eagerness"})
+    exclude = {"min_speech_ms", "eagerness"} | (
+        {"idle_timeout_ms"} if td.idle_timeout_ms is None else set()
+    )
+    return td.model_dump(exclude=exclude)
 
 
 def _part_fields(response_id: str, item_id: str) -> dict[str, Any]:
@@ -232,38 +307,62 @@ def _part_fields(response_id: str, item_id: str) -> dict[str, Any]:
 
 
 def _response(
-    response_id: str,
+    event: ResponseCreated | ResponseDone,
     status: str,
     status_details: dict[str, Any] | None,
     output: list[dict[str, Any]],
     usage: dict[str, Any] | None,
-    metadata: dict[str, str] | None,
 ) -> dict[str, Any]:
     return {
-        "id": response_id,
+        "id": event.response_id,
         "object": "realtime.response",
         "status": status,
         "status_details": status_details,
         "output": output,
+        "conversation_id": CONVERSATION_ID if event.in_conversation else None,
+        "output_modalities": ["audio"] if event.audio_output else ["text"],
+        "max_output_tokens": event.max_output_tokens or "inf",
         "usage": usage,
-        "metadata": metadata,
+        "metadata": event.metadata,
     }
 
 
 def _done_response(event: ResponseDone) -> dict[str, Any]:
     details: dict[str, Any] | None = None
     if event.status == "cancelled":
-        details = {"type": "cancelled", "reason": _CANCEL_REASONS.get(event.reason, event.reason)}
+        reason = _CANCEL_REASONS.get(event.reason, "client_cancelled")
+        details = {"type": "cancelled", "reason": reason, "parley": {"reason": event.reason}}
     elif event.status == "failed":
         details = {
             "type": "failed",
-            "reason": "error",
             "error": {"type": "server_error", "code": "response_failed", "message": event.reason},
         }
     output = [item_object(event.item)] if event.item is not None else []
-    # No token counts: Parley reports what it measures, audio and text and timings.
-    usage = dataclasses.asdict(event.usage)
-    return _response(event.response_id, event.status, details, output, usage, event.metadata)
+    output += [item_object(call) for call in event.calls]
+    return _response(event, event.status, details, output, usage_object(event.usage))
+
+
+def usage_object(usage: ResponseUsage) -> dict[str, Any]:
+    """OpenAI's token counts, estimated (Parley's engines do not report tokens): audio at
+    ten tokens a second, text at four characters a token. What Parley measures (audio,
+    text, latencies) is under `parley`."""
+    audio_in = -(-usage.input_audio_ms // 100)
+    text_in = -(-usage.input_text_chars // 4)
+    audio_out = -(-usage.output_audio_ms // 100)
+    text_out = -(-usage.output_text_chars // 4)
+    return {
+        "total_tokens": audio_in + text_in + audio_out + text_out,
+        "input_tokens": audio_in + text_in,
+        "output_tokens": audio_out + text_out,
+        "input_token_details": {
+            "text_tokens": text_in,
+            "audio_tokens": audio_in,
+            "image_tokens": 0,
+            "cached_tokens": 0,
+        },
+        "output_token_details": {"text_tokens": text_out, "audio_tokens": audio_out},
+        "parley": dataclasses.asdict(usage),
+    }
 
 
 def _error(event: ErrorEvent) -> dict[str, Any]:

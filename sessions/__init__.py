@@ -5,8 +5,9 @@ What it offers the transports (`realtime`, `web`), all importable from `sessions
   conversation: audio in, turn detection, responses from the pipeline, history, the event
   stream a transport forwards, and the output it plays (`PlayoutSink` over a
   `PlayoutBuffer`); `SessionState` is its state machine's states.
-- `SessionConfig` (validated settings) and the errors a client can be told (`ParleyError`
-  and its kinds).
+- `SessionConfig` (validated settings), `ResponseOptions` (what one response.create
+  asks beyond them), `ConversationItem` (an item of the conversation), and the errors a
+  client can be told (`ParleyError` and its kinds).
 - `EventLog` and `event_to_dict` / `event_from_dict`: the event log a resume replays.
 - `Clock`: the time a session's limits and a response's timeouts run on (`RealClock` in a
   server; tests compress time with `ScaledClock`).
@@ -16,7 +17,7 @@ Transport rules (wire formats, connections, resume) stay in `realtime`; audio fo
 """
 
 from .clock import REAL_CLOCK, Clock, RealClock, ScaledClock
-from .config import MaxFrames, NumFrames, SessionConfig, TurnDetectionConfig, Unit
+from .config import MaxFrames, NumFrames, SessionConfig, ToolConfig, TurnDetectionConfig, Unit
 from .errors import (
     ConfigError,
     InvalidRequestError,
@@ -27,11 +28,13 @@ from .errors import (
     SessionNotFoundError,
 )
 from .event_log import EventLog
+from .events import ConversationItem
 from .manager import DEFAULT_MAX_SESSIONS, SessionManager
 from .metrics import SessionMetrics
 from .playout import PlayoutBuffer, PlayoutSink
 from .records import event_from_dict, event_to_dict
 from .resample import MAX_APPEND_BYTES
+from .response_options import ResponseOptions
 from .session import Session
 from .state import SessionState
 from .turns import MIN_COMMIT_MS
@@ -43,6 +46,7 @@ __all__ = [
     "MIN_COMMIT_MS",
     "Clock",
     "ConfigError",
+    "ConversationItem",
     "EventLog",
     "InvalidRequestError",
     "MaxFrames",
@@ -52,12 +56,14 @@ __all__ = [
     "PlayoutBuffer",
     "PlayoutSink",
     "RealClock",
+    "ResponseOptions",
     "ScaledClock",
     "Session",
     "SessionClosedError",
     "SessionConfig",
     "SessionLimitError",
     "SessionManager",
+    "ToolConfig",
     "SessionMetrics",
     "SessionNotFoundError",
     "SessionState",

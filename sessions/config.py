@@ -7,10 +7,20 @@ range and the old settings stay in force.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from pipeline.audio_format import OUTPUT_SAMPLE_RATE, SUPPORTED_OUTPUT_RATES
 
@@ -35,6 +45,11 @@ MinSpeechMs = Annotated[int, AfterValidator(_between(20, 5_000))]
 MaxFrames = Annotated[int, AfterValidator(_between(1, 256))]
 NumFrames = Annotated[int, AfterValidator(_between(1, 128))]
 AudioSeconds = Annotated[int, AfterValidator(_between(1, 3_600))]
+IdleTimeoutMs = Annotated[int, AfterValidator(_between(1_000, 3_600_000))]
+OutputTokens = Annotated[int, AfterValidator(_between(1, 4_096))]
+Speed = Annotated[float, AfterValidator(_between(0.25, 1.5))]
+MAX_TOOLS = 128
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class _Model(BaseModel):
@@ -71,6 +86,9 @@ class TurnDetectionConfig(_Model):
     create_response: bool = True
     interrupt_response: bool = True
     eagerness: Eagerness | None = None
+    idle_timeout_ms: IdleTimeoutMs | None = None
+    """After an answer has played, this long without speech commits the silence as a
+    turn and answers it (`input_audio_buffer.timeout_triggered`); None: never."""
 
     @model_validator(mode="before")
     @classmethod
@@ -103,16 +121,72 @@ class VideoConfig(_Model):
     frame_filter_threshold: Unit = 0.95
 
 
+class ToolConfig(_Model):
+    """A function the model may call (OpenAI's function tool); the client runs it."""
+
+    type: Literal["function"] = "function"
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _TOOL_NAME.fullmatch(value):
+            raise ValueError("a tool name is 1-64 letters, digits, '_' or '-'")
+        return value
+
+    @field_validator("parameters")
+    @classmethod
+    def _schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if value and value.get("type", "object") != "object":
+            raise ValueError("a tool's parameters are a JSON schema of type 'object'")
+        return value
+
+
+ToolChoiceConfig = str
+"""`auto`, `none`, `required`, or the name of one of the tools (that one is called)."""
+
+
+def check_tool_choice(choice: str, tools: tuple[ToolConfig, ...]) -> None:
+    """Raise ValueError unless `choice` is a mode or names one of `tools`."""
+    if choice in ("auto", "none", "required"):
+        return
+    if not any(tool.name == choice for tool in tools):
+        names = ", ".join(tool.name for tool in tools) or "none defined"
+        raise ValueError(f"{choice!r} is not auto, none, required or the name of a tool ({names})")
+
+
 class SessionConfig(_Model):
     instructions: str = "You are a helpful voice assistant. Answer briefly."
     output_modalities: tuple[Literal["audio", "text"], ...] = ("audio",)
     voice: str = "default"
+    speed: Speed = 1.0
+    """Speaking rate, OpenAI's `audio.output.speed`: 0.25-1.5, 1 is normal."""
+    tools: tuple[ToolConfig, ...] = Field(default=(), max_length=MAX_TOOLS)
+    tool_choice: ToolChoiceConfig = "auto"
+    max_output_tokens: OutputTokens | None = None
+    """At most this many tokens per answer (OpenAI's `max_output_tokens`; None is `inf`)."""
     turn_detection: TurnDetectionConfig | None = TurnDetectionConfig()
     video: VideoConfig = VideoConfig()
     max_audio_seconds: AudioSeconds = 120
     output_sample_rate: Literal[8_000, 16_000, 24_000, 48_000] = OUTPUT_SAMPLE_RATE
     extra_events: bool = False
     """Send Parley's own server events (session.state_changed, .expiring, .closed) too."""
+
+    @field_validator("tools")
+    @classmethod
+    def _unique_tools(cls, value: tuple[ToolConfig, ...]) -> tuple[ToolConfig, ...]:
+        names = [tool.name for tool in value]
+        if len(set(names)) != len(names):
+            raise ValueError("two tools have the same name")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, value: str, info: ValidationInfo) -> str:
+        check_tool_choice(value, info.data.get("tools", ()))
+        return value
 
     @classmethod
     def parse(cls, data: Mapping[str, Any] | None = None) -> SessionConfig:

@@ -19,10 +19,19 @@ class ParleyError(Exception):
 
 
 class InvalidRequestError(ParleyError):
-    """The client sent something we cannot use; the session is unaffected."""
+    """The client sent something we cannot use; the session is unaffected.
+
+    `code` overrides the class's code where OpenAI's protocol has a specific one
+    (`conversation_already_has_active_response`, `input_audio_buffer_commit_empty`, ...).
+    """
 
     code = "invalid_request"
     error_type = "invalid_request_error"
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
 
 
 class ConfigError(InvalidRequestError):

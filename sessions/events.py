@@ -136,6 +136,8 @@ class ConversationItemCreated(Event):
     type: ClassVar[str] = "conversation.item.created"
     item: ConversationItem
     previous_item_id: str | None
+    response_id: str | None = None
+    """The response whose output the item is (None: a client's item, or a user turn)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -150,6 +152,43 @@ class ConversationItemTruncated(Event):
 class ConversationItemDeleted(Event):
     type: ClassVar[str] = "conversation.item.deleted"
     item_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConversationItemRetrieved(Event):
+    """conversation.item.retrieve's answer: the item as the conversation holds it now."""
+
+    type: ClassVar[str] = "conversation.item.retrieved"
+    item: ConversationItem
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputAudioTimeoutTriggered(Event):
+    """No speech for `idle_timeout_ms` after an answer: the silence becomes a turn."""
+
+    type: ClassVar[str] = "input_audio_buffer.timeout_triggered"
+    item_id: str
+    audio_start_ms: int
+    audio_end_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputTranscriptionDelta(Event):
+    """Part of the transcript of a user's audio item, as the recogniser produces it."""
+
+    type: ClassVar[str] = "conversation.item.input_audio_transcription.delta"
+    item_id: str
+    delta: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputTranscriptionFailed(Event):
+    """The user's audio item got no transcript: the answer failed before the recogniser
+    finished."""
+
+    type: ClassVar[str] = "conversation.item.input_audio_transcription.failed"
+    item_id: str
+    message: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -168,6 +207,10 @@ class ResponseCreated(Event):
     response_id: str
     metadata: dict[str, str] | None = None
     """What the client's `response.create` carried as `response.metadata`, echoed."""
+    in_conversation: bool = True
+    """False for an out-of-band response (`conversation: "none"`)."""
+    audio_output: bool = True
+    max_output_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -187,6 +230,26 @@ class OutputAudioTranscriptDelta(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class FunctionCallArgumentsDelta(Event):
+    """The next piece of the JSON arguments of a function call the model is making."""
+
+    type: ClassVar[str] = "response.function_call_arguments.delta"
+    response_id: str
+    item_id: str
+    call_id: str
+    delta: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FunctionCallArgumentsDone(Event):
+    """The model's function call is complete: the client runs it and sends its output."""
+
+    type: ClassVar[str] = "response.function_call_arguments.done"
+    response_id: str
+    item: ConversationItem
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class OutputAudioDelta(Event):
     """PCM16 mono at `sample_rate`. Droppable: a barge-in or a slow client may discard it."""
 
@@ -203,6 +266,8 @@ class ResponseUsage:
     """Counts and timings of one response, reported in response.done."""
 
     input_audio_ms: int = 0
+    input_text_chars: int = 0
+    """The prompt's words: instructions, history and the turn's text."""
     output_audio_ms: int = 0
     output_text_chars: int = 0
     first_text_ms: float | None = None
@@ -219,8 +284,14 @@ class ResponseDone(Event):
     status: ResponseStatus
     reason: str = ""
     item: ConversationItem | None = None
+    """The answer's message item, if it said anything."""
     usage: ResponseUsage = field(default_factory=ResponseUsage)
     metadata: dict[str, str] | None = None
+    calls: tuple[ConversationItem, ...] = ()
+    """The function calls the model made, in order (after the message, if any)."""
+    in_conversation: bool = True
+    audio_output: bool = True
+    max_output_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

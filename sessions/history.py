@@ -68,6 +68,38 @@ class History:
         await self._spill.write("history", apply, size=len(body), values=[item.id])
         return previous
 
+    async def insert_after(self, item: ConversationItem, previous_id: str) -> None:
+        """Commit `item` right after item `previous_id` ("": at the start), as OpenAI's
+        `previous_item_id` asks. KeyError if there is no such item."""
+        if previous_id and previous_id not in self._items:
+            raise KeyError(previous_id)
+        if previous_id == next(reversed(self._items), None):
+            await self.append(item)
+            return
+        body = item_to_json(item)
+        entries = list(self._items.items())
+        at = 0 if not previous_id else [k for k, _ in entries].index(previous_id) + 1
+        entries.insert(at, (item.id, body))
+        self._items = dict(entries)
+        order, items, ttl = self._order_key, self._items_key, self._ttl_s
+
+        def apply(pipe: Pipeline) -> None:
+            pipe.hset(items, item.id, body)
+            if previous_id:
+                pipe.linsert(order, "AFTER", previous_id, item.id)
+            else:
+                pipe.lpush(order, item.id)
+            pipe.expire(order, ttl)
+            pipe.expire(items, ttl)
+
+        await self._spill.write("history", apply, size=len(body), values=[item.id])
+        if len(self._items) > self.max_items:  # the oldest goes, as append() would drop it
+            await self.delete(next(iter(self._items)))
+            self.dropped += 1
+
+    def __contains__(self, item_id: str) -> bool:
+        return item_id in self._items
+
     async def update(self, item: ConversationItem) -> bool:
         """Replace a committed item; False if it is not in the history."""
         if item.id not in self._items:

@@ -52,6 +52,8 @@ def event_from_dict(body: dict[str, Any]) -> Event:
             value = SessionConfig.model_validate(value)
         elif f.name == "item" and isinstance(value, dict):
             value = ConversationItem(**value)
+        elif f.name == "calls" and isinstance(value, list):
+            value = tuple(ConversationItem(**call) for call in value)
         elif f.name == "usage" and isinstance(value, dict):
             value = ResponseUsage(**value)
         elif f.name == "pcm" and isinstance(value, str):

@@ -6,6 +6,12 @@ the turn is cancelled (barge-in, response.cancel, session close) the pipeline it
 closed (which aborts the request in every stage) and the item is committed truncated to
 the audio the sink reports as played.
 
+An answer's output items appear as the model makes them: the message item with its first
+text or audio, a `function_call` item with the first piece of a call's arguments. A
+response that only calls a tool has no message item. Function calls are committed to the
+history when complete; the client runs them and sends their output as items. An
+out-of-band response (`conversation: "none"`) commits nothing.
+
 A response does not drive the session: it reports what happened (its first audio through
 the context, its outcome as the return value of `run()`), and the session makes the state
 transitions. What it uses of the session is a `ResponseContext`, fixed when it starts.
@@ -17,10 +23,18 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipeline.audio_format import INPUT_SAMPLE_RATE
-from pipeline.types import AudioChunk, End, ErrorChunk, Pipeline, PipelineRequest, TextDelta
+from pipeline.types import (
+    AudioChunk,
+    End,
+    ErrorChunk,
+    Pipeline,
+    PipelineRequest,
+    TextDelta,
+    ToolCallDelta,
+)
 
 from .clock import REAL_CLOCK, Clock
 from .errors import ParleyError, RedisUnavailableError
@@ -30,7 +44,11 @@ from .events import (
     ConversationItemTruncated,
     ErrorEvent,
     Event,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
     InputTranscriptionCompleted,
+    InputTranscriptionDelta,
+    InputTranscriptionFailed,
     OutputAudioDelta,
     OutputAudioTranscriptDelta,
     OutputTextDelta,
@@ -41,6 +59,7 @@ from .events import (
     new_id,
 )
 from .history import History
+from .response_options import ResolvedOptions
 from .sink import OutputSink
 from .spoken_text import SpokenText
 
@@ -64,7 +83,6 @@ class ResponseContext:
     """Sends a server event to the client (and the event log)."""
     first_audio: Callable[[], None]
     """Reports the answer's first audio, before it is sent (the session starts speaking)."""
-    audio_output: bool
     chunk_timeout_s: float
     """Fail when the pipeline sends nothing for this long."""
     clock: Clock = REAL_CLOCK
@@ -78,21 +96,26 @@ class Response:
         context: ResponseContext,
         build_request: RequestBuilder,
         transcript_item_id: str | None,
-        metadata: dict[str, str] | None = None,
+        options: ResolvedOptions,
     ) -> None:
         """`transcript_item_id`: the user item that the pipeline's transcript of the
-        turn's audio is stored on; `metadata`: the client's, echoed in response.created
-        and response.done."""
+        turn's audio is stored on; `options`: the response's settings (its metadata is
+        echoed in response.created and response.done)."""
         self.response_id = response_id
-        self.metadata = metadata
+        self.options = options
+        self.metadata = options.metadata
         self.request: PipelineRequest | None = None
         self._build_request = build_request
         self.item = ConversationItem(
             id=new_id("item"),
             role="assistant",
             status="in_progress",
-            has_audio=context.audio_output,
+            has_audio=options.audio_output,
         )
+        """The answer's message item; announced with its first text or audio."""
+        self._announced = False
+        self.calls: list[ConversationItem] = []
+        """The function calls made so far, in order."""
         self._pipeline = context.pipeline
         self._sink = context.sink
         self._history = context.history
@@ -124,13 +147,16 @@ class Response:
     async def run(self) -> ResponseStatus:
         """Answer, commit the item, and once a completed answer has played out, return its
         status. A cancelled response commits what was heard, then re-raises."""
-        self._emit(ResponseCreated(response_id=self.response_id, metadata=self.metadata))
+        self._emit(
+            ResponseCreated(
+                response_id=self.response_id,
+                metadata=self.metadata,
+                in_conversation=self.options.in_conversation,
+                audio_output=self.options.audio_output,
+                max_output_tokens=self.options.max_output_tokens,
+            )
+        )
         try:
-            try:
-                previous = await self._history.last_id()
-            except Exception:  # Redis down: the item still exists for this connection
-                previous = None
-            self._emit(ConversationItemCreated(item=self.item, previous_item_id=previous))
             status: ResponseStatus
             error: str | None = None
             try:
@@ -173,11 +199,13 @@ class Response:
                     return "failed", "the pipeline ended without an end marker", "model_error"
                 match chunk:
                     case TextDelta(kind="input_transcript"):
-                        if self._input_transcript is not None:
-                            self._input_transcript.append(chunk.text)
+                        self._on_input_transcript(chunk.text)
                     case TextDelta():
                         await self._flush_input_transcript()
-                        self._on_text(chunk.text)
+                        await self._on_text(chunk.text)
+                    case ToolCallDelta():
+                        await self._flush_input_transcript()
+                        await self._on_tool_call(chunk)
                     case AudioChunk():
                         await self._flush_input_transcript()
                         await self._on_audio(chunk)
@@ -186,11 +214,69 @@ class Response:
                         return "completed", "", None
                     case ErrorChunk():
                         where = f" in {chunk.stage}" if chunk.stage else ""
+                        self._input_transcript_failed(chunk.message)
                         return "failed", f"model error{where}: {chunk.message}", "model_error"
 
-    def _on_text(self, text: str) -> None:
+    async def _previous_id(self) -> str | None:
+        """The conversation's last item, which a new output item follows."""
+        if not self.options.in_conversation:
+            return None
+        try:
+            return await self._history.last_id()
+        except Exception:  # Redis down: the item still exists for this connection
+            return None
+
+    async def _announce(self) -> None:
+        """The message item appears with the answer's first text or audio."""
+        if not self._announced:
+            self._announced = True
+            previous = await self._previous_id()
+            self._emit(
+                ConversationItemCreated(
+                    item=replace(self.item),
+                    previous_item_id=previous,
+                    response_id=self.response_id,
+                )
+            )
+
+    async def _on_tool_call(self, chunk: ToolCallDelta) -> None:
+        call = self.calls[-1] if self.calls else None
+        if call is None or call.call_id != chunk.call_id or call.status != "in_progress":
+            call = ConversationItem(
+                id=new_id("item"),
+                role="assistant",
+                type="function_call",
+                status="in_progress",
+                name=chunk.name,
+                call_id=chunk.call_id,
+            )
+            self.calls.append(call)
+            previous = await self._previous_id()
+            self._emit(
+                ConversationItemCreated(
+                    item=replace(call), previous_item_id=previous, response_id=self.response_id
+                )
+            )
+        if chunk.arguments:
+            call.arguments += chunk.arguments
+            self._emit(
+                FunctionCallArgumentsDelta(
+                    response_id=self.response_id,
+                    item_id=call.id,
+                    call_id=call.call_id,
+                    delta=chunk.arguments,
+                )
+            )
+        if chunk.done:
+            call.status = "completed"
+            if self.options.in_conversation:
+                await self._history.append(call)
+            self._emit(FunctionCallArgumentsDone(response_id=self.response_id, item=replace(call)))
+
+    async def _on_text(self, text: str) -> None:
         if not text:
             return
+        await self._announce()
         if self._first_text_ms is None:
             self._first_text_ms = self._elapsed_ms()
         self._spoken.add_text(text)
@@ -200,6 +286,7 @@ class Response:
     async def _on_audio(self, chunk: AudioChunk) -> None:
         if not self.item.has_audio or len(chunk.pcm) == 0:
             return
+        await self._announce()
         if self._first_audio_ms is None:
             self._first_audio_ms = self._elapsed_ms()
             self._first_audio()
@@ -214,6 +301,22 @@ class Response:
         )
         await self._sink.audio(chunk.pcm, chunk.sample_rate)
 
+    def _on_input_transcript(self, text: str) -> None:
+        """The recogniser's words as they come: each piece is a transcription delta."""
+        if self._input_transcript is None:
+            return
+        self._input_transcript.append(text)
+        if self._user_item_id is not None and text:
+            self._emit(InputTranscriptionDelta(item_id=self._user_item_id, delta=text))
+
+    def _input_transcript_failed(self, message: str) -> None:
+        """The answer failed before the user's audio was transcribed: say so."""
+        if self._input_transcript is None or self._input_transcript:
+            return
+        self._input_transcript = None
+        if self._user_item_id is not None and self.request is not None and len(self.request.audio):
+            self._emit(InputTranscriptionFailed(item_id=self._user_item_id, message=message))
+
     async def _flush_input_transcript(self) -> None:
         """Store what the user said (the pipeline's speech recognition) on their item."""
         parts, self._input_transcript = self._input_transcript, None
@@ -227,10 +330,14 @@ class Response:
         self._emit(InputTranscriptionCompleted(item_id=self._user_item_id, transcript=transcript))
 
     def _usage(self) -> ResponseUsage:
+        request = self.request
+        words = 0
+        if request is not None:
+            words = len(request.instructions) + len(request.text or "")
+            words += sum(len(item.text) + len(item.arguments) for item in request.history)
         return ResponseUsage(
-            input_audio_ms=len(self.request.audio) * 1000 // INPUT_SAMPLE_RATE
-            if self.request
-            else 0,
+            input_audio_ms=len(request.audio) * 1000 // INPUT_SAMPLE_RATE if request else 0,
+            input_text_chars=words,
             output_audio_ms=round(self._spoken.audio_ms),
             output_text_chars=len(self._spoken.text),
             first_text_ms=self._first_text_ms,
@@ -243,9 +350,12 @@ class Response:
         self.item.status = "completed" if status == "completed" else "incomplete"
         self.item.text = self._spoken.text.strip()
         self.item.audio_ms = round(self._spoken.audio_ms)
-        if self.item.text or self.item.audio_ms:
+        if self.options.in_conversation and (self.item.text or self.item.audio_ms):
             await self._history.append(self.item)
             self.committed = True
+        for call in self.calls:
+            if call.status == "in_progress":  # cut off mid-arguments: never run
+                call.status = "incomplete"
         if status == "failed" and not self.redis_unavailable:  # an outage is logged once
             log.warning("response %s failed: %s", self.response_id, reason)
         self._emit(
@@ -253,9 +363,13 @@ class Response:
                 response_id=self.response_id,
                 status=status,
                 reason=reason,
-                item=self.item,
+                item=self.item if self._announced else None,
                 usage=self._usage(),
                 metadata=self.metadata,
+                calls=tuple(self.calls),
+                in_conversation=self.options.in_conversation,
+                audio_output=self.options.audio_output,
+                max_output_tokens=self.options.max_output_tokens,
             )
         )
 
@@ -274,7 +388,7 @@ class Response:
         self.item.status = "incomplete"
         if self.committed:
             await self._history.update(self.item)
-        elif self.item.text or audio_end_ms:
+        elif self.options.in_conversation and (self.item.text or audio_end_ms):
             await self._history.append(self.item)
             self.committed = True
         self._emit(ConversationItemTruncated(item_id=self.item.id, audio_end_ms=audio_end_ms))

@@ -26,12 +26,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import redis.asyncio as aioredis
 
 from pipeline.audio_format import FRAME_MS, INPUT_SAMPLE_RATE
 from pipeline.tasks import cancel_and_wait
-from pipeline.types import HistoryItem, Pipeline, PipelineRequest
+from pipeline.types import Pipeline, PipelineRequest
 
 from .clock import REAL_CLOCK, Clock
 from .config import SessionConfig
@@ -42,8 +41,10 @@ from .events import (
     ConversationItem,
     ConversationItemCreated,
     ConversationItemDeleted,
+    ConversationItemRetrieved,
     ErrorEvent,
     Event,
+    InputAudioTimeoutTriggered,
     SessionClosed,
     SessionCreated,
     SessionExpiring,
@@ -53,11 +54,14 @@ from .events import (
     SpeechStopped,
     new_id,
 )
+from .idle_timer import IdleTimer
 from .keys import DEFAULT_KEY_TTL_S
 from .metrics import SessionMetrics
 from .redis_link import RedisLink
+from .request_builder import RequestBuilder
 from .resample import InputResampler
 from .response import Response, ResponseContext
+from .response_options import ResolvedOptions, ResponseOptions
 from .sink import DetachedSink, OutputSink
 from .spill import DEFAULT_MAX_BYTES
 from .state import SessionState, StateMachine
@@ -129,6 +133,8 @@ class Session:
         self._detector = TurnDetector(config.turn_detection) if config.turn_detection else None
         self._resampler: InputResampler | None = None
         self._turns = Turns()
+        self._requests = RequestBuilder(session_id, store, self._turns, self.metrics)
+        self._idle = IdleTimer(clock, session_id)
         self._response: Response | None = None
         self._response_task: asyncio.Task[None] | None = None
         self._media_lock = asyncio.Lock()
@@ -197,6 +203,7 @@ class Session:
         await self._closed.wait()
 
     async def _shutdown(self) -> None:
+        await self._idle.close()
         async with self._media_lock:  # no media write races the key deletion
             await self._cancel_response("session closed")
             self._sink.clear()
@@ -373,6 +380,7 @@ class Session:
         state = self.machine.state
         match signal:
             case SpeechStart(start_ms=start):
+                self._idle.disarm()
                 item_id = self._turns.speech_started()
                 self._emit(SpeechStarted(audio_start_ms=start, item_id=item_id))
                 if state is SessionState.LISTENING:
@@ -419,7 +427,10 @@ class Session:
         async with self._media_lock:
             if self._turns.uncommitted_ms < MIN_COMMIT_MS:
                 raise InvalidRequestError(
-                    f"the input audio buffer holds less than {MIN_COMMIT_MS} ms: nothing to commit"
+                    "Error committing input audio buffer: the buffer holds "
+                    f"{self._turns.uncommitted_ms} ms of audio; at least {MIN_COMMIT_MS} ms "
+                    "is needed",
+                    "input_audio_buffer_commit_empty",
                 )
             if self._detector is not None:
                 self._detector.reset()
@@ -443,16 +454,75 @@ class Session:
 
     async def add_text(self, text: str, role: str = "user") -> ConversationItem:
         """A typed message; the next response answers it."""
-        self._check_open()
         if not text.strip():
             raise InvalidRequestError("empty message")
         if role not in ("user", "system"):
             raise InvalidRequestError(f"role must be user or system, not {role!r}")
         item = ConversationItem(role="user" if role == "user" else "system", text=text)
-        previous = await self.history.append(item)
-        if role == "user":
+        return await self.add_item(item)
+
+    async def add_item(
+        self, item: ConversationItem, previous_item_id: str | None = None
+    ) -> ConversationItem:
+        """conversation.item.create: `item` joins the conversation at the end, or right
+        after `previous_item_id` ("" for the start). A user message added at the end is
+        what the next answer answers."""
+        self._check_open()
+        if item.id in self.history:
+            raise InvalidRequestError(
+                f"the conversation already has an item with id {item.id!r}", "invalid_value"
+            )
+        last = await self.history.last_id()
+        if previous_item_id is None or previous_item_id == last:
+            previous = await self.history.append(item)
+        else:
+            try:
+                await self.history.insert_after(item, previous_item_id)
+            except KeyError:
+                raise InvalidRequestError(
+                    f"previous_item_id {previous_item_id!r} is not in the conversation",
+                    "invalid_value",
+                ) from None
+            previous = previous_item_id or None
+        if previous == last and item.role == "user" and item.type == "message":
             self._turns.typed(item.id)
         self._emit(ConversationItemCreated(item=item, previous_item_id=previous))
+        return item
+
+    async def add_audio_item(
+        self, item: ConversationItem, pcm: bytes, sample_rate: int = INPUT_SAMPLE_RATE
+    ) -> ConversationItem:
+        """A user message of recorded speech (an `input_audio` part): the audio joins the
+        input timeline after what was received, as one committed turn that the next answer
+        hears. Uncommitted audio before it is left out of every turn, as a commit would."""
+        self._check_open()
+        if item.id in self.history:
+            raise InvalidRequestError(
+                f"the conversation already has an item with id {item.id!r}", "invalid_value"
+            )
+        resampler = InputResampler(sample_rate, 1)  # raises MediaError if unsupported
+        frames = resampler.push(pcm) + resampler.flush()
+        if not frames:
+            raise InvalidRequestError("the input_audio part holds no audio", "invalid_value")
+        async with self._media_lock:
+            self._check_open()
+            begin = self._turns.received(FRAME_MS * len(frames))
+            await self.audio.append(frames, begin)
+            item.has_audio, item.audio_ms = True, FRAME_MS * len(frames)
+            previous = await self.history.append(item)
+            self._turns.committed(item.id, begin, self._turns.offset_ms)
+        self._emit(ConversationItemCreated(item=item, previous_item_id=previous))
+        return item
+
+    async def retrieve_item(self, item_id: str) -> ConversationItem:
+        """conversation.item.retrieve: the item as it is now (a transcript, a truncation)."""
+        self._check_open()
+        item = await self.history.get(item_id)
+        if item is None:
+            raise InvalidRequestError(
+                f"no item {item_id!r} in the conversation", "item_retrieve_invalid_item_id"
+            )
+        self._emit(ConversationItemRetrieved(item=item))
         return item
 
     # --- responses -----------------------------------------------------------------------
@@ -461,41 +531,47 @@ class Session:
     def responding(self) -> bool:
         return self._response_task is not None and not self._response_task.done()
 
-    async def create_response(self, metadata: dict[str, str] | None = None) -> str:
-        """response.create: answer the conversation so far; `metadata` is echoed in the
-        response's events."""
+    async def create_response(self, options: ResponseOptions | None = None) -> str:
+        """response.create: answer the conversation so far, shaped by `options`."""
         self._check_open()
-        if self.responding:
-            raise InvalidRequestError("a response is already in progress; cancel it first")
-        return await self._start_response(metadata)
+        if self.responding and self._response is not None:
+            raise InvalidRequestError(
+                "Conversation already has an active response in progress: "
+                f"{self._response.response_id}. Wait until the response is finished before "
+                "creating a new one.",
+                "conversation_already_has_active_response",
+            )
+        return await self._start_response(options)
 
     async def cancel_response(self) -> bool:
         """response.cancel: False when nothing was in progress."""
         self._check_open()
         return await self._cancel_response("client_cancelled")
 
-    async def _start_response(self, metadata: dict[str, str] | None = None) -> str:
+    async def _start_response(self, options: ResponseOptions | None = None) -> str:
+        resolved = (options or ResponseOptions()).resolve(self.config)
         async with self._writer_lock:  # one writer: never start while one is torn down
             await self._cancel_response("superseded")
             if self._tg is None:
                 raise SessionClosedError("the session is not running")
-            turn = self._turns.take()
+            self._idle.disarm()
+            # An out-of-band answer leaves the pending turn for the next real one.
+            turn = self._turns.take() if resolved.in_conversation else TurnInput(None)
             context = ResponseContext(
                 pipeline=self._pipeline,
                 history=self.history,
                 sink=self._sink,
                 emit=self._emit,
                 first_audio=self._response_speaking,
-                audio_output=self.config.audio_output,
                 chunk_timeout_s=self.limits.chunk_timeout_s,
                 clock=self.clock,
             )
             response = Response(
                 new_id("resp"),
                 context,
-                lambda request_id: self._build_request(request_id, turn),
+                lambda request_id: self._build_request(request_id, turn, resolved),
                 turn.transcript_item_id,
-                metadata,
+                resolved,
             )
             if self.machine.state is not SessionState.THINKING:
                 self.machine.to(SessionState.THINKING, "response started")
@@ -513,6 +589,7 @@ class Session:
         try:
             status = await response.run()
             self.machine.to(SessionState.LISTENING, f"response {status}")
+            self._arm_idle_timeout()
         except asyncio.CancelledError:
             raise
         except RedisUnavailableError:  # not a bug: the client hears of the outage once
@@ -548,46 +625,48 @@ class Session:
             self.machine.to(next_state, reason)
         return True
 
-    async def _build_request(self, request_id: str, turn: TurnInput) -> PipelineRequest:
-        """The turn's audio and text, the history before it, and the sampled frames."""
-        pcm = np.zeros(0, dtype=np.int16)
-        items = await self.history.items()
-        audio = self._turns.claim_audio(turn)
-        if audio is not None:
-            try:
-                pcm = await self.audio.read(audio.begin_ms, audio.end_ms)
-            except Exception:
-                self.metrics.redis_errors.inc()
-                raise
-        text_id = turn.text_item_id(audio)
-        text = next((item.text for item in items if item.id == text_id), None) if text_id else None
-        this_turn = turn.item_ids
-        history = tuple(
-            HistoryItem(role=item.role, text=item.text, item_id=item.id)
-            for item in items
-            if item.id not in this_turn and item.text
-        )
-        earlier = tuple(item.id for item in items if item.id not in this_turn)
-        present = {item.id for item in items}
-        frames = tuple(await self.frames.sample())
-        return PipelineRequest(
-            request_id=request_id,
-            session_id=self.session_id,
-            item_ids=earlier + tuple(item_id for item_id in this_turn if item_id in present),
-            audio=pcm,
-            text=text,
-            frames=frames,
-            history=history,
-            instructions=self.config.instructions,
-            output_sample_rate=self.config.output_sample_rate,
-            output_text_only=not self.config.audio_output,
-        )
+    async def _build_request(
+        self, request_id: str, turn: TurnInput, options: ResolvedOptions
+    ) -> PipelineRequest:
+        return await self._requests.build(request_id, turn, options, self.config.output_sample_rate)
+
+    # --- idle timeout ----------------------------------------------------------------------
+
+    def _arm_idle_timeout(self) -> None:
+        """An answer has played out: with `idle_timeout_ms`, silence from now on is timed."""
+        td = self.config.turn_detection
+        if td is None or td.idle_timeout_ms is None or self._close_requested.is_set():
+            return
+        start_ms = self._turns.offset_ms
+        self._idle.arm(td.idle_timeout_ms / 1000, lambda: self._idle_timed_out(start_ms))
+
+    async def _idle_timed_out(self, start_ms: int) -> None:
+        """Nobody spoke: the silence since `start_ms` is the user's turn, and is answered."""
+        async with self._media_lock:
+            if self.closed or self._close_requested.is_set():
+                return
+            if self.machine.state is not SessionState.LISTENING or self.responding:
+                return
+            item_id = new_id("item")
+            end_ms = self._turns.offset_ms
+            begin_ms = max(start_ms, self._turns.uncommitted_from_ms)
+            self._emit(
+                InputAudioTimeoutTriggered(
+                    item_id=item_id, audio_start_ms=begin_ms, audio_end_ms=end_ms
+                )
+            )
+            if self._detector is not None:
+                self._detector.reset()
+            await self._commit(item_id, begin_ms, end_ms)
+        await self._start_response()
 
     async def delete_item(self, item_id: str) -> None:
         """conversation.item.delete: the item leaves the history (and the model's context)."""
         self._check_open()
         if not await self.history.delete(item_id):
-            raise InvalidRequestError(f"no item {item_id} in the conversation")
+            raise InvalidRequestError(
+                f"no item {item_id!r} in the conversation", "item_delete_invalid_item_id"
+            )
         self._turns.forget(item_id)
         self._emit(ConversationItemDeleted(item_id=item_id))
 
@@ -595,7 +674,10 @@ class Session:
         """conversation.item.truncate for the answer in progress or just played."""
         response = self._response
         if response is None or response.item.id != item_id:
-            raise InvalidRequestError(f"item {item_id} is not the current assistant answer")
+            raise InvalidRequestError(
+                f"item {item_id!r} is not the assistant answer in progress or just played",
+                "item_truncate_invalid_item_id",
+            )
         await response.truncate(audio_end_ms)
 
     def describe(self) -> dict[str, Any]:

@@ -20,12 +20,15 @@ their beta names (`response.audio.delta`, ...) and items are `conversation.item.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from sessions.events import (
     ConversationItem,
     ConversationItemCreated,
     Event,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
     InputTranscriptionCompleted,
     OutputAudioTranscriptDelta,
     OutputTextDelta,
@@ -73,12 +76,23 @@ def source_id(event_id: str) -> str:
     return event_id.split("~", 1)[0].split(".", 1)[0]
 
 
+@dataclass(slots=True)
+class _Output:
+    """One output item of the response in progress, at its place in `response.output`."""
+
+    index: int
+    item: ConversationItem
+    text: list[str] = field(default_factory=list)
+    done: bool = False
+
+
 class GAExpander:
     def __init__(self, *, beta: bool = False) -> None:
         self.beta = beta
         self._response_id: str | None = None
-        self._item: ConversationItem | None = None
-        self._text: list[str] = []
+        self._in_conversation = True
+        self._outputs: dict[str, _Output] = {}
+        """Item id -> the response's output items so far, in output order."""
         self._user_audio_ms: dict[str, int] = {}
         """Item id -> audio length, for user audio items awaiting their transcript."""
 
@@ -90,7 +104,8 @@ class GAExpander:
         """`wire` (the event's own GA JSON) with the events that go around it, in order."""
         match event:
             case ResponseCreated():
-                self._response_id, self._item, self._text = event.response_id, None, []
+                self._response_id, self._outputs = event.response_id, {}
+                self._in_conversation = event.in_conversation
                 rate_limits = {"type": "rate_limits.updated", "rate_limits": RATE_LIMITS}
                 return self._ids(event, [wire, rate_limits], wire)
             case ConversationItemCreated():
@@ -104,82 +119,117 @@ class GAExpander:
                 wire = {**wire, "usage": transcription_usage(audio_ms)}
                 return self._ids(event, [wire], wire)
             case OutputAudioTranscriptDelta() | OutputTextDelta():
-                if self._item is not None and event.item_id == self._item.id:
-                    self._text.append(event.delta)
+                output = self._outputs.get(event.item_id)
+                if output is not None:
+                    output.text.append(event.delta)
+                    wire = {**wire, "output_index": output.index}
                 return self._ids(event, [wire], wire)
+            case FunctionCallArgumentsDelta():
+                return self._ids(event, [self._indexed(wire, event.item_id)], None)
+            case FunctionCallArgumentsDone():
+                return self._call_done(event, wire)
             case ResponseDone():
                 return self._response_done(event, wire)
             case _:
                 return self._ids(event, [wire], wire)
 
+    def _indexed(self, wire: Message, item_id: str) -> Message:
+        output = self._outputs.get(item_id)
+        return {**wire, "output_index": output.index} if output is not None else wire
+
     def _item_created(self, event: ConversationItemCreated, wire: Message) -> list[Message]:
         item = event.item
         wire = {**wire, "type": "conversation.item.added"}
-        if item.role != "assistant" or self._response_id is None or self._item is not None:
+        if (
+            event.response_id is None
+            or event.response_id != self._response_id
+            or item.id in self._outputs
+        ):
             done = {"type": "conversation.item.done", **_without_type(wire)}
             return self._ids(event, [wire] if self.beta else [wire, done], wire)
-        self._item = item
-        announced = item_object(item) | {"content": [], "status": "in_progress"}
+        output = self._outputs[item.id] = _Output(len(self._outputs), item)
+        announced = item_object(item) | {"status": "in_progress"}
+        if item.type == "message":
+            announced["content"] = []
         wire["item"] = announced
         added = {
             "type": "response.output_item.added",
             "response_id": self._response_id,
-            "output_index": 0,
+            "output_index": output.index,
             "item": announced,
         }
-        part = {
-            "type": "response.content_part.added",
-            **self._where(),
-            "part": _part(item, ""),
-        }
-        return self._ids(event, [added, wire, part], wire)
+        group = [added, wire] if self._in_conversation else [added]
+        if item.type == "message":
+            part = {
+                "type": "response.content_part.added",
+                **self._where(output),
+                "part": _part(item, ""),
+            }
+            group.append(part)
+        return self._ids(event, group, wire if self._in_conversation else added)
 
-    def _response_done(self, event: ResponseDone, wire: Message) -> list[Message]:
-        item = self._item
-        self._response_id, self._item = None, None
-        if item is None or event.item is None or event.item.id != item.id:
-            return self._ids(event, [wire], wire)
-        text, final = "".join(self._text), event.item
-        where = self._where(event.response_id, item.id)
-        group: list[Message] = []
-        if item.has_audio:
-            group.append({"type": "response.output_audio.done", **where})
-            group.append(
-                {"type": "response.output_audio_transcript.done", **where, "transcript": text}
-            )
-        else:
-            group.append({"type": "response.output_text.done", **where, "text": text})
-        group.append({"type": "response.content_part.done", **where, "part": _part(item, text)})
-        item_json = item_object(final)
-        group.append(
+    def _item_done(self, output: _Output, item: ConversationItem) -> list[Message]:
+        """`response.output_item.done`, and `conversation.item.done` for an item that
+        joined the conversation."""
+        output.done = True
+        item_json = item_object(item)
+        group: list[Message] = [
             {
                 "type": "response.output_item.done",
-                "response_id": event.response_id,
-                "output_index": 0,
+                "response_id": self._response_id,
+                "output_index": output.index,
                 "item": item_json,
             }
-        )
-        if not self.beta:
+        ]
+        if self._in_conversation and not self.beta:
             group.append({"type": "conversation.item.done", "item": item_json})
+        return group
+
+    def _call_done(self, event: FunctionCallArgumentsDone, wire: Message) -> list[Message]:
+        output = self._outputs.get(event.item.id)
+        if output is None:
+            return self._ids(event, [wire], wire)
+        wire = self._indexed(wire, event.item.id)
+        return self._ids(event, [wire, *self._item_done(output, event.item)], wire)
+
+    def _response_done(self, event: ResponseDone, wire: Message) -> list[Message]:
+        group: list[Message] = []
+        message = self._outputs.get(event.item.id) if event.item is not None else None
+        if message is not None and event.item is not None and not message.done:
+            item, text = message.item, "".join(message.text)
+            where = self._where(message)
+            if item.has_audio:
+                group.append({"type": "response.output_audio.done", **where})
+                group.append(
+                    {"type": "response.output_audio_transcript.done", **where, "transcript": text}
+                )
+            else:
+                group.append({"type": "response.output_text.done", **where, "text": text})
+            group.append({"type": "response.content_part.done", **where, "part": _part(item, text)})
+            group += self._item_done(message, event.item)
+        for call in event.calls:  # calls cut off mid-arguments end here, incomplete
+            output = self._outputs.get(call.id)
+            if output is not None and not output.done:
+                group += self._item_done(output, call)
+        self._response_id, self._outputs = None, {}
         group.append(wire)
         return self._ids(event, group, wire)
 
-    def _where(self, response_id: str | None = None, item_id: str | None = None) -> Message:
-        assert self._item is not None or item_id is not None
+    def _where(self, output: _Output) -> Message:
         return {
-            "response_id": response_id or self._response_id,
-            "item_id": item_id or (self._item.id if self._item else None),
-            "output_index": 0,
+            "response_id": self._response_id,
+            "item_id": output.item.id,
+            "output_index": output.index,
             "content_index": 0,
         }
 
-    def _ids(self, event: Event, group: list[Message], own: Message) -> list[Message]:
-        """The source keeps its id; the others get `<id>.<n>`. Types take this
-        connection's spelling."""
+    def _ids(self, event: Event, group: list[Message], own: Message | None) -> list[Message]:
+        """The source keeps its id (`own`: the message that is the event itself); the
+        others get `<id>.<n>`. Types take this connection's spelling."""
         out: list[Message] = []
         n = 0
         for message in group:
-            if message is own:
+            if message is own or (own is None and message is group[0]):
                 event_id = event.event_id
             else:
                 n += 1

@@ -2,6 +2,9 @@
 
 It streams a fixed answer as text deltas, then as audio (a tone, so it is audibly not
 silence) at a set pace, and holds per-request state that abort or cancellation removes.
+With tools it acts as a model that always uses them: it calls the forced tool, or the first
+one, with each required argument set to "fake" (in two argument deltas); after a function
+call's output it answers "The tool said: <output>". `max_output_tokens` caps its words.
 Its pace is in the time of the given `Clock` (a test's `ScaledClock` runs it faster).
 The same contract tests run against it and the real engines (tests/pipeline).
 """
@@ -9,6 +12,8 @@ The same contract tests run against it and the real engines (tests/pipeline).
 from __future__ import annotations
 
 import asyncio
+import json
+import secrets
 from collections.abc import AsyncGenerator
 
 import numpy as np
@@ -22,6 +27,7 @@ from pipeline.types import (
     ErrorChunk,
     PipelineRequest,
     TextDelta,
+    ToolCallDelta,
 )
 from sessions.clock import REAL_CLOCK, Clock
 
@@ -83,7 +89,17 @@ class FakeEngine(EntryEngine):
             if self.fail_with:
                 yield ErrorChunk(message=self.fail_with, stage=self.name)
                 return
-            for word in self.text.split(" "):
+            call = self._tool_call(request)
+            if call is not None:
+                for piece in call:
+                    yield piece
+                    await self.clock.sleep(self.text_interval_s)
+                yield End()
+                return
+            answered = [i for i in request.history if i.kind == "function_call_output"]
+            text = f"The tool said: {answered[-1].text}" if answered else self.text
+            words = text.split(" ")[: request.max_output_tokens or None]
+            for word in words:
                 if self._held.aborted(request_id):
                     return
                 yield TextDelta(text=word + " ")
@@ -103,3 +119,22 @@ class FakeEngine(EntryEngine):
             raise
         finally:
             self._held.end(request_id)
+
+    @staticmethod
+    def _tool_call(request: PipelineRequest) -> list[ToolCallDelta] | None:
+        """The call this fake makes, or None to answer in words."""
+        if not request.tools or request.tool_choice == "none":
+            return None
+        last = request.history[-1] if request.history else None
+        if last is not None and last.kind == "function_call_output" and request.text is None:
+            return None  # the output is in: answer with it
+        by_name = {tool.name: tool for tool in request.tools}
+        tool = by_name.get(request.tool_choice, request.tools[0])
+        required = tool.parameters.get("required", [])
+        arguments = json.dumps({name: "fake" for name in required})
+        call_id = f"call_{secrets.token_hex(6)}"
+        half = len(arguments) // 2
+        return [
+            ToolCallDelta(call_id, tool.name, arguments[:half]),
+            ToolCallDelta(call_id, tool.name, arguments[half:], done=True),
+        ]

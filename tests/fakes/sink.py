@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import TypeVar
 
 from pipeline.audio_format import FRAME_MS, OUTPUT_SAMPLE_RATE
 from pipeline.tasks import cancel_and_wait
 from sessions.clock import REAL_CLOCK, Clock
 from sessions.events import Event
 from sessions.playout import PlayoutBuffer, PlayoutSink
+
+E = TypeVar("E", bound=Event)
 
 
 class ClockedSink(PlayoutSink):
@@ -68,7 +71,7 @@ class ClockedSink(PlayoutSink):
     def types(self) -> list[str]:
         return [e.type for e in self.events]
 
-    def of(self, cls: type[Event]) -> list[Event]:
+    def of(self, cls: type[E]) -> list[E]:
         return [e for e in self.events if isinstance(e, cls)]
 
     async def wait_for(self, predicate: Callable[[Event], bool], timeout: float = 10.0) -> Event:

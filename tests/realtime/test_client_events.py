@@ -25,6 +25,7 @@ from realtime.client_events import (
     partial_session_patch,
     session_patch,
 )
+from realtime.client_items import client_item
 from sessions.config import SessionConfig
 
 JPEG_URL = "data:image/jpeg;base64," + base64.b64encode(b"\xff\xd8\xff\xe0jpeg").decode()
@@ -102,9 +103,9 @@ def test_image_content_decodes_its_data_url() -> None:
         )
     )
     assert isinstance(event, ConversationItemCreate)
-    image, text = event.item.content
-    assert image.image_bytes() == b"\xff\xd8\xff\xe0jpeg"
-    assert text.text == "what is this?"
+    made = client_item(event.item, None)
+    assert made.images == (b"\xff\xd8\xff\xe0jpeg",)
+    assert made.item is not None and made.item.text == "what is this?"
 
 
 @pytest.mark.parametrize(
@@ -124,7 +125,7 @@ def test_bad_image_urls_are_refused(url: str, words: str) -> None:
     )
     assert isinstance(event, ConversationItemCreate)
     with pytest.raises(ProtocolError, match=words) as err:
-        event.item.content[0].image_bytes()
+        client_item(event.item, None)
     assert err.value.code == "invalid_value"
 
 
@@ -156,12 +157,6 @@ def test_bad_image_urls_are_refused(url: str, words: str) -> None:
             "e5",
         ),
         (
-            raw(event_id="e6", type="session.update", session={"instructions": 3}),
-            "invalid_type",
-            "'session.instructions' must be a string, got 3",
-            "e6",
-        ),
-        (
             raw(event_id="e7", type="input_audio_buffer.append"),
             "missing_required_parameter",
             "missing 'audio'",
@@ -177,10 +172,10 @@ def test_bad_image_urls_are_refused(url: str, words: str) -> None:
             raw(
                 event_id="e9",
                 type="conversation.item.create",
-                item={"role": "user", "content": [{"type": "input_audio", "audio": "AA=="}]},
+                item={"role": "user", "content": [{"type": "input_video", "data": "AA=="}]},
             ),
             "invalid_value",
-            "'item.content[0].type': input should be 'input_text' or 'input_image'",
+            "'item.content[0].type': input should be 'input_text', 'input_image'",
             "e9",
         ),
         (
@@ -261,6 +256,7 @@ BETA = {
         "interrupt_response": True,
     },
     "temperature": 0.8,
+    "tools": [],
 }
 
 
@@ -288,6 +284,7 @@ def test_ga_and_beta_session_updates_give_the_same_patch() -> None:
             "interrupt_response": True,
         },
         "output_sample_rate": 24_000,
+        "tools": [],
     }
     config = SessionConfig().updated(ga_patch)  # the patch is one the session takes
     assert config.turn_detection is not None and config.turn_detection.threshold == 0.7
@@ -398,3 +395,49 @@ def test_parley_extras_pass_into_the_patch() -> None:
     config = SessionConfig().updated(patch)
     assert config.video.max_frames == 10
     assert config.turn_detection is not None and config.turn_detection.min_speech_ms == 300
+
+
+def test_a_value_of_the_wrong_json_type_is_left_out_and_the_rest_applies() -> None:
+    event = update(
+        {
+            "instructions": 3,
+            "voice": "marin",
+            "audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": "hi"}}},
+        },
+        event_id="e6",
+    )
+    patch, _, errors = partial_session_patch(event)
+    assert patch == {"voice": "marin", "turn_detection": {"type": "server_vad"}}
+    assert [(e.code, e.field, e.event_id) for e in errors] == [
+        ("invalid_type", "session.instructions", "e6"),
+        ("invalid_type", "session.audio.input.turn_detection.threshold", "e6"),
+    ]
+    assert "must be a string, got 3" in str(errors[0])
+
+
+def test_tools_tool_choice_and_token_caps_become_settings() -> None:
+    weather = {
+        "type": "function",
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+    patch, _, errors = partial_session_patch(
+        update(
+            {
+                "tools": [weather, {"type": "mcp", "server_label": "x"}],
+                "tool_choice": {"type": "function", "name": "get_weather"},
+                "max_output_tokens": "inf",
+                "audio": {"output": {"speed": 1.25}},
+            }
+        )
+    )
+    assert patch == {
+        "tools": [weather],
+        "tool_choice": "get_weather",
+        "max_output_tokens": None,
+        "speed": 1.25,
+    }
+    assert [(e.code, e.field) for e in errors] == [("unsupported", "session.tools[1].type")]
+    config = SessionConfig().updated(patch)
+    assert config.tools[0].name == "get_weather" and config.tool_choice == "get_weather"

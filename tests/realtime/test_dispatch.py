@@ -272,8 +272,8 @@ async def test_malformed_and_unknown_events_are_errors_and_the_session_stays_up(
         (None, "invalid_json"),
         ("evt_unknown", "unknown_event_type"),
         ("evt_t", "invalid_type"),
-        ("evt_del", "unsupported"),
-        ("evt_tr", "invalid_request"),
+        ("evt_del", "item_delete_invalid_item_id"),
+        ("evt_tr", "item_truncate_invalid_item_id"),
     ]
     assert not session.closed
     await d.handle_raw(msg(type="session.update", session={"instructions": "still here"}))

@@ -38,7 +38,7 @@ def a_turn() -> list[Event]:
         ev.AudioBufferCommitted(item_id="item_u", previous_item_id=None),
         ev.ConversationItemCreated(item=user, previous_item_id=None),
         ev.ResponseCreated(response_id="resp_1"),
-        ev.ConversationItemCreated(item=answer, previous_item_id="item_u"),
+        ev.ConversationItemCreated(item=answer, previous_item_id="item_u", response_id="resp_1"),
         ev.OutputAudioTranscriptDelta(response_id="resp_1", item_id="item_a", delta="Hi "),
         ev.OutputAudioTranscriptDelta(response_id="resp_1", item_id="item_a", delta="there."),
         ev.ResponseDone(response_id="resp_1", status="completed", item=done),
@@ -85,6 +85,89 @@ def test_a_response_gets_the_complete_ga_sequence() -> None:
     assert by_type["response.output_item.done"]["item"]["status"] == "completed"
     ids = [m["event_id"] for m in messages]
     assert len(set(ids)) == len(ids)
+
+
+def a_function_call() -> list[Event]:
+    """A response that says a few words, then calls a tool."""
+    said = ConversationItem(id="item_t", role="assistant", status="in_progress")
+    call = ConversationItem(
+        id="item_c",
+        role="assistant",
+        type="function_call",
+        status="in_progress",
+        name="get_weather",
+        call_id="call_1",
+    )
+    done = ConversationItem(
+        id="item_c",
+        role="assistant",
+        type="function_call",
+        name="get_weather",
+        call_id="call_1",
+        arguments='{"city": "Paris"}',
+    )
+    return [
+        ev.ResponseCreated(response_id="resp_2", audio_output=False),
+        ev.ConversationItemCreated(item=said, previous_item_id=None, response_id="resp_2"),
+        ev.OutputTextDelta(response_id="resp_2", item_id="item_t", delta="Let me check."),
+        ev.ConversationItemCreated(item=call, previous_item_id="item_t", response_id="resp_2"),
+        ev.FunctionCallArgumentsDelta(
+            response_id="resp_2", item_id="item_c", call_id="call_1", delta='{"city": '
+        ),
+        ev.FunctionCallArgumentsDelta(
+            response_id="resp_2", item_id="item_c", call_id="call_1", delta='"Paris"}'
+        ),
+        ev.FunctionCallArgumentsDone(response_id="resp_2", item=done),
+        ev.ResponseDone(
+            response_id="resp_2",
+            status="completed",
+            item=ConversationItem(id="item_t", role="assistant", text="Let me check."),
+            calls=(done,),
+            audio_output=False,
+        ),
+    ]
+
+
+def test_a_function_call_is_an_output_item_of_its_own() -> None:
+    messages = expand(GAExpander(), a_function_call())
+    assert [m["type"] for m in messages] == [
+        "response.created",
+        "rate_limits.updated",
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "conversation.item.done",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "conversation.item.done",
+        "response.done",
+    ]
+    call_events = [m for m in messages if m["type"].startswith("response.function_call")]
+    assert {m["output_index"] for m in call_events} == {1}
+    assert call_events[-1]["arguments"] == '{"city": "Paris"}'
+    assert call_events[-1]["name"] == "get_weather" and call_events[-1]["call_id"] == "call_1"
+    output = messages[-1]["response"]["output"]
+    assert [item["type"] for item in output] == ["message", "function_call"]
+    assert output[1]["arguments"] == '{"city": "Paris"}'
+    ids = [m["event_id"] for m in messages]
+    assert len(set(ids)) == len(ids)
+
+
+def test_an_out_of_band_response_joins_no_conversation() -> None:
+    events = a_function_call()
+    events[0] = ev.ResponseCreated(response_id="resp_2", audio_output=False, in_conversation=False)
+    messages = expand(GAExpander(), events)
+    types = [m["type"] for m in messages]
+    assert "conversation.item.added" not in types and "conversation.item.done" not in types
+    assert messages[0]["response"]["conversation_id"] is None
 
 
 def test_ids_are_deterministic_so_a_replay_repeats_them() -> None:

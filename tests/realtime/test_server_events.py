@@ -32,6 +32,15 @@ ASSISTANT = ConversationItem(
     id="item_a", role="assistant", text="Hi there", has_audio=True, audio_ms=700
 )
 
+CALL = ConversationItem(
+    id="item_c",
+    role="assistant",
+    type="function_call",
+    name="get_weather",
+    call_id="call_1",
+    arguments='{"city": "Paris"}',
+)
+
 
 def samples() -> list[Event]:
     """One instance of every event the session emits."""
@@ -48,14 +57,22 @@ def samples() -> list[Event]:
         ev.ConversationItemCreated(item=USER_AUDIO, previous_item_id="item_0"),
         ev.ConversationItemTruncated(item_id="item_a", audio_end_ms=350),
         ev.ConversationItemDeleted(item_id="item_0"),
+        ev.ConversationItemRetrieved(item=USER_AUDIO),
+        ev.InputAudioTimeoutTriggered(item_id="item_u", audio_start_ms=500, audio_end_ms=6500),
+        ev.InputTranscriptionDelta(item_id="item_u", delta="hel"),
+        ev.InputTranscriptionFailed(item_id="item_u", message="the recogniser failed"),
         ev.InputTranscriptionCompleted(item_id="item_u", transcript="hello"),
         ev.ResponseCreated(response_id="resp_1"),
+        ev.FunctionCallArgumentsDelta(
+            response_id="resp_1", item_id="item_c", call_id="call_1", delta="{"
+        ),
+        ev.FunctionCallArgumentsDone(response_id="resp_1", item=CALL),
         ev.OutputTextDelta(response_id="resp_1", item_id="item_a", delta="Hi"),
         ev.OutputAudioTranscriptDelta(response_id="resp_1", item_id="item_a", delta="Hi"),
         ev.OutputAudioDelta(
             response_id="resp_1", item_id="item_a", pcm=b"\x01\x00\x02\x00", sample_rate=24_000
         ),
-        ev.ResponseDone(response_id="resp_1", status="completed", item=ASSISTANT),
+        ev.ResponseDone(response_id="resp_1", status="completed", item=ASSISTANT, calls=(CALL,)),
         ev.ErrorEvent(code="invalid_config", message="bad", client_event_id="c1", param="voice"),
     ]
 
@@ -101,7 +118,13 @@ def test_session_created_is_a_ga_session_object_with_parley_extras() -> None:
         "create_response": True,
         "interrupt_response": True,
     }
-    assert audio_out == {"format": {"type": "audio/pcm", "rate": 24_000}, "voice": "default"}
+    assert audio_out == {
+        "format": {"type": "audio/pcm", "rate": 24_000},
+        "voice": "default",
+        "speed": 1.0,
+    }
+    assert session["tools"] == [] and session["tool_choice"] == "auto"
+    assert session["max_output_tokens"] == "inf"
     parley = session["parley"]
     assert parley["resume_token"] == "tok"
     assert parley["min_speech_ms"] == 200
@@ -250,10 +273,16 @@ def test_response_done_completed_has_the_item_and_parleys_usage() -> None:
     assert response["status_details"] is None
     assert response["output"][0]["id"] == "item_a"
     assert response["output"][0]["content"] == [{"type": "output_audio", "transcript": "Hi there"}]
-    assert response["usage"]["input_audio_ms"] == 900
-    assert response["usage"]["output_audio_ms"] == 700
-    assert response["usage"]["first_audio_ms"] == 80.0
-    assert response["usage"]["first_text_ms"] is None
+    measured = response["usage"]["parley"]
+    assert measured["input_audio_ms"] == 900
+    assert measured["output_audio_ms"] == 700
+    assert measured["first_audio_ms"] == 80.0
+    assert measured["first_text_ms"] is None
+    # OpenAI's token fields, estimated: ten tokens a second of audio, four characters a token
+    assert response["usage"]["input_token_details"]["audio_tokens"] == 9
+    assert response["usage"]["output_token_details"] == {"text_tokens": 2, "audio_tokens": 7}
+    assert response["usage"]["total_tokens"] == 18
+    assert response["conversation_id"] is not None and response["max_output_tokens"] == "inf"
 
 
 @pytest.mark.parametrize(
@@ -261,14 +290,18 @@ def test_response_done_completed_has_the_item_and_parleys_usage() -> None:
     [
         ("barge_in", "turn_detected"),
         ("client_cancelled", "client_cancelled"),
-        ("superseded", "superseded"),
+        ("superseded", "client_cancelled"),
     ],
 )
 def test_response_done_cancelled_says_why(reason: str, wire_reason: str) -> None:
     event = ev.ResponseDone(response_id="resp_1", status="cancelled", reason=reason)
     response = wire(event)["response"]
     assert response["status"] == "cancelled"
-    assert response["status_details"] == {"type": "cancelled", "reason": wire_reason}
+    assert response["status_details"] == {
+        "type": "cancelled",
+        "reason": wire_reason,  # OpenAI's set; Parley's own reason is under `parley`
+        "parley": {"reason": reason},
+    }
     assert response["output"] == []
 
 

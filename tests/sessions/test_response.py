@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 from pipeline.engine_pipeline import EnginePipeline
 from pipeline.types import PipelineRequest
+from sessions import ResponseOptions, SessionConfig
 from sessions.clock import ScaledClock
 from sessions.events import (
     ConversationItemTruncated,
@@ -60,11 +61,11 @@ def start(engine: FakeEngine, history: History, sink: ClockedSink, reports: Repo
         sink=sink,
         emit=reports.emit,
         first_audio=reports.first_audio,
-        audio_output=True,
         chunk_timeout_s=5.0,
         clock=CLOCK,
     )
-    return Response("resp_test", context, request, transcript_item_id=None)
+    options = ResponseOptions().resolve(SessionConfig())
+    return Response("resp_test", context, request, transcript_item_id=None, options=options)
 
 
 async def test_a_completed_answer_reports_its_first_audio_and_returns_after_playout(

@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 
 from loadtest.speech import silence, speak, trim_silence, utterances_with_gaps
 from pipeline.engine_pipeline import EnginePipeline
+from sessions import ResponseOptions
 from sessions.clock import ScaledClock
 from sessions.errors import ConfigError, InvalidRequestError, MediaError, SessionClosedError
 from sessions.events import (
@@ -176,11 +177,11 @@ async def test_manual_turns_and_text_messages(
     assert len(engine.requests[0].audio) / 16 == pytest.approx(item.audio_ms, abs=20)
     # A typed message is answered with the history as context.
     await session.add_text("And tomorrow?")
-    with pytest.raises(InvalidRequestError, match="less than"):
+    with pytest.raises(InvalidRequestError, match="at least 100 ms"):
         await session.commit_audio()  # nothing new buffered
     await sink.wait_for(lambda e: isinstance(e, SessionStateChanged) and e.state == "listening")
     await session.create_response()
-    with pytest.raises(InvalidRequestError, match="already in progress"):
+    with pytest.raises(InvalidRequestError, match="already has an active response"):
         await session.create_response()
     await sink.wait_for(lambda e: isinstance(e, ResponseDone) and len(sink.of(ResponseDone)) == 2)
     second = engine.requests[1]
@@ -421,7 +422,7 @@ async def test_response_metadata_is_carried_to_its_events(
 ) -> None:
     session, sink = await make_session({"turn_detection": None})
     await session.add_text("Hello?")
-    await session.create_response(metadata={"client_event_id": "c1"})
+    await session.create_response(ResponseOptions(metadata={"client_event_id": "c1"}))
     done = await sink.wait_for(is_done)
     assert isinstance(done, ResponseDone) and done.metadata == {"client_event_id": "c1"}
     (created,) = sink.of(ResponseCreated)

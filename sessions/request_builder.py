@@ -1,0 +1,112 @@
+"""The pipeline request of one answer: the turn, its context, and the response's options.
+
+An answer hears its turn (the user's audio, or a typed question) and sees the conversation
+before it: messages as text, function calls and their outputs as such, so a model that
+called a tool reads the result it asked for. An out-of-band answer with its own `input`
+sees only those items. Camera frames are sampled from the cache at the moment the answer
+starts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.types import HistoryItem, PipelineRequest, ToolSpec, VideoFrame
+
+from .events import ConversationItem
+from .metrics import SessionMetrics
+from .response_options import ResolvedOptions
+from .store import SessionStore
+from .turns import TurnInput, Turns
+
+
+def history_item(item: ConversationItem) -> HistoryItem:
+    return HistoryItem(
+        role=item.role,
+        text=item.text,
+        item_id=item.id,
+        kind=item.type,
+        name=item.name,
+        call_id=item.call_id,
+        arguments=item.arguments,
+    )
+
+
+def _in_prompt(item: ConversationItem) -> bool:
+    """Messages with words, and every function call and output (an empty output still
+    answers its call)."""
+    return item.type != "message" or bool(item.text)
+
+
+class RequestBuilder:
+    """Builds a session's requests; it reads the session's store and turns, never writes."""
+
+    def __init__(
+        self, session_id: str, store: SessionStore, turns: Turns, metrics: SessionMetrics
+    ) -> None:
+        self.session_id = session_id
+        self._store = store
+        self._turns = turns
+        self._metrics = metrics
+
+    async def build(
+        self,
+        request_id: str,
+        turn: TurnInput,
+        options: ResolvedOptions,
+        output_sample_rate: int,
+    ) -> PipelineRequest:
+        """The turn's audio and text, the history before it, and the sampled frames."""
+        pcm = np.zeros(0, dtype=np.int16)
+        text: str | None = None
+        if options.input is not None:  # an out-of-band answer over its own items
+            items = list(options.input)
+            last = items[-1] if items else None
+            if last is not None and last.role == "user" and last.type == "message":
+                text = last.text
+                items.pop()
+            history = tuple(history_item(item) for item in items if _in_prompt(item))
+            item_ids = tuple(item.id for item in options.input)
+            frames: tuple[VideoFrame, ...] = ()
+        else:
+            items = await self._store.history.items()
+            audio = self._turns.claim_audio(turn)
+            if audio is not None:
+                try:
+                    pcm = await self._store.audio.read(audio.begin_ms, audio.end_ms)
+                except Exception:
+                    self._metrics.redis_errors.inc()
+                    raise
+            text_id = turn.text_item_id(audio)
+            if text_id:
+                text = next((item.text for item in items if item.id == text_id), None)
+            this_turn = turn.item_ids
+            history = tuple(
+                history_item(item)
+                for item in items
+                if item.id not in this_turn and _in_prompt(item)
+            )
+            earlier = tuple(item.id for item in items if item.id not in this_turn)
+            present = {item.id for item in items}
+            item_ids = earlier + tuple(i for i in this_turn if i in present)
+            frames = tuple(await self._store.frames.sample())
+        return PipelineRequest(
+            request_id=request_id,
+            session_id=self.session_id if options.in_conversation else "",
+            item_ids=item_ids,
+            audio=pcm,
+            text=text,
+            frames=frames,
+            history=history,
+            instructions=options.instructions,
+            output_sample_rate=output_sample_rate,
+            output_text_only=not options.audio_output,
+            tools=tuple(
+                ToolSpec(tool.name, tool.description, dict(tool.parameters))
+                for tool in options.tools
+            ),
+            tool_choice=options.tool_choice,
+            max_output_tokens=options.max_output_tokens,
+            voice="" if options.voice == "default" else options.voice,
+            speed=options.speed,
+        )
