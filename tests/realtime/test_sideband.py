@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from openai import AsyncOpenAI
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 from websockets.asyncio.client import connect
@@ -125,6 +126,28 @@ async def test_closing_the_sideband_leaves_the_call_running(
         await again.wait_type("session.updated")
     await asyncio.sleep(0.1)
     assert calls.get(caller.call_id) is call
+
+
+async def test_the_openai_sdk_joins_the_call_as_a_sideband(
+    server: ServedApp, http: httpx.AsyncClient, caller: Caller
+) -> None:
+    assert caller.call_id is not None
+    async with (
+        AsyncOpenAI(api_key=KEY, base_url=f"{server.http_url}/v1") as client,
+        client.realtime.connect(call_id=caller.call_id) as conn,
+    ):
+        await conn.session.update(session={"type": "realtime", "instructions": "Be brief."})
+        await conn.response.create()
+        seen: list[str] = []
+        async with asyncio.timeout(15):
+            async for event in conn:
+                seen.append(event.type)
+                if event.type == "response.done":
+                    assert event.response.status == "completed"
+                    await http.post(f"/v1/realtime/calls/{caller.call_id}/hangup")
+        # The iteration ends when the server closes the sideband, as the call ended.
+    assert seen.index("session.updated") < seen.index("response.created")
+    assert "response.output_item.done" in seen and "output_audio_buffer.started" in seen
 
 
 @pytest.mark.parametrize(
