@@ -104,6 +104,14 @@ class VoiceCatalogue:
 
 CATALOGUE = VoiceCatalogue(PIPER_VOICES)
 VOICE_NAMES: tuple[str, ...] = CATALOGUE.names
+OMNI_SPEAKERS: tuple[str, ...] = ("chelsie", "ethan", "aiden")
+"""Qwen3-Omni's own speakers: accepted names too (the cascade speaks them in its default)."""
+
+
+def is_voice_name(name: str) -> bool:
+    """Whether a client may ask for `name` (case-insensitive): a voice, or the default."""
+    lowered = name.lower()
+    return lowered in DEFAULT_NAMES or lowered in VOICE_NAMES or lowered in OMNI_SPEAKERS
 
 
 def resolve_voice(name: str) -> VoiceEntry | None:

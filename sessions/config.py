@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from pipeline.audio_format import OUTPUT_SAMPLE_RATE, SUPPORTED_OUTPUT_RATES
+from pipeline.voices import OMNI_SPEAKERS, VOICE_NAMES, is_voice_name
 
 from .errors import ConfigError
 
@@ -173,6 +174,14 @@ class SessionConfig(_Model):
     output_sample_rate: Literal[8_000, 16_000, 24_000, 48_000] = OUTPUT_SAMPLE_RATE
     extra_events: bool = False
     """Send Parley's own server events (session.state_changed, .expiring, .closed) too."""
+
+    @field_validator("voice")
+    @classmethod
+    def _voice(cls, value: str) -> str:
+        if not is_voice_name(value):
+            names = ", ".join((*VOICE_NAMES, *OMNI_SPEAKERS))
+            raise ValueError(f"unknown voice {value!r}; Parley has: {names}")
+        return value
 
     @field_validator("tools")
     @classmethod
