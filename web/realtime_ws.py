@@ -77,6 +77,8 @@ async def _sideband(
         if calls is None:
             raise CallNotFound(call_id)
         call = calls.get(call_id)
+        if call.events.ended or call.session is None or call.session.closed:
+            raise CallNotFound(call_id)  # hanging up: nothing left to attach to
     except CallNotFound:
         await deny(websocket, 404, "call_not_found", f"no live call {call_id!r}")
         return

@@ -67,7 +67,7 @@ def test_a_turn_goes_out_as_the_ga_sequence_with_transcription_usage() -> None:
         ev.ConversationItemCreated(item=USER, previous_item_id=None),
         ev.InputTranscriptionCompleted(item_id="item_u", transcript="hello"),
         ev.ResponseCreated(response_id="resp_1"),
-        ev.ConversationItemCreated(item=ANSWER, previous_item_id="item_u"),
+        ev.ConversationItemCreated(item=ANSWER, previous_item_id="item_u", response_id="resp_1"),
         ev.OutputAudioTranscriptDelta(response_id="resp_1", item_id="item_a", delta="Hi"),
         ev.OutputAudioDelta(
             response_id="resp_1", item_id="item_a", pcm=b"\0\0", sample_rate=24_000
