@@ -325,6 +325,8 @@ class Response:
         transcript = "".join(parts).strip()
         user_item = await self._history.get(self._user_item_id)
         if user_item is not None:
+            if user_item.text:
+                return  # transcribed already, before this answer started (transcription.py)
             user_item.text = transcript
             await self._history.update(user_item)
         self._emit(InputTranscriptionCompleted(item_id=self._user_item_id, transcript=transcript))

@@ -66,6 +66,7 @@ from .sink import DetachedSink, OutputSink
 from .spill import DEFAULT_MAX_BYTES
 from .state import SessionState, StateMachine
 from .store import SessionStore
+from .transcription import ItemTranscriber
 from .turn_detection import SpeechConfirmed, SpeechEnd, SpeechStart, TurnDetector
 from .turns import MIN_COMMIT_MS as MIN_COMMIT_MS  # the transports size their queries by it
 from .turns import TurnInput, Turns
@@ -135,6 +136,9 @@ class Session:
         self._turns = Turns()
         self._requests = RequestBuilder(session_id, store, self._turns, self.metrics)
         self._idle = IdleTimer(clock, session_id)
+        self._transcriber = ItemTranscriber(
+            session_id, pipeline, self.history, self.audio.read, self._emit
+        )
         self._response: Response | None = None
         self._response_task: asyncio.Task[None] | None = None
         self._media_lock = asyncio.Lock()
@@ -164,6 +168,9 @@ class Session:
                 self._tg = tg
                 writer = tg.create_task(self.event_log.run(), name=f"{self.session_id}:events")
                 watchdog = tg.create_task(self._watchdog(), name=f"{self.session_id}:watchdog")
+                transcriber = tg.create_task(
+                    self._transcriber.run(), name=f"{self.session_id}:transcriber"
+                )
                 await self.store.write_record(self.config, self.resume_token)
                 self._emit(
                     SessionCreated(
@@ -175,6 +182,7 @@ class Session:
                 await self._close_requested.wait()
                 await self._shutdown()
                 watchdog.cancel()
+                transcriber.cancel()
                 writer.cancel()
         finally:
             self._tg = None
@@ -405,6 +413,7 @@ class Session:
                 if td.create_response:
                     await self._start_response()
                 else:
+                    self._transcriber.request(item_id, begin, self._turns.offset_ms)
                     self.machine.to(SessionState.LISTENING, "turn committed")
 
     async def _commit(self, item_id: str, begin_ms: int, end_ms: int) -> ConversationItem:
@@ -438,7 +447,10 @@ class Session:
             if self.machine.state is SessionState.USER_SPEAKING:
                 self.machine.to(SessionState.LISTENING, "buffer committed")
             turns = self._turns
-            return await self._commit(new_id("item"), turns.uncommitted_from_ms, turns.offset_ms)
+            begin, end = turns.uncommitted_from_ms, turns.offset_ms
+            item = await self._commit(new_id("item"), begin, end)
+            self._transcriber.request(item.id, begin, end)
+            return item
 
     async def clear_audio(self) -> None:
         """Drop the uncommitted input audio."""
@@ -511,6 +523,7 @@ class Session:
             item.has_audio, item.audio_ms = True, FRAME_MS * len(frames)
             previous = await self.history.append(item)
             self._turns.committed(item.id, begin, self._turns.offset_ms)
+            self._transcriber.request(item.id, begin, self._turns.offset_ms)
         self._emit(ConversationItemCreated(item=item, previous_item_id=previous))
         return item
 
@@ -557,6 +570,12 @@ class Session:
             self._idle.disarm()
             # An out-of-band answer leaves the pending turn for the next real one.
             turn = self._turns.take() if resolved.in_conversation else TurnInput(None)
+            transcript_item_id = turn.transcript_item_id
+            if transcript_item_id is not None:
+                self._transcriber.answered(transcript_item_id)
+                heard = await self.history.get(transcript_item_id)
+                if heard is not None and heard.text:  # transcribed already: not again
+                    transcript_item_id = None
             context = ResponseContext(
                 pipeline=self._pipeline,
                 history=self.history,
@@ -570,7 +589,7 @@ class Session:
                 new_id("resp"),
                 context,
                 lambda request_id: self._build_request(request_id, turn, resolved),
-                turn.transcript_item_id,
+                transcript_item_id,
                 resolved,
             )
             if self.machine.state is not SessionState.THINKING:

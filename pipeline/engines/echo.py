@@ -39,6 +39,9 @@ class EchoEngine(TracksRequests, EntryEngine):
         self, request_id: str, request: PipelineRequest
     ) -> AsyncGenerator[Chunk, None]:
         with self._requests.track(request_id):
+            if request.transcribe_only:  # no recogniser here
+                yield End()
+                return
             if request.text:
                 yield TextDelta(text=request.text)
             seconds = len(request.audio) / INPUT_SAMPLE_RATE

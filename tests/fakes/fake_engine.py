@@ -4,7 +4,8 @@ It streams a fixed answer as text deltas, then as audio (a tone, so it is audibl
 silence) at a set pace, and holds per-request state that abort or cancellation removes.
 With tools it acts as a model that always uses them: it calls the forced tool, or the first
 one, with each required argument set to "fake" (in two argument deltas); after a function
-call's output it answers "The tool said: <output>". `max_output_tokens` caps its words.
+call's output it answers "The tool said: <output>". `max_output_tokens` caps its words. A
+transcription-only request is "heard <n> ms".
 Its pace is in the time of the given `Clock` (a test's `ScaledClock` runs it faster).
 The same contract tests run against it and the real engines (tests/pipeline).
 """
@@ -57,6 +58,8 @@ class FakeEngine(EntryEngine):
         self.start_delay_s = start_delay_s
         self.clock = clock
         self.requests: list[PipelineRequest] = []
+        """The answers asked of it (transcription-only requests are in `transcriptions`)."""
+        self.transcriptions: list[PipelineRequest] = []
         self.aborted: list[str] = []
         self._held: RequestTracker[None] = RequestTracker()
 
@@ -82,12 +85,17 @@ class FakeEngine(EntryEngine):
     async def generate(
         self, request_id: str, request: PipelineRequest
     ) -> AsyncGenerator[Chunk, None]:
-        self.requests.append(request)
+        (self.transcriptions if request.transcribe_only else self.requests).append(request)
         self._held.begin(request_id)
         try:
             await self.clock.sleep(self.first_chunk_delay_s)
             if self.fail_with:
                 yield ErrorChunk(message=self.fail_with, stage=self.name)
+                return
+            if request.transcribe_only:  # a fake recogniser: it hears how long it was
+                ms = len(request.audio) * 1000 // 16_000
+                yield TextDelta(text=f"heard {ms} ms", kind="input_transcript")
+                yield End()
                 return
             call = self._tool_call(request)
             if call is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,16 @@ async def test_streams_text_and_audio_then_one_end(engine: EntryEngine) -> None:
     assert any(isinstance(c, TextDelta) and c.text for c in chunks)
     audio = [c for c in chunks if isinstance(c, AudioChunk)]
     assert audio and np.abs(np.concatenate([a.pcm for a in audio])).max() > 1000
+    assert engine.active_requests() == 0
+
+
+async def test_a_transcription_only_request_answers_nothing(engine: EntryEngine) -> None:
+    """Only the words heard (an engine with no recogniser: none), then End: no answer."""
+    asked = replace(request("r1"), text=None, transcribe_only=True)
+    chunks: list[Chunk] = [c async for c in engine.generate("r1", asked)]
+    assert isinstance(chunks[-1], End)
+    heard = chunks[:-1]
+    assert all(isinstance(c, TextDelta) and c.kind == "input_transcript" for c in heard)
     assert engine.active_requests() == 0
 
 

@@ -20,6 +20,8 @@ from sessions.events import (
     FunctionCallArgumentsDelta,
     FunctionCallArgumentsDone,
     InputAudioTimeoutTriggered,
+    InputTranscriptionCompleted,
+    InputTranscriptionDelta,
     ResponseCreated,
     ResponseDone,
 )
@@ -303,3 +305,22 @@ async def test_idle_timeout_turns_a_silence_after_an_answer_into_a_turn(
     assert timeout.audio_end_ms > timeout.audio_start_ms
     await wait_done(sink, 2)  # and the silence was answered
     assert len(engine.requests[1].audio) > 0
+
+
+async def test_a_turn_no_answer_follows_is_transcribed_all_the_same(
+    make_session: MakeSession, engine: FakeEngine
+) -> None:
+    d, session, sink = await start(make_session)
+    tone = (np.sin(np.arange(8_000) / 5) * 3000).astype(np.int16)  # 0.5 s at 16 kHz
+    await session.append_audio(tone.tobytes(), 16_000, 1)
+    await d.handle_raw(msg(type="input_audio_buffer.commit"))
+    done = await sink.wait_for(lambda e: isinstance(e, InputTranscriptionCompleted))
+    assert isinstance(done, InputTranscriptionCompleted) and done.transcript == "heard 500 ms"
+    assert [e.delta for e in sink.of(InputTranscriptionDelta)] == ["heard 500 ms"]
+    (item,) = await session.history.items()
+    assert item.text == "heard 500 ms"
+    assert not sink.of(ResponseCreated)  # nothing answered it
+    # Answered later, the turn is not announced again.
+    await d.handle_raw(msg(type="response.create"))
+    await wait_done(sink, 1)
+    assert len(sink.of(InputTranscriptionCompleted)) == 1

@@ -237,6 +237,9 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         if runner is None or vocab is None:
             yield ErrorChunk(message="the thinker was not started", stage=self.name)
             return
+        if request.transcribe_only:  # no transcript of its own: it answers the audio directly
+            yield End()
+            return
         self._requests.begin(request_id)
         remembered = False
         held: ThinkerState | None = None

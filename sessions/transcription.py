@@ -1,0 +1,141 @@
+"""Transcripts of user audio items that no answer is transcribing.
+
+The pipeline's recogniser transcribes a turn as part of answering it. A committed turn that
+no answer follows at once (turn detection with `create_response: false`, a manual commit,
+an `input_audio` item) still gets its transcript, as OpenAI's do: the session asks the
+pipeline for a transcription-only request (`PipelineRequest.transcribe_only`), one item at
+a time, and sends `...input_audio_transcription.delta`, then `.completed` (or `.failed`),
+and stores the words on the item. If an answer starts on the item first, the answer
+transcribes it and the queued request is dropped; if the transcript came first, the answer
+does not announce it again.
+
+The queue is bounded (`MAX_PENDING`; past it the oldest waiting item goes untranscribed, and
+is counted), and its one task is run by the session's task group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from pipeline.types import End, ErrorChunk, Pipeline, PipelineRequest, TextDelta
+
+from .events import (
+    Event,
+    InputTranscriptionCompleted,
+    InputTranscriptionDelta,
+    InputTranscriptionFailed,
+    new_id,
+)
+from .history import History
+
+log = logging.getLogger("parley.sessions.transcription")
+
+MAX_PENDING = 16
+TRANSCRIBE_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    item_id: str
+    begin_ms: int
+    end_ms: int
+
+
+AudioReader = Callable[[int, int], Awaitable[npt.NDArray[np.int16]]]
+
+
+class ItemTranscriber:
+    def __init__(
+        self,
+        session_id: str,
+        pipeline: Pipeline,
+        history: History,
+        read_audio: AudioReader,
+        emit: Callable[[Event], None],
+    ) -> None:
+        self._session_id = session_id
+        self._pipeline = pipeline
+        self._history = history
+        self._read_audio = read_audio
+        self._emit = emit
+        self._pending: deque[_Pending] = deque()
+        self._wake = asyncio.Event()
+        self._current: str | None = None
+        self._superseded = False
+        """An answer started on the item being transcribed: it announces the words."""
+        self.skipped = 0
+        """Items that waited past MAX_PENDING and got no transcript."""
+
+    def request(self, item_id: str, begin_ms: int, end_ms: int) -> None:
+        """Transcribe the audio item `item_id` ([begin_ms, end_ms) on the input timeline)."""
+        if len(self._pending) >= MAX_PENDING:
+            dropped = self._pending.popleft()
+            self.skipped += 1
+            log.warning("session %s: no transcript for %s (queue full)", self._session_id, dropped)
+        self._pending.append(_Pending(item_id, begin_ms, end_ms))
+        self._wake.set()
+
+    def answered(self, item_id: str) -> None:
+        """An answer transcribes `item_id` itself: drop it if it is still waiting."""
+        self._pending = deque(p for p in self._pending if p.item_id != item_id)
+        if self._current == item_id:
+            self._superseded = True
+
+    async def run(self) -> None:
+        """The transcriber's loop, until cancelled (by the session's close)."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                item = self._pending.popleft()
+                self._current, self._superseded = item.item_id, False
+                try:
+                    await self._transcribe(item)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.warning(
+                        "session %s: transcribing %s failed: %r",
+                        self._session_id,
+                        item.item_id,
+                        exc,
+                    )
+                    self._emit(InputTranscriptionFailed(item_id=item.item_id, message=str(exc)))
+                finally:
+                    self._current = None
+
+    async def _transcribe(self, item: _Pending) -> None:
+        pcm = await self._read_audio(item.begin_ms, item.end_ms)
+        request = PipelineRequest(
+            request_id=new_id("tr"), audio=pcm, session_id="", transcribe_only=True
+        )
+        parts: list[str] = []
+        stream = self._pipeline.generate(request)
+        async with aclosing(stream), asyncio.timeout(TRANSCRIBE_TIMEOUT_S):
+            async for chunk in stream:
+                match chunk:
+                    case TextDelta(kind="input_transcript") if chunk.text:
+                        parts.append(chunk.text)
+                        self._emit(InputTranscriptionDelta(item_id=item.item_id, delta=chunk.text))
+                    case ErrorChunk():
+                        self._emit(
+                            InputTranscriptionFailed(item_id=item.item_id, message=chunk.message)
+                        )
+                        return
+                    case End():
+                        break
+        transcript = "".join(parts).strip()
+        stored = await self._history.get(item.item_id)
+        if stored is None or stored.text or self._superseded:
+            return  # deleted meanwhile, or an answer has announced its words
+        stored.text = transcript
+        await self._history.update(stored)
+        self._emit(InputTranscriptionCompleted(item_id=item.item_id, transcript=transcript))
