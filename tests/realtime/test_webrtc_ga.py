@@ -78,7 +78,6 @@ async def webrtc_turn(server: ServedApp) -> list[dict[str, Any]]:
     return caller.events
 
 
-@pytest.mark.slow
 async def test_a_spoken_turn_has_the_same_ga_sequence_on_both_transports(
     server: ServedApp,
 ) -> None:
