@@ -16,6 +16,11 @@ generator's state at once; the model thread merely stops sending to it. `_StopRo
 generate that such rows are finished, so when every row of a batch is finished or cancelled
 the batch stops at the next step instead of running to the longest budget.
 
+Constrained rows. A row may carry a `TokenConstraint` (a tool turn: `tool_decoding.py`):
+`_ConstrainRows`, a logits processor, hands it the row's scores at every step, with the token
+the row picked at the step before, and it masks what the row may pick next. Other rows of the
+batch decode as they would alone.
+
 Crossing to the event loop. The model thread never blocks on a reader: it posts each delta
 with `loop.call_soon_threadsafe`, and the loop side coalesces deltas into one pending string
 per row (vLLM's output collector does the same), so a row's queue is bounded by its budget.
@@ -27,10 +32,16 @@ import asyncio
 import threading
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
-from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 from transformers.generation.streamers import BaseStreamer
 
 from .batching import BatchWorker
@@ -41,12 +52,19 @@ class GenerationFailed(RuntimeError):
     """The batch a request was part of failed inside the model."""
 
 
+class TokenConstraint(Protocol):
+    def apply(self, last_token: int | None, scores: torch.Tensor) -> None:
+        """Mask one row's next-token scores in place (`last_token`: the row's previous pick,
+        None at the first step)."""
+
+
 @dataclass(eq=False)
 class _Row:
     request_id: str
     prompt: str
     max_new_tokens: int
     loop: asyncio.AbstractEventLoop
+    constraint: TokenConstraint | None = None
     cancelled: bool = False
     finished: bool = False
     # model thread side
@@ -130,6 +148,22 @@ class _StopRows(StoppingCriteria):
         return torch.tensor([r.stopped for r in self._rows], device=input_ids.device)
 
 
+class _ConstrainRows(LogitsProcessor):
+    """Lets each constrained row mask its own scores, step by step."""
+
+    def __init__(self, rows: list[_Row]) -> None:
+        self._rows = rows
+        self._first = True
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        for i, row in enumerate(self._rows):
+            if row.constraint is not None and not row.stopped:
+                last = None if self._first else int(input_ids[i, -1])
+                row.constraint.apply(last, scores[i])
+        self._first = False
+        return scores
+
+
 class TextGenerator:
     """Streams chat completions of many concurrent requests, batched on one model thread."""
 
@@ -151,10 +185,14 @@ class TextGenerator:
             return set(self._rows)
 
     async def stream(
-        self, request_id: str, prompt: str, max_new_tokens: int
+        self,
+        request_id: str,
+        prompt: str,
+        max_new_tokens: int,
+        constraint: TokenConstraint | None = None,
     ) -> AsyncGenerator[str, None]:
         """Yield the completion of `prompt` as text deltas; closing the stream cancels it."""
-        row = _Row(request_id, prompt, max_new_tokens, asyncio.get_running_loop())
+        row = _Row(request_id, prompt, max_new_tokens, asyncio.get_running_loop(), constraint)
         with self._lock:
             self._rows[request_id] = row
         try:
@@ -213,6 +251,9 @@ class TextGenerator:
                     **batch,
                     generation_config=config,
                     streamer=_RowStreamer(rows, lm),
+                    logits_processor=LogitsProcessorList(
+                        [_ConstrainRows(rows)] if any(r.constraint for r in rows) else []
+                    ),
                     stopping_criteria=StoppingCriteriaList([_StopRows(rows)]),
                 )
         except Exception as exc:

@@ -29,10 +29,32 @@ from ...types import Chunk, End, EntryEngine, ErrorChunk, PipelineRequest, TextD
 from .asr import SpeechRecognizer
 from .smollm import DEFAULT_FILE, DEFAULT_PACKAGE, LanguageModel, load_language_model
 from .textgen import GenerationFailed, TextGenerator
+from .tool_decoding import CallConstraint, ToolGrammarError, prepare
+from .tool_prompt import call_grammar, history_messages, tools_system_text
+from .tool_stream import CallCutOff, CallReader
 from .vision import describe_frames
 
 DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant. Answer in one or two short sentences."
 NOT_HEARD = "Sorry, I did not catch that."
+CALL_THRESHOLD = -6.0
+SPEAK_FIRST = "(The user is waiting for you to speak.)"
+"""The user turn of a request that has none (response.create with instructions only): with
+no user turn at all SmolLM2 repeats its system message ("Greet the user warmly." back)."""
+
+
+def may_call(request: PipelineRequest) -> bool:
+    """Whether this turn may call a tool (and so lists the tools in its prompt).
+
+    Not with no tools or tool_choice none, and not (under auto) in the turn that follows a
+    tool's output with no new user input: that turn answers with the output. Listing the
+    tools there made SmolLM2 copy its previous call instead of answering; without them it
+    said "a temperature of 21 degrees Celsius and a sunny sky"."""
+    choice = request.tool_choice or "auto"
+    if not request.tools or choice == "none":
+        return False
+    answering = bool(request.history) and request.history[-1].kind == "function_call_output"
+    new_input = bool(request.text) or bool(len(request.audio))
+    return choice != "auto" or new_input or not answering
 
 
 def _page_in(lm: LanguageModel) -> None:
@@ -63,8 +85,16 @@ class ThinkerEngine(EntryEngine):
         cache_dir: str | None = None,
         default_instructions: str = DEFAULT_INSTRUCTIONS,
         context_tokens: int = 1024,
+        max_call_tokens: int = 256,
+        call_threshold: float = CALL_THRESHOLD,
     ) -> None:
         self.max_new_tokens = max_new_tokens
+        self.max_call_tokens = max_call_tokens
+        """A tool call's budget (its arguments are bounded by the schema, see tool_prompt); a
+        call that still outgrows it ends in an ErrorChunk, never in arguments that do not parse."""
+        self.call_threshold = call_threshold
+        """tool_choice auto calls a tool when log P(call marker) at the first step is at least
+        this (tool_decoding.py; measured by `python -m loadtest.tool_calls`)."""
         self.context_tokens = context_tokens
         """Prompt plus reply stay within this many tokens: older turns are dropped first.
         SmolLM2 takes far more, but on a CPU a long prompt costs first-token latency."""
@@ -98,6 +128,7 @@ class ThinkerEngine(EntryEngine):
         torch.set_num_threads(self.threads)
         lm = load_language_model(self.model_package, self.model_file, self.cache_dir)
         _page_in(lm)
+        prepare(lm)
         return lm
 
     async def close(self) -> None:
@@ -135,8 +166,8 @@ class ThinkerEngine(EntryEngine):
                 if heard:
                     yield TextDelta(text=heard, kind="input_transcript")
                 user_text = " ".join(t for t in (user_text, heard) if t)
-            if not user_text.strip():
-                yield TextDelta(text=NOT_HEARD)
+            if len(request.audio) and not user_text.strip():
+                yield TextDelta(text=NOT_HEARD)  # a spoken turn with nothing heard
                 yield End()
                 return
             frames = request.frames
@@ -144,28 +175,68 @@ class ThinkerEngine(EntryEngine):
             if self._requests.aborted(request_id):
                 return  # while looking at the frames
             prompt = self.chat_prompt(request, user_text, scene)
-            stream = generator.stream(request_id, prompt, self.max_new_tokens)
+            budget = min(self.max_new_tokens, request.max_output_tokens or self.max_new_tokens)
+            try:
+                constraint = self.tool_constraint(request, budget)
+            except ToolGrammarError as exc:
+                yield ErrorChunk(message=f"tools: {exc}", stage=self.name)
+                return
+            if constraint is not None:
+                budget = max(budget, self.max_call_tokens)
+            stream = generator.stream(request_id, prompt, budget, constraint)
+            reader: CallReader | None = None
             async with contextlib.aclosing(stream):
                 try:
                     async for text in stream:
-                        yield TextDelta(text=text)
-                except GenerationFailed as exc:
+                        if constraint is not None and reader is None and constraint.calling:
+                            reader = CallReader()
+                        if reader is None:
+                            yield TextDelta(text=text)
+                        else:
+                            for delta in reader.feed(text):
+                                yield delta
+                    if reader is not None:
+                        yield reader.finish()
+                except (GenerationFailed, CallCutOff) as exc:
                     yield ErrorChunk(message=str(exc), stage=self.name)
                     return
             if not self._requests.aborted(request_id):
                 yield End()
 
+    def tool_constraint(self, request: PipelineRequest, text_tokens: int) -> CallConstraint | None:
+        """The decoding rule for a request's tools (None: no tools, or tool_choice none)."""
+        choice = request.tool_choice or "auto"
+        if not may_call(request) or self._lm is None:
+            return None
+        tools = request.tools
+        if choice not in ("auto", "required"):
+            tools = tuple(t for t in request.tools if t.name == choice)
+            if not tools:
+                raise ToolGrammarError(f"tool_choice {choice!r} names none of the tools")
+        return CallConstraint(
+            self._lm,
+            call_grammar(tools),
+            decide=choice == "auto",
+            threshold=self.call_threshold,
+            text_tokens=text_tokens,
+        )
+
     def chat_prompt(self, request: PipelineRequest, user_text: str, scene: str = "") -> str:
         """The chat prompt, rendered with the model's own template (after `start`)."""
         system = [request.instructions.strip() or self.default_instructions]
-        system += [item.text for item in request.history if item.role == "system"]
+        system += [
+            item.text
+            for item in request.history
+            if item.role == "system" and item.kind == "message"
+        ]
         if scene:
             system.append(f"What the camera shows: {scene}")
-        turns = [
-            {"role": item.role, "content": item.text}
-            for item in request.history
-            if item.role != "system" and item.text
-        ]
+        if may_call(request):
+            system.append(tools_system_text(request.tools))
+        turns = history_messages(request.history)
+        said = [{"role": "user", "content": user_text.strip()}] if user_text.strip() else []
+        if not said and (not turns or turns[-1]["role"] != "user"):
+            said = [{"role": "user", "content": SPEAK_FIRST}]  # instructions only: a greeting
         if self._lm is None:
             raise RuntimeError("the thinker was not started")
         tokenizer = self._lm.tokenizer
@@ -174,7 +245,7 @@ class ThinkerEngine(EntryEngine):
             messages = [
                 {"role": "system", "content": "\n".join(system)},
                 *turns,
-                {"role": "user", "content": user_text.strip()},
+                *said,
             ]
             prompt = str(
                 tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

@@ -62,7 +62,7 @@ async def test_a_spoken_turn_is_transcribed_first(thinker: ThinkerEngine, speak:
 
 
 async def test_nothing_heard_gets_a_short_apology(thinker: ThinkerEngine) -> None:
-    request = PipelineRequest(request_id="r3", audio=np.zeros(0, dtype=np.int16))
+    request = PipelineRequest(request_id="r3", audio=np.zeros(8000, dtype=np.int16))
     chunks = [c async for c in thinker.generate("r3", request)]
     assert chunks == [TextDelta(text=NOT_HEARD), End()]
 
