@@ -34,14 +34,13 @@ from pipeline.types import Pipeline, PipelineRequest
 
 from .clock import REAL_CLOCK, Clock
 from .config import SessionConfig
+from .conversation import Conversation
 from .errors import InvalidRequestError, RedisUnavailableError, SessionClosedError
 from .events import (
     AudioBufferCleared,
     AudioBufferCommitted,
     ConversationItem,
     ConversationItemCreated,
-    ConversationItemDeleted,
-    ConversationItemRetrieved,
     ErrorEvent,
     Event,
     InputAudioTimeoutTriggered,
@@ -138,6 +137,9 @@ class Session:
         self._idle = IdleTimer(clock, session_id)
         self._transcriber = ItemTranscriber(
             session_id, pipeline, self.history, self.audio.read, self._emit
+        )
+        self.conversation = Conversation(
+            self.history, self.audio, self._turns, self._transcriber, self._emit
         )
         self._response: Response | None = None
         self._response_task: asyncio.Task[None] | None = None
@@ -476,67 +478,28 @@ class Session:
     async def add_item(
         self, item: ConversationItem, previous_item_id: str | None = None
     ) -> ConversationItem:
-        """conversation.item.create: `item` joins the conversation at the end, or right
-        after `previous_item_id` ("" for the start). A user message added at the end is
-        what the next answer answers."""
+        """conversation.item.create: `item` joins the conversation (conversation.py)."""
         self._check_open()
-        if item.id in self.history:
-            raise InvalidRequestError(
-                f"the conversation already has an item with id {item.id!r}", "invalid_value"
-            )
-        last = await self.history.last_id()
-        if previous_item_id is None or previous_item_id == last:
-            previous = await self.history.append(item)
-        else:
-            try:
-                await self.history.insert_after(item, previous_item_id)
-            except KeyError:
-                raise InvalidRequestError(
-                    f"previous_item_id {previous_item_id!r} is not in the conversation",
-                    "invalid_value",
-                ) from None
-            previous = previous_item_id or None
-        if previous == last and item.role == "user" and item.type == "message":
-            self._turns.typed(item.id)
-        self._emit(ConversationItemCreated(item=item, previous_item_id=previous))
-        return item
+        return await self.conversation.add(item, previous_item_id)
 
     async def add_audio_item(
         self, item: ConversationItem, pcm: bytes, sample_rate: int = INPUT_SAMPLE_RATE
     ) -> ConversationItem:
-        """A user message of recorded speech (an `input_audio` part): the audio joins the
-        input timeline after what was received, as one committed turn that the next answer
-        hears. Uncommitted audio before it is left out of every turn, as a commit would."""
+        """A user message of recorded speech: a committed turn (conversation.py)."""
         self._check_open()
-        if item.id in self.history:
-            raise InvalidRequestError(
-                f"the conversation already has an item with id {item.id!r}", "invalid_value"
-            )
-        resampler = InputResampler(sample_rate, 1)  # raises MediaError if unsupported
-        frames = resampler.push(pcm) + resampler.flush()
-        if not frames:
-            raise InvalidRequestError("the input_audio part holds no audio", "invalid_value")
         async with self._media_lock:
             self._check_open()
-            begin = self._turns.received(FRAME_MS * len(frames))
-            await self.audio.append(frames, begin)
-            item.has_audio, item.audio_ms = True, FRAME_MS * len(frames)
-            previous = await self.history.append(item)
-            self._turns.committed(item.id, begin, self._turns.offset_ms)
-            self._transcriber.request(item.id, begin, self._turns.offset_ms)
-        self._emit(ConversationItemCreated(item=item, previous_item_id=previous))
-        return item
+            return await self.conversation.add_audio(item, pcm, sample_rate)
 
     async def retrieve_item(self, item_id: str) -> ConversationItem:
         """conversation.item.retrieve: the item as it is now (a transcript, a truncation)."""
         self._check_open()
-        item = await self.history.get(item_id)
-        if item is None:
-            raise InvalidRequestError(
-                f"no item {item_id!r} in the conversation", "item_retrieve_invalid_item_id"
-            )
-        self._emit(ConversationItemRetrieved(item=item))
-        return item
+        return await self.conversation.retrieve(item_id)
+
+    async def delete_item(self, item_id: str) -> None:
+        """conversation.item.delete: the item leaves the history (and the model's context)."""
+        self._check_open()
+        await self.conversation.delete(item_id)
 
     # --- responses -----------------------------------------------------------------------
 
@@ -678,16 +641,6 @@ class Session:
                 self._detector.reset()
             await self._commit(item_id, begin_ms, end_ms)
         await self._start_response()
-
-    async def delete_item(self, item_id: str) -> None:
-        """conversation.item.delete: the item leaves the history (and the model's context)."""
-        self._check_open()
-        if not await self.history.delete(item_id):
-            raise InvalidRequestError(
-                f"no item {item_id!r} in the conversation", "item_delete_invalid_item_id"
-            )
-        self._turns.forget(item_id)
-        self._emit(ConversationItemDeleted(item_id=item_id))
 
     async def truncate_item(self, item_id: str, audio_end_ms: int) -> None:
         """conversation.item.truncate for the answer in progress or just played."""

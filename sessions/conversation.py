@@ -1,0 +1,116 @@
+"""The conversation's items as a client edits them (`conversation.item.*`).
+
+OpenAI lets a client shape the conversation: add items with its own ids at any place
+(`previous_item_id`, `root` for the start), retrieve and delete any item. Items are
+messages of any role, function calls and their outputs, and recorded speech. A user
+message added at the end is what the next answer answers (the pending turn, `turns.py`);
+recorded speech joins the input timeline as a committed turn and is transcribed
+(`transcription.py`) unless an answer does it first.
+
+The session owns a `Conversation` and checks that it is open before each call; adding
+speech also holds the session's media lock (the caller takes it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pipeline.audio_format import FRAME_MS
+
+from .audio_buffer import AudioBuffer
+from .errors import InvalidRequestError
+from .events import (
+    ConversationItem,
+    ConversationItemCreated,
+    ConversationItemDeleted,
+    ConversationItemRetrieved,
+    Event,
+)
+from .history import History
+from .resample import InputResampler
+from .transcription import ItemTranscriber
+from .turns import Turns
+
+
+class Conversation:
+    def __init__(
+        self,
+        history: History,
+        audio: AudioBuffer,
+        turns: Turns,
+        transcriber: ItemTranscriber,
+        emit: Callable[[Event], None],
+    ) -> None:
+        self._history = history
+        self._audio = audio
+        self._turns = turns
+        self._transcriber = transcriber
+        self._emit = emit
+
+    def _check_new(self, item: ConversationItem) -> None:
+        if item.id in self._history:
+            raise InvalidRequestError(
+                f"the conversation already has an item with id {item.id!r}", "invalid_value"
+            )
+
+    async def add(
+        self, item: ConversationItem, previous_item_id: str | None = None
+    ) -> ConversationItem:
+        """`item` joins at the end, or right after `previous_item_id` ("" for the start)."""
+        self._check_new(item)
+        last = await self._history.last_id()
+        if previous_item_id is None or previous_item_id == last:
+            previous = await self._history.append(item)
+        else:
+            try:
+                await self._history.insert_after(item, previous_item_id)
+            except KeyError:
+                raise InvalidRequestError(
+                    f"previous_item_id {previous_item_id!r} is not in the conversation",
+                    "invalid_value",
+                ) from None
+            previous = previous_item_id or None
+        if previous == last and item.role == "user" and item.type == "message":
+            self._turns.typed(item.id)
+        self._emit(ConversationItemCreated(item=item, previous_item_id=previous))
+        return item
+
+    async def add_audio(
+        self, item: ConversationItem, pcm: bytes, sample_rate: int
+    ) -> ConversationItem:
+        """A user message of recorded speech (an `input_audio` part): the audio joins the
+        input timeline after what was received, as one committed turn that the next answer
+        hears. Uncommitted audio before it is left out of every turn, as a commit would."""
+        self._check_new(item)
+        resampler = InputResampler(sample_rate, 1)  # raises MediaError if unsupported
+        frames = resampler.push(pcm) + resampler.flush()
+        if not frames:
+            raise InvalidRequestError("the input_audio part holds no audio", "invalid_value")
+        begin = self._turns.received(FRAME_MS * len(frames))
+        await self._audio.append(frames, begin)
+        item.has_audio, item.audio_ms = True, FRAME_MS * len(frames)
+        previous = await self._history.append(item)
+        end = self._turns.offset_ms
+        self._turns.committed(item.id, begin, end)
+        self._transcriber.request(item.id, begin, end)
+        self._emit(ConversationItemCreated(item=item, previous_item_id=previous))
+        return item
+
+    async def retrieve(self, item_id: str) -> ConversationItem:
+        """The item as it is now (its transcript, a truncation), sent to the client."""
+        item = await self._history.get(item_id)
+        if item is None:
+            raise InvalidRequestError(
+                f"no item {item_id!r} in the conversation", "item_retrieve_invalid_item_id"
+            )
+        self._emit(ConversationItemRetrieved(item=item))
+        return item
+
+    async def delete(self, item_id: str) -> None:
+        """The item leaves the history, and with it the model's context."""
+        if not await self._history.delete(item_id):
+            raise InvalidRequestError(
+                f"no item {item_id!r} in the conversation", "item_delete_invalid_item_id"
+            )
+        self._turns.forget(item_id)
+        self._emit(ConversationItemDeleted(item_id=item_id))
