@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from openai.types.realtime import RealtimeServerEvent
+from pydantic import TypeAdapter
+
 from realtime.client_events import AudioFormats
 from realtime.server_events import to_wire
 from realtime.websocket.ga_events import GAExpander, source_id
@@ -154,6 +157,8 @@ def test_a_function_call_is_an_output_item_of_its_own() -> None:
     assert {m["output_index"] for m in call_events} == {1}
     assert call_events[-1]["arguments"] == '{"city": "Paris"}'
     assert call_events[-1]["name"] == "get_weather" and call_events[-1]["call_id"] == "call_1"
+    for message in messages:  # each as the openai SDK declares it
+        assert TypeAdapter(RealtimeServerEvent).validate_python(message).type == message["type"]
     output = messages[-1]["response"]["output"]
     assert [item["type"] for item in output] == ["message", "function_call"]
     assert output[1]["arguments"] == '{"city": "Paris"}'
