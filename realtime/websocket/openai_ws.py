@@ -111,10 +111,14 @@ class OpenAIRealtimeConnection(MessageConnection):
         if formats is not None:
             self._formats = formats
         self.session = session
-        self.dispatcher = ClientEventDispatcher(
+        self.dispatcher = self.new_dispatcher(session)
+        self.dispatcher.formats = self._formats
+
+    def new_dispatcher(self, session: Session) -> ClientEventDispatcher:
+        """What applies this connection's client events to `session`."""
+        return ClientEventDispatcher(
             session, transport="websocket", g711=self._codec, error_limit=ERROR_LIMIT
         )
-        self.dispatcher.formats = self._formats
 
     # --- the message mapping -------------------------------------------------------------
 

@@ -51,15 +51,11 @@ class SidebandConnection(OpenAIRealtimeConnection):
         self.call = call
         self.bind(session)
 
-    def bind(self, session: Session, formats: AudioFormats | None = None) -> None:
-        """Serve `session` with the call's rules (the WebRTC transport's dispatcher)."""
-        if formats is not None:
-            self._formats = formats
-        self.session = session
-        self.dispatcher = ClientEventDispatcher(
+    def new_dispatcher(self, session: Session) -> ClientEventDispatcher:
+        """The call's rules: the WebRTC transport's, clearing the call's playout."""
+        return ClientEventDispatcher(
             session, transport="webrtc", clear_output=self.call.clear, error_limit=ERROR_LIMIT
         )
-        self.dispatcher.formats = self._formats
 
     def event(self, event: Event) -> None:
         if isinstance(event, SessionClosed):  # the call's session: the call is ending
@@ -80,8 +76,8 @@ async def serve_sideband(
     # Listening before the upgrade completes: an event the client's first message causes
     # cannot come before the connection hears it.
     attached = call.listen(connection)
-    await websocket.accept(subprotocol=subprotocol)
     try:
+        await websocket.accept(subprotocol=subprotocol)
         if not attached:
             connection.call_ended(call.close_reason)
             await connection.close_socket()
