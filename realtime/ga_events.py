@@ -1,11 +1,16 @@
-"""The full GA event sequence around the session's events, for one connection.
+"""The full GA event sequence around the session's events, for one OpenAI connection.
+
+Shared by every OpenAI transport: the WebSocket, the WebRTC data channel and a sideband.
 
 The session emits what it knows: a response was created, an item was created, deltas, the
 response is done. An OpenAI Realtime (GA) client expects more: the output item and its
 content part announced and finished, the transcript or text in full at the end,
 `conversation.item.added` / `.done`, and `rate_limits.updated`. `GAExpander` adds them.
-It keeps a little state per connection (the response in progress, its text so far, the
-length of user audio awaiting its transcript), so each connection has its own.
+It keeps a little state per connection (the response in progress, its output items in
+`response.output` order with the text of each so far, the length of user audio awaiting
+its transcript), so each connection has its own. A function call is an output item of its
+own: announced with its first arguments, done with `response.function_call_arguments.done`.
+An out-of-band response's items are output items but never conversation items.
 `...input_audio_transcription.completed` gets its `usage` here (OpenAI's duration form):
 the session's event names the item, the item's creation said how long its audio was.
 
@@ -36,7 +41,7 @@ from sessions.events import (
     ResponseDone,
 )
 
-from ..server_events import item_object, transcription_usage
+from .server_events import item_object, transcription_usage
 
 Message = dict[str, Any]
 

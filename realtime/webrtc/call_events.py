@@ -28,8 +28,8 @@ from aiortc import RTCDataChannel
 
 from sessions.events import Event, ResponseCreated
 
+from ..ga_events import GAExpander
 from ..server_events import output_audio_buffer_event, to_wire
-from ..websocket.ga_events import GAExpander
 
 log = logging.getLogger("parley.realtime.webrtc")
 

@@ -43,10 +43,10 @@ from sessions.events import Event, OutputAudioDelta, new_id
 from ..client_events import AudioFormats
 from ..dispatch import ClientEventDispatcher
 from ..g711 import G711, PCMA, PCMU
+from ..ga_events import AFTER_AUDIO, GAExpander
 from ..server_events import to_wire
 from .connection import CLIENT_GONE, MESSAGE_TOO_BIG, TAKEN_OVER, MessageConnection
 from .connections import DEFAULT_GRACE_S
-from .ga_events import AFTER_AUDIO, GAExpander
 from .sender import Message
 
 ERROR_LIMIT = 20

@@ -29,7 +29,7 @@ from redis.exceptions import RedisError
 from sessions import EventLog, event_from_dict
 from sessions.events import Event
 
-from .ga_events import source_id
+from ..ga_events import source_id
 
 log = logging.getLogger("parley.realtime.websocket.resume")
 

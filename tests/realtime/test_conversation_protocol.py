@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from realtime.dispatch import ClientEventDispatcher
+from realtime.ga_events import GAExpander
 from realtime.server_events import to_wire
-from realtime.websocket.ga_events import GAExpander
 from sessions.clock import ScaledClock
 from sessions.events import (
     ConversationItemCreated,

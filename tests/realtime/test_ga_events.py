@@ -8,8 +8,8 @@ from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
 from realtime.client_events import AudioFormats
+from realtime.ga_events import GAExpander, source_id
 from realtime.server_events import to_wire
-from realtime.websocket.ga_events import GAExpander, source_id
 from realtime.websocket.openai_ws import ga_messages
 from realtime.websocket.resume import Replay, replay_messages
 from sessions import events as ev

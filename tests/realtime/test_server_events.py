@@ -15,13 +15,13 @@ from openai.types.realtime import (
 from pydantic import TypeAdapter
 
 from realtime.client_events import AudioFormats
+from realtime.ga_events import GAExpander
 from realtime.server_events import (
     PARLEY_EVENTS,
     output_audio_buffer_event,
     session_object,
     to_wire,
 )
-from realtime.websocket.ga_events import GAExpander
 from sessions import events as ev
 from sessions.config import SessionConfig
 from sessions.events import ConversationItem, Event
