@@ -185,12 +185,13 @@ def latency(outcomes: list[Outcome]) -> str:
 
 def report_calls(label: str, cases: list[Case], outcomes: list[Outcome]) -> None:
     called = [(c, o) for c, o in zip(cases, outcomes, strict=True) if o.called]
-    right = [(c, o) for c, o in called if o.called == c.tool]
+    needed = [(c, o) for c, o in called if c.tool]
+    right = [(c, o) for c, o in needed if o.called == c.tool]
     valid_n = sum(valid(o.called or "", o.arguments) for _, o in called)
     correct_n = sum(correct(c, o.arguments) for c, o in right)
     print(
-        f"  {label}: right tool {pct(len(right), len(called))} of calls made; "
-        f"arguments valid {pct(valid_n, len(called))}, "
+        f"  {label}: right tool {pct(len(right), len(needed))} of calls that a tool was needed "
+        f"for; arguments valid {pct(valid_n, len(called))} of all calls, "
         f"correct {pct(correct_n, len(right))} of right-tool calls"
     )
     print(f"  {label}: first ToolCallDelta {latency([o for _, o in called])}")
