@@ -32,7 +32,6 @@ from ...types import (
     HiddenStates,
     HistoryItem,
     PipelineRequest,
-    TextDelta,
 )
 from .audio_features import AudioFeatures, AudioInput
 from .config import TOKENS
@@ -52,6 +51,7 @@ from .stage import ModelStage
 from .step_batcher import StepBatcher
 from .thinker_runner import ThinkerHidden, ThinkerPast, ThinkerPrompt, ThinkerRunner, ThinkerState
 from .thinker_slots import ThinkerSlots
+from .tool_calls import CallParser, history_turn, offered, tools_text
 from .vision_input import TOKEN_PIXELS, FrameImages, VisionInput
 
 DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant."
@@ -145,7 +145,9 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         return StepBatcher(self.name, self.thread, step, max_batch=self.max_batch)
 
     def _instructions(self, request: PipelineRequest) -> str:
-        return request.instructions or self.default_instructions
+        base = request.instructions or self.default_instructions
+        tools = offered(request.tools, request.tool_choice or "auto")
+        return f"{base}\n\n{tools_text(tools)}" if tools else base
 
     def _prompt(self, request: PipelineRequest, resumed: _Resumed | None = None) -> ThinkerPrompt:
         """On the model thread: log-mel features, image patches and the chat prompt's ids
@@ -157,7 +159,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         ids = chat_prompt(
             self.vocab,
             instructions="" if resumed is not None else self._instructions(request),
-            history=[(item.role, item.text) for item in history],
+            history=[history_turn(item) for item in history],
             audio_tokens=audio.tokens if audio else 0,
             text=request.text,
             image_tokens=vision.tokens if vision else (),
@@ -256,6 +258,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
             self._requests.set_state(request_id, state)
             fed = [hidden.states]
             reply: list[str] = []
+            calls = CallParser()  # the reply's text, with any <tool_call> read out of it
             audio_frames = int(prompt.audio.mask.sum()) if prompt.audio is not None else 0
             kept = talker_positions(hidden.token_ids, past.length if past is not None else 0)
             yield HiddenStates(
@@ -279,7 +282,8 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
                     if token == runner.eos_id:
                         break
                     reply.append(vocab.decode(token))
-                    yield TextDelta(text=reply[-1])
+                    for chunk in calls.feed(reply[-1]):
+                        yield chunk
                     if produced == self.max_new_tokens:
                         break  # as in generate(), the last token is chosen but never fed
                     step: ThinkerHidden = await self.batcher.step(state)
@@ -293,6 +297,8 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
                 await self.thread.call(runner.release, state, keep=True)
             self._remember(request, prompt, state, fed, "".join(reply))
             remembered = True
+            for chunk in calls.finish():
+                yield chunk
             yield End()
         finally:
             if not remembered and self.sessions is not None:
