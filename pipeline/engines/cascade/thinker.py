@@ -166,6 +166,9 @@ class ThinkerEngine(EntryEngine):
                 if heard:
                     yield TextDelta(text=heard, kind="input_transcript")
                 user_text = " ".join(t for t in (user_text, heard) if t)
+            if request.transcribe_only:
+                yield End()  # the turn's transcript only: no answer follows yet
+                return
             if len(request.audio) and not user_text.strip():
                 yield TextDelta(text=NOT_HEARD)  # a spoken turn with nothing heard
                 yield End()

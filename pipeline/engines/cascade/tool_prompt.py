@@ -74,7 +74,8 @@ def history_messages(items: Sequence[HistoryItem]) -> list[dict[str, str]]:
             messages.append({"role": "assistant", "content": call_text(item.name, item.arguments)})
         elif item.kind == "function_call_output":
             tool = names.get(item.call_id, "the tool")
-            said = f"Result of {tool}: {plain_words(item.text)}. Now answer my question."
+            result = plain_words(item.text).rstrip(". ")
+            said = f"Result of {tool}: {result}. Now answer my question."
             messages.append({"role": "user", "content": said})
         elif item.role != "system" and item.text:
             messages.append({"role": item.role, "content": item.text})

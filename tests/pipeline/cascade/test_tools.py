@@ -23,6 +23,7 @@ from pipeline.types import (
     ToolCallDelta,
     ToolSpec,
 )
+from tests.pipeline.cascade.conftest import Speak
 
 WEATHER = ToolSpec(
     "get_weather",
@@ -149,6 +150,15 @@ async def test_instructions_alone_are_answered(thinker: ThinkerEngine) -> None:
 async def test_a_silent_spoken_turn_is_not_heard(thinker: ThinkerEngine) -> None:
     silence = PipelineRequest("t", np.zeros(8000, dtype=np.int16), instructions="Greet me.")
     assert await ask(thinker, silence) == [TextDelta(text=NOT_HEARD), End()]
+
+
+async def test_a_transcribe_only_turn_ends_after_its_transcript(
+    thinker: ThinkerEngine, speak: Speak
+) -> None:
+    request = PipelineRequest("t", speak("hello there"), transcribe_only=True)
+    chunks = await ask(thinker, request)
+    assert isinstance(chunks[-1], End)
+    assert all(isinstance(c, TextDelta) and c.kind == "input_transcript" for c in chunks[:-1])
 
 
 async def test_max_output_tokens_caps_the_reply(thinker: ThinkerEngine) -> None:
