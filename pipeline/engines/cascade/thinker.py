@@ -179,11 +179,13 @@ class ThinkerEngine(EntryEngine):
                 return  # while looking at the frames
             prompt = self.chat_prompt(request, user_text, scene)
             budget = min(self.max_new_tokens, request.max_output_tokens or self.max_new_tokens)
-            try:
-                constraint = self.tool_constraint(request, budget)
+            try:  # off the loop: llguidance compiles a large schema for a while
+                constraint = await asyncio.to_thread(self.tool_constraint, request, budget)
             except ToolGrammarError as exc:
                 yield ErrorChunk(message=f"tools: {exc}", stage=self.name)
                 return
+            if self._requests.aborted(request_id):
+                return  # while compiling the tools' grammar
             if constraint is not None:
                 budget = max(budget, self.max_call_tokens)
             stream = generator.stream(request_id, prompt, budget, constraint)
