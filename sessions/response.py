@@ -133,6 +133,7 @@ class Response:
         self.committed = False
         self.cancel_reason = "cancelled"
         self.status: ResponseStatus | None = None
+        self._handed_over = False
         self.redis_unavailable = False
         """The answer failed because the session store was unreachable; the session tells
         its client about the outage (once), so this response sends no error of its own."""
@@ -179,10 +180,21 @@ class Response:
         if status == "completed" and self._spoken.audio_ms > 0:
             try:
                 await self._sink.drained()
-            except asyncio.CancelledError:  # cut off while its last audio was still playing
-                await asyncio.wait_for(self._finish_cancelled(), FINALIZE_TIMEOUT_S)
+            except asyncio.CancelledError:
+                if not self._handed_over:  # cut off while its last audio was still playing
+                    await asyncio.wait_for(self._finish_cancelled(), FINALIZE_TIMEOUT_S)
                 raise
         return status
+
+    @property
+    def generating(self) -> bool:
+        """Not done yet: after response.done only its last audio may still be playing."""
+        return self.status is None
+
+    def hand_over(self) -> None:
+        """A new answer follows this finished one: stop waiting for the playout (the audio
+        plays on, the next answer's after it) and leave the item as it was committed."""
+        self._handed_over = True
 
     async def _generate(self, request: PipelineRequest) -> tuple[ResponseStatus, str, str | None]:
         """Stream the answer; returns its status, the reason, and an error code if it failed."""

@@ -510,7 +510,7 @@ class Session:
     async def create_response(self, options: ResponseOptions | None = None) -> str:
         """response.create: answer the conversation so far, shaped by `options`."""
         self._check_open()
-        if self.responding and self._response is not None:
+        if self.responding and self._response is not None and self._response.generating:
             raise InvalidRequestError(
                 "Conversation already has an active response in progress: "
                 f"{self._response.response_id}. Wait until the response is finished before "
@@ -527,7 +527,7 @@ class Session:
     async def _start_response(self, options: ResponseOptions | None = None) -> str:
         resolved = (options or ResponseOptions()).resolve(self.config)
         async with self._writer_lock:  # one writer: never start while one is torn down
-            await self._cancel_response("superseded")
+            await self._end_previous_response()
             if self._tg is None:
                 raise SessionClosedError("the session is not running")
             self._idle.disarm()
@@ -562,6 +562,19 @@ class Session:
                 self._run_response(response), name=f"{self.session_id}:{response.response_id}"
             )
             return response.response_id
+
+    async def _end_previous_response(self) -> None:
+        """Before a new answer: one that is only playing out its audio hands over (its
+        audio plays on, the new answer's queues after it, as OpenAI's clients expect after
+        response.done); one still generating is cut off."""
+        task, response = self._response_task, self._response
+        playing_out = response is not None and not response.generating
+        if task is not None and response is not None and not task.done() and playing_out:
+            response.hand_over()
+            await cancel_and_wait(task)
+            self._response_task = None
+            return
+        await self._cancel_response("superseded")
 
     def _response_speaking(self) -> None:
         """The answer in progress has its first audio."""

@@ -26,7 +26,8 @@ TRANSITIONS: dict[SessionState, frozenset[SessionState]] = {
     _S.LISTENING: frozenset({_S.USER_SPEAKING, _S.THINKING, _S.CLOSED}),
     _S.USER_SPEAKING: frozenset({_S.LISTENING, _S.THINKING, _S.CLOSED}),
     _S.THINKING: frozenset({_S.SPEAKING, _S.LISTENING, _S.USER_SPEAKING, _S.CLOSED}),
-    _S.SPEAKING: frozenset({_S.LISTENING, _S.USER_SPEAKING, _S.CLOSED}),
+    # SPEAKING -> THINKING: a new answer starts while the last one's audio plays out.
+    _S.SPEAKING: frozenset({_S.LISTENING, _S.USER_SPEAKING, _S.THINKING, _S.CLOSED}),
     _S.CLOSED: frozenset(),
 }
 

@@ -324,3 +324,24 @@ async def test_a_turn_no_answer_follows_is_transcribed_all_the_same(
     await d.handle_raw(msg(type="response.create"))
     await wait_done(sink, 1)
     assert len(sink.of(InputTranscriptionCompleted)) == 1
+
+
+async def test_response_create_right_after_response_done_queues_its_audio_after(
+    make_session: MakeSession, engine: FakeEngine
+) -> None:
+    """After response.done the answer may still be playing (its last audio, in the sink): a
+    new response.create is no error; the new answer's audio follows the old."""
+    engine.audio_ms, engine.realtime_factor = 1_000, 50.0
+    d, session, sink = await start(make_session)
+    await session.add_text("Hello!")
+    await d.handle_raw(msg(type="response.create"))
+    first = await wait_done(sink, 1)
+    assert sink.playout.queued_ms > 0  # still playing when response.done went out
+    await session.add_text("And the capital of France?")
+    await d.handle_raw(msg(type="response.create", event_id="e_next"))
+    second = await wait_done(sink, 2)
+    assert not errors(sink)
+    assert first.status == second.status == "completed"
+    items = await session.history.items()
+    first_answer = next(item for item in items if first.item and item.id == first.item.id)
+    assert first_answer.status == "completed"  # handed over, not truncated
