@@ -186,7 +186,7 @@ class ThinkerEngine(EntryEngine):
                 return
             if self._requests.aborted(request_id):
                 return  # while compiling the tools' grammar
-            if constraint is not None:
+            if constraint is not None and constraint.calling is not False:
                 budget = max(budget, self.max_call_tokens)
             stream = generator.stream(request_id, prompt, budget, constraint)
             reader: CallReader | None = None
@@ -209,10 +209,15 @@ class ThinkerEngine(EntryEngine):
                 yield End()
 
     def tool_constraint(self, request: PipelineRequest, text_tokens: int) -> CallConstraint | None:
-        """The decoding rule for a request's tools (None: no tools, or tool_choice none)."""
+        """The decoding rule for a request's tools: None with no tools and no calls in the
+        history; words only (no call marker) when the turn may not call."""
         choice = request.tool_choice or "auto"
-        if not may_call(request) or self._lm is None:
+        if self._lm is None:
             return None
+        if not may_call(request):
+            if not request.tools and all(i.kind == "message" for i in request.history):
+                return None
+            return CallConstraint(self._lm, None, mode="text", text_tokens=text_tokens)
         tools = request.tools
         if choice not in ("auto", "required"):
             tools = tuple(t for t in request.tools if t.name == choice)
@@ -221,7 +226,7 @@ class ThinkerEngine(EntryEngine):
         return CallConstraint(
             self._lm,
             call_grammar(tools),
-            decide=choice == "auto",
+            mode="auto" if choice == "auto" else "call",
             threshold=self.call_threshold,
             text_tokens=text_tokens,
         )

@@ -15,8 +15,12 @@ tool listed), but the marker's log-probability at the first step does move with 
 it is higher when a listed tool fits. So the first step compares log P(first marker token)
 with `threshold` (measured with `python -m loadtest.tool_calls`): above it the turn becomes a
 call and every later token is masked by the grammar; below it the marker is banned and the
-reply is free text. `required` (or a named tool) skips the decision. The decision rides in the
-same batched forward pass as everything else: no extra model call.
+reply is free text. `required` (or a named tool) skips the decision. The decision rides in
+the same batched forward pass as everything else: no extra model call.
+
+A reply in words never writes a token that starts with '<' (the marker's first): with a call
+in its history, SmolLM2 otherwise copied it as text (the turn after a tool's output
+"answered" `<tool_call>{...}</tool_call>`, and the Talker spoke it).
 
 Everything here runs on the Thinker's model thread, inside `generate`.
 """
@@ -26,7 +30,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
-from typing import Any
+from typing import Any, Literal
 
 import llguidance
 import numpy as np
@@ -70,6 +74,7 @@ def _index(lm: LanguageModel) -> tuple[llguidance.LLTokenizer, torch.Tensor]:
             )
             texts = lm.tokenizer.batch_decode([[i] for i in range(tokenizer.vocab_size)])
             angled = torch.tensor([t.startswith("<") for t in texts], dtype=torch.bool)
+            angled[list(lm.stop_token_ids)] = False  # "<|im_end|>" must stay: it ends the turn
             known = _tokenizers[id(lm)] = (lm, tokenizer, angled)
         return known[1], known[2]
 
@@ -79,27 +84,36 @@ def prepare(lm: LanguageModel) -> None:
     _index(lm)
 
 
+Mode = Literal["auto", "call", "text"]
+"""auto: the first step decides; call: the turn is a call; text: it is not (no marker)."""
+
+
 class CallConstraint:
-    """One row's rule: decide (auto) whether to call, then keep a call inside the grammar."""
+    """One row's rule: decide (auto) whether to call, then keep a call inside the grammar;
+    a turn in words never writes a call marker (any token starting with '<')."""
 
     def __init__(
         self,
         lm: LanguageModel,
-        grammar: str,
+        grammar: str | None,
         *,
-        decide: bool,
+        mode: Mode,
         threshold: float = -6.0,
         text_tokens: int = 64,
     ) -> None:
         tokenizer, self._angled = _index(lm)
-        self._matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
-        if self._matcher.is_error():
-            raise ToolGrammarError(self._matcher.get_error().splitlines()[0])
+        self._matcher: llguidance.LLMatcher | None = None
+        if grammar is not None:
+            self._matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+            if self._matcher.is_error():
+                raise ToolGrammarError(self._matcher.get_error().splitlines()[0])
+        elif mode != "text":
+            raise ValueError("a turn that may call needs the call grammar")
         self._vocab = tokenizer.vocab_size
         self._stop = lm.stop_token_ids[0]
         self._marker = int(lm.tokenizer(CALL_OPEN, add_special_tokens=False).input_ids[0])
         self.threshold = threshold
-        self.calling: bool | None = None if decide else True
+        self.calling: bool | None = {"auto": None, "call": True, "text": False}[mode]
         """None until the first step decides; True: the turn is a call; False: text."""
         self.marker_logprob: float | None = None
         """log P(first marker token) at the first step (what the decision compared)."""
@@ -110,19 +124,22 @@ class CallConstraint:
     def apply(self, last_token: int | None, scores: torch.Tensor) -> None:
         """Mask one row's next-token scores in place; `last_token` is what the row picked
         at the previous step (None at the first)."""
-        if self.calling is None or self._steps == 0:
+        first = self._steps == 0
+        self._steps += 1
+        if first:
             logprobs = torch.log_softmax(scores.float(), dim=-1)
             self.marker_logprob = float(logprobs[self._marker])
             if self.calling is None:
                 self.calling = self.marker_logprob >= self.threshold
-            if not self.calling:
-                scores[: len(self._angled)].masked_fill_(self._angled, float("-inf"))
-        elif self.calling and last_token is not None:
+        elif self.calling and last_token is not None and self._matcher is not None:
             self._matcher.consume_token(last_token)
-        self._steps += 1
-        if not self.calling and self._steps <= self._text_tokens:
-            return
-        if not self.calling or self._matcher.is_stopped() or self._matcher.is_error():
+        if not self.calling:
+            if self._steps <= self._text_tokens:
+                scores[: len(self._angled)].masked_fill_(self._angled, float("-inf"))
+                return
+            allowed = torch.zeros(scores.shape[-1], dtype=torch.bool)
+            allowed[self._stop] = True
+        elif self._matcher is None or self._matcher.is_stopped() or self._matcher.is_error():
             allowed = torch.zeros(scores.shape[-1], dtype=torch.bool)
             allowed[self._stop] = True
         else:

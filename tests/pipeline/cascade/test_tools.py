@@ -123,22 +123,31 @@ async def test_an_unknown_tool_name_is_an_error(thinker: ThinkerEngine) -> None:
     assert len(chunks) == 1 and isinstance(chunks[0], ErrorChunk)
 
 
-async def test_the_answer_after_the_output_uses_it(thinker: ThinkerEngine) -> None:
+@pytest.mark.parametrize(
+    ("instructions", "output"),
+    [
+        ("", '{"temperature_c": 21, "sky": "sunny"}'),
+        # the Agents SDK's test: SmolLM2 once "answered" by copying the call as text
+        ("You are a helpful assistant. Answer in one short sentence.",
+         "It is sunny and 21 degrees in Paris."),
+    ],
+)  # fmt: skip
+async def test_the_answer_after_the_output_uses_it(
+    thinker: ThinkerEngine, instructions: str, output: str
+) -> None:
     history = (
         HistoryItem("user", "What is the weather in Paris?"),
         HistoryItem(
             "assistant", "", kind="function_call", name="get_weather", call_id="call_1",
             arguments='{"city": "Paris"}',
         ),
-        HistoryItem(
-            "user", '{"temperature_c": 21, "sky": "sunny"}', kind="function_call_output",
-            call_id="call_1",
-        ),
+        HistoryItem("user", output, kind="function_call_output", call_id="call_1"),
     )  # fmt: skip
-    chunks = await ask(thinker, typed(None, history=history, tools=(WEATHER,)))
+    request = typed(None, history=history, tools=(WEATHER,), instructions=instructions)
+    chunks = await ask(thinker, request)
     answer = spoken(chunks)
     assert "21" in answer or "sunny" in answer.lower(), answer
-    assert isinstance(chunks[-1], End)
+    assert "<" not in answer and isinstance(chunks[-1], End)
 
 
 async def test_instructions_alone_are_answered(thinker: ThinkerEngine) -> None:
