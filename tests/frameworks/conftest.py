@@ -71,8 +71,13 @@ class Records(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
 
-    def lines(self) -> list[str]:
-        return [f"{r.name}: {r.getMessage()}" for r in self.records]
+    def lines(self, logger: str = "") -> list[str]:
+        """The records of `logger` and its children ("": all of them)."""
+        return [
+            f"{r.name}: {r.getMessage()}"
+            for r in self.records
+            if not logger or r.name == logger or r.name.startswith(logger + ".")
+        ]
 
 
 @pytest.fixture
