@@ -130,7 +130,13 @@ async def test_a_spoken_question_is_answered_with_audio_and_transcripts(
 
 
 @pytest.mark.slow
-async def test_a_greeting_is_spoken_on_request(parley: ServedApp, warnings_logged: Records) -> None:
+async def test_a_greeting_then_a_message_right_after_it(
+    parley: ServedApp, warnings_logged: Records
+) -> None:
+    """A greeting by response.create with its own instructions (the SDK has no reply call:
+    a raw client event is its way), then send_message (conversation.item.create, then
+    response.create) as soon as the greeting is done, as a text chat on top of the voice
+    session does."""
     agent = RealtimeAgent(name="Assistant", instructions=INSTRUCTIONS)
     async with agent_session(parley, agent) as listener:
         greeting = {
@@ -141,28 +147,45 @@ async def test_a_greeting_is_spoken_on_request(parley: ServedApp, warnings_logge
             RealtimeModelSendRawMessage(message=greeting)  # type: ignore[arg-type]
         )
         await listener.wait_for_server("response.done")
-        await asyncio.sleep(0.5)
-    assert any(e.type == "audio" for e in listener.events)
-    done = listener.raw("response.done")[-1]["response"]
-    assert done["status"] == "completed", done
-    no_errors(listener, warnings_logged)
-
-
-@pytest.mark.slow
-async def test_a_message_right_after_an_answer_is_answered(
-    parley: ServedApp, warnings_logged: Records
-) -> None:
-    """send_message (conversation.item.create, then response.create) as soon as the last
-    answer is done, as a text chat on top of the voice session does."""
-    agent = RealtimeAgent(name="Assistant", instructions=INSTRUCTIONS)
-    async with agent_session(parley, agent) as listener:
-        await listener.session.send_message("Hello!")
-        await listener.wait_for_server("response.done")
         await listener.session.send_message("What is the capital of France?")
         async with asyncio.timeout(20):
             while len(listener.raw("response.done")) < 2 and not listener.raw("error"):
                 await asyncio.sleep(0.02)
+        await asyncio.sleep(0.5)
+    assert sum(e.type == "audio_end" for e in listener.events) == 2
+    statuses = [e["response"]["status"] for e in listener.raw("response.done")]
+    assert statuses == ["completed", "completed"], statuses
     no_errors(listener, warnings_logged)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=False,
+    reason="Parley bug: after a barge-in the server truncates the answer to what it sent "
+    "(Response._finish_cancelled -> truncate(played_ms)) after the client's own "
+    "conversation.item.truncate, so the item ends longer than the client heard",
+)
+async def test_speaking_over_an_answer_interrupts_it(
+    parley: ServedApp, warnings_logged: Records
+) -> None:
+    """The SDK's defaults on a barge-in: server VAD cancels the answer (interrupt_response),
+    and the SDK truncates it to what its playback tracker says was played."""
+    agent = RealtimeAgent(name="Assistant", instructions=INSTRUCTIONS)
+    async with agent_session(parley, agent) as listener:
+        await listener.session.send_message("Tell me a long story about a dragon.")
+        await listener.wait_for(lambda e: e.type == "audio")
+        await asyncio.sleep(1.0)
+        await push_in_real_time(listener.session.send_audio, spoken(QUESTION, RATE), RATE)
+        async with asyncio.timeout(20):
+            while len(listener.raw("response.done")) < 2:
+                await asyncio.sleep(0.02)
+        await asyncio.sleep(0.5)
+    assert any(e.type == "audio_interrupted" for e in listener.events)
+    statuses = [e["response"]["status"] for e in listener.raw("response.done")]
+    assert statuses == ["cancelled", "completed"], statuses
+    no_errors(listener, warnings_logged)
+    ends = [e["audio_end_ms"] for e in listener.raw("conversation.item.truncated")]
+    assert ends and ends[-1] == ends[0], ends  # the client's cut stands
 
 
 @function_tool
