@@ -134,6 +134,7 @@ class Response:
         self.cancel_reason = "cancelled"
         self.status: ResponseStatus | None = None
         self._handed_over = False
+        self._client_cut_ms: int | None = None
         self.redis_unavailable = False
         """The answer failed because the session store was unreachable; the session tells
         its client about the outage (once), so this response sends no error of its own."""
@@ -362,9 +363,16 @@ class Response:
     async def _finish(self, status: ResponseStatus, reason: str) -> None:
         self.status = status
         self.item.status = "completed" if status == "completed" else "incomplete"
-        self.item.text = self._spoken.text.strip()
-        self.item.audio_ms = round(self._spoken.audio_ms)
-        if self.options.in_conversation and (self.item.text or self.item.audio_ms):
+        if self._client_cut_ms is not None:  # the client cut it while it was running
+            cut = min(self._client_cut_ms, round(self._spoken.audio_ms))
+            self.item.text, self.item.audio_ms = self._spoken.heard(cut), cut
+            self.item.status = "incomplete"
+        else:
+            self.item.text = self._spoken.text.strip()
+            self.item.audio_ms = round(self._spoken.audio_ms)
+        if self.committed:  # truncated by the client while it ran
+            await self._history.update(self.item)
+        elif self.options.in_conversation and (self.item.text or self.item.audio_ms):
             await self._history.append(self.item)
             self.committed = True
         for call in self.calls:
@@ -394,8 +402,14 @@ class Response:
         if self.item.has_audio and self._spoken.audio_ms > 0:
             await self.truncate(self.played_ms)
 
-    async def truncate(self, audio_end_ms: int) -> None:
-        """Cut the committed item to what was heard, and say so."""
+    async def truncate(self, audio_end_ms: int, *, by_client: bool = False) -> None:
+        """Cut the committed item to what was heard, and say so. The client's cut
+        (conversation.item.truncate: it knows what it played) stands: the server's own
+        estimate never lengthens it afterwards."""
+        if by_client:
+            self._client_cut_ms = audio_end_ms
+        elif self._client_cut_ms is not None:
+            return
         audio_end_ms = min(audio_end_ms, round(self._spoken.audio_ms))
         self.item.text = self._spoken.heard(audio_end_ms)
         self.item.audio_ms = audio_end_ms

@@ -146,6 +146,8 @@ class Session:
         self._media_lock = asyncio.Lock()
         self._writer_lock = asyncio.Lock()
         self._tg: asyncio.TaskGroup | None = None
+        self._started = asyncio.Event()
+        """session.created has gone out: what the client sends is answered after it."""
         self._close_requested = asyncio.Event()
         self._closed = asyncio.Event()
         self.close_reason = ""
@@ -173,7 +175,7 @@ class Session:
                 transcriber = tg.create_task(
                     self._transcriber.run(), name=f"{self.session_id}:transcriber"
                 )
-                await self.store.write_record(self.config, self.resume_token)
+                # session.created is the first event a client gets, whatever it sends at once.
                 self._emit(
                     SessionCreated(
                         session_id=self.session_id,
@@ -181,12 +183,15 @@ class Session:
                         resume_token=self.resume_token,
                     )
                 )
+                self._started.set()
+                await self.store.write_record(self.config, self.resume_token)
                 await self._close_requested.wait()
                 await self._shutdown()
                 watchdog.cancel()
                 transcriber.cancel()
                 writer.cancel()
         finally:
+            self._started.set()  # nobody waits for a session.created that never comes
             self._tg = None
             await self._forget_in_pipeline()
             await self.store.delete()
@@ -319,6 +324,8 @@ class Session:
 
     async def update(self, patch: Mapping[str, Any]) -> SessionConfig:
         """Validate and apply new settings; on error nothing changes."""
+        self._check_open()
+        await self._started.wait()  # session.updated never overtakes session.created
         self._check_open()
         new = self.config.updated(patch)
         async with self._media_lock:
@@ -663,7 +670,7 @@ class Session:
                 f"item {item_id!r} is not the assistant answer in progress or just played",
                 "item_truncate_invalid_item_id",
             )
-        await response.truncate(audio_end_ms)
+        await response.truncate(audio_end_ms, by_client=True)
 
     def describe(self) -> dict[str, Any]:
         return {

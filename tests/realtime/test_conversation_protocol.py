@@ -16,6 +16,7 @@ from sessions.clock import ScaledClock
 from sessions.events import (
     ConversationItemCreated,
     ConversationItemRetrieved,
+    ConversationItemTruncated,
     ErrorEvent,
     FunctionCallArgumentsDelta,
     FunctionCallArgumentsDone,
@@ -25,6 +26,7 @@ from sessions.events import (
     ResponseCreated,
     ResponseDone,
 )
+from sessions.manager import SessionManager
 from sessions.session import Session
 from tests.fakes.fake_engine import FakeEngine
 from tests.fakes.sink import ClockedSink
@@ -345,3 +347,37 @@ async def test_response_create_right_after_response_done_queues_its_audio_after(
     items = await session.history.items()
     first_answer = next(item for item in items if first.item and item.id == first.item.id)
     assert first_answer.status == "completed"  # handed over, not truncated
+
+
+async def test_the_clients_truncation_stands_after_a_barge_in(
+    make_session: MakeSession, engine: FakeEngine
+) -> None:
+    """An OpenAI client truncates the answer to what it played as soon as speech starts;
+    the server's own cut on the barge-in that follows must not lengthen it again."""
+    engine.audio_ms, engine.realtime_factor = 3_000, 2.0
+    d, session, sink = await start(make_session)
+    await session.add_text("Tell me a story.")
+    await d.handle_raw(msg(type="response.create"))
+    await sink.wait_for(lambda e: e.type == "response.output_audio.delta")
+    await CLOCK.sleep(0.5)
+    item_id = sink.of(ConversationItemCreated)[-1].item.id
+    await d.handle_raw(
+        msg(type="conversation.item.truncate", item_id=item_id, content_index=0, audio_end_ms=40)
+    )
+    await d.handle_raw(msg(type="response.cancel"))
+    done = await wait_done(sink, 1)
+    assert done.status == "cancelled"
+    cuts = [e.audio_end_ms for e in sink.of(ConversationItemTruncated)]
+    assert cuts and set(cuts) == {40}, cuts
+    (answer,) = [item for item in await session.history.items() if item.role == "assistant"]
+    assert answer.audio_ms == 40 and answer.status == "incomplete"
+
+
+async def test_session_created_comes_first_even_for_an_update_sent_at_once(
+    manager: SessionManager,
+) -> None:
+    async with ClockedSink(clock=manager.clock) as sink:
+        session = await manager.create(sink, {"turn_detection": None})
+        await session.update({"instructions": "Be brief."})  # before run() has started
+        assert sink.types()[:2] == ["session.created", "session.updated"]
+        await session.close()
