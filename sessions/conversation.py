@@ -2,7 +2,8 @@
 
 OpenAI lets a client shape the conversation: add items with its own ids at any place
 (`previous_item_id`, `root` for the start), retrieve and delete any item. Items are
-messages of any role, function calls and their outputs, and recorded speech. A user
+messages of any role, function calls and their outputs, and recorded speech; an earlier
+assistant audio item can be truncated too. A user
 message added at the end is what the next answer answers (the pending turn, `turns.py`);
 recorded speech joins the input timeline as a committed turn and is transcribed
 (`transcription.py`) unless an answer does it first.
@@ -24,6 +25,7 @@ from .events import (
     ConversationItemCreated,
     ConversationItemDeleted,
     ConversationItemRetrieved,
+    ConversationItemTruncated,
     Event,
 )
 from .history import History
@@ -105,6 +107,23 @@ class Conversation:
             )
         self._emit(ConversationItemRetrieved(item=item))
         return item
+
+    async def truncate(self, item_id: str, audio_end_ms: int) -> None:
+        """Cut an earlier assistant audio item at `audio_end_ms`: its words in proportion
+        (the words' timing went with the answer that spoke them)."""
+        item = await self._history.get(item_id)
+        if item is None or item.role != "assistant" or not item.has_audio:
+            raise InvalidRequestError(
+                f"item {item_id!r} is not an assistant audio item of the conversation",
+                "item_truncate_invalid_item_id",
+            )
+        if audio_end_ms < item.audio_ms:
+            words = item.text.split()
+            kept = len(words) * audio_end_ms // item.audio_ms if item.audio_ms else 0
+            item.text, item.audio_ms = " ".join(words[:kept]), audio_end_ms
+            item.status = "incomplete"
+            await self._history.update(item)
+        self._emit(ConversationItemTruncated(item_id=item_id, audio_end_ms=item.audio_ms))
 
     async def delete(self, item_id: str) -> None:
         """The item leaves the history, and with it the model's context."""

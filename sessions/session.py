@@ -663,14 +663,14 @@ class Session:
         await self._start_response()
 
     async def truncate_item(self, item_id: str, audio_end_ms: int) -> None:
-        """conversation.item.truncate for the answer in progress or just played."""
+        """conversation.item.truncate: the answer in progress or just played knows which
+        words were heard by then; an older assistant audio item is cut in proportion."""
+        self._check_open()
         response = self._response
-        if response is None or response.item.id != item_id:
-            raise InvalidRequestError(
-                f"item {item_id!r} is not the assistant answer in progress or just played",
-                "item_truncate_invalid_item_id",
-            )
-        await response.truncate(audio_end_ms, by_client=True)
+        if response is not None and response.item.id == item_id:
+            await response.truncate(audio_end_ms, by_client=True)
+            return
+        await self.conversation.truncate(item_id, audio_end_ms)
 
     def describe(self) -> dict[str, Any]:
         return {

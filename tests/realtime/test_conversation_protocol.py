@@ -381,3 +381,31 @@ async def test_session_created_comes_first_even_for_an_update_sent_at_once(
         await session.update({"instructions": "Be brief."})  # before run() has started
         assert sink.types()[:2] == ["session.created", "session.updated"]
         await session.close()
+
+
+async def test_an_earlier_answer_can_be_truncated_too(make_session: MakeSession) -> None:
+    d, session, sink = await start(make_session)
+    await d.handle_raw(
+        msg(
+            type="conversation.item.create",
+            item={
+                "id": "msg_old",
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_audio", "transcript": "one two three four"}],
+            },
+        )
+    )
+    item = await session.history.get("msg_old")
+    assert item is not None and item.has_audio
+    item.audio_ms = 2000  # as if it had been spoken
+    await session.history.update(item)
+    await d.handle_raw(
+        msg(
+            type="conversation.item.truncate", item_id="msg_old", content_index=0, audio_end_ms=1000
+        )
+    )
+    assert not errors(sink)
+    cut = await session.history.get("msg_old")
+    assert cut is not None and (cut.text, cut.audio_ms) == ("one two", 1000)
+    assert sink.of(ConversationItemTruncated)[-1].audio_end_ms == 1000
