@@ -159,12 +159,6 @@ async def test_a_greeting_then_a_message_right_after_it(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="Parley bug: after a barge-in the server truncates the answer to what it sent "
-    "(Response._finish_cancelled -> truncate(played_ms)) after the client's own "
-    "conversation.item.truncate, so the item ends longer than the client heard",
-)
 async def test_speaking_over_an_answer_interrupts_it(
     parley: ServedApp, warnings_logged: Records
 ) -> None:
