@@ -83,7 +83,7 @@ async def test_spoken_turn_gets_a_streamed_answer(
     (request,) = engine.requests
     turn_ms = len(request.audio) / 16
     assert end - start + 300 - 60 <= turn_ms <= end - start + 300 + 900 + 60
-    transcript = "".join(e.delta for e in sink.of(OutputAudioTranscriptDelta))  # type: ignore[attr-defined]
+    transcript = "".join(e.delta for e in sink.of(OutputAudioTranscriptDelta))
     assert transcript.strip() == engine.text
     # After playout the session listens again, and the answer is in the history.
     await sink.wait_for(
@@ -94,7 +94,7 @@ async def test_spoken_turn_gets_a_streamed_answer(
     assert sink.played_audio_frames >= 2000 // 20 - 1
     # The session made every transition, in order; it was speaking before the first audio.
     changes = sink.of(SessionStateChanged)
-    assert [(e.previous, e.state, e.reason) for e in changes] == [  # type: ignore[attr-defined]
+    assert [(e.previous, e.state, e.reason) for e in changes] == [
         ("listening", "user_speaking", "speech started"),
         ("user_speaking", "thinking", "response started"),
         ("thinking", "speaking", "first audio"),
@@ -272,7 +272,7 @@ async def test_close_removes_every_key_task_and_lease(
     assert session.state is SessionState.CLOSED
     closed = sink.of(SessionClosed)
     assert len(closed) == 1 and sink.events[-1] is closed[0]
-    assert [e.status for e in sink.of(ResponseDone)] == ["cancelled"]  # type: ignore[attr-defined]
+    assert [e.status for e in sink.of(ResponseDone)] == ["cancelled"]
 
 
 async def test_idle_timeout_closes_a_silent_session(
@@ -426,4 +426,4 @@ async def test_response_metadata_is_carried_to_its_events(
     done = await sink.wait_for(is_done)
     assert isinstance(done, ResponseDone) and done.metadata == {"client_event_id": "c1"}
     (created,) = sink.of(ResponseCreated)
-    assert created.metadata == {"client_event_id": "c1"}  # type: ignore[attr-defined]
+    assert created.metadata == {"client_event_id": "c1"}

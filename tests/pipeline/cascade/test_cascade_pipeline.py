@@ -79,8 +79,8 @@ async def test_the_session_core_turns_speech_into_streamed_speech(
         done = await sink.wait_for(lambda e: isinstance(e, ResponseDone), timeout=60)
         assert isinstance(done, ResponseDone) and done.status == "completed", done
         transcript = sink.of(InputTranscriptionCompleted)
-        assert transcript and "france" in transcript[0].transcript.lower()  # type: ignore[attr-defined]
-        spoken = "".join(e.delta for e in sink.of(OutputAudioTranscriptDelta))  # type: ignore[attr-defined]
+        assert transcript and "france" in transcript[0].transcript.lower()
+        spoken = "".join(e.delta for e in sink.of(OutputAudioTranscriptDelta))
         assert spoken.strip()
         assert sink.of(OutputAudioDelta)
         assert done.usage.first_audio_ms is not None
