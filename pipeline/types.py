@@ -98,6 +98,9 @@ class PipelineRequest:
     uses its default."""
     speed: float = 1.0
     """Speaking rate: 1.0 normal, OpenAI's range 0.25-1.5."""
+    transcript: str | None = None
+    """The words of `audio`, already recognised (at the turn's last pause): an engine that
+    recognises speech uses them instead of recognising the audio again."""
     transcribe_only: bool = False
     """Only transcribe `audio` (as `input_transcript` deltas), then End: no answer. For a
     user turn that no answer follows yet; an engine with no recogniser just ends."""

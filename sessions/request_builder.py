@@ -55,8 +55,10 @@ class RequestBuilder:
         turn: TurnInput,
         options: ResolvedOptions,
         output_sample_rate: int,
+        transcript: str | None = None,
     ) -> PipelineRequest:
-        """The turn's audio and text, the history before it, and the sampled frames."""
+        """The turn's audio and text, the history before it, and the sampled frames;
+        `transcript`: the words of the turn's audio, if they are known already."""
         pcm = np.zeros(0, dtype=np.int16)
         text: str | None = None
         if options.input is not None:  # an out-of-band answer over its own items
@@ -95,6 +97,7 @@ class RequestBuilder:
             session_id=self.session_id if options.in_conversation else "",
             item_ids=item_ids,
             audio=pcm,
+            transcript=transcript if len(pcm) else None,
             text=text,
             frames=frames,
             history=history,

@@ -44,6 +44,7 @@ from .events import (
     ErrorEvent,
     Event,
     InputAudioTimeoutTriggered,
+    InputTranscriptionCompleted,
     SessionClosed,
     SessionCreated,
     SessionExpiring,
@@ -66,7 +67,8 @@ from .spill import DEFAULT_MAX_BYTES
 from .state import SessionState, StateMachine
 from .store import SessionStore
 from .transcription import ItemTranscriber
-from .turn_detection import SpeechConfirmed, SpeechEnd, SpeechStart, TurnDetector
+from .turn_detection import SpeechConfirmed, SpeechEnd, SpeechPause, SpeechStart, TurnDetector
+from .turn_transcript import TurnTranscript
 from .turns import MIN_COMMIT_MS as MIN_COMMIT_MS  # the transports size their queries by it
 from .turns import TurnInput, Turns
 
@@ -135,8 +137,14 @@ class Session:
         self._turns = Turns()
         self._requests = RequestBuilder(session_id, store, self._turns, self.metrics)
         self._idle = IdleTimer(clock, session_id)
+        self._turn_transcript = TurnTranscript(session_id, pipeline, self.audio.read, self._emit)
         self._transcriber = ItemTranscriber(
-            session_id, pipeline, self.history, self.audio.read, self._emit
+            session_id,
+            pipeline,
+            self.history,
+            self.audio.read,
+            self._emit,
+            known=self._turn_transcript.result,
         )
         self.conversation = Conversation(
             self.history, self.audio, self._turns, self._transcriber, self._emit
@@ -219,6 +227,7 @@ class Session:
 
     async def _shutdown(self) -> None:
         await self._idle.close()
+        await self._turn_transcript.close()
         async with self._media_lock:  # no media write races the key deletion
             await self._cancel_response("session closed")
             self._sink.clear()
@@ -391,7 +400,9 @@ class Session:
 
     # --- turns ---------------------------------------------------------------------------
 
-    async def _on_turn_signal(self, signal: SpeechStart | SpeechConfirmed | SpeechEnd) -> None:
+    async def _on_turn_signal(
+        self, signal: SpeechStart | SpeechConfirmed | SpeechPause | SpeechEnd
+    ) -> None:
         td = self.config.turn_detection
         assert td is not None
         state = self.machine.state
@@ -411,8 +422,14 @@ class Session:
                 ):
                     self.metrics.barge_ins.inc()
                     await self._cancel_response("barge_in", next_state=SessionState.USER_SPEAKING)
+            case SpeechPause(start_ms=start, end_ms=end):
+                speech_id = self._turns.speech_item_id
+                if state is SessionState.USER_SPEAKING and speech_id is not None:
+                    begin = self._turns.speech_begin_ms(start, td.prefix_padding_ms)
+                    await self._turn_transcript.pause(speech_id, begin, end)
             case SpeechEnd(start_ms=start, end_ms=end):
                 item_id = self._turns.speech_stopped()
+                await self._turn_transcript.ended(item_id, end)
                 self._emit(SpeechStopped(audio_end_ms=end, item_id=item_id))
                 if self.machine.state is not SessionState.USER_SPEAKING:
                     self._sink.resume()  # too short to interrupt the answer: noise
@@ -630,7 +647,25 @@ class Session:
     async def _build_request(
         self, request_id: str, turn: TurnInput, options: ResolvedOptions
     ) -> PipelineRequest:
-        return await self._requests.build(request_id, turn, options, self.config.output_sample_rate)
+        transcript = await self._heard(turn.speech_item_id or turn.user_item_id)
+        return await self._requests.build(
+            request_id, turn, options, self.config.output_sample_rate, transcript
+        )
+
+    async def _heard(self, item_id: str | None) -> str | None:
+        """The words of the spoken turn `item_id`, if they were recognised at its pause:
+        stored on its item and announced, so the answer need not recognise them again."""
+        if item_id is None:
+            return None
+        transcript = await self._turn_transcript.result(item_id)
+        if transcript is None:
+            return None
+        item = await self.history.get(item_id)
+        if item is not None and not item.text:
+            item.text = transcript
+            await self.history.update(item)
+            self._emit(InputTranscriptionCompleted(item_id=item_id, transcript=transcript))
+        return transcript
 
     # --- idle timeout ----------------------------------------------------------------------
 

@@ -60,12 +60,16 @@ class ItemTranscriber:
         history: History,
         read_audio: AudioReader,
         emit: Callable[[Event], None],
+        known: Callable[[str], Awaitable[str | None]] | None = None,
     ) -> None:
+        """`known(item_id)`: the item's words if they were recognised already (at the
+        turn's pause, turn_transcript.py), so that only the rest is recognised here."""
         self._session_id = session_id
         self._pipeline = pipeline
         self._history = history
         self._read_audio = read_audio
         self._emit = emit
+        self._known = known
         self._pending: deque[_Pending] = deque()
         self._wake = asyncio.Event()
         self._current: str | None = None
@@ -113,6 +117,10 @@ class ItemTranscriber:
                     self._current = None
 
     async def _transcribe(self, item: _Pending) -> None:
+        known = await self._known(item.item_id) if self._known is not None else None
+        if known is not None:
+            await self._store(item.item_id, known)
+            return
         pcm = await self._read_audio(item.begin_ms, item.end_ms)
         request = PipelineRequest(
             request_id=new_id("tr"), audio=pcm, session_id="", transcribe_only=True
@@ -132,10 +140,12 @@ class ItemTranscriber:
                         return
                     case End():
                         break
-        transcript = "".join(parts).strip()
-        stored = await self._history.get(item.item_id)
+        await self._store(item.item_id, "".join(parts).strip())
+
+    async def _store(self, item_id: str, transcript: str) -> None:
+        stored = await self._history.get(item_id)
         if stored is None or stored.text or self._superseded:
             return  # deleted meanwhile, or an answer has announced its words
         stored.text = transcript
         await self._history.update(stored)
-        self._emit(InputTranscriptionCompleted(item_id=item.item_id, transcript=transcript))
+        self._emit(InputTranscriptionCompleted(item_id=item_id, transcript=transcript))

@@ -53,6 +53,10 @@ FLOOR_START_MAX_DBFS = -45.0
 """The floor starts at the first frame's level, but no higher: a stream may open mid-word."""
 VAD_WARMUP_FRAMES = 5
 """Frames whose VAD verdict is ignored: webrtcvad says "speech" to anything at first."""
+PAUSE_MS = 160
+"""Silence after speech that is reported as a pause (at most half the silence window): long
+enough to pass over the gaps between words, early enough to leave most of a 500 ms window
+for work begun on the pause."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,12 +73,22 @@ class SpeechConfirmed:
 
 
 @dataclass(frozen=True, slots=True)
+class SpeechPause:
+    """The voice stopped `PAUSE_MS` ago: maybe the end of the turn, maybe a breath. Work
+    that the end would start can begin now on the audio up to `end_ms`, and be kept if the
+    turn does end there (a `SpeechEnd` with the same `end_ms`)."""
+
+    start_ms: int
+    end_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class SpeechEnd:
     start_ms: int
     end_ms: int
 
 
-TurnSignal = SpeechStart | SpeechConfirmed | SpeechEnd
+TurnSignal = SpeechStart | SpeechConfirmed | SpeechPause | SpeechEnd
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +112,7 @@ class TurnDetector:
         self._tail_frames: int | None = None
         """Loud frames carried on since the last speech frame; None once the tail broke."""
         self._confirmed = False
+        self._paused = False
 
     @property
     def in_speech(self) -> bool:
@@ -114,6 +129,7 @@ class TurnDetector:
         self._start_ms = None
         self._tail_frames = None
         self._confirmed = False
+        self._paused = False
 
     def process(self, frame: bytes, offset_ms: int) -> list[TurnSignal]:
         """Classify one 640-byte frame starting at `offset_ms`; return what it changed."""
@@ -178,7 +194,11 @@ class TurnDetector:
             self._tail_frames = None
         silent_ms = current.offset_ms + FRAME_MS - self._last_speech_end_ms
         if silent_ms < self._config.silence_duration_ms:
-            return []
+            pause_ms = min(PAUSE_MS, self._config.silence_duration_ms // 2)
+            if self._paused or silent_ms < pause_ms:
+                return []
+            self._paused = True
+            return [SpeechPause(self._start_ms, self._last_speech_end_ms)]
         end = SpeechEnd(self._start_ms, self._last_speech_end_ms)
         self.reset()
         return [end]
@@ -187,6 +207,7 @@ class TurnDetector:
         assert self._start_ms is not None
         self._last_speech_end_ms = current.offset_ms + FRAME_MS
         self._tail_frames = 0
+        self._paused = False
         lasted_ms = self._last_speech_end_ms - self._start_ms
         if self._confirmed or lasted_ms < self._config.min_speech_ms:
             return []

@@ -102,7 +102,11 @@ async def test_spoken_turn_gets_a_streamed_answer(
     ]
     assert sink.events.index(changes[2]) < sink.events.index(sink.of(OutputAudioDelta)[0])
     roles = [(item.role, item.text) for item in await session.history.items()]
-    assert roles == [("user", ""), ("assistant", engine.text)]
+    # The user's words were recognised at the pause before the turn ended (the fake engine
+    # "hears" the length of what it is given) and the answer's request carried them.
+    assert [role for role, _ in roles] == ["user", "assistant"]
+    assert roles[0][1].startswith("heard ") and roles[1][1] == engine.text
+    assert request.transcript == roles[0][1]
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ from sessions.resample import InputResampler
 from sessions.turn_detection import (
     SpeechConfirmed,
     SpeechEnd,
+    SpeechPause,
     SpeechStart,
     TurnDetector,
     TurnSignal,
@@ -202,3 +203,17 @@ def test_reset_in_silence_stays_quiet() -> None:
 def test_frames_of_the_wrong_size_are_refused(size: int) -> None:
     with pytest.raises(ValueError, match="640 bytes"):
         TurnDetector(TurnDetectionConfig()).process(b"\0" * size, 0)
+
+
+def test_a_pause_is_reported_once_before_the_end_it_may_be() -> None:
+    """160 ms after the voice stops: one `SpeechPause` with the end the turn then has; a
+    shorter gap between words reports none, a longer one that speech follows reports one
+    that the end does not match."""
+    detector = TurnDetector(TurnDetectionConfig())
+    pcm, _ = utterances_with_gaps(["Hello there.", "How are you today?"], gap_ms=300, lead_ms=400)
+    signals = detect(detector, frames_of(np.concatenate([pcm, silence(900, 16_000)])))
+    pauses = [s for s in signals if isinstance(s, SpeechPause)]
+    (end,) = [s for s in signals if isinstance(s, SpeechEnd)]
+    assert len(pauses) == 2  # after the first phrase, and at the end
+    assert pauses[0].end_ms < pauses[1].end_ms == end.end_ms
+    assert signals.index(pauses[1]) < signals.index(end)

@@ -160,7 +160,10 @@ class ThinkerEngine(EntryEngine):
         with self._requests.track(request_id):
             user_text = request.text or ""
             if len(request.audio):
-                heard = await asyncio.to_thread(recognizer.transcribe, request.audio)
+                if request.transcript is not None:  # recognised at the turn's pause
+                    heard = request.transcript
+                else:
+                    heard = await asyncio.to_thread(recognizer.transcribe, request.audio)
                 if self._requests.aborted(request_id):
                     return  # while transcribing
                 if heard:

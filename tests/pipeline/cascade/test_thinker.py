@@ -61,6 +61,21 @@ async def test_a_spoken_turn_is_transcribed_first(thinker: ThinkerEngine, speak:
     assert output_text(chunks).strip() and isinstance(chunks[-1], End)
 
 
+async def test_a_transcript_known_already_is_not_recognised_again(
+    thinker: ThinkerEngine,
+) -> None:
+    """Words recognised at the turn's pause come with the request: the audio (silence here,
+    which recognised would be NOT_HEARD) is not transcribed again."""
+    silence = np.zeros(16_000, dtype=np.int16)
+    request = PipelineRequest(
+        request_id="r2b", audio=silence, transcript="what is the capital of france"
+    )
+    chunks = [c async for c in thinker.generate("r2b", request)]
+    assert isinstance(chunks[0], TextDelta) and chunks[0].kind == "input_transcript"
+    assert chunks[0].text == "what is the capital of france"
+    assert output_text(chunks).strip() != NOT_HEARD and isinstance(chunks[-1], End)
+
+
 async def test_nothing_heard_gets_a_short_apology(thinker: ThinkerEngine) -> None:
     request = PipelineRequest(request_id="r3", audio=np.zeros(8000, dtype=np.int16))
     chunks = [c async for c in thinker.generate("r3", request)]

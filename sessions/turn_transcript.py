@@ -1,0 +1,150 @@
+"""The transcript of the turn in progress, begun at its pauses.
+
+Recognising a turn only once it has ended puts the recogniser's whole run between the end
+of speech and the answer. The turn detector reports a pause (`SpeechPause`) a moment after
+the voice stops, and most of the silence window is still to come before the turn is known
+to have ended. So at each pause this starts a transcription-only pipeline request on the
+turn's audio so far; when the turn ends where the pause began, its transcript is ready or
+nearly so, and the answer's request carries it (`PipelineRequest.transcript`) instead of
+recognising the audio again. Speech that goes on after the pause makes that work moot: the
+next pause starts again, on more audio.
+
+The words heard at a mid-turn pause are sent as partial transcripts
+(`...input_audio_transcription.delta`) when they extend what was sent before. One task at a
+time; `close()` cancels and awaits it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from contextlib import aclosing
+
+import numpy as np
+import numpy.typing as npt
+
+from pipeline.tasks import cancel_and_wait
+from pipeline.types import End, ErrorChunk, Pipeline, PipelineRequest, TextDelta
+
+from .events import Event, InputTranscriptionDelta, new_id
+
+log = logging.getLogger("parley.sessions.turn_transcript")
+
+FINAL_WAIT_S = 5.0
+"""How long an answer waits for a transcript begun at its turn's pause."""
+MAX_KEPT = 4
+
+AudioReader = Callable[[int, int], Awaitable[npt.NDArray[np.int16]]]
+
+
+class TurnTranscript:
+    def __init__(
+        self,
+        session_id: str,
+        pipeline: Pipeline,
+        read_audio: AudioReader,
+        emit: Callable[[Event], None],
+    ) -> None:
+        self._session_id = session_id
+        self._pipeline = pipeline
+        self._read_audio = read_audio
+        self._emit = emit
+        self._task: asyncio.Task[str | None] | None = None
+        self._covers: tuple[str, int] | None = None
+        """(item id, end_ms) of the audio the task transcribes."""
+        self._sent = ""
+        """The partial transcript sent for the turn so far (as deltas)."""
+        self._kept: dict[str, asyncio.Task[str | None]] = {}
+        """Transcripts of ended turns, until their answer asks (`result`)."""
+        self._waiting: set[asyncio.Task[str | None]] = set()
+        self.kept = 0
+        self.discarded = 0
+
+    async def pause(self, item_id: str, begin_ms: int, end_ms: int) -> None:
+        """The voice paused: transcribe the turn's audio [begin_ms, end_ms) from now."""
+        await self._drop()
+        self._covers = (item_id, end_ms)
+        self._task = asyncio.get_running_loop().create_task(
+            self._transcribe(item_id, begin_ms, end_ms), name=f"{self._session_id}:turn-asr"
+        )
+
+    async def ended(self, item_id: str, end_ms: int) -> None:
+        """The turn `item_id` ended at `end_ms`: the transcript begun on exactly that audio
+        is kept for `result`; one begun on less is dropped."""
+        task, covers = self._task, self._covers
+        self._task, self._covers, self._sent = None, None, ""
+        if task is None:
+            return
+        if covers != (item_id, end_ms):
+            self.discarded += 1
+            await cancel_and_wait(task)
+            return
+        while len(self._kept) >= MAX_KEPT:  # never asked for: the oldest goes
+            _, stale = self._kept.popitem()
+            await cancel_and_wait(stale)
+        self._kept[item_id] = task
+
+    async def result(self, item_id: str) -> str | None:
+        """The transcript kept for the turn `item_id` (waiting for it), or None."""
+        task = self._kept.pop(item_id, None)
+        if task is None:
+            return None
+        self._waiting.add(task)
+        try:
+            async with asyncio.timeout(FINAL_WAIT_S):
+                text = await asyncio.shield(task)
+        except TimeoutError:
+            return None
+        finally:
+            self._waiting.discard(task)
+            if not task.done():  # timed out, or the answer was cancelled meanwhile
+                await cancel_and_wait(task)
+        self.kept += text is not None
+        return text
+
+    async def forget(self) -> None:
+        """The turn was cut short (cleared, committed by hand): nothing of it is kept."""
+        self._sent = ""
+        await self._drop()
+
+    async def close(self) -> None:
+        """Cancel and await everything in progress. Idempotent."""
+        await self._drop()
+        kept, self._kept = list(self._kept.values()), {}
+        for task in (*kept, *self._waiting):
+            await cancel_and_wait(task)
+
+    async def _drop(self) -> None:
+        task, self._task, self._covers = self._task, None, None
+        if task is not None:
+            self.discarded += 1
+            await cancel_and_wait(task)
+
+    async def _transcribe(self, item_id: str, begin_ms: int, end_ms: int) -> str | None:
+        try:
+            pcm = await self._read_audio(begin_ms, end_ms)
+            request = PipelineRequest(
+                request_id=new_id("tr"), audio=pcm, session_id="", transcribe_only=True
+            )
+            parts: list[str] = []
+            stream = self._pipeline.generate(request)
+            async with aclosing(stream):
+                async for chunk in stream:
+                    match chunk:
+                        case TextDelta(kind="input_transcript"):
+                            parts.append(chunk.text)
+                        case ErrorChunk():
+                            return None
+                        case End():
+                            break
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the turn's end recognises the audio the usual way
+            log.warning("session %s: transcript at a pause failed: %r", self._session_id, exc)
+            return None
+        text = "".join(parts).strip()
+        if text.startswith(self._sent) and len(text) > len(self._sent):
+            self._emit(InputTranscriptionDelta(item_id=item_id, delta=text[len(self._sent) :]))
+            self._sent = text
+        return text
