@@ -60,15 +60,16 @@ class _Model(BaseModel):
 Eagerness = Literal["low", "medium", "high", "auto"]
 
 SEMANTIC_SILENCE_MS: dict[str, int] = {"low": 1200, "medium": 700, "auto": 700, "high": 350}
-"""semantic_vad's end of turn, as a silence window by eagerness.
+"""semantic_vad's end of turn on silence alone, by eagerness; the words then move it.
 
-OpenAI's semantic_vad ends a turn when a model judges the user has finished; Parley has
-no turn-end model yet, so eagerness sets how long a pause must last. The windows bracket
-server_vad's 500 ms the way OpenAI describes eagerness: `low` lets the user think aloud
-(1.2 s covers the hesitation pauses inside a sentence, 0.5-1 s), `medium`/`auto` (0.7 s)
-waits out most such pauses but still answers well within a second of a real pause, and
-`high` (350 ms) answers as soon as a short pause ends a phrase, at the cost of cutting in
-on a mid-sentence breath.
+OpenAI's semantic_vad ends a turn when a model judges the user has finished. Parley waits
+this long after the voice stops, unless the words recognised at the pause decide sooner
+(turn_end.py: a turn that sounds finished ends as soon as they are known, one that breaks
+off at "and" or "the" waits twice as long, at most 2.5 s). The windows bracket server_vad's
+500 ms the way OpenAI describes eagerness: `low` lets the user think aloud (1.2 s covers
+the hesitation pauses inside a sentence, 0.5-1 s), `medium`/`auto` (0.7 s) waits out most
+such pauses, and `high` (350 ms) answers as soon as a short pause ends a phrase, at the
+cost of cutting in on a mid-sentence breath.
 """
 
 

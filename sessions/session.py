@@ -68,6 +68,7 @@ from .state import SessionState, StateMachine
 from .store import SessionStore
 from .transcription import ItemTranscriber
 from .turn_detection import SpeechConfirmed, SpeechEnd, SpeechPause, SpeechStart, TurnDetector
+from .turn_end import sounds_finished
 from .turn_transcript import TurnTranscript
 from .turns import MIN_COMMIT_MS as MIN_COMMIT_MS  # the transports size their queries by it
 from .turns import TurnInput, Turns
@@ -137,7 +138,9 @@ class Session:
         self._turns = Turns()
         self._requests = RequestBuilder(session_id, store, self._turns, self.metrics)
         self._idle = IdleTimer(clock, session_id)
-        self._turn_transcript = TurnTranscript(session_id, pipeline, self.audio.read, self._emit)
+        self._turn_transcript = TurnTranscript(
+            session_id, pipeline, self.audio.read, self._emit, heard=self._judge_pause
+        )
         self._transcriber = ItemTranscriber(
             session_id,
             pipeline,
@@ -441,6 +444,12 @@ class Session:
                 else:
                     self._transcriber.request(item_id, begin, self._turns.offset_ms)
                     self.machine.to(SessionState.LISTENING, "turn committed")
+
+    def _judge_pause(self, end_ms: int, words: str) -> None:
+        """semantic_vad: the words up to a pause decide how long the pause may last."""
+        finished = sounds_finished(words)
+        if self._detector is not None and finished is not None:
+            self._detector.judge_pause(end_ms, finished)
 
     async def _commit(self, item_id: str, begin_ms: int, end_ms: int) -> ConversationItem:
         item = ConversationItem(id=item_id, role="user", has_audio=True, audio_ms=end_ms - begin_ms)

@@ -53,6 +53,9 @@ FLOOR_START_MAX_DBFS = -45.0
 """The floor starts at the first frame's level, but no higher: a stream may open mid-word."""
 VAD_WARMUP_FRAMES = 5
 """Frames whose VAD verdict is ignored: webrtcvad says "speech" to anything at first."""
+UNFINISHED_FACTOR = 2
+UNFINISHED_MAX_MS = 2_500
+"""semantic_vad waits out a pause after words that break off this much longer (at most)."""
 PAUSE_MS = 160
 """Silence after speech that is reported as a pause (at most half the silence window): long
 enough to pass over the gaps between words, early enough to leave most of a 500 ms window
@@ -113,6 +116,8 @@ class TurnDetector:
         """Loud frames carried on since the last speech frame; None once the tail broke."""
         self._confirmed = False
         self._paused = False
+        self._window_ms: int | None = None
+        """The silence window of this pause as the words judged it (semantic_vad)."""
 
     @property
     def in_speech(self) -> bool:
@@ -130,6 +135,18 @@ class TurnDetector:
         self._tail_frames = None
         self._confirmed = False
         self._paused = False
+        self._window_ms = None
+
+    def judge_pause(self, end_ms: int, finished: bool) -> None:
+        """semantic_vad: the words up to the pause that ended at `end_ms` sound `finished`
+        (the turn ends at the next silent frame) or not (the pause is waited out longer).
+        Ignored when speech went on since, or for server_vad."""
+        if self._config.type != "semantic_vad" or not self.in_speech:
+            return
+        if end_ms != self._last_speech_end_ms:
+            return
+        base = self._config.silence_duration_ms
+        self._window_ms = 0 if finished else min(UNFINISHED_MAX_MS, base * UNFINISHED_FACTOR)
 
     def process(self, frame: bytes, offset_ms: int) -> list[TurnSignal]:
         """Classify one 640-byte frame starting at `offset_ms`; return what it changed."""
@@ -193,7 +210,8 @@ class TurnDetector:
         else:
             self._tail_frames = None
         silent_ms = current.offset_ms + FRAME_MS - self._last_speech_end_ms
-        if silent_ms < self._config.silence_duration_ms:
+        window = self._config.silence_duration_ms if self._window_ms is None else self._window_ms
+        if silent_ms < window:
             pause_ms = min(PAUSE_MS, self._config.silence_duration_ms // 2)
             if self._paused or silent_ms < pause_ms:
                 return []
@@ -208,6 +226,7 @@ class TurnDetector:
         self._last_speech_end_ms = current.offset_ms + FRAME_MS
         self._tail_frames = 0
         self._paused = False
+        self._window_ms = None
         lasted_ms = self._last_speech_end_ms - self._start_ms
         if self._confirmed or lasted_ms < self._config.min_speech_ms:
             return []

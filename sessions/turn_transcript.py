@@ -45,8 +45,12 @@ class TurnTranscript:
         pipeline: Pipeline,
         read_audio: AudioReader,
         emit: Callable[[Event], None],
+        heard: Callable[[int, str], None] | None = None,
     ) -> None:
+        """`heard(end_ms, words)`: called with the words of each pause that ended at
+        `end_ms`, as soon as they are known (semantic_vad judges them)."""
         self._session_id = session_id
+        self._heard = heard
         self._pipeline = pipeline
         self._read_audio = read_audio
         self._emit = emit
@@ -144,6 +148,8 @@ class TurnTranscript:
             log.warning("session %s: transcript at a pause failed: %r", self._session_id, exc)
             return None
         text = "".join(parts).strip()
+        if self._heard is not None:
+            self._heard(end_ms, text)
         if text.startswith(self._sent) and len(text) > len(self._sent):
             self._emit(InputTranscriptionDelta(item_id=item_id, delta=text[len(self._sent) :]))
             self._sent = text

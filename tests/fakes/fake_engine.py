@@ -57,6 +57,8 @@ class FakeEngine(EntryEngine):
         self.first_chunk_delay_s = first_chunk_delay_s
         self.start_delay_s = start_delay_s
         self.clock = clock
+        self.transcript: str | None = None
+        """What its recogniser hears, whatever the audio (None: "heard <n> ms")."""
         self.requests: list[PipelineRequest] = []
         """The answers asked of it (transcription-only requests are in `transcriptions`)."""
         self.transcriptions: list[PipelineRequest] = []
@@ -94,7 +96,8 @@ class FakeEngine(EntryEngine):
                 return
             if request.transcribe_only:  # a fake recogniser: it hears how long it was
                 ms = len(request.audio) * 1000 // 16_000
-                yield TextDelta(text=f"heard {ms} ms", kind="input_transcript")
+                heard = f"heard {ms} ms" if self.transcript is None else self.transcript
+                yield TextDelta(text=heard, kind="input_transcript")
                 yield End()
                 return
             call = self._tool_call(request)

@@ -4,6 +4,7 @@ the final one ready when the turn ends, and nothing kept of a pause the user spo
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from loadtest.speech import silence, utterances_with_gaps
 from sessions.clock import ScaledClock
@@ -13,6 +14,7 @@ from sessions.events import (
     ResponseDone,
     SpeechStopped,
 )
+from sessions.turn_end import sounds_finished
 from tests.fakes.fake_engine import FakeEngine
 
 from .conftest import MakeSession, feed
@@ -64,3 +66,52 @@ async def test_a_mid_turn_pause_gives_a_partial_and_speaking_on_discards_it(
     (item,) = await session.history.items()
     assert item.text == completed.transcript == f"heard {lengths[1] // 16} ms"
     assert not session._turn_transcript._kept
+
+
+@pytest.mark.parametrize(
+    ("words", "finished"),
+    [
+        ("What is the capital of France?", True),
+        ("how are you", True),
+        ("what is that", True),
+        ("Set a timer for ten minutes.", True),
+        ("I would like to go to the", False),
+        ("Tell me about", False),
+        ("and then, um", False),
+        ("so I was thinking that it's", False),
+        ("", None),
+    ],
+)
+def test_the_words_say_whether_a_turn_sounds_finished(words: str, finished: bool | None) -> None:
+    assert sounds_finished(words) is finished
+
+
+async def silence_before_the_end(
+    make_session: MakeSession, engine: FakeEngine, heard: str, eagerness: str
+) -> int:
+    """Feed one phrase and then silence; return how much silence passed before the turn
+    ended (speech_stopped), on the audio timeline."""
+    vad = {"type": "semantic_vad", "eagerness": eagerness, "create_response": False}
+    session, sink = await make_session({"turn_detection": vad})
+    engine.transcript = heard
+    pcm, _ = utterances_with_gaps(["What is the capital of France?"], gap_ms=0, lead_ms=400)
+    await feed(session, pcm, realtime=True)
+    for _ in range(150):  # up to 3 s of silence, 20 ms at a time, at microphone pace
+        if sink.of(SpeechStopped):
+            break
+        await feed(session, silence(20, 16_000), realtime=True)
+    (stopped,) = sink.of(SpeechStopped)
+    return session._turns.offset_ms - stopped.audio_end_ms
+
+
+async def test_semantic_vad_ends_a_finished_question_sooner_than_a_broken_off_one(
+    make_session: MakeSession, engine: FakeEngine
+) -> None:
+    finished = await silence_before_the_end(
+        make_session, engine, "what is the capital of france", "medium"
+    )
+    broken_off = await silence_before_the_end(
+        make_session, engine, "what is the capital of the", "medium"
+    )
+    # medium waits 700 ms on silence alone; the words end one sooner, the other later
+    assert finished < 700 < broken_off, (finished, broken_off)
