@@ -20,6 +20,13 @@ class SessionMetrics:
         self.responses = Counter(
             "parley_responses", "Responses finished, by status", ["status"], registry=r
         )
+        self.prefetches = Counter(
+            "parley_prefetched_answers",
+            "Answers begun at a turn's pause, by outcome: kept (the turn ended there) or "
+            "discarded (the user spoke on)",
+            ["outcome"],
+            registry=r,
+        )
         self.barge_ins = Counter(
             "parley_barge_ins", "Responses cut off by the user speaking", registry=r
         )

@@ -9,6 +9,8 @@ starts.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from pipeline.types import HistoryItem, PipelineRequest, ToolSpec, VideoFrame
@@ -48,6 +50,30 @@ class RequestBuilder:
         self._store = store
         self._turns = turns
         self._metrics = metrics
+
+    async def build_ahead(
+        self,
+        request_id: str,
+        item_id: str,
+        audio_ms: tuple[int, int],
+        transcript: str,
+        options: ResolvedOptions,
+        output_sample_rate: int,
+    ) -> PipelineRequest:
+        """The request of a turn that is still open (prefetch.py): its speech so far,
+        already recognised, after the whole conversation."""
+        items = await self._store.history.items()
+        pcm = await self._store.audio.read(*audio_ms)
+        return PipelineRequest(
+            request_id=request_id,
+            session_id=self.session_id,
+            item_ids=(*(item.id for item in items), item_id),
+            audio=pcm,
+            transcript=transcript,
+            frames=tuple(await self._store.frames.sample()),
+            history=tuple(history_item(item) for item in items if _in_prompt(item)),
+            **_options(options, output_sample_rate),
+        )
 
     async def build(
         self,
@@ -101,15 +127,21 @@ class RequestBuilder:
             text=text,
             frames=frames,
             history=history,
-            instructions=options.instructions,
-            output_sample_rate=output_sample_rate,
-            output_text_only=not options.audio_output,
-            tools=tuple(
-                ToolSpec(tool.name, tool.description, dict(tool.parameters))
-                for tool in options.tools
-            ),
-            tool_choice=options.tool_choice,
-            max_output_tokens=options.max_output_tokens,
-            voice="" if options.voice == "default" else options.voice,
-            speed=options.speed,
+            **_options(options, output_sample_rate),
         )
+
+
+def _options(options: ResolvedOptions, output_sample_rate: int) -> dict[str, Any]:
+    """The request's fields that come from the response's options."""
+    return {
+        "instructions": options.instructions,
+        "output_sample_rate": output_sample_rate,
+        "output_text_only": not options.audio_output,
+        "tools": tuple(
+            ToolSpec(tool.name, tool.description, dict(tool.parameters)) for tool in options.tools
+        ),
+        "tool_choice": options.tool_choice,
+        "max_output_tokens": options.max_output_tokens,
+        "voice": "" if options.voice == "default" else options.voice,
+        "speed": options.speed,
+    }

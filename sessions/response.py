@@ -59,6 +59,7 @@ from .events import (
     new_id,
 )
 from .history import History
+from .prefetch import Prefetch
 from .response_options import ResolvedOptions
 from .sink import OutputSink
 from .spoken_text import SpokenText
@@ -97,6 +98,8 @@ class Response:
         build_request: RequestBuilder,
         transcript_item_id: str | None,
         options: ResolvedOptions,
+        prefetched: Prefetch | None = None,
+        heard: str | None = None,
     ) -> None:
         """`transcript_item_id`: the user item that the pipeline's transcript of the
         turn's audio is stored on; `options`: the response's settings (its metadata is
@@ -106,6 +109,8 @@ class Response:
         self.metadata = options.metadata
         self.request: PipelineRequest | None = None
         self._build_request = build_request
+        self._prefetched = prefetched
+        """Work begun at the turn's pause, which this response adopts (prefetch.py)."""
         self.item = ConversationItem(
             id=new_id("item"),
             role="assistant",
@@ -125,7 +130,10 @@ class Response:
         self._chunk_timeout_s = context.chunk_timeout_s
         self._clock = context.clock
         self._spoken = SpokenText()
-        self._input_transcript: list[str] | None = []
+        self._input_transcript: list[str] | None = [heard] if heard else []
+        self._heard_already = heard is not None
+        """The turn's words were recognised before (at its pause): the engine's own
+        transcript, if it sends one, is not announced again."""
         self._played_base = context.sink.played_ms
         self._started = self._clock.now()
         self._first_text_ms: float | None = None
@@ -162,7 +170,10 @@ class Response:
             status: ResponseStatus
             error: str | None = None
             try:
-                self.request = await self._build_request(self.response_id)
+                if self._prefetched is not None:
+                    self.request = await self._prefetched.request()
+                else:
+                    self.request = await self._build_request(self.response_id)
             except RedisUnavailableError as exc:  # this answer fails, the session goes on
                 self.redis_unavailable = True
                 status, reason = "failed", f"{exc.code}: could not prepare the request: {exc}"
@@ -187,6 +198,11 @@ class Response:
                 raise
         return status
 
+    async def discard_prefetched(self) -> None:
+        """Abort the adopted work, if any (its stream does so itself once it runs)."""
+        if self._prefetched is not None:
+            await self._prefetched.discard()
+
     @property
     def generating(self) -> bool:
         """Not done yet: after response.done only its last audio may still be playing."""
@@ -199,7 +215,10 @@ class Response:
 
     async def _generate(self, request: PipelineRequest) -> tuple[ResponseStatus, str, str | None]:
         """Stream the answer; returns its status, the reason, and an error code if it failed."""
-        stream = self._pipeline.generate(request)
+        if self._prefetched is not None:
+            stream = self._prefetched.stream()
+        else:
+            stream = self._pipeline.generate(request)
         async with aclosing(stream):
             while True:
                 try:
@@ -316,7 +335,7 @@ class Response:
 
     def _on_input_transcript(self, text: str) -> None:
         """The recogniser's words as they come: each piece is a transcription delta."""
-        if self._input_transcript is None:
+        if self._input_transcript is None or self._heard_already:
             return
         self._input_transcript.append(text)
         if self._user_item_id is not None and text:

@@ -57,6 +57,7 @@ from .events import (
 from .idle_timer import IdleTimer
 from .keys import DEFAULT_KEY_TTL_S
 from .metrics import SessionMetrics
+from .prefetch import Prefetch
 from .redis_link import RedisLink
 from .request_builder import RequestBuilder
 from .resample import InputResampler
@@ -139,8 +140,10 @@ class Session:
         self._requests = RequestBuilder(session_id, store, self._turns, self.metrics)
         self._idle = IdleTimer(clock, session_id)
         self._turn_transcript = TurnTranscript(
-            session_id, pipeline, self.audio.read, self._emit, heard=self._judge_pause
+            session_id, pipeline, self.audio.read, self._emit, heard=self._pause_heard
         )
+        self._prefetch: Prefetch | None = None
+        """An answer begun at the open turn's last pause."""
         self._transcriber = ItemTranscriber(
             session_id,
             pipeline,
@@ -231,6 +234,7 @@ class Session:
     async def _shutdown(self) -> None:
         await self._idle.close()
         await self._turn_transcript.close()
+        await self._drop_prefetch()
         async with self._media_lock:  # no media write races the key deletion
             await self._cancel_response("session closed")
             self._sink.clear()
@@ -439,17 +443,55 @@ class Session:
                     return
                 begin = self._turns.speech_begin_ms(start, td.prefix_padding_ms)
                 await self._commit(item_id, begin, self._turns.offset_ms)
+                prefetched = await self._take_prefetch(item_id, end)
                 if td.create_response:
-                    await self._start_response()
+                    await self._start_response(prefetched=prefetched)
                 else:
                     self._transcriber.request(item_id, begin, self._turns.offset_ms)
                     self.machine.to(SessionState.LISTENING, "turn committed")
 
-    def _judge_pause(self, end_ms: int, words: str) -> None:
-        """semantic_vad: the words up to a pause decide how long the pause may last."""
+    async def _pause_heard(self, item_id: str, begin_ms: int, end_ms: int, words: str) -> None:
+        """The words up to a pause are known: semantic_vad judges them, and the answer to
+        them starts now (prefetch.py), kept if the turn ends at this pause."""
         finished = sounds_finished(words)
         if self._detector is not None and finished is not None:
             self._detector.judge_pause(end_ms, finished)
+        td = self.config.turn_detection
+        if (
+            td is None
+            or not td.create_response
+            or not words
+            or self.machine.state is not SessionState.USER_SPEAKING
+            or self._turns.speech_item_id != item_id
+        ):
+            return
+        await self._drop_prefetch()
+        options, rate = ResponseOptions().resolve(self.config), self.config.output_sample_rate
+        self._prefetch = Prefetch(
+            self._pipeline,
+            lambda: self._requests.build_ahead(
+                new_id("resp"), item_id, (begin_ms, end_ms), words, options, rate
+            ),
+            item_id=item_id,
+            end_ms=end_ms,
+            name=f"{self.session_id}:prefetch",
+        )
+
+    async def _drop_prefetch(self) -> None:
+        prefetch, self._prefetch = self._prefetch, None
+        if prefetch is not None:
+            self.metrics.prefetches.labels("discarded").inc()
+            await prefetch.discard()
+
+    async def _take_prefetch(self, item_id: str, end_ms: int) -> Prefetch | None:
+        """The answer begun at this turn's last pause, if the turn ended there."""
+        prefetch = self._prefetch
+        if prefetch is not None and prefetch.matches(item_id, end_ms):
+            self._prefetch = None
+            self.metrics.prefetches.labels("kept").inc()
+            return prefetch
+        await self._drop_prefetch()
+        return None
 
     async def _commit(self, item_id: str, begin_ms: int, end_ms: int) -> ConversationItem:
         item = ConversationItem(id=item_id, role="user", has_audio=True, audio_ms=end_ms - begin_ms)
@@ -557,7 +599,12 @@ class Session:
         self._check_open()
         return await self._cancel_response("client_cancelled")
 
-    async def _start_response(self, options: ResponseOptions | None = None) -> str:
+    async def _start_response(
+        self, options: ResponseOptions | None = None, prefetched: Prefetch | None = None
+    ) -> str:
+        """Start an answer (`prefetched`: adopting the work begun at the turn's pause)."""
+        if prefetched is None:
+            await self._drop_prefetch()  # an answer to anything else: that work is moot
         resolved = (options or ResponseOptions()).resolve(self.config)
         async with self._writer_lock:  # one writer: never start while one is torn down
             await self._end_previous_response()
@@ -567,6 +614,9 @@ class Session:
             # An out-of-band answer leaves the pending turn for the next real one.
             turn = self._turns.take() if resolved.in_conversation else TurnInput(None)
             transcript_item_id = turn.transcript_item_id
+            words = None
+            if prefetched is not None:  # its words were recognised at the pause
+                words = await self._turn_transcript.result(prefetched.item_id)
             if transcript_item_id is not None:
                 self._transcriber.answered(transcript_item_id)
                 heard = await self.history.get(transcript_item_id)
@@ -587,7 +637,11 @@ class Session:
                 lambda request_id: self._build_request(request_id, turn, resolved),
                 transcript_item_id,
                 resolved,
+                prefetched,
+                heard=words,
             )
+            if prefetched is not None:
+                self._turns.claim_audio(turn)  # the prefetched request has read it
             if self.machine.state is not SessionState.THINKING:
                 self.machine.to(SessionState.THINKING, "response started")
             self._response = response
@@ -645,6 +699,7 @@ class Session:
         self._sink.clear()
         response.cancel_reason = reason
         await cancel_and_wait(task)
+        await response.discard_prefetched()  # if it was cancelled before it began
         self._sink.resume()
         # The response stays in `_response`: a client may still truncate its item (OpenAI
         # clients send response.cancel, then conversation.item.truncate).

@@ -45,10 +45,10 @@ class TurnTranscript:
         pipeline: Pipeline,
         read_audio: AudioReader,
         emit: Callable[[Event], None],
-        heard: Callable[[int, str], None] | None = None,
+        heard: Callable[[str, int, int, str], Awaitable[None]] | None = None,
     ) -> None:
-        """`heard(end_ms, words)`: called with the words of each pause that ended at
-        `end_ms`, as soon as they are known (semantic_vad judges them)."""
+        """`heard(item_id, begin_ms, end_ms, words)`: awaited with the words of each pause
+        as soon as they are known (semantic_vad judges them, an answer may start on them)."""
         self._session_id = session_id
         self._heard = heard
         self._pipeline = pipeline
@@ -149,7 +149,7 @@ class TurnTranscript:
             return None
         text = "".join(parts).strip()
         if self._heard is not None:
-            self._heard(end_ms, text)
+            await self._heard(item_id, begin_ms, end_ms, text)
         if text.startswith(self._sent) and len(text) > len(self._sent):
             self._emit(InputTranscriptionDelta(item_id=item_id, delta=text[len(self._sent) :]))
             self._sent = text

@@ -31,6 +31,9 @@ ONE_TRANSPORT = {"response.output_audio.delta"} | {
 }
 """Audio deltas are the WebSocket's (WebRTC's audio is its track); the playout news is
 WebRTC's (a WebSocket client plays the audio itself)."""
+TIMING = {"conversation.item.input_audio_transcription.delta"}
+"""Partial transcripts come at the pauses the turn detector heard, which the two
+transports' audio (Opus over RTP, PCM in appends) may place differently."""
 
 SERVER_EVENT: TypeAdapter[Any] = TypeAdapter(RealtimeServerEvent)
 
@@ -50,7 +53,7 @@ def utterance(rate: int) -> np.ndarray:
 def shared(types: list[str]) -> list[str]:
     """The types up to the first `response.done`, less those only one transport has."""
     end = types.index("response.done") + 1
-    return [t for t in types[:end] if t not in ONE_TRANSPORT]
+    return [t for t in types[:end] if t not in ONE_TRANSPORT | TIMING]
 
 
 async def websocket_turn(server: ServedApp) -> list[str]:

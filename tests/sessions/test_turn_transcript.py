@@ -11,11 +11,13 @@ from sessions.clock import ScaledClock
 from sessions.events import (
     InputTranscriptionCompleted,
     InputTranscriptionDelta,
+    ResponseCreated,
     ResponseDone,
     SpeechStopped,
 )
 from sessions.turn_end import sounds_finished
 from tests.fakes.fake_engine import FakeEngine
+from tests.metrics import metric_value
 
 from .conftest import MakeSession, feed
 
@@ -115,3 +117,22 @@ async def test_semantic_vad_ends_a_finished_question_sooner_than_a_broken_off_on
     )
     # medium waits 700 ms on silence alone; the words end one sooner, the other later
     assert finished < 700 < broken_off, (finished, broken_off)
+
+
+async def test_an_answer_begun_at_the_pause_is_kept_or_thrown_away(
+    make_session: MakeSession, engine: FakeEngine
+) -> None:
+    """Two phrases 300 ms apart, then the end: the answer begun at the first pause is
+    aborted when the user speaks on (nothing of it reaches the client); the one begun at
+    the last pause is the answer."""
+    session, sink = await make_session()
+    pcm, _ = utterances_with_gaps(["Hello there.", "How are you today?"], gap_ms=300, lead_ms=400)
+    await feed(session, np.concatenate([pcm, silence(1200, 16_000)]), realtime=True)
+    await sink.wait_for(lambda e: isinstance(e, ResponseDone))
+    assert len(sink.of(ResponseCreated)) == 1  # one answer, to the whole turn
+    kept = metric_value(session.metrics.prefetches.labels("kept"))
+    discarded = metric_value(session.metrics.prefetches.labels("discarded"))
+    assert (kept, discarded) == (1, 1)
+    first, last = engine.requests
+    assert first.request_id in engine.aborted and len(last.audio) > len(first.audio)
+    assert engine.active_requests() == 0

@@ -1,0 +1,90 @@
+"""An answer begun at the turn's pause, before the turn is known to have ended.
+
+Once the words up to a pause are recognised, the answer to them can start: the Thinker
+reads them, the Talker and Code2Wav follow, while the rest of the silence window passes. If
+the turn ends where the pause began, the response adopts this work, and its first text and
+audio are out at once, or sooner than a start from scratch; if the user speaks on, the work
+is thrown away (the pipeline request is aborted in every stage), and nothing of it ever
+reached the client.
+
+A `Prefetch` owns one task that builds the request and pumps the pipeline's chunks into a
+bounded queue (a full queue holds the pipeline back). `stream()` hands them on to the
+adopting response; `discard()` cancels and awaits the task. Both are safe in any order,
+any number of times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextlib import aclosing
+
+from pipeline.tasks import cancel_and_wait
+from pipeline.types import OutputChunk, Pipeline, PipelineRequest
+
+QUEUE_CHUNKS = 256
+
+
+class Prefetch:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        build: Callable[[], Awaitable[PipelineRequest]],
+        *,
+        item_id: str,
+        end_ms: int,
+        name: str,
+    ) -> None:
+        """Start at once: build the request, then generate. `item_id`/`end_ms`: the turn
+        and the end of its speech that this answer answers."""
+        self.item_id = item_id
+        self.end_ms = end_ms
+        self._pipeline = pipeline
+        self._request: asyncio.Future[PipelineRequest] = asyncio.get_running_loop().create_future()
+        self._queue: asyncio.Queue[OutputChunk | BaseException | None] = asyncio.Queue(QUEUE_CHUNKS)
+        self._task = asyncio.get_running_loop().create_task(self._pump(build), name=name)
+
+    def matches(self, item_id: str, end_ms: int) -> bool:
+        """Whether this is the answer to the turn `item_id` ending at `end_ms`."""
+        return (self.item_id, self.end_ms) == (item_id, end_ms)
+
+    async def request(self) -> PipelineRequest:
+        """The request it answers (once built; raises what building raised)."""
+        return await asyncio.shield(self._request)
+
+    async def stream(self) -> AsyncGenerator[OutputChunk, None]:
+        """The answer's chunks, those already made first. Closing it discards the work."""
+        try:
+            while True:
+                item = await self._queue.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            await self.discard()
+
+    async def discard(self) -> None:
+        """Abort the work (the pipeline request in every stage) and wait for it."""
+        await cancel_and_wait(self._task)
+        if not self._request.done():
+            self._request.cancel()
+        elif not self._request.cancelled():
+            self._request.exception()  # seen: a build that failed is no unhandled error
+
+    async def _pump(self, build: Callable[[], Awaitable[PipelineRequest]]) -> None:
+        try:
+            request = await build()
+        except Exception as exc:
+            self._request.set_exception(exc)
+            return
+        self._request.set_result(request)
+        try:
+            async with aclosing(self._pipeline.generate(request)) as chunks:
+                async for chunk in chunks:
+                    await self._queue.put(chunk)
+        except Exception as exc:  # the adopting response reports it
+            await self._queue.put(exc)
+            return
+        await self._queue.put(None)
