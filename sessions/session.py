@@ -443,11 +443,15 @@ class Session:
                     return
                 begin = self._turns.speech_begin_ms(start, td.prefix_padding_ms)
                 await self._commit(item_id, begin, self._turns.offset_ms)
+                words = self._turn_transcript.ready(item_id)
+                if words is not None:  # recognised at the pause: final at speech_stopped
+                    await self._store_transcript(item_id, words)
                 prefetched = await self._take_prefetch(item_id, end)
                 if td.create_response:
                     await self._start_response(prefetched=prefetched)
                 else:
-                    self._transcriber.request(item_id, begin, self._turns.offset_ms)
+                    if words is None:
+                        self._transcriber.request(item_id, begin, self._turns.offset_ms)
                     self.machine.to(SessionState.LISTENING, "turn committed")
 
     async def _pause_heard(self, item_id: str, begin_ms: int, end_ms: int, words: str) -> None:
@@ -717,19 +721,24 @@ class Session:
         )
 
     async def _heard(self, item_id: str | None) -> str | None:
-        """The words of the spoken turn `item_id`, if they were recognised at its pause:
-        stored on its item and announced, so the answer need not recognise them again."""
+        """The words of the spoken turn `item_id`, if they were recognised already (at its
+        pause): stored on its item and announced, so the answer need not recognise them
+        again."""
         if item_id is None:
             return None
         transcript = await self._turn_transcript.result(item_id)
-        if transcript is None:
-            return None
+        if transcript is not None:
+            await self._store_transcript(item_id, transcript)
+            return transcript
+        item = await self.history.get(item_id)
+        return item.text if item is not None and item.has_audio and item.text else None
+
+    async def _store_transcript(self, item_id: str, transcript: str) -> None:
         item = await self.history.get(item_id)
         if item is not None and not item.text:
             item.text = transcript
             await self.history.update(item)
             self._emit(InputTranscriptionCompleted(item_id=item_id, transcript=transcript))
-        return transcript
 
     # --- idle timeout ----------------------------------------------------------------------
 

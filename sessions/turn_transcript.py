@@ -89,6 +89,17 @@ class TurnTranscript:
             await cancel_and_wait(stale)
         self._kept[item_id] = task
 
+    def ready(self, item_id: str) -> str | None:
+        """The transcript kept for the turn `item_id` if it is finished already (taken:
+        `result` then has none), else None and it stays kept."""
+        task = self._kept.get(item_id)
+        if task is None or not task.done() or task.cancelled() or task.exception() is not None:
+            return None
+        del self._kept[item_id]
+        text = task.result()
+        self.kept += text is not None
+        return text
+
     async def result(self, item_id: str) -> str | None:
         """The transcript kept for the turn `item_id` (waiting for it), or None."""
         task = self._kept.pop(item_id, None)

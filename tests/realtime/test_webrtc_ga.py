@@ -31,9 +31,13 @@ ONE_TRANSPORT = {"response.output_audio.delta"} | {
 }
 """Audio deltas are the WebSocket's (WebRTC's audio is its track); the playout news is
 WebRTC's (a WebSocket client plays the audio itself)."""
-TIMING = {"conversation.item.input_audio_transcription.delta"}
+TIMING = {
+    "conversation.item.input_audio_transcription.delta",
+    "conversation.item.input_audio_transcription.completed",
+}
 """Partial transcripts come at the pauses the turn detector heard, which the two
-transports' audio (Opus over RTP, PCM in appends) may place differently."""
+transports' audio (Opus over RTP, PCM in appends) may place differently; the final one at
+speech_stopped when the words at the pause were ready by then, else with the answer."""
 
 SERVER_EVENT: TypeAdapter[Any] = TypeAdapter(RealtimeServerEvent)
 

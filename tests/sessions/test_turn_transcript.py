@@ -37,12 +37,12 @@ async def test_the_words_are_ready_when_the_turn_ends(
     (request,) = engine.requests
     completed = sink.of(InputTranscriptionCompleted)
     assert len(completed) == 1 and request.transcript == completed[0].transcript
-    # ... announced before the answer began, after the turn's end.
+    # ... final at the turn's end: announced right after speech_stopped, before the answer.
     types = sink.types()
     assert (
         types.index("input_audio_buffer.speech_stopped")
         < types.index("conversation.item.input_audio_transcription.completed")
-        < types.index("response.output_audio_transcript.delta")
+        < types.index("response.created")
     )
 
 

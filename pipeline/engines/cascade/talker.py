@@ -33,7 +33,7 @@ ENDS = frozenset(".!?;:\n")
 CLOSERS = frozenset("\"')]\u201d\u2019")
 COMMA_AFTER = 40
 """A comma ends a clause once the clause has at least this many characters."""
-FIRST_CLAUSE_WORDS = 6
+FIRST_CLAUSE_WORDS = 4
 """The first clause ends after this many words even without punctuation (0: never)."""
 
 
