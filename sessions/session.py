@@ -44,7 +44,6 @@ from .events import (
     ErrorEvent,
     Event,
     InputAudioTimeoutTriggered,
-    InputTranscriptionCompleted,
     SessionClosed,
     SessionCreated,
     SessionExpiring,
@@ -67,7 +66,7 @@ from .sink import DetachedSink, OutputSink
 from .spill import DEFAULT_MAX_BYTES
 from .state import SessionState, StateMachine
 from .store import SessionStore
-from .transcription import ItemTranscriber
+from .transcription import ItemTranscriber, store_transcript
 from .turn_detection import SpeechConfirmed, SpeechEnd, SpeechPause, SpeechStart, TurnDetector
 from .turn_end import sounds_finished
 from .turn_transcript import TurnTranscript
@@ -734,11 +733,7 @@ class Session:
         return item.text if item is not None and item.has_audio and item.text else None
 
     async def _store_transcript(self, item_id: str, transcript: str) -> None:
-        item = await self.history.get(item_id)
-        if item is not None and not item.text:
-            item.text = transcript
-            await self.history.update(item)
-            self._emit(InputTranscriptionCompleted(item_id=item_id, transcript=transcript))
+        await store_transcript(self.history, self._emit, item_id, transcript)
 
     # --- idle timeout ----------------------------------------------------------------------
 

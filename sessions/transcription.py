@@ -42,6 +42,43 @@ MAX_PENDING = 16
 TRANSCRIBE_TIMEOUT_S = 30.0
 
 
+class TranscriptionFailed(Exception):
+    """The pipeline's recogniser reported an error for the audio."""
+
+
+async def recognise(pipeline: Pipeline, pcm: npt.NDArray[np.int16]) -> str:
+    """The words of `pcm`, from a transcription-only pipeline request (one place for both
+    transcribers here and in turn_transcript.py). Raises TranscriptionFailed or TimeoutError."""
+    request = PipelineRequest(
+        request_id=new_id("tr"), audio=pcm, session_id="", transcribe_only=True
+    )
+    parts: list[str] = []
+    stream = pipeline.generate(request)
+    async with aclosing(stream), asyncio.timeout(TRANSCRIBE_TIMEOUT_S):
+        async for chunk in stream:
+            match chunk:
+                case TextDelta(kind="input_transcript"):
+                    parts.append(chunk.text)
+                case ErrorChunk():
+                    raise TranscriptionFailed(chunk.message)
+                case End():
+                    break
+    return "".join(parts).strip()
+
+
+async def store_transcript(
+    history: History, emit: Callable[[Event], None], item_id: str, transcript: str
+) -> None:
+    """Put `transcript` on the user item `item_id` and announce it, unless the item is gone
+    or has its words already (then they were announced)."""
+    stored = await history.get(item_id)
+    if stored is None or stored.text:
+        return
+    stored.text = transcript
+    await history.update(stored)
+    emit(InputTranscriptionCompleted(item_id=item_id, transcript=transcript))
+
+
 @dataclass(frozen=True, slots=True)
 class _Pending:
     item_id: str
@@ -122,30 +159,15 @@ class ItemTranscriber:
             await self._store(item.item_id, known)
             return
         pcm = await self._read_audio(item.begin_ms, item.end_ms)
-        request = PipelineRequest(
-            request_id=new_id("tr"), audio=pcm, session_id="", transcribe_only=True
-        )
-        parts: list[str] = []
-        stream = self._pipeline.generate(request)
-        async with aclosing(stream), asyncio.timeout(TRANSCRIBE_TIMEOUT_S):
-            async for chunk in stream:
-                match chunk:
-                    case TextDelta(kind="input_transcript") if chunk.text:
-                        parts.append(chunk.text)
-                        self._emit(InputTranscriptionDelta(item_id=item.item_id, delta=chunk.text))
-                    case ErrorChunk():
-                        self._emit(
-                            InputTranscriptionFailed(item_id=item.item_id, message=chunk.message)
-                        )
-                        return
-                    case End():
-                        break
-        await self._store(item.item_id, "".join(parts).strip())
+        try:
+            transcript = await recognise(self._pipeline, pcm)
+        except TranscriptionFailed as exc:
+            self._emit(InputTranscriptionFailed(item_id=item.item_id, message=str(exc)))
+            return
+        if transcript:
+            self._emit(InputTranscriptionDelta(item_id=item.item_id, delta=transcript))
+        await self._store(item.item_id, transcript)
 
     async def _store(self, item_id: str, transcript: str) -> None:
-        stored = await self._history.get(item_id)
-        if stored is None or stored.text or self._superseded:
-            return  # deleted meanwhile, or an answer has announced its words
-        stored.text = transcript
-        await self._history.update(stored)
-        self._emit(InputTranscriptionCompleted(item_id=item_id, transcript=transcript))
+        if not self._superseded:  # else an answer has announced the words
+            await store_transcript(self._history, self._emit, item_id, transcript)

@@ -19,15 +19,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from contextlib import aclosing
 
 import numpy as np
 import numpy.typing as npt
 
 from pipeline.tasks import cancel_and_wait
-from pipeline.types import End, ErrorChunk, Pipeline, PipelineRequest, TextDelta
+from pipeline.types import Pipeline
 
-from .events import Event, InputTranscriptionDelta, new_id
+from .events import Event, InputTranscriptionDelta
+from .transcription import recognise
 
 log = logging.getLogger("parley.sessions.turn_transcript")
 
@@ -138,27 +138,12 @@ class TurnTranscript:
 
     async def _transcribe(self, item_id: str, begin_ms: int, end_ms: int) -> str | None:
         try:
-            pcm = await self._read_audio(begin_ms, end_ms)
-            request = PipelineRequest(
-                request_id=new_id("tr"), audio=pcm, session_id="", transcribe_only=True
-            )
-            parts: list[str] = []
-            stream = self._pipeline.generate(request)
-            async with aclosing(stream):
-                async for chunk in stream:
-                    match chunk:
-                        case TextDelta(kind="input_transcript"):
-                            parts.append(chunk.text)
-                        case ErrorChunk():
-                            return None
-                        case End():
-                            break
+            text = await recognise(self._pipeline, await self._read_audio(begin_ms, end_ms))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the turn's end recognises the audio the usual way
             log.warning("session %s: transcript at a pause failed: %r", self._session_id, exc)
             return None
-        text = "".join(parts).strip()
         if self._heard is not None:
             await self._heard(item_id, begin_ms, end_ms, text)
         if text.startswith(self._sent) and len(text) > len(self._sent):
