@@ -10,7 +10,7 @@ reached the client.
 A `Prefetch` owns one task that builds the request and pumps the pipeline's chunks into a
 bounded queue (a full queue holds the pipeline back). `stream()` hands them on to the
 adopting response; `discard()` cancels and awaits the task. Both are safe in any order,
-any number of times.
+any number of times. A session holds at most one at a time in its `PrefetchSlot`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
+
+from prometheus_client import Counter
 
 from pipeline.tasks import cancel_and_wait
 from pipeline.types import OutputChunk, Pipeline, PipelineRequest
@@ -88,3 +90,42 @@ class Prefetch:
             await self._queue.put(exc)
             return
         await self._queue.put(None)
+
+
+class PrefetchSlot:
+    """A session's one answer begun ahead: a new one replaces the old, which is discarded;
+    each ends counted as kept (adopted by the response) or discarded."""
+
+    def __init__(self, outcomes: Counter) -> None:
+        self._outcomes = outcomes
+        self._current: Prefetch | None = None
+
+    async def start(
+        self,
+        pipeline: Pipeline,
+        build: Callable[[], Awaitable[PipelineRequest]],
+        *,
+        item_id: str,
+        end_ms: int,
+        name: str,
+    ) -> None:
+        await self.drop()
+        self._current = Prefetch(pipeline, build, item_id=item_id, end_ms=end_ms, name=name)
+
+    async def take(self, item_id: str, end_ms: int) -> Prefetch | None:
+        """The answer begun at the pause where the turn `item_id` ended (`end_ms`), or None
+        (and whatever was begun is discarded)."""
+        current = self._current
+        if current is not None and current.matches(item_id, end_ms):
+            self._current = None
+            self._outcomes.labels("kept").inc()
+            return current
+        await self.drop()
+        return None
+
+    async def drop(self) -> None:
+        """Discard the answer begun ahead, if any. Idempotent."""
+        current, self._current = self._current, None
+        if current is not None:
+            self._outcomes.labels("discarded").inc()
+            await current.discard()

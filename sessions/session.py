@@ -56,7 +56,7 @@ from .events import (
 from .idle_timer import IdleTimer
 from .keys import DEFAULT_KEY_TTL_S
 from .metrics import SessionMetrics
-from .prefetch import Prefetch
+from .prefetch import Prefetch, PrefetchSlot
 from .redis_link import RedisLink
 from .request_builder import RequestBuilder
 from .resample import InputResampler
@@ -141,7 +141,7 @@ class Session:
         self._turn_transcript = TurnTranscript(
             session_id, pipeline, self.audio.read, self._emit, heard=self._pause_heard
         )
-        self._prefetch: Prefetch | None = None
+        self._prefetch = PrefetchSlot(self.metrics.prefetches)
         """An answer begun at the open turn's last pause."""
         self._transcriber = ItemTranscriber(
             session_id,
@@ -233,7 +233,7 @@ class Session:
     async def _shutdown(self) -> None:
         await self._idle.close()
         await self._turn_transcript.close()
-        await self._drop_prefetch()
+        await self._prefetch.drop()
         async with self._media_lock:  # no media write races the key deletion
             await self._cancel_response("session closed")
             self._sink.clear()
@@ -445,7 +445,7 @@ class Session:
                 words = self._turn_transcript.ready(item_id)
                 if words is not None:  # recognised at the pause: final at speech_stopped
                     await self._store_transcript(item_id, words)
-                prefetched = await self._take_prefetch(item_id, end)
+                prefetched = await self._prefetch.take(item_id, end)
                 if td.create_response:
                     await self._start_response(prefetched=prefetched)
                 else:
@@ -468,9 +468,8 @@ class Session:
             or self._turns.speech_item_id != item_id
         ):
             return
-        await self._drop_prefetch()
         options, rate = ResponseOptions().resolve(self.config), self.config.output_sample_rate
-        self._prefetch = Prefetch(
+        await self._prefetch.start(
             self._pipeline,
             lambda: self._requests.build_ahead(
                 new_id("resp"), item_id, (begin_ms, end_ms), words, options, rate
@@ -479,22 +478,6 @@ class Session:
             end_ms=end_ms,
             name=f"{self.session_id}:prefetch",
         )
-
-    async def _drop_prefetch(self) -> None:
-        prefetch, self._prefetch = self._prefetch, None
-        if prefetch is not None:
-            self.metrics.prefetches.labels("discarded").inc()
-            await prefetch.discard()
-
-    async def _take_prefetch(self, item_id: str, end_ms: int) -> Prefetch | None:
-        """The answer begun at this turn's last pause, if the turn ended there."""
-        prefetch = self._prefetch
-        if prefetch is not None and prefetch.matches(item_id, end_ms):
-            self._prefetch = None
-            self.metrics.prefetches.labels("kept").inc()
-            return prefetch
-        await self._drop_prefetch()
-        return None
 
     async def _commit(self, item_id: str, begin_ms: int, end_ms: int) -> ConversationItem:
         item = ConversationItem(id=item_id, role="user", has_audio=True, audio_ms=end_ms - begin_ms)
@@ -607,7 +590,7 @@ class Session:
     ) -> str:
         """Start an answer (`prefetched`: adopting the work begun at the turn's pause)."""
         if prefetched is None:
-            await self._drop_prefetch()  # an answer to anything else: that work is moot
+            await self._prefetch.drop()  # an answer to anything else: that work is moot
         resolved = (options or ResponseOptions()).resolve(self.config)
         async with self._writer_lock:  # one writer: never start while one is torn down
             await self._end_previous_response()
