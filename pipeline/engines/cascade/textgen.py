@@ -21,6 +21,11 @@ Constrained rows. A row may carry a `TokenConstraint` (a tool turn: `tool_decodi
 the row picked at the step before, and it masks what the row may pick next. Other rows of the
 batch decode as they would alone.
 
+Prefix reuse. A batch of one row (the usual case on a small machine) starts from the KV
+that an earlier request left with the same prompt prefix (`prefix_cache.py`), so a
+conversation's next turn prefills only what it adds; its own KV is kept in turn. Batches of
+several rows are left-padded, so their KV fits no other prompt: they prefill in full.
+
 Crossing to the event loop. The model thread never blocks on a reader: it posts each delta
 with `loop.call_soon_threadsafe`, and the loop side coalesces deltas into one pending string
 per row (vLLM's output collector does the same), so a row's queue is bounded by its budget.
@@ -45,6 +50,7 @@ from transformers import (
 from transformers.generation.streamers import BaseStreamer
 
 from .batching import BatchWorker
+from .prefix_cache import PrefixCache
 from .smollm import LanguageModel
 
 
@@ -167,8 +173,17 @@ class _ConstrainRows(LogitsProcessor):
 class TextGenerator:
     """Streams chat completions of many concurrent requests, batched on one model thread."""
 
-    def __init__(self, lm: LanguageModel, *, window_s: float = 0.02, max_batch: int = 8) -> None:
+    def __init__(
+        self,
+        lm: LanguageModel,
+        *,
+        window_s: float = 0.02,
+        max_batch: int = 8,
+        prefix_tokens: int = 2048,
+    ) -> None:
         self._lm = lm
+        self.prefixes = PrefixCache(prefix_tokens)
+        """KV kept between requests (used by the model thread only)."""
         self._rows: dict[str, _Row] = {}
         self._lock = threading.Lock()
         self._worker: BatchWorker[_Row] = BatchWorker(
@@ -245,17 +260,22 @@ class TextGenerator:
                 pad_token_id=lm.pad_token_id,
                 bos_token_id=defaults.bos_token_id if defaults else None,  # else it warns
             )
+            single = len(rows) == 1
+            past = self.prefixes.take(batch.input_ids[0].tolist()) if single else None
             model: Any = lm.model  # transformers' stubs hide GenerationMixin.generate
             with torch.inference_mode():
-                model.generate(
+                sequences = model.generate(
                     **batch,
                     generation_config=config,
+                    past_key_values=past,
                     streamer=_RowStreamer(rows, lm),
                     logits_processor=LogitsProcessorList(
                         [_ConstrainRows(rows)] if any(r.constraint for r in rows) else []
                     ),
                     stopping_criteria=StoppingCriteriaList([_StopRows(rows)]),
                 )
+            if past is not None:
+                self.prefixes.put(sequences[0, : past.get_seq_length()].tolist(), past)
         except Exception as exc:
             for row in rows:
                 if not row.stopped:

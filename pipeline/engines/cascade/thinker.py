@@ -11,9 +11,16 @@ prompts that arrive together (within `batch_window_ms` of each other, or while a
 as one batched `generate`; see `textgen.py`. Transcription happens before that, in a thread,
 one utterance at a time (Whisper base takes ~150 ms for a short question, pocketsphinx ~300 ms).
 
-Torch's thread count is process-wide. One thread is the default: on a 2-core machine two
-threads were erratic (4-25 tokens/s, as soon as anything else ran) while one gave a steady
-~22 tokens/s alone and ~57 tokens/s over a batch of four.
+Torch's thread count is process-wide, and the `threads` engine argument sets it (the cascade
+config asks for 2). Alone on this 2-core machine, two threads decode a token of SmolLM2 in
+~17-20 ms against ~52 ms on one; with another process busy on a core they were ruinous while
+OpenMP's idle threads spun, and fall back to about the one-thread speed now that a worker's
+idle threads sleep (see `pipeline/worker.py`; `python -m loadtest.thinker_bench`).
+
+The prompt's KV is reused between requests (`prefix_cache.py`): a conversation's next turn
+prefills only what it adds. To keep that prefix stable when a conversation outgrows the
+context, the oldest turns are dropped several at a time (`TRIM_MESSAGES`), not one exchange
+per turn, which would change the prompt's start, and so cost a full prefill, at every turn.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ from .vision import describe_frames
 DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant. Answer in one or two short sentences."
 NOT_HEARD = "Sorry, I did not catch that."
 CALL_THRESHOLD = -6.0
+TRIM_MESSAGES = 8
+"""Messages dropped at a time from the start of a conversation that outgrows the context."""
 SPEAK_FIRST = "(The user is waiting for you to speak.)"
 """The user turn of a request that has none (response.create with instructions only): with
 no user turn at all SmolLM2 repeats its system message ("Greet the user warmly." back)."""
@@ -120,6 +129,16 @@ class ThinkerEngine(EntryEngine):
     def batch_size(self) -> int:
         """How many requests the most recent batch served."""
         return self._generator.last_batch_size if self._generator else 0
+
+    @property
+    def reused_prompt_tokens(self) -> int:
+        """How many tokens of the latest single request's prompt came from kept KV."""
+        return self._generator.prefixes.reused_tokens if self._generator else 0
+
+    def forget_prompts(self) -> None:
+        """Drop the kept KV (the next prompts prefill in full)."""
+        if self._generator is not None:
+            self._generator.prefixes.forget()
 
     async def start(self) -> None:
         if self._generator is not None:
@@ -271,4 +290,4 @@ class ThinkerEngine(EntryEngine):
             )
             if not turns or len(tokenizer(prompt).input_ids) <= budget:
                 return prompt
-            del turns[: min(2, len(turns))]
+            del turns[:TRIM_MESSAGES]

@@ -170,3 +170,22 @@ async def test_a_long_conversation_keeps_its_latest_turns_within_the_context(
     assert tokens <= thinker.context_tokens - thinker.max_new_tokens
     assert "Turn number 59" in prompt and "Turn number 0:" not in prompt
     assert "You are Parley." in prompt and prompt.index("Turn number 59") < prompt.index("And now?")
+
+
+async def test_the_next_turn_reuses_the_conversation_so_far_and_answers_the_same(
+    thinker: ThinkerEngine,
+) -> None:
+    first = typed("k1", "What is the capital of France?")
+    answer = output_text([c async for c in thinker.generate("k1", first)])
+    history = (
+        HistoryItem("user", "What is the capital of France?"),
+        HistoryItem("assistant", answer),
+    )
+    follow_up = typed("k2", "And of Japan?", history=history)
+    prompt_tokens = len(thinker._lm.tokenizer(thinker.chat_prompt(first, first.text)).input_ids)  # type: ignore[union-attr]  # noqa: SLF001
+    reused = output_text([c async for c in thinker.generate("k2", follow_up)])
+    assert thinker.reused_prompt_tokens > prompt_tokens  # the first prompt and its answer
+    thinker.forget_prompts()
+    again = output_text([c async for c in thinker.generate("k3", follow_up)])
+    assert thinker.reused_prompt_tokens == 0
+    assert reused.split()[:6] == again.split()[:6] and reused.strip()
