@@ -4,6 +4,13 @@
 talks to it over a shared-memory link, so model compute never runs on the media event loop
 and arrays cross with one copy. If the child dies, every request it was serving gets an
 ErrorChunk (see `LinkedStage`) and a new child is started, with backoff if it keeps dying.
+
+Children start with OpenMP's waiting threads sleeping (`OMP_WAIT_POLICY=PASSIVE`, unless the
+environment says otherwise). By default a thread that finished its share of a parallel op
+spins until the next; on a small machine where other processes want the same cores, two-
+thread SmolLM2 then took 23 s instead of 1.5 s for an answer (a spinning thread waits on a
+descheduled one at every op). With passive waits it degrades to the one-thread speed
+instead, and alone it keeps most of the two-thread gain (`loadtest.thinker_bench`).
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import subprocess
 
@@ -59,7 +67,10 @@ class WorkerEngine(LinkedStage):
         out, back, rings = ShmLink.create_rings(self.ring_capacity)
         fd = child_sock.fileno()
         # fork+exec takes milliseconds, and only when a worker (re)starts
-        process = subprocess.Popen(launch_args(self.spec, fd, rings), pass_fds=(fd,))  # noqa: ASYNC220
+        env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ}
+        process = subprocess.Popen(  # noqa: ASYNC220
+            launch_args(self.spec, fd, rings), pass_fds=(fd,), env=env
+        )
         child_sock.close()
         link = await ShmLink.open(parent_sock, out, back)
         try:

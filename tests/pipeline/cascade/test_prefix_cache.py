@@ -17,7 +17,9 @@ def kv_of(ids: list[int]) -> DynamicCache:
 
 
 def held(cache: DynamicCache) -> list[int]:
-    return [int(v) for v in cache.layers[0].keys.reshape(-1).tolist()]
+    keys = cache.layers[0].keys
+    assert keys is not None
+    return [int(v) for v in keys.reshape(-1).tolist()]
 
 
 def test_an_unknown_prompt_starts_from_an_empty_cache() -> None:

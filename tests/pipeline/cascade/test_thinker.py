@@ -175,14 +175,16 @@ async def test_a_long_conversation_keeps_its_latest_turns_within_the_context(
 async def test_the_next_turn_reuses_the_conversation_so_far_and_answers_the_same(
     thinker: ThinkerEngine,
 ) -> None:
-    first = typed("k1", "What is the capital of France?")
+    question = "What is the capital of France?"
+    first = typed("k1", question)
     answer = output_text([c async for c in thinker.generate("k1", first)])
     history = (
-        HistoryItem("user", "What is the capital of France?"),
+        HistoryItem("user", question),
         HistoryItem("assistant", answer),
     )
     follow_up = typed("k2", "And of Japan?", history=history)
-    prompt_tokens = len(thinker._lm.tokenizer(thinker.chat_prompt(first, first.text)).input_ids)  # type: ignore[union-attr]  # noqa: SLF001
+    assert thinker._lm is not None  # noqa: SLF001
+    prompt_tokens = len(thinker._lm.tokenizer(thinker.chat_prompt(first, question)).input_ids)  # noqa: SLF001
     reused = output_text([c async for c in thinker.generate("k2", follow_up)])
     assert thinker.reused_prompt_tokens > prompt_tokens  # the first prompt and its answer
     thinker.forget_prompts()
