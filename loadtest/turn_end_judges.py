@@ -2,12 +2,14 @@
 
 Two kinds, each a score in [0, 1] (None: no words, leave the end to the silence):
 
-* `rule`: `sessions.turn_end.sounds_finished`, the session's judge (1 or 0);
-* `lm`: `sessions.turn_end_model.TurnEndModel`, the Thinker's own model (SmolLM2-135M-
-  Instruct) asked how likely the user's message ends right after the words: P(<|im_end|>)
-  as the next token after the Thinker's system message and the words, lower case without
-  punctuation (as LiveKit's turn detector does, with a model fine-tuned for it; here it is
-  the chat model as it ships), the prompt's fixed start cached;
+* `rule`: `sessions.turn_end.sounds_finished`, the session's judge when the pipeline has
+  none (1 or 0);
+* `lm`: `TurnEndModel` (pipeline/engines/cascade/turn_end_model.py), the cascade's judge:
+  the Thinker's own model (SmolLM2-135M-Instruct) asked how likely the user's message ends
+  right after the words: P(<|im_end|>) as the next token after the Thinker's system
+  message and the words, lower case without punctuation (as LiveKit's turn detector does,
+  with a model fine-tuned for it; here it is the chat model as it ships), the prompt's
+  fixed start cached;
 * `lm-raw`, `lm-bare`: the same model on the whole prompt with the words as Whisper wrote
   them, and without the punctuation at their end. Whisper puts a "?" or "." after a
   fragment too ("What is the capital of?"), which these show misleads the model.
@@ -43,7 +45,7 @@ LM_VARIANTS: dict[str, Callable[[str], str]] = {"lm-raw": as_written, "lm-bare":
 def model_scorer() -> Score:
     """`TurnEndModel.probability` on the Thinker's model (blocking: loads it)."""
     from pipeline.engines.cascade.smollm import load_language_model
-    from sessions.turn_end_model import TurnEndModel
+    from pipeline.engines.cascade.turn_end_model import TurnEndModel
 
     return TurnEndModel(load_language_model()).probability
 

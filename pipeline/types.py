@@ -104,6 +104,9 @@ class PipelineRequest:
     transcribe_only: bool = False
     """Only transcribe `audio` (as `input_transcript` deltas), then End: no answer. For a
     user turn that no answer follows yet; an engine with no recogniser just ends."""
+    judge_turn_end: bool = False
+    """With `transcribe_only`, at a pause in the user's speech: also say whether the words
+    sound like a whole turn (a `turn_end` TextDelta), if the engine can judge that."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,10 +126,12 @@ class StageInput:
 
 @dataclass(frozen=True, slots=True)
 class TextDelta:
-    """A piece of text. `input_transcript` is what the user said; `output` what the model says."""
+    """A piece of text. `input_transcript` is what the user said; `output` what the model says;
+    `turn_end` is a verdict on the user's words so far, "finished" or "unfinished" (only for
+    a request that asks `judge_turn_end`)."""
 
     text: str
-    kind: Literal["output", "input_transcript"] = "output"
+    kind: Literal["output", "input_transcript", "turn_end"] = "output"
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,7 +66,7 @@ from .sink import DetachedSink, OutputSink
 from .spill import DEFAULT_MAX_BYTES
 from .state import SessionState, StateMachine
 from .store import SessionStore
-from .transcription import ItemTranscriber, store_transcript
+from .transcription import Heard, ItemTranscriber, store_transcript
 from .turn_detection import SpeechConfirmed, SpeechEnd, SpeechPause, SpeechStart, TurnDetector
 from .turn_end import sounds_finished
 from .turn_transcript import TurnTranscript
@@ -139,7 +139,12 @@ class Session:
         self._requests = RequestBuilder(session_id, store, self._turns, self.metrics)
         self._idle = IdleTimer(clock, session_id)
         self._turn_transcript = TurnTranscript(
-            session_id, pipeline, self.audio.read, self._emit, heard=self._pause_heard
+            session_id,
+            pipeline,
+            self.audio.read,
+            self._emit,
+            heard=self._pause_heard,
+            judge=self._semantic_vad,
         )
         self._prefetch = PrefetchSlot(self.metrics.prefetches)
         """An answer begun at the open turn's last pause."""
@@ -453,11 +458,17 @@ class Session:
                         self._transcriber.request(item_id, begin, self._turns.offset_ms)
                     self.machine.to(SessionState.LISTENING, "turn committed")
 
-    async def _pause_heard(self, item_id: str, begin_ms: int, end_ms: int, words: str) -> None:
-        """The words up to a pause are known: semantic_vad judges them, and the answer to
-        them starts now (prefetch.py), kept if the turn ends at this pause."""
-        finished = sounds_finished(words)
-        if self._detector is not None and finished is not None:
+    def _semantic_vad(self) -> bool:
+        td = self.config.turn_detection
+        return td is not None and td.type == "semantic_vad"
+
+    async def _pause_heard(self, item_id: str, begin_ms: int, end_ms: int, heard: Heard) -> None:
+        """The words up to a pause are known: semantic_vad judges them (by the pipeline's
+        verdict, or failing one by their last word: turn_end.py), and the answer to them
+        starts now (prefetch.py), kept if the turn ends at this pause."""
+        words = heard.words
+        finished = heard.finished if heard.finished is not None else sounds_finished(words)
+        if self._detector is not None:
             self._detector.judge_pause(end_ms, finished)
         td = self.config.turn_detection
         if (

@@ -46,24 +46,41 @@ class TranscriptionFailed(Exception):
     """The pipeline's recogniser reported an error for the audio."""
 
 
-async def recognise(pipeline: Pipeline, pcm: npt.NDArray[np.int16]) -> str:
+@dataclass(frozen=True, slots=True)
+class Heard:
+    words: str
+    finished: bool | None = None
+    """Whether the words sound like a whole turn, if asked and the pipeline could judge."""
+
+
+async def recognise(
+    pipeline: Pipeline, pcm: npt.NDArray[np.int16], *, judge_turn_end: bool = False
+) -> Heard:
     """The words of `pcm`, from a transcription-only pipeline request (one place for both
-    transcribers here and in turn_transcript.py). Raises TranscriptionFailed or TimeoutError."""
+    transcribers here and in turn_transcript.py), with the pipeline's verdict on whether they
+    end the turn if `judge_turn_end`. Raises TranscriptionFailed or TimeoutError."""
     request = PipelineRequest(
-        request_id=new_id("tr"), audio=pcm, session_id="", transcribe_only=True
+        request_id=new_id("tr"),
+        audio=pcm,
+        session_id="",
+        transcribe_only=True,
+        judge_turn_end=judge_turn_end,
     )
     parts: list[str] = []
+    finished: bool | None = None
     stream = pipeline.generate(request)
     async with aclosing(stream), asyncio.timeout(TRANSCRIBE_TIMEOUT_S):
         async for chunk in stream:
             match chunk:
                 case TextDelta(kind="input_transcript"):
                     parts.append(chunk.text)
+                case TextDelta(kind="turn_end"):
+                    finished = chunk.text == "finished"
                 case ErrorChunk():
                     raise TranscriptionFailed(chunk.message)
                 case End():
                     break
-    return "".join(parts).strip()
+    return Heard("".join(parts).strip(), finished)
 
 
 async def store_transcript(
@@ -160,7 +177,7 @@ class ItemTranscriber:
             return
         pcm = await self._read_audio(item.begin_ms, item.end_ms)
         try:
-            transcript = await recognise(self._pipeline, pcm)
+            transcript = (await recognise(self._pipeline, pcm)).words
         except TranscriptionFailed as exc:
             self._emit(InputTranscriptionFailed(item_id=item.item_id, message=str(exc)))
             return

@@ -53,6 +53,10 @@ FLOOR_START_MAX_DBFS = -45.0
 """The floor starts at the first frame's level, but no higher: a stream may open mid-word."""
 VAD_WARMUP_FRAMES = 5
 """Frames whose VAD verdict is ignored: webrtcvad says "speech" to anything at first."""
+VERDICT_WAIT_MS = 400
+"""semantic_vad holds a turn's end this long past the silence window for the words' verdict
+on a pause still on its way (recognition and judgement take ~250 ms after the pause): with
+eagerness high (350 ms) the window ran out before any verdict came."""
 UNFINISHED_FACTOR = 2
 UNFINISHED_MAX_MS = 2_500
 """semantic_vad waits out a pause after words that break off this much longer (at most)."""
@@ -137,16 +141,20 @@ class TurnDetector:
         self._paused = False
         self._window_ms = None
 
-    def judge_pause(self, end_ms: int, finished: bool) -> None:
+    def judge_pause(self, end_ms: int, finished: bool | None) -> None:
         """semantic_vad: the words up to the pause that ended at `end_ms` sound `finished`
-        (the turn ends at the next silent frame) or not (the pause is waited out longer).
-        Ignored when speech went on since, or for server_vad."""
+        (the turn ends at the next silent frame), or not (the pause is waited out longer),
+        or cannot be judged (None: the silence window decides). Ignored when speech went on
+        since, or for server_vad."""
         if self._config.type != "semantic_vad" or not self.in_speech:
             return
         if end_ms != self._last_speech_end_ms:
             return
         base = self._config.silence_duration_ms
-        self._window_ms = 0 if finished else min(UNFINISHED_MAX_MS, base * UNFINISHED_FACTOR)
+        if finished is None:
+            self._window_ms = base
+        else:
+            self._window_ms = 0 if finished else min(UNFINISHED_MAX_MS, base * UNFINISHED_FACTOR)
 
     def process(self, frame: bytes, offset_ms: int) -> list[TurnSignal]:
         """Classify one 640-byte frame starting at `offset_ms`; return what it changed."""
@@ -211,6 +219,8 @@ class TurnDetector:
             self._tail_frames = None
         silent_ms = current.offset_ms + FRAME_MS - self._last_speech_end_ms
         window = self._config.silence_duration_ms if self._window_ms is None else self._window_ms
+        if self._verdict_pending():
+            window += VERDICT_WAIT_MS
         if silent_ms < window:
             pause_ms = min(PAUSE_MS, self._config.silence_duration_ms // 2)
             if self._paused or silent_ms < pause_ms:
@@ -220,6 +230,10 @@ class TurnDetector:
         end = SpeechEnd(self._start_ms, self._last_speech_end_ms)
         self.reset()
         return [end]
+
+    def _verdict_pending(self) -> bool:
+        """semantic_vad reported a pause whose words are not judged yet."""
+        return self._config.type == "semantic_vad" and self._paused and self._window_ms is None
 
     def _speech_frame(self, current: _Frame) -> list[TurnSignal]:
         assert self._start_ms is not None

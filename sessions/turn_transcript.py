@@ -27,7 +27,7 @@ from pipeline.tasks import cancel_and_wait
 from pipeline.types import Pipeline
 
 from .events import Event, InputTranscriptionDelta
-from .transcription import recognise
+from .transcription import Heard, recognise
 
 log = logging.getLogger("parley.sessions.turn_transcript")
 
@@ -45,10 +45,13 @@ class TurnTranscript:
         pipeline: Pipeline,
         read_audio: AudioReader,
         emit: Callable[[Event], None],
-        heard: Callable[[str, int, int, str], Awaitable[None]] | None = None,
+        heard: Callable[[str, int, int, Heard], Awaitable[None]] | None = None,
+        judge: Callable[[], bool] = lambda: False,
     ) -> None:
-        """`heard(item_id, begin_ms, end_ms, words)`: awaited with the words of each pause
-        as soon as they are known (semantic_vad judges them, an answer may start on them)."""
+        """`heard(item_id, begin_ms, end_ms, heard)`: awaited with the words of each pause as
+        soon as they are known (semantic_vad judges them, an answer may start on them);
+        `judge()`: whether to ask the pipeline too if the words sound finished."""
+        self._judge = judge
         self._session_id = session_id
         self._heard = heard
         self._pipeline = pipeline
@@ -138,14 +141,16 @@ class TurnTranscript:
 
     async def _transcribe(self, item_id: str, begin_ms: int, end_ms: int) -> str | None:
         try:
-            text = await recognise(self._pipeline, await self._read_audio(begin_ms, end_ms))
+            pcm = await self._read_audio(begin_ms, end_ms)
+            heard = await recognise(self._pipeline, pcm, judge_turn_end=self._judge())
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the turn's end recognises the audio the usual way
             log.warning("session %s: transcript at a pause failed: %r", self._session_id, exc)
             return None
+        text = heard.words
         if self._heard is not None:
-            await self._heard(item_id, begin_ms, end_ms, text)
+            await self._heard(item_id, begin_ms, end_ms, heard)
         if text.startswith(self._sent) and len(text) > len(self._sent):
             self._emit(InputTranscriptionDelta(item_id=item_id, delta=text[len(self._sent) :]))
             self._sent = text

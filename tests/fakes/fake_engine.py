@@ -59,6 +59,9 @@ class FakeEngine(EntryEngine):
         self.clock = clock
         self.transcript: str | None = None
         """What its recogniser hears, whatever the audio (None: "heard <n> ms")."""
+        self.turn_end: str | None = None
+        """Its verdict on the words at a pause when asked (`judge_turn_end`): "finished",
+        "unfinished", or None for an engine that cannot judge."""
         self.requests: list[PipelineRequest] = []
         """The answers asked of it (transcription-only requests are in `transcriptions`)."""
         self.transcriptions: list[PipelineRequest] = []
@@ -98,6 +101,8 @@ class FakeEngine(EntryEngine):
                 ms = len(request.audio) * 1000 // 16_000
                 heard = f"heard {ms} ms" if self.transcript is None else self.transcript
                 yield TextDelta(text=heard, kind="input_transcript")
+                if request.judge_turn_end and self.turn_end is not None:
+                    yield TextDelta(text=self.turn_end, kind="turn_end")
                 yield End()
                 return
             call = self._tool_call(request)

@@ -89,13 +89,18 @@ def test_the_words_say_whether_a_turn_sounds_finished(words: str, finished: bool
 
 
 async def silence_before_the_end(
-    make_session: MakeSession, engine: FakeEngine, heard: str, eagerness: str
+    make_session: MakeSession,
+    engine: FakeEngine,
+    heard: str,
+    eagerness: str,
+    verdict: str | None = None,
 ) -> int:
     """Feed one phrase and then silence; return how much silence passed before the turn
-    ended (speech_stopped), on the audio timeline."""
+    ended (speech_stopped), on the audio timeline. `verdict`: the pipeline's own judgement
+    of the words (None: it has none, the session's rule judges)."""
     vad = {"type": "semantic_vad", "eagerness": eagerness, "create_response": False}
     session, sink = await make_session({"turn_detection": vad})
-    engine.transcript = heard
+    engine.transcript, engine.turn_end = heard, verdict
     pcm, _ = utterances_with_gaps(["What is the capital of France?"], gap_ms=0, lead_ms=400)
     await feed(session, pcm, realtime=True)
     for _ in range(150):  # up to 3 s of silence, 20 ms at a time, at microphone pace
@@ -117,6 +122,34 @@ async def test_semantic_vad_ends_a_finished_question_sooner_than_a_broken_off_on
     )
     # medium waits 700 ms on silence alone; the words end one sooner, the other later
     assert finished < 700 < broken_off, (finished, broken_off)
+
+
+async def test_the_pipelines_verdict_on_the_words_outranks_the_rule(
+    make_session: MakeSession, engine: FakeEngine
+) -> None:
+    """ "set a timer" sounds whole to the last-word rule; a pipeline that judges it broken
+    off (the cascade's SmolLM2 can) makes the turn wait, and one that judges it whole ends it."""
+    waited = await silence_before_the_end(
+        make_session, engine, "set a timer", "medium", verdict="unfinished"
+    )
+    ended = await silence_before_the_end(
+        make_session, engine, "what is the capital of the", "medium", verdict="finished"
+    )
+    assert ended < 700 < waited, (ended, waited)
+    assert all(t.judge_turn_end for t in engine.transcriptions)
+
+
+async def test_semantic_vad_high_waits_for_the_words_verdict(
+    make_session: MakeSession, engine: FakeEngine
+) -> None:
+    """high's window (350 ms) ends before the words at the pause are judged (~250 ms after
+    it, here the fake's 300 ms): the end is held for the verdict, so a broken-off sentence
+    still waits."""
+    engine.first_chunk_delay_s = 0.3
+    broken_off = await silence_before_the_end(
+        make_session, engine, "what is the capital of the", "high", verdict="unfinished"
+    )
+    assert broken_off >= 700, broken_off
 
 
 async def test_an_answer_begun_at_the_pause_is_kept_or_thrown_away(

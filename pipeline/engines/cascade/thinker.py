@@ -6,6 +6,10 @@ by default or pocketsphinx (`asr.py`; the transcript is streamed first, as an
 instructions, that context, the history and the user's words become a chat prompt for
 SmolLM2-135M-Instruct, whose reply streams out token by token.
 
+At a pause in the user's speech the session asks for the words so far and, for semantic_vad,
+whether they sound finished (`judge_turn_end`): the same SmolLM2 scores the end of the user's
+message after them (`turn_end_model.py`; ~80 ms), and the verdict follows the transcript.
+
 Batching: every request's prompt goes to one `TextGenerator`, whose model thread runs the
 prompts that arrive together (within `batch_window_ms` of each other, or while a batch runs)
 as one batched `generate`; see `textgen.py`. Transcription happens before that, in a thread,
@@ -40,6 +44,7 @@ from .textgen import GenerationFailed, TextGenerator
 from .tool_decoding import CallConstraint, ToolGrammarError, prepare
 from .tool_prompt import call_grammar, history_messages, tools_system_text
 from .tool_stream import CallCutOff, CallReader
+from .turn_end_model import TurnEndModel
 from .vision import describe_frames
 
 DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant. Answer in one or two short sentences."
@@ -122,6 +127,7 @@ class ThinkerEngine(EntryEngine):
             raise ValueError(f"recognizer must be 'whisper' or 'pocketsphinx', not {recognizer!r}")
         self._lm: LanguageModel | None = None
         self._recognizer: Recognizer | None = None
+        self._turn_end: TurnEndModel | None = None
         self._generator: TextGenerator | None = None
         self._requests: RequestTracker[None] = RequestTracker()
 
@@ -144,6 +150,7 @@ class ThinkerEngine(EntryEngine):
         if self._generator is not None:
             return
         self._lm = await asyncio.to_thread(self._load)
+        self._turn_end = await asyncio.to_thread(TurnEndModel, self._lm)
         self._recognizer = await asyncio.to_thread(make_recognizer, self.recognizer)
         self._generator = TextGenerator(
             self._lm, window_s=self.batch_window_ms / 1000, max_batch=self.max_batch
@@ -194,8 +201,13 @@ class ThinkerEngine(EntryEngine):
                 if heard:
                     yield TextDelta(text=heard, kind="input_transcript")
                 user_text = " ".join(t for t in (user_text, heard) if t)
-            if request.transcribe_only:
-                yield End()  # the turn's transcript only: no answer follows yet
+            if request.transcribe_only:  # the turn's transcript only: no answer follows yet
+                if request.judge_turn_end and self._turn_end is not None and heard:
+                    finished = await asyncio.to_thread(self._turn_end.sounds_finished, heard)
+                    if finished is not None:
+                        verdict = "finished" if finished else "unfinished"
+                        yield TextDelta(text=verdict, kind="turn_end")
+                yield End()
                 return
             if len(request.audio) and not user_text.strip():
                 yield TextDelta(text=NOT_HEARD)  # a spoken turn with nothing heard

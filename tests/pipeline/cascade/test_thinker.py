@@ -191,3 +191,24 @@ async def test_the_next_turn_reuses_the_conversation_so_far_and_answers_the_same
     again = output_text([c async for c in thinker.generate("k3", follow_up)])
     assert thinker.reused_prompt_tokens == 0
     assert reused.split()[:6] == again.split()[:6] and reused.strip()
+
+
+async def test_at_a_pause_the_words_are_judged_finished_or_broken_off(
+    thinker: ThinkerEngine,
+) -> None:
+    async def verdict(words: str, judge: bool = True) -> list[str]:
+        request = PipelineRequest(
+            request_id="j",
+            audio=np.ones(1600, dtype=np.int16),
+            transcript=words,
+            transcribe_only=True,
+            judge_turn_end=judge,
+        )
+        chunks = [c async for c in thinker.generate("j", request)]
+        assert isinstance(chunks[-1], End)
+        return [c.text for c in chunks if isinstance(c, TextDelta) and c.kind == "turn_end"]
+
+    assert await verdict("What is the capital of France?") == ["finished"]
+    assert await verdict("What is the capital of?") == ["unfinished"]
+    assert await verdict("What is the capital of France?", judge=False) == []
+    assert thinker.active_requests() == 0

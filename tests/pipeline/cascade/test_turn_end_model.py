@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pipeline.engines.cascade.smollm import load_language_model
-from sessions.turn_end_model import TurnEndModel, normalised
+from pipeline.engines.cascade.turn_end_model import TurnEndModel, normalised
 
 pytestmark = pytest.mark.slow  # a real model (~3 s to load and judge)
 
