@@ -22,42 +22,26 @@ called from any thread and takes effect at the next `take`.
 from __future__ import annotations
 
 import copy
-from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from transformers import DynamicCache
+
+from ..token_lru import TokenLRU, common_prefix
 
 MIN_REUSE = 8
 """Fewer common tokens than this are not worth a copy."""
 
 
-@dataclass
-class _Entry:
-    ids: tuple[int, ...]
-    cache: DynamicCache
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
 class PrefixCache:
     def __init__(self, max_tokens: int = 2048) -> None:
-        self.max_tokens = max_tokens
-        self._entries: OrderedDict[int, _Entry] = OrderedDict()
-        self._next_key = 0
+        self._entries: TokenLRU[tuple[int, ...], DynamicCache] = TokenLRU(max_tokens)
         self._forgotten = False
         self.reused_tokens = 0
         """How many prompt tokens the last `take` found cached (for tests and benchmarks)."""
 
     @property
     def tokens(self) -> int:
-        return sum(len(e.ids) for e in self._entries.values())
+        return self._entries.tokens
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -69,36 +53,32 @@ class PrefixCache:
             self._forgotten = False
             self._entries.clear()
         best_key, best = None, 0
-        for key, entry in self._entries.items():
-            shared = min(common_prefix(entry.ids, ids), len(ids) - 1)
+        for key, _ in self._entries.items():
+            shared = min(common_prefix(key, ids), len(ids) - 1)
             if shared > best:
                 best_key, best = key, shared
         self.reused_tokens = 0
         if best_key is None or best < MIN_REUSE:
             return DynamicCache()
-        entry = self._entries[best_key]
-        if best == len(entry.ids):
-            del self._entries[best_key]  # the conversation moved on: take it over
-            cache = entry.cache
+        if best == len(best_key):  # the conversation moved on: take the entry over
+            cache = self._entries.pop(best_key)
         else:
-            self._entries.move_to_end(best_key)
-            cache = copy.deepcopy(entry.cache)
+            self._entries.touch(best_key)
+            cache = copy.deepcopy(self._entries.get(best_key))
+        assert cache is not None
         cache.crop(best)
         self.reused_tokens = best
         return cache
 
     def put(self, ids: Sequence[int], cache: DynamicCache) -> None:
         """Keep `cache`, which holds the KV of exactly `ids`."""
-        if not ids or len(ids) > self.max_tokens:
-            return
         kept = tuple(ids)
-        for key, entry in list(self._entries.items()):
-            if common_prefix(entry.ids, kept) == len(entry.ids):
-                del self._entries[key]  # a prefix of the new one: never the better match
-        self._entries[self._next_key] = _Entry(kept, cache)
-        self._next_key += 1
-        while self.tokens > self.max_tokens:
-            self._entries.popitem(last=False)
+        if not kept or len(kept) > self._entries.budget_tokens:
+            return
+        for key, _ in list(self._entries.items()):
+            if common_prefix(key, kept) == len(key):
+                self._entries.pop(key)  # a prefix of the new one: never the better match
+        self._entries.put(kept, cache, len(kept))
 
     def forget(self) -> None:
         """Drop every entry, as of the next `take` (so the next prompt prefills in full)."""

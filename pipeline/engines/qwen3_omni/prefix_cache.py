@@ -24,8 +24,8 @@ import numpy as np
 import numpy.typing as npt
 from transformers import DynamicCache
 
+from ..token_lru import TokenLRU, common_prefix
 from .batch_cache import crop_copy
-from .token_lru import TokenLRU
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,14 +42,6 @@ class PrefixHit:
     cache: DynamicCache
     """a private copy, cropped to `length`"""
     hidden: npt.NDArray[np.floating]
-
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 class PrefixCache:
@@ -71,7 +63,7 @@ class PrefixCache:
         best: PrefixEntry | None = None
         best_length = 0
         for _, entry in self._entries.items():
-            length = _common(entry.tokens, tokens)
+            length = common_prefix(entry.tokens, tokens)
             if length > best_length:
                 best, best_length = entry, length
         if best is None or best_length < self.min_tokens:

@@ -30,8 +30,8 @@ import numpy.typing as npt
 from transformers import DynamicCache
 
 from ...types import HistoryItem
+from ..token_lru import TokenLRU
 from .config import TOKENS
-from .token_lru import TokenLRU
 
 Hidden = npt.NDArray[np.floating]
 MULTIMODAL = frozenset({TOKENS["audio"], TOKENS["image"], TOKENS["video"]})

@@ -1,14 +1,24 @@
 """Entries that each cost some tokens of KV, kept under a token budget, least recently used
-out first: what the Thinker's prefix cache and its per-session KV store have in common."""
+out first: what the Thinkers' prefix caches (Qwen3-Omni's and the cascade's) and Qwen3-Omni's
+per-session KV store have in common; and how long a prefix two prompts share."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Generic, TypeVar
 
 KeyT = TypeVar("KeyT")
 ValueT = TypeVar("ValueT")
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 class TokenLRU(Generic[KeyT, ValueT]):

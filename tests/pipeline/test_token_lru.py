@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.engines.qwen3_omni.token_lru import TokenLRU
+from pipeline.engines.token_lru import TokenLRU
 
 
 def test_least_recently_used_goes_first_and_the_budget_holds() -> None:
