@@ -27,6 +27,7 @@ from sessions.events import (
     ConversationItemDeleted,
     ConversationItemRetrieved,
     ConversationItemTruncated,
+    DtmfReceived,
     ErrorEvent,
     Event,
     FunctionCallArgumentsDelta,
@@ -105,6 +106,8 @@ def to_wire(
             body = {"item_id": event.item_id, "previous_item_id": event.previous_item_id}
         case AudioBufferCleared():
             body = {}
+        case DtmfReceived():
+            body = {"event": event.digit, "received_at": event.received_at}
         case ConversationItemCreated():
             body = {"previous_item_id": event.previous_item_id, "item": item_object(event.item)}
         case ConversationItemTruncated():

@@ -128,6 +128,16 @@ class AudioBufferCleared(Event):
     type: ClassVar[str] = "input_audio_buffer.cleared"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DtmfReceived(Event):
+    """A keypad digit the caller pressed (a phone call's RFC 4733 telephone-event)."""
+
+    type: ClassVar[str] = "input_audio_buffer.dtmf_event_received"
+    digit: str
+    received_at: int
+    """Unix seconds."""
+
+
 # --- conversation --------------------------------------------------------------------------
 
 

@@ -41,6 +41,7 @@ from .events import (
     AudioBufferCommitted,
     ConversationItem,
     ConversationItemCreated,
+    DtmfReceived,
     ErrorEvent,
     Event,
     InputAudioTimeoutTriggered,
@@ -395,6 +396,12 @@ class Session:
                         await self._on_turn_signal(signal)
             if self.audio.dropped_frames > before:
                 self.metrics.dropped_frames.labels("audio").inc(self.audio.dropped_frames - before)
+
+    def dtmf(self, digit: str) -> None:
+        """A keypad digit from the caller (a phone call): told to the client as an event."""
+        self._check_open()
+        self._last_media = self.clock.now()
+        self._emit(DtmfReceived(digit=digit, received_at=int(time.time())))
 
     async def add_frame(self, image: bytes, timestamp_ms: int | None = None) -> bool:
         """Cache a camera frame (JPEG or PNG); False if the similar-frame filter dropped it."""

@@ -54,6 +54,7 @@ def samples() -> list[Event]:
         ev.SpeechStopped(audio_end_ms=1020, item_id="item_u"),
         ev.AudioBufferCommitted(item_id="item_u", previous_item_id=None),
         ev.AudioBufferCleared(),
+        ev.DtmfReceived(digit="5", received_at=1_700_000_000),
         ev.ConversationItemCreated(item=USER_AUDIO, previous_item_id="item_0"),
         ev.ConversationItemTruncated(item_id="item_a", audio_end_ms=350),
         ev.ConversationItemDeleted(item_id="item_0"),

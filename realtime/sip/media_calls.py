@@ -1,0 +1,172 @@
+"""The SIP calls of this process, seen from the media side: the `CallHandler` the user agent
+server drives (realtime/sip/handler.py).
+
+An INVITE's offer is checked first (no G.711: 488), then RTP sockets are bound, then the
+session is admitted (at the global limit: 486 Busy Here), so a bad offer costs no session
+slot. One owner task per call waits for its end (`SipMediaCall.watch`) and closes it, as
+the WebRTC registry does; a call that the session ended itself (its lifetime, an idle
+timeout, a server shutdown) is hung up from our side with a BYE through `hangup`. A CANCEL
+that arrives while the session is being created ends the half-made call as soon as
+`invite` returns. `ended` is idempotent and waits until the call is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from sessions import SessionConfig, SessionLimitError, SessionManager
+from sessions.events import new_id
+
+from .handler import Answer, Hangup, IncomingCall, Rejection
+from .media_call import SipMediaCall
+from .sdp_audio import SdpError, build_answer, negotiate, parse_offer
+
+log = logging.getLogger("parley.realtime.sip")
+
+SIP_ENDED = "sip:"
+"""Close reasons starting so came from the SIP side: no BYE back."""
+
+
+class SipCallNotFound(LookupError):
+    pass
+
+
+class SipMediaCalls:
+    def __init__(
+        self,
+        manager: SessionManager,
+        hangup: Hangup,
+        *,
+        host: str = "127.0.0.1",
+        config: SessionConfig | Mapping[str, Any] | None = None,
+        playout_ms: int = 2_000,
+        rtcp_interval_s: float = 5.0,
+    ) -> None:
+        self.manager = manager
+        self.hangup = hangup
+        self.host = host
+        self.config = config
+        self.playout_ms = playout_ms
+        self.rtcp_interval_s = rtcp_interval_s
+        self._calls: dict[str, SipMediaCall] = {}
+        self._owners: dict[str, asyncio.Task[None]] = {}
+        self._answering: set[str] = set()
+        self._cancelled: set[str] = set()
+        self._sdp_ids: dict[str, tuple[int, int]] = {}
+        """Call id -> (our SDP session id, its version), bumped by each re-INVITE answer."""
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def get(self, call_id: str) -> SipMediaCall:
+        try:
+            return self._calls[call_id]
+        except KeyError:
+            raise SipCallNotFound(f"no SIP call {call_id}") from None
+
+    # --- CallHandler ---------------------------------------------------------------------
+
+    async def invite(self, call: IncomingCall) -> Answer | Rejection:
+        if call.call_id in self._calls or call.call_id in self._answering:
+            return Rejection(482, "Loop Detected")  # the same dialog twice
+        try:
+            negotiated = negotiate(parse_offer(call.sdp))
+        except SdpError as exc:
+            log.info("call %s: unusable offer: %s", call.call_id, exc)
+            return Rejection(488, "Not Acceptable Here")
+        if isinstance(negotiated, Rejection):
+            return negotiated
+        media = SipMediaCall(call.call_id, negotiated, self.playout_ms, self.rtcp_interval_s)
+        self._answering.add(call.call_id)
+        try:
+            try:
+                await media.open(self.host)
+                session = await self.manager.create(media, self.config, new_id("sess"))
+            except SessionLimitError as exc:
+                log.info("call %s refused: %s", call.call_id, exc)
+                await media.close("busy")
+                return Rejection(486, "Busy Here")
+            except OSError as exc:
+                log.warning("call %s: no RTP sockets: %s", call.call_id, exc)
+                await media.close("no sockets")
+                return Rejection(503, "Service Unavailable")
+            except BaseException:
+                await asyncio.shield(media.close("setup failed"))
+                raise
+        finally:
+            self._answering.discard(call.call_id)
+        media.attach(session)
+        if call.call_id in self._cancelled:
+            self._cancelled.discard(call.call_id)
+            await media.close(f"{SIP_ENDED}cancelled")
+            return Rejection(487, "Request Terminated")
+        self._calls[call.call_id] = media
+        self._owners[call.call_id] = asyncio.create_task(
+            self._own(media), name=f"sip:{call.call_id}:owner"
+        )
+        sdp_id = secrets.randbelow(1 << 31)
+        self._sdp_ids[call.call_id] = (sdp_id, 0)
+        log.info("SIP call %s answered (session %s)", call.call_id, session.session_id)
+        return Answer(build_answer(negotiated, media.rtp.host, media.rtp.port, sdp_id))
+
+    async def confirmed(self, call_id: str) -> None:
+        call = self._calls.get(call_id)
+        if call is not None:
+            call.confirmed = True
+
+    async def reinvite(self, call_id: str, sdp: str) -> Answer | Rejection:
+        call = self._calls.get(call_id)
+        if call is None:
+            return Rejection(481, "Call/Transaction Does Not Exist")
+        try:
+            negotiated = negotiate(parse_offer(sdp))
+        except SdpError:
+            return Rejection(488, "Not Acceptable Here")
+        if isinstance(negotiated, Rejection):
+            return negotiated
+        call.rtp.update(negotiated)
+        sdp_id, version = self._sdp_ids.get(call_id, (0, 0))
+        self._sdp_ids[call_id] = (sdp_id, version + 1)
+        log.info("SIP call %s: re-INVITE, now %s", call_id, negotiated.direction)
+        return Answer(build_answer(negotiated, call.rtp.host, call.rtp.port, sdp_id, version + 1))
+
+    async def ended(self, call_id: str, reason: str) -> None:
+        if call_id in self._answering:
+            self._cancelled.add(call_id)
+            return
+        call = self._calls.get(call_id)
+        if call is None:
+            return
+        call.request_close(f"{SIP_ENDED}{reason}")
+        owner = self._owners.get(call_id)
+        if owner is not None and owner is not asyncio.current_task():
+            await asyncio.wait({owner})
+
+    # --- ownership -----------------------------------------------------------------------
+
+    async def _own(self, call: SipMediaCall) -> None:
+        try:
+            await call.watch()
+        finally:
+            await call.close(call.close_reason or "hangup")
+            self._calls.pop(call.call_id, None)
+            self._owners.pop(call.call_id, None)
+            self._sdp_ids.pop(call.call_id, None)
+            log.info("SIP call %s closed (%s)", call.call_id, call.close_reason)
+        if not call.close_reason.startswith(SIP_ENDED):
+            try:
+                await self.hangup(call.call_id)
+            except Exception:
+                log.exception("SIP call %s: hanging up failed", call.call_id)
+
+    async def close(self, reason: str = "server_shutdown") -> None:
+        """End every call (each hung up with a BYE) and wait for them. Idempotent."""
+        for call in list(self._calls.values()):
+            call.request_close(reason)
+        pending = list(self._owners.values())
+        if pending:
+            await asyncio.wait(pending)
