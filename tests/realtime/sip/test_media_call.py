@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from aiortc.rtp import RtcpPacket, RtcpSrPacket
 
 from loadtest.speech import silence, speak, trim_silence
 from realtime import g711
@@ -175,7 +176,6 @@ def question() -> np.ndarray:
     )
 
 
-@pytest.mark.slow
 async def test_a_call_is_heard_answered_paced_and_barged_in(
     calls: tuple[SipMediaCalls, list[str]], peer: Peer, engine: FakeEngine
 ) -> None:
@@ -219,7 +219,8 @@ async def test_a_call_is_heard_answered_paced_and_barged_in(
         f"{call.rtp.late_packets}/{call.rtp.packets_sent}"
     )
     assert clear_ms < 100
-    assert call.rtp.late_packets <= call.rtp.packets_sent // 100
+    assert stop_ms < 400  # the detector needs a few frames to hear the speech begin
+    assert call.rtp.late_packets <= call.rtp.packets_sent // 20  # a busy 2-core CI machine
     # The session closing itself hangs the call up with a BYE.
     await call.session.close("test") if call.session else None
     async with asyncio.timeout(5):
@@ -323,3 +324,64 @@ async def test_cancel_while_answering(
     async with asyncio.timeout(2):
         while len(manager):
             await asyncio.sleep(0.01)
+
+
+async def test_a_clear_silences_the_next_packet(
+    calls: tuple[SipMediaCalls, list[str]], peer: Peer
+) -> None:
+    """The transport's part of a barge-in, without the detector: audio queued in the call's
+    playout stops at the next 20 ms packet after `clear()`."""
+    handler, _ = calls
+    await answer_call(handler, peer)
+    call = handler.get("c1")
+    t = np.arange(24_000) / 24_000
+    tone = (8000 * np.sin(2 * np.pi * 300 * t)).astype(np.int16)
+    await call.audio(tone, 24_000)  # a second of answer
+    async with asyncio.timeout(2):
+        while len(peer.loud()) < 10:
+            await asyncio.sleep(0.005)
+    call.clear()
+    cleared = call.cleared_at[-1]
+    await asyncio.sleep(0.2)
+    after = peer.loud(cleared)
+    last_ms = (after[-1].at - cleared) * 1000 if after else 0.0
+    print(f"clear: {len(after)} loud packets after it, the last {last_ms:.1f} ms after")
+    assert len(after) <= 1  # a packet already on its way
+    assert not after or after[-1].at - cleared < 0.025
+    assert call.playout.queued_ms == 0
+    await handler.ended("c1", "bye")
+
+
+async def test_symmetric_rtp_and_rtcp_sender_reports(manager: SessionManager, peer: Peer) -> None:
+    """Packets go to the SDP's address until the caller's own arrive, then to their source;
+    a sender report goes to the RTCP port next to the SDP's RTP port."""
+    loop = asyncio.get_running_loop()
+    rtcp_in: asyncio.Queue[bytes] = asyncio.Queue()
+
+    class Rtcp(asyncio.DatagramProtocol):
+        def datagram_received(self, data: bytes, addr: Any) -> None:
+            rtcp_in.put_nowait(data)
+
+    rtcp, _ = await loop.create_datagram_endpoint(Rtcp, local_addr=("127.0.0.1", 0))
+    try:
+
+        async def hangup(call_id: str) -> None:
+            pass
+
+        handler = SipMediaCalls(manager, hangup, rtcp_interval_s=0.1)
+        sdp_port = rtcp.get_extra_info("sockname")[1] - 1  # nothing listens there
+        result = await handler.invite(IncomingCall("c5", ("127.0.0.1", 5060), offer_sdp(sdp_port)))
+        assert isinstance(result, Answer)
+        ours = parse_offer(result.sdp)
+        peer.target = (ours.address, ours.port)
+        await handler.confirmed("c5")
+        (report,) = RtcpPacket.parse(await asyncio.wait_for(rtcp_in.get(), 2))
+        assert isinstance(report, RtcpSrPacket) and report.sender_info.packet_count > 0
+        await asyncio.sleep(0.1)
+        assert peer.received == []  # our RTP went to the SDP's port
+        await peer.say(silence(20, RATE))
+        await asyncio.sleep(0.1)
+        assert len(peer.received) >= 3  # latched onto where the caller's packet came from
+        await handler.close()
+    finally:
+        rtcp.close()
