@@ -6,6 +6,14 @@ Code written for OpenAI's browser guide works against Parley by changing the bas
 with `sdp` and `session` parts that the `openai` SDK sends) and answers 201 with the SDP
 answer and a `Location` for the call; `POST /v1/realtime/calls/{call_id}/hangup` ends it.
 
+OpenAI's SIP flow: a SIP call waiting for the app (its `realtime.call.incoming` webhook has
+gone out) is decided by `POST /v1/realtime/calls/{call_id}/accept` (the body is a session
+object, as `session.update` takes it, with `type: "realtime"`), `/reject` (`{status_code}`,
+300-699, 603 if left out) or `/refer` (`{target_uri}`: sip:, sips: or tel:). These need the
+API key (not an ephemeral secret), answer 200 with no body, 404 for a call that is not
+waiting, and 400 with an OpenAI-shaped error (`message`, `type`, `param`, `code`) for a body
+OpenAI would refuse.
+
 A call that cannot be made is refused with a JSON error, never a 5xx unless the server is
 at fault: 415 for any other Content-Type (a missing one included), 413 for an offer over
 64 KiB (or a form over 1 MiB), 400 for an offer that is not UTF-8, not SDP, or one that
@@ -17,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from starlette.datastructures import UploadFile
@@ -30,6 +39,7 @@ from realtime.auth import DEFAULT_TTL_S, AuthError
 from realtime.client_events import ProtocolError, SessionUpdate, session_patch
 from realtime.sdp import MAX_OFFER_BYTES, OfferError, OfferTooLarge
 from realtime.server_events import session_object
+from realtime.sip.pending_calls import Accept, Decision, PendingCalls, Refer, Reject
 from realtime.webrtc.call import CallOptions
 from realtime.webrtc.registry import CallNotFound, CallSetupError
 from sessions import ConfigError, SessionConfig, SessionLimitError
@@ -208,10 +218,129 @@ async def hangup(request: Request) -> Response:
     return Response(status_code=200)
 
 
+MAX_TARGET_URI = 1024
+TARGET_SCHEMES = ("sip:", "sips:", "tel:")
+PENDING_CALLS_STATE = "sip_pending_calls"
+"""Where the SIP side puts its PendingCalls: `app.state.sip_pending_calls`."""
+
+
+class InvalidDecision(ValueError):
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.param = param
+
+
+def openai_error(status: int, exc: InvalidDecision) -> Response:
+    body = {"message": str(exc), "type": "invalid_request_error", "param": exc.param}
+    return JSONResponse({"error": {**body, "code": exc.code}}, status)
+
+
+def pending_calls_of(request: Request) -> PendingCalls | None:
+    pending = getattr(request.app.state, PENDING_CALLS_STATE, None)
+    return pending if isinstance(pending, PendingCalls) else None
+
+
+async def _decision_body(request: Request, fields: frozenset[str] | None) -> dict[str, Any]:
+    """The JSON object in the body ({} for none); `fields`: the only ones allowed."""
+    try:
+        raw = await _capped_body(request, MAX_FORM_BYTES)
+    except OfferTooLarge as exc:
+        raise InvalidDecision("request_too_large", str(exc)) from None
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise InvalidDecision("invalid_json", "the body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise InvalidDecision("invalid_type", "the body must be a JSON object")
+    for name in body:
+        if fields is not None and name not in fields:
+            raise InvalidDecision("unknown_parameter", f"Unknown parameter: '{name}'.", name)
+    return body
+
+
+def _accept(call_id: str, body: dict[str, Any]) -> Accept:
+    kind = body.get("type")
+    if kind != "realtime":
+        got = "is missing" if kind is None else f"is {kind!r}"
+        raise InvalidDecision("invalid_value", f"type must be 'realtime'; it {got}", "type")
+    try:
+        config, _options = _settings(body)
+    except (ConfigError, ProtocolError) as exc:
+        raise InvalidDecision(exc.code, str(exc), exc.field) from None
+    except ValueError as exc:  # pydantic's ValidationError on a malformed session object
+        raise InvalidDecision("invalid_value", f"the session is not valid: {exc}") from None
+    return Accept(call_id, config)
+
+
+def _reject(body: dict[str, Any]) -> Reject:
+    status = body.get("status_code", 603)
+    if isinstance(status, bool) or not isinstance(status, int) or not 300 <= status <= 699:
+        message = f"status_code must be a SIP status from 300 to 699, got {status!r}"
+        raise InvalidDecision("invalid_value", message, "status_code")
+    return Reject(status, "the app rejected the call")
+
+
+def _refer(body: dict[str, Any]) -> Refer:
+    target = body.get("target_uri")
+    if not isinstance(target, str) or not target:
+        raise InvalidDecision(
+            "missing_required_parameter", "target_uri is required (a string)", "target_uri"
+        )
+    unsafe = any(ord(c) < 0x21 or c in '<>"' or ord(c) == 0x7F for c in target)
+    if not target.lower().startswith(TARGET_SCHEMES) or unsafe or len(target) > MAX_TARGET_URI:
+        message = (
+            "target_uri must be a sip:, sips: or tel: URI of at most "
+            f"{MAX_TARGET_URI} characters, with no spaces, quotes or angle brackets"
+        )
+        raise InvalidDecision("invalid_value", message, "target_uri")
+    return Refer(target)
+
+
+async def _decide(
+    request: Request, fields: frozenset[str] | None, parse: Callable[[dict[str, Any]], Decision]
+) -> Response:
+    """The app's decision on a SIP call waiting for it: checked, then handed to the call."""
+    services = services_of(request)
+    try:
+        services.auth.check_key(request.headers.get("authorization"))
+    except AuthError as exc:
+        return error(401, "invalid_api_key", str(exc))
+    call_id: str = request.path_params["call_id"]
+    try:
+        decision = parse(await _decision_body(request, fields))
+    except InvalidDecision as exc:
+        return openai_error(400, exc)
+    pending = pending_calls_of(request)
+    if pending is None or not pending.resolve(call_id, decision):
+        message = f"no call {call_id} is waiting for a decision"
+        return openai_error(404, InvalidDecision("call_id_not_found", message, "call_id"))
+    log.info("call %s: %s", call_id, decision)
+    return Response(status_code=200)
+
+
+async def accept_call(request: Request) -> Response:
+    call_id: str = request.path_params["call_id"]
+    return await _decide(request, None, lambda body: _accept(call_id, body))
+
+
+async def reject_call(request: Request) -> Response:
+    return await _decide(request, frozenset({"status_code"}), _reject)
+
+
+async def refer_call(request: Request) -> Response:
+    return await _decide(request, frozenset({"target_uri"}), _refer)
+
+
 ROUTES = [
     Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
     Route("/v1/realtime/calls", create_call, methods=["POST"]),
     Route("/v1/realtime/calls/{call_id}/hangup", hangup, methods=["POST"]),
+    Route("/v1/realtime/calls/{call_id}/accept", accept_call, methods=["POST"]),
+    Route("/v1/realtime/calls/{call_id}/reject", reject_call, methods=["POST"]),
+    Route("/v1/realtime/calls/{call_id}/refer", refer_call, methods=["POST"]),
     WebSocketRoute("/v1/realtime", openai_realtime),
     WebSocketRoute("/v1/video/chat/stream", video_chat_stream),
 ]
