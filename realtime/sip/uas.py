@@ -1,0 +1,413 @@
+"""The SIP user agent server: requests in, a `CallHandler` asked at each step of a call.
+
+It owns the transport, the transaction table, the live calls (one dialog per Call-ID) and
+every task it starts (the handler's decisions and its notifications); `close()` sends a BYE in
+every live call, cancels and awaits the rest, and is idempotent. `handler.ended` is called
+exactly once for every call `handler.invite` was called for. Nothing a peer sends can raise out
+of `_receive`: malformed requests get a 400 when a Via says where to send it, else are dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable
+
+from .allow import Allowlist, check_bind
+from .dialog import Call, CallState, new_tag, response_destination, stamp_via
+from .digest import DigestAuth
+from .handler import Answer, CallHandler, IncomingCall, Rejection
+from .message import MalformedMessage, Message, header_param, parse, reply
+from .transactions import ServerTransaction, TransactionTable, server_key
+from .transport import Peer, SipTransport
+
+log = logging.getLogger(__name__)
+
+ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS"
+SERVER = "Parley"
+REASONS = {
+    100: "Trying",
+    180: "Ringing",
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    405: "Method Not Allowed",
+    481: "Call/Transaction Does Not Exist",
+    482: "Loop Detected",
+    483: "Too Many Hops",
+    486: "Busy Here",
+    487: "Request Terminated",
+    491: "Request Pending",
+    500: "Server Internal Error",
+}
+CLOSE_BYE_WAIT_S = 1.0
+
+
+class SipServer:
+    def __init__(
+        self,
+        handler: CallHandler,
+        *,
+        host: str,
+        port: int,
+        auth: tuple[str, str] | None = None,
+        allow: Allowlist | None = None,
+        max_calls: int | None = None,
+        t1: float = 0.5,
+    ) -> None:
+        check_bind(host, auth=auth is not None, allow=allow)
+        self.handler = handler
+        self.host = host
+        self.auth = DigestAuth(*auth) if auth else None
+        self.allow = allow
+        self.max_calls = max_calls
+        self.transactions = TransactionTable(t1)
+        self.transport = SipTransport(self._receive, host, port)
+        self.calls: dict[str, Call] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    @property
+    def port(self) -> int:
+        return self.transport.udp_port
+
+    @property
+    def tcp_port(self) -> int:
+        return self.transport.tcp_port
+
+    async def start(self) -> None:
+        await self.transport.start()
+        log.info("sip listening on %s:%d (udp, tcp)", self.host, self.port)
+
+    # ---- owned tasks -------------------------------------------------------------------
+
+    def _spawn(self, coroutine: Awaitable[None]) -> asyncio.Task[None]:
+        async def guarded() -> None:
+            try:
+                await coroutine
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("sip handler failed")
+
+        task = asyncio.get_running_loop().create_task(guarded())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # ---- receiving ---------------------------------------------------------------------
+
+    def _receive(self, data: bytes, peer: Peer) -> None:
+        if self.allow is not None and not self.allow.allows(peer.address[0]):
+            return  # unlisted sources get no answer at all: scanners learn nothing
+        try:
+            message = parse(data, stream=peer.reliable)
+        except MalformedMessage as error:
+            self._bad_request(data, peer, error)
+            return
+        try:
+            if message.is_request and self._closed:
+                return  # closing: only the answers to our BYEs still matter
+            if message.is_request:
+                stamp_via(message, peer)
+                self._request(message, peer)
+            else:
+                self.transactions.response(message)
+        except Exception:  # a bug must not take the port down; the peer retransmits
+            log.exception("sip: failed on a message from %s", peer.address)
+
+    def _bad_request(self, data: bytes, peer: Peer, error: MalformedMessage) -> None:
+        log.info("sip: malformed message from %s: %s", peer.address, error.reason)
+        if data.startswith((b"SIP/", b"ACK ")) or not any(k == "Via" for k, _ in error.headers):
+            return  # a response or an ACK is never answered; without a Via, no address
+        bad = Message(method="X", headers=error.headers)
+        with contextlib.suppress(Exception):
+            stamp_via(bad, peer)
+            response = reply(bad, 400, f"Bad Request ({error.reason})", headers=self._stamp())
+            peer.send(response.serialise(), response_destination(bad, peer))
+
+    def _stamp(self) -> tuple[tuple[str, str], ...]:
+        return (("Server", SERVER),)
+
+    def _request(self, request: Message, peer: Peer) -> None:
+        existing = self.transactions.find(request)
+        if request.method == "ACK":
+            if existing is not None and existing.final >= 300:
+                existing.ack()
+            else:
+                self._ack(request)
+            return
+        if existing is not None:
+            existing.retransmitted()
+            return
+        call = self.calls.get(request.header("Call-ID"))
+        if request.method == "INVITE" and call is not None and call.ok_key == server_key(request):
+            call.peer.send(call.ok, response_destination(request, peer))  # after our 2xx
+            return
+        transaction = self.transactions.create(request, peer)
+        try:
+            self._dispatch(transaction)
+        except Exception:
+            if not transaction.final:
+                self._respond(transaction, 500)
+            raise
+
+    def _dispatch(self, transaction: ServerTransaction) -> None:
+        request = transaction.request
+        method = request.method
+        forwards = request.get("Max-Forwards")
+        if method == "OPTIONS":
+            self._options(transaction)
+        elif forwards == "0":
+            self._respond(transaction, 483)
+        elif method == "INVITE":
+            self._invite(transaction)
+        elif method == "BYE":
+            self._bye(transaction)
+        elif method == "CANCEL":
+            self._cancel(transaction)
+        else:
+            self._respond(transaction, 405, headers=(("Allow", ALLOW),))
+
+    def _respond(
+        self,
+        transaction: ServerTransaction,
+        status: int,
+        reason: str = "",
+        *,
+        to_tag: str | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
+        body: bytes = b"",
+    ) -> None:
+        request = transaction.request
+        response = reply(
+            request,
+            status,
+            reason or REASONS.get(status, "Unknown"),
+            to_tag=to_tag,
+            headers=self._stamp() + headers,
+            body=body,
+        )
+        transaction.respond(response, response_destination(request, transaction.peer))
+
+    def _contact(self, request: Message, peer: Peer) -> str:
+        host = self._advertised(request)
+        transport = ";transport=tcp" if peer.reliable else ""
+        return f"<sip:parley@{host}:{self.port}{transport}>"
+
+    def _advertised(self, request: Message) -> str:
+        if self.host not in ("0.0.0.0", "::", ""):
+            return self.host
+        uri_host = request.uri.split("@")[-1].split(";")[0]
+        return uri_host.rsplit(":", 1)[0] if uri_host.count(":") == 1 else uri_host
+
+    # ---- methods -----------------------------------------------------------------------
+
+    def _options(self, transaction: ServerTransaction) -> None:
+        call = self.calls.get(transaction.request.header("Call-ID"))
+        tag = call.local_tag if call is not None and call.matches(transaction.request) else None
+        self._respond(
+            transaction,
+            200,
+            to_tag=tag or new_tag(),
+            headers=(("Allow", ALLOW), ("Accept", "application/sdp"), ("Supported", "")),
+        )
+
+    def _invite(self, transaction: ServerTransaction) -> None:
+        request = transaction.request
+        call_id = request.header("Call-ID")
+        if header_param(request.header("To"), "tag") is not None:
+            self._reinvite(transaction, call_id)
+            return
+        if call_id in self.calls:
+            self._respond(transaction, 482)
+            return
+        if self.auth is not None:
+            verdict = self.auth.check("INVITE", request.get("Authorization"))
+            if verdict != "ok":
+                challenge = self.auth.challenge(stale=verdict == "stale")
+                self._respond(transaction, 401, headers=(("WWW-Authenticate", challenge),))
+                return
+        if self.max_calls is not None and len(self.calls) >= self.max_calls:
+            self._respond(transaction, 486)
+            return
+        call = Call(call_id, request, transaction.peer, transaction)
+        self.calls[call_id] = call
+        self._respond(transaction, 100)
+        self._respond(transaction, 180, to_tag=call.local_tag)
+        incoming = IncomingCall(
+            call_id,
+            transaction.peer.address,
+            request.body.decode("utf-8", "replace"),
+            tuple(request.headers),
+        )
+        call.task = self._spawn(self._decide(call, transaction, self.handler.invite(incoming)))
+
+    def _reinvite(self, transaction: ServerTransaction, call_id: str) -> None:
+        call = self.calls.get(call_id)
+        if call is None or call.ended or not call.matches(transaction.request):
+            self._respond(transaction, 481)
+            return
+        if call.state is not CallState.CONFIRMED or call.reinvite is not None:
+            self._respond(transaction, 491)
+            return
+        call.reinvite = transaction
+        self._respond(transaction, 100)
+        sdp = transaction.request.body.decode("utf-8", "replace")
+        call.task = self._spawn(
+            self._decide(call, transaction, self.handler.reinvite(call_id, sdp))
+        )
+
+    async def _decide(
+        self, call: Call, transaction: ServerTransaction, decision: Awaitable[Answer | Rejection]
+    ) -> None:
+        initial = transaction is call.transaction
+        try:
+            result = await decision
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("sip: handler failed on %s", call.call_id)
+            result = Rejection(500, "Server Internal Error")
+        if call.ended:
+            return
+        if not initial:
+            call.reinvite = None
+        if isinstance(result, Rejection):
+            self._respond(transaction, result.status, result.reason, to_tag=call.local_tag)
+            if initial:
+                self._end(call, f"rejected {result.status}")
+            return
+        headers = (
+            ("Contact", self._contact(transaction.request, call.peer)),
+            ("Content-Type", "application/sdp"),
+            ("Allow", ALLOW),
+        )
+        self._respond(
+            transaction, 200, to_tag=call.local_tag, headers=headers, body=result.sdp.encode()
+        )
+        if transaction.last is not None:
+            self._send_ok(call, transaction)
+
+    def _send_ok(self, call: Call, transaction: ServerTransaction) -> None:
+        """Keep the 2xx going until its ACK (Timer G doubling to T2), give up at Timer H."""
+        assert transaction.last is not None
+        if call.state is CallState.INVITING:
+            call.state = CallState.ANSWERED
+        call.stop_ok()
+        call.ok = transaction.last
+        call.ok_cseq = transaction.request.cseq[0]
+        call.ok_key = transaction.key
+        timers = self.transactions.timers
+        loop = asyncio.get_running_loop()
+        call.ok_interval = timers.t1
+        call.ok_deadline = loop.time() + timers.timeout
+        destination = transaction.destination
+
+        def again() -> None:
+            if loop.time() >= call.ok_deadline:
+                call.ok_timer = None
+                log.info("sip: no ACK for %s, hanging up", call.call_id)
+                self._spawn(self._hangup(call, "no ACK"))
+                return
+            if not call.peer.reliable:
+                call.peer.send(call.ok, destination)
+                call.ok_interval = min(call.ok_interval * 2, timers.t2)
+            call.ok_timer = loop.call_later(
+                call.ok_interval if not call.peer.reliable else call.ok_deadline - loop.time(),
+                again,
+            )
+
+        call.ok_timer = loop.call_later(
+            call.ok_interval if not call.peer.reliable else timers.timeout, again
+        )
+
+    def _ack(self, request: Message) -> None:
+        call = self.calls.get(request.header("Call-ID"))
+        if call is None or call.ended or not call.matches(request):
+            return
+        if not call.ok or request.cseq[0] != call.ok_cseq or call.ok_timer is None:
+            return  # a retransmitted ACK, or one for nothing we sent
+        call.stop_ok()
+        if call.state is CallState.ANSWERED:
+            call.state = CallState.CONFIRMED
+            self._spawn(self.handler.confirmed(call.call_id))
+
+    def _bye(self, transaction: ServerTransaction) -> None:
+        request = transaction.request
+        call = self.calls.get(request.header("Call-ID"))
+        if call is None or call.ended or not call.matches(request):
+            self._respond(transaction, 481)
+            return
+        self._respond(transaction, 200)
+        self._end(call, "bye")
+
+    def _cancel(self, transaction: ServerTransaction) -> None:
+        request = transaction.request
+        call = self.calls.get(request.header("Call-ID"))
+        invite = call.transaction if call is not None else None
+        if call is None or invite is None or invite.key[:2] != transaction.key[:2]:
+            self._respond(transaction, 481)
+            return
+        self._respond(transaction, 200, to_tag=call.local_tag)
+        if call.state is CallState.INVITING:
+            self._end(call, "cancel")
+
+    # ---- ending ------------------------------------------------------------------------
+
+    def _end(self, call: Call, reason: str) -> None:
+        """Forget the call and tell the handler, once; the decision in flight is cancelled."""
+        if call.ended:
+            return
+        call.ended = True
+        call.state = CallState.ENDED
+        call.stop_ok()
+        self.calls.pop(call.call_id, None)
+        for pending in (call.transaction, call.reinvite):
+            if pending is not None and not pending.final:  # no transaction left hanging
+                self._respond(pending, 487, to_tag=call.local_tag)
+        task = (
+            call.task if call.task is not None and call.task is not asyncio.current_task() else None
+        )
+
+        async def notify() -> None:
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            await self.handler.ended(call.call_id, reason)
+
+        self._spawn(notify())
+
+    async def _hangup(self, call: Call, reason: str) -> None:
+        if call.ended:
+            return
+        if call.state is CallState.INVITING:
+            self._respond(call.transaction, 480, "Temporarily Unavailable", to_tag=call.local_tag)
+            self._end(call, reason)
+            return
+        branch, data = call.bye(self._advertised(call.invite), self.port)
+        destination = call.peer.address
+        client = self.transactions.send_request(branch, data, call.peer, destination)
+        self._end(call, reason)
+        await client.done
+
+    async def hangup(self, call_id: str) -> None:
+        """Parley ends the call: a BYE in the dialog (or a 480 before the answer)."""
+        call = self.calls.get(call_id)
+        if call is not None:
+            await self._hangup(call, "hangup")
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        byes = [self._hangup(call, "server closing") for call in list(self.calls.values())]
+        if byes:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*byes), CLOSE_BYE_WAIT_S)
+        self.transactions.close()
+        await self.transport.close()
+        while self._tasks:
+            tasks = list(self._tasks)
+            await asyncio.gather(*tasks, return_exceptions=True)
