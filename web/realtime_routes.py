@@ -39,7 +39,14 @@ from realtime.auth import DEFAULT_TTL_S, AuthError
 from realtime.client_events import ProtocolError, SessionUpdate, session_patch
 from realtime.sdp import MAX_OFFER_BYTES, OfferError, OfferTooLarge
 from realtime.server_events import session_object
-from realtime.sip.pending_calls import Accept, Decision, PendingCalls, Refer, Reject
+from realtime.sip.pending_calls import (
+    Accept,
+    Decision,
+    PendingCalls,
+    Refer,
+    Reject,
+    describe,
+)
 from realtime.webrtc.call import CallOptions
 from realtime.webrtc.registry import CallNotFound, CallSetupError
 from sessions import ConfigError, SessionConfig, SessionLimitError
@@ -317,7 +324,7 @@ async def _decide(
     if pending is None or not pending.resolve(call_id, decision):
         message = f"no call {call_id} is waiting for a decision"
         return openai_error(404, InvalidDecision("call_id_not_found", message, "call_id"))
-    log.info("call %s: %s", call_id, decision)
+    log.info("call %s: %s by the app", call_id, describe(decision))
     return Response(status_code=200)
 
 

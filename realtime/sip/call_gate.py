@@ -22,7 +22,7 @@ from pipeline.tasks import cancel_and_wait
 from sessions.events import new_id
 
 from .handler import IncomingCall
-from .pending_calls import Decision, PendingCalls, Reject, TooManyPendingCalls
+from .pending_calls import Decision, PendingCalls, Reject, TooManyPendingCalls, describe
 from .webhook import WebhookError, WebhookSender, incoming_call_event
 
 log = logging.getLogger("parley.realtime.sip.gate")
@@ -62,7 +62,7 @@ class WebhookCallGate:
         finally:
             self._ids.pop(call.call_id, None)
             await cancel_and_wait(delivery)
-        log.info("SIP call %s (%s): %s", call.call_id, call_id, decision)
+        log.info("SIP call %s (%s): %s", call.call_id, call_id, describe(decision))
         return decision
 
     def withdraw(self, sip_call_id: str) -> bool:

@@ -77,6 +77,15 @@ class Refer:
 Decision = Accept | Reject | Refer
 
 
+def describe(decision: Decision) -> str:
+    """For logs: what was decided, without the session's instructions or tools."""
+    if isinstance(decision, Accept):
+        return "accept"
+    if isinstance(decision, Reject):
+        return f"reject {decision.status} ({decision.detail})" if decision.detail else "reject"
+    return f"refer to {decision.target_uri}"
+
+
 class TooManyPendingCalls(RuntimeError):
     pass
 

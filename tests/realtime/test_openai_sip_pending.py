@@ -14,6 +14,7 @@ from realtime.sip.pending_calls import (
     Refer,
     Reject,
     TooManyPendingCalls,
+    describe,
     reason_phrase,
 )
 from sessions import SessionConfig
@@ -96,3 +97,10 @@ def test_rejections_carry_sip_reason_phrases() -> None:
     assert Reject(486).rejection() == Rejection(486, "Busy Here")
     assert reason_phrase(499) == "Request Failure"
     assert reason_phrase(699) == "Decline"
+
+
+def test_logs_describe_a_decision_without_the_session() -> None:
+    secret = SessionConfig(instructions="The door code is 4711.")
+    assert describe(Accept("rtc_1", secret)) == "accept"
+    assert describe(Reject(486, "the app rejected the call")).startswith("reject 486")
+    assert describe(Refer("sip:desk@example.com")) == "refer to sip:desk@example.com"
