@@ -37,6 +37,9 @@ class SipMediaCall(PlayoutSink):
     ) -> None:
         super().__init__(PlayoutBuffer(RATE, playout_ms, piece_ms=PACKET_MS))
         self.call_id = call_id
+        """The SIP Call-ID."""
+        self.app_call_id: str | None = None
+        """The id an app was given for the call (OpenAI's SIP flow), if any."""
         self.session: Session | None = None
         self.rtp = RtpEndpoint(
             media, self.playout, self._audio_in, self._digit, rtcp_interval_s=rtcp_interval_s

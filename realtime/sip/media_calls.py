@@ -8,6 +8,12 @@ the WebRTC registry does; a call that the session ended itself (its lifetime, an
 timeout, a server shutdown) is hung up from our side with a BYE through `hangup`. A CANCEL
 that arrives while the session is being created ends the half-made call as soon as
 `invite` returns. `ended` is idempotent and waits until the call is closed.
+
+With a gate (OpenAI's SIP flow, `--sip-webhook`: realtime/sip/call_gate.py) a call with a
+usable offer waits for the app's decision before it is answered: Accept answers it with
+the app's session configuration, and the call is then also found by the app's call id
+(`get`, `hangup`); Reject is its final status. Refer would be a 302 with the target in
+its Contact, which the handler seam (`Rejection`) cannot carry yet: it is declined (603).
 """
 
 from __future__ import annotations
@@ -16,14 +22,15 @@ import asyncio
 import logging
 import secrets
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from sessions import SessionConfig, SessionLimitError, SessionManager
 from sessions.events import new_id
 
 from .handler import Answer, Hangup, IncomingCall, Rejection
 from .media_call import SipMediaCall
-from .sdp_audio import SdpError, build_answer, negotiate, parse_offer
+from .pending_calls import Decision, Refer, Reject
+from .sdp_audio import Negotiated, SdpError, build_answer, negotiate, parse_offer
 
 log = logging.getLogger("parley.realtime.sip")
 
@@ -33,6 +40,12 @@ SIP_ENDED = "sip:"
 
 class SipCallNotFound(LookupError):
     pass
+
+
+class CallGate(Protocol):
+    async def decide(self, call: IncomingCall) -> Decision:
+        """The app's decision on `call` (WebhookCallGate)."""
+        ...
 
 
 class SipMediaCalls:
@@ -45,9 +58,11 @@ class SipMediaCalls:
         config: SessionConfig | Mapping[str, Any] | None = None,
         playout_ms: int = 2_000,
         rtcp_interval_s: float = 5.0,
+        gate: CallGate | None = None,
     ) -> None:
         self.manager = manager
-        self.hangup = hangup
+        self.gate = gate
+        self._send_bye = hangup
         self.host = host
         self.config = config
         self.playout_ms = playout_ms
@@ -56,6 +71,8 @@ class SipMediaCalls:
         self._owners: dict[str, asyncio.Task[None]] = {}
         self._answering: set[str] = set()
         self._cancelled: set[str] = set()
+        self._app_ids: dict[str, str] = {}
+        """The app's call id (OpenAI's flow) -> the SIP Call-ID."""
         self._sdp_ids: dict[str, tuple[int, int]] = {}
         """Call id -> (our SDP session id, its version), bumped by each re-INVITE answer."""
 
@@ -63,10 +80,19 @@ class SipMediaCalls:
         return len(self._calls)
 
     def get(self, call_id: str) -> SipMediaCall:
+        """A call by its SIP Call-ID or the id the app was given."""
         try:
-            return self._calls[call_id]
+            return self._calls[self._app_ids.get(call_id, call_id)]
         except KeyError:
             raise SipCallNotFound(f"no SIP call {call_id}") from None
+
+    async def hangup(self, call_id: str, reason: str = "hangup") -> None:
+        """End a call from Parley's side (a BYE goes out); returns once it is closed."""
+        call = self.get(call_id)
+        call.request_close(reason)
+        owner = self._owners.get(call.call_id)
+        if owner is not None:
+            await asyncio.wait({owner})
 
     # --- CallHandler ---------------------------------------------------------------------
 
@@ -80,31 +106,48 @@ class SipMediaCalls:
             return Rejection(488, "Not Acceptable Here")
         if isinstance(negotiated, Rejection):
             return negotiated
-        media = SipMediaCall(call.call_id, negotiated, self.playout_ms, self.rtcp_interval_s)
         self._answering.add(call.call_id)
         try:
-            try:
-                await media.open(self.host)
-                session = await self.manager.create(media, self.config, new_id("sess"))
-            except SessionLimitError as exc:
-                log.info("call %s refused: %s", call.call_id, exc)
-                await media.close("busy")
-                return Rejection(486, "Busy Here")
-            except OSError as exc:
-                log.warning("call %s: no RTP sockets: %s", call.call_id, exc)
-                await media.close("no sockets")
-                return Rejection(503, "Service Unavailable")
-            except BaseException:
-                await asyncio.shield(media.close("setup failed"))
-                raise
+            return await self._answer(call, negotiated)
         finally:
             self._answering.discard(call.call_id)
+            self._cancelled.discard(call.call_id)
+
+    async def _answer(self, call: IncomingCall, negotiated: Negotiated) -> Answer | Rejection:
+        config, app_id = self.config, None
+        if self.gate is not None:
+            decision = await self.gate.decide(call)
+            if isinstance(decision, Reject):
+                return decision.rejection()
+            if isinstance(decision, Refer):
+                log.warning("call %s: refer is not supported yet; declining", call.call_id)
+                return Rejection(603, "Decline")
+            config, app_id = decision.config, decision.call_id
+        if call.call_id in self._cancelled:
+            return Rejection(487, "Request Terminated")
+        media = SipMediaCall(call.call_id, negotiated, self.playout_ms, self.rtcp_interval_s)
+        try:
+            await media.open(self.host)
+            session = await self.manager.create(media, config, new_id("sess"))
+        except SessionLimitError as exc:
+            log.info("call %s refused: %s", call.call_id, exc)
+            await media.close("busy")
+            return Rejection(486, "Busy Here")
+        except OSError as exc:
+            log.warning("call %s: no RTP sockets: %s", call.call_id, exc)
+            await media.close("no sockets")
+            return Rejection(503, "Service Unavailable")
+        except BaseException:
+            await asyncio.shield(media.close("setup failed"))
+            raise
         media.attach(session)
         if call.call_id in self._cancelled:
-            self._cancelled.discard(call.call_id)
             await media.close(f"{SIP_ENDED}cancelled")
             return Rejection(487, "Request Terminated")
         self._calls[call.call_id] = media
+        if app_id is not None:
+            self._app_ids[app_id] = call.call_id
+            media.app_call_id = app_id
         self._owners[call.call_id] = asyncio.create_task(
             self._own(media), name=f"sip:{call.call_id}:owner"
         )
@@ -156,10 +199,12 @@ class SipMediaCalls:
             self._calls.pop(call.call_id, None)
             self._owners.pop(call.call_id, None)
             self._sdp_ids.pop(call.call_id, None)
+            if call.app_call_id is not None:
+                self._app_ids.pop(call.app_call_id, None)
             log.info("SIP call %s closed (%s)", call.call_id, call.close_reason)
         if not call.close_reason.startswith(SIP_ENDED):
             try:
-                await self.hangup(call.call_id)
+                await self._send_bye(call.call_id)
             except Exception:
                 log.exception("SIP call %s: hanging up failed", call.call_id)
 

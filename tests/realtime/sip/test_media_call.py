@@ -25,10 +25,11 @@ from realtime import g711
 from realtime.server_events import to_wire
 from realtime.sip.dtmf import event_payload
 from realtime.sip.handler import Answer, IncomingCall, Rejection
-from realtime.sip.media_calls import SipMediaCalls
+from realtime.sip.media_calls import SipCallNotFound, SipMediaCalls
+from realtime.sip.pending_calls import Accept, Decision, Refer, Reject
 from realtime.sip.rtp import RtpSender, parse
 from realtime.sip.sdp_audio import parse_offer
-from sessions import SessionManager
+from sessions import SessionConfig, SessionManager
 from sessions.events import Event
 from tests.fakes.fake_engine import FakeEngine
 
@@ -385,3 +386,66 @@ async def test_symmetric_rtp_and_rtcp_sender_reports(manager: SessionManager, pe
         await handler.close()
     finally:
         rtcp.close()
+
+
+@dataclass
+class ScriptedGate:
+    """OpenAI's flow with the app's decision given up front."""
+
+    decision: Decision
+    asked: list[str] = field(default_factory=list)
+
+    async def decide(self, call: IncomingCall) -> Decision:
+        self.asked.append(call.call_id)
+        return self.decision
+
+
+async def test_an_accepted_call_is_found_by_the_apps_id_and_hung_up_with_a_bye(
+    manager: SessionManager, peer: Peer
+) -> None:
+    hung_up: list[str] = []
+
+    async def hangup(call_id: str) -> None:
+        hung_up.append(call_id)
+
+    config = SessionConfig.parse({"instructions": "You answer the phone."})
+    gate = ScriptedGate(Accept(call_id="rtc_app1", config=config))
+    handler = SipMediaCalls(manager, hangup, gate=gate)
+    try:
+        listener = await answer_call(handler, peer, "sip-1")
+        call = handler.get("rtc_app1")
+        assert call is handler.get("sip-1") and call.app_call_id == "rtc_app1"
+        assert call.session is not None
+        assert call.session.config.instructions == "You answer the phone."
+        await handler.hangup("rtc_app1")
+        assert hung_up == ["sip-1"] and len(handler) == 0 and listener.ended
+        with pytest.raises(SipCallNotFound):
+            handler.get("rtc_app1")
+    finally:
+        await handler.close()
+
+
+@pytest.mark.parametrize(
+    ("decision", "status"),
+    [(Reject(486, "busy"), 486), (Reject(), 603), (Refer("sip:desk@example.com"), 603)],
+)
+async def test_a_call_the_app_turns_away_costs_no_session(
+    manager: SessionManager, decision: Decision, status: int
+) -> None:
+    async def hangup(call_id: str) -> None:
+        pass
+
+    handler = SipMediaCalls(manager, hangup, gate=ScriptedGate(decision))
+    result = await handler.invite(IncomingCall("sip-2", ("127.0.0.1", 5060), offer_sdp(4000)))
+    assert isinstance(result, Rejection) and result.status == status
+    assert len(manager) == 0 and len(handler) == 0
+
+
+async def test_no_common_codec_is_refused_before_the_app_is_asked(manager: SessionManager) -> None:
+    async def hangup(call_id: str) -> None:
+        pass
+
+    gate = ScriptedGate(Reject())
+    handler = SipMediaCalls(manager, hangup, gate=gate)
+    result = await handler.invite(IncomingCall("sip-3", ("127.0.0.1", 5060), offer_sdp(4000, "9")))
+    assert result == Rejection(488, "Not Acceptable Here") and gate.asked == []
