@@ -53,6 +53,7 @@ from sessions import ConfigError, SessionConfig, SessionLimitError
 
 from .realtime_ws import openai_realtime
 from .services import services_of
+from .twilio_ws import twilio_media
 from .video_ws import video_chat_stream
 
 log = logging.getLogger("parley.web.realtime")
@@ -350,4 +351,5 @@ ROUTES = [
     Route("/v1/realtime/calls/{call_id}/refer", refer_call, methods=["POST"]),
     WebSocketRoute("/v1/realtime", openai_realtime),
     WebSocketRoute("/v1/video/chat/stream", video_chat_stream),
+    WebSocketRoute("/v1/twilio/media", twilio_media),
 ]

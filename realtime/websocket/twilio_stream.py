@@ -1,0 +1,223 @@
+"""One Twilio Media Stream (`/v1/twilio/media`) bound to one session.
+
+The stream is the session's output sink: the answer goes out as `media` and `mark`
+messages and is cleared with `clear` (twilio_playout.py: pacing, marks, barge-in); this
+is the rest. The caller's `media` (mu-law, 8 kHz, the inbound track) goes to
+`session.append_audio`, its echoed `mark`s to the played position, `dtmf` to the
+session's DTMF event, and `stop` ends the stream. The session is made at `start`, once
+its settings (and the caller's token) are known.
+
+The stream owns its session and its two tasks (the reader and the sender): `stop`, the
+caller's close, or the session's own end ends all three, once (`close()`). Bad JSON, a
+message that is not Twilio's and unknown events are logged and counted, never fatal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from starlette.websockets import WebSocket
+
+from pipeline.tasks import cancel_and_wait
+from sessions import Session, SessionClosedError, SessionConfig, SessionLimitError, SessionManager
+from sessions.errors import InvalidRequestError
+from sessions.events import Event, SessionClosed
+
+from ..g711 import ulaw_decode
+from .connection import CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TRY_AGAIN, SOCKET_ERRORS
+from .twilio_messages import (
+    SAMPLE_RATE,
+    BadMessage,
+    Connected,
+    Dtmf,
+    Mark,
+    Media,
+    Start,
+    Stop,
+    UnknownEvent,
+    parse,
+)
+from .twilio_playout import TwilioPlayout
+
+log = logging.getLogger("parley.realtime.twilio")
+
+START_TIMEOUT_S = 10.0
+"""How long a socket may stay open without a `start` (Twilio sends it at once)."""
+SESSION_CLOSE_TIMEOUT_S = 10.0
+LOGGED_BAD_MESSAGES = 10
+"""Bad messages logged as warnings per stream; the rest are only counted."""
+
+ConfigFor = Callable[[Start], SessionConfig | None]
+"""The session settings for a stream's `start` (auth included); None refuses it."""
+
+
+class TwilioStream(TwilioPlayout):
+    def __init__(self, websocket: WebSocket, manager: SessionManager, config_for: ConfigFor):
+        super().__init__()
+        self.websocket = websocket
+        self.manager = manager
+        self._config_for = config_for
+        self.session: Session | None = None
+        self.call_sid = ""
+        self.bad_messages = 0
+        """Messages that were not JSON, not Twilio's, or unknown events."""
+        self.close_reason = ""
+        self.close_code: int | None = CLOSE_NORMAL
+        self._reader: asyncio.Task[None] | None = None
+        self._sender: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # --- the stream's life ---------------------------------------------------------------
+
+    async def serve(self) -> None:
+        """Read the caller's messages until the stream ends, then close it."""
+        self._reader = asyncio.create_task(self._read(), name="twilio:read")
+        try:
+            try:
+                await asyncio.wait_for(self.stopped.wait(), START_TIMEOUT_S)
+            except TimeoutError:
+                if self.session is None:
+                    self.finish("no_start", CLOSE_POLICY)
+                await self.stopped.wait()
+        finally:
+            await self.close()
+
+    def finish(self, reason: str, code: int | None = CLOSE_NORMAL) -> None:
+        """End the stream; the first reason wins. `code`: the close frame (None: gone)."""
+        if not self.stopped.is_set():
+            self.close_reason, self.close_code = reason, code
+            self.stopped.set()
+
+    async def close(self) -> None:
+        """End the reader, the session, the sender and the socket. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.finish("closed")
+        await cancel_and_wait(self._reader)
+        if self.session is not None and not self.session.closed:
+            try:
+                async with asyncio.timeout(SESSION_CLOSE_TIMEOUT_S):
+                    await self.session.close(self.close_reason)
+            except TimeoutError:
+                log.warning("stream %s: the session did not close in time", self.stream_sid)
+        self.playout.close()
+        await cancel_and_wait(self._sender)
+        if self.close_code is not None:
+            with contextlib.suppress(*SOCKET_ERRORS):
+                await self.websocket.close(self.close_code, self.close_reason[:120])
+        log.info(
+            "stream %s (call %s) ended: %s; %d ms played, %d clears, %d bad messages",
+            self.stream_sid,
+            self.call_sid,
+            self.close_reason,
+            self.marks.played_ms,
+            self.clears_sent,
+            self.bad_messages,
+        )
+
+    # --- the caller's messages -----------------------------------------------------------
+
+    async def _read(self) -> None:
+        while True:
+            try:
+                message = await self.websocket.receive()
+            except SOCKET_ERRORS:
+                self.finish("caller_gone", None)
+                return
+            if message["type"] == "websocket.disconnect":
+                self.finish("caller_gone", None)
+                return
+            raw = message.get("text") or message.get("bytes") or b""
+            try:
+                await self._handle(parse(raw))
+            except UnknownEvent as exc:
+                self._bad(str(exc))
+            except BadMessage as exc:
+                self._bad(f"bad message: {exc}")
+
+    def _bad(self, why: str) -> None:
+        self.bad_messages += 1
+        if self.bad_messages <= LOGGED_BAD_MESSAGES:
+            log.warning("stream %s: %s (ignored)", self.stream_sid or "-", why)
+
+    async def _handle(self, message: Connected | Start | Media | Mark | Dtmf | Stop) -> None:
+        match message:
+            case Media():
+                await self._media(message)
+            case Mark(name=name):
+                self.echoed(name)
+            case Start():
+                await self._start(message)
+            case Dtmf(digit=digit):
+                self._dtmf(digit)
+            case Stop():
+                self.finish("stop")
+            case Connected():
+                pass
+
+    async def _start(self, start: Start) -> None:
+        if self.session is not None:
+            self._bad("a second start")
+            return
+        if not start.format_supported:
+            log.warning("stream %s: unsupported media format %s", start.stream_sid, start)
+            self.finish("unsupported_media_format", CLOSE_POLICY)
+            return
+        config = self._config_for(start)
+        if config is None:
+            self.finish("unauthorized", CLOSE_POLICY)
+            return
+        try:
+            session = await self.manager.create(self, config)
+        except SessionLimitError:
+            self.finish("session_limit", CLOSE_TRY_AGAIN)
+            return
+        self.session, self.stream_sid, self.call_sid = session, start.stream_sid, start.call_sid
+        self._sender = asyncio.create_task(self.send_answer(), name="twilio:send")
+        log.info("stream %s (call %s): %s", start.stream_sid, start.call_sid, session.session_id)
+
+    async def _media(self, media: Media) -> None:
+        if self.session is None:
+            self._bad("media before start")
+            return
+        if media.track not in ("inbound", "inbound_track") or not media.payload:
+            return  # Parley hears the caller only
+        try:
+            await self.session.append_audio(ulaw_decode(media.payload).tobytes(), SAMPLE_RATE, 1)
+        except SessionClosedError:
+            self.finish("session_closed")
+        except InvalidRequestError as exc:
+            self._bad(f"media refused: {exc}")
+
+    def _dtmf(self, digit: str) -> None:
+        """A keypad digit: the session's `input_audio_buffer.dtmf_event_received`."""
+        if self.session is None:
+            self._bad("dtmf before start")
+            return
+        try:
+            self.session.dtmf(digit)
+        except InvalidRequestError as exc:  # a closed session
+            self._bad(f"dtmf refused: {exc}")
+
+    # --- the answer's way out ------------------------------------------------------------
+
+    async def send(self, message: dict[str, Any]) -> bool:
+        """Send one message; False once the caller has gone (the stream then ends)."""
+        try:
+            await self.websocket.send_text(json.dumps(message))
+        except SOCKET_ERRORS:
+            self.finish("caller_gone", None)
+            return False
+        return True
+
+    # --- OutputSink ----------------------------------------------------------------------
+
+    def event(self, event: Event) -> None:
+        if isinstance(event, SessionClosed):
+            self.finish(event.reason)
