@@ -29,6 +29,10 @@ class JitterBuffer:
         self.late = 0
         self.reordered = 0
 
+    @property
+    def holding(self) -> bool:
+        return bool(self._held)
+
     def push(self, sequence: int, payload: bytes) -> list[bytes | None]:
         """Add a packet; returns the payloads now due, in order (None for a lost one)."""
         if self._next is None or self._last is None:

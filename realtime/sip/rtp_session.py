@@ -3,7 +3,8 @@
 Inbound, each RTP packet goes through the jitter buffer (reorder, duplicates, losses as
 silence) and is decoded to 8 kHz PCM16 for `on_audio`; telephone-events become digits for
 `on_digit`. Audio waits in a small queue for one reader task, so the datagram callback
-never blocks and a slow session drops old audio rather than growing a backlog.
+never blocks and a slow session drops old audio rather than growing a backlog. When the
+caller goes quiet for `STALL_S`, what the jitter buffer still holds is let through.
 
 Outbound, one sender task pulls the next 20 ms frame of the call's playout buffer at fixed
 times on the monotonic clock (packet n is due at start + n x 20 ms, so the pace does not
@@ -43,6 +44,8 @@ SKIP_MS = 200.0
 INBOUND_PACKETS = 50
 """Decoded packets waiting for the session (1 s); older ones are dropped beyond that."""
 BIND_ATTEMPTS = 20
+STALL_S = 0.1
+"""No packet for this long: what the jitter buffer holds goes to the session anyway."""
 
 Address = tuple[str, int]
 
@@ -88,6 +91,7 @@ class RtpEndpoint:
         self.dropped_inbound = 0
         self.rtcp_in = 0
         self.last_audible_at: float | None = None
+        self._last_in = 0.0
         self._inbound: asyncio.Queue[bytes] = asyncio.Queue(INBOUND_PACKETS)
         self._rtp: asyncio.DatagramTransport | None = None
         self._rtcp: asyncio.DatagramTransport | None = None
@@ -148,6 +152,7 @@ class RtpEndpoint:
         elif source != self.remote:
             return  # not the caller's stream
         self.packets_in += 1
+        self._last_in = time.monotonic()
         if packet.payload_type == self.media.telephone_event:
             digit = self.dtmf.receive(packet.timestamp, packet.payload)
             if digit is not None:
@@ -194,6 +199,9 @@ class RtpEndpoint:
             if behind_ms > LATE_MS:
                 self.late_packets += 1
             sent += 1
+            if self.jitter.holding and time.monotonic() - self._last_in > STALL_S:
+                for payload in self.jitter.flush():  # the caller went quiet: play what is held
+                    self._queue(payload)
             if not self.media.we_send or self._rtp is None:
                 continue  # on hold: the answer waits (backpressure) instead of playing out
             pcm = self.playout.next_frame()
