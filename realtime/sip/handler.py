@@ -39,6 +39,9 @@ class Rejection:
 
     status: int
     reason: str
+    contact: str = ""
+    """For a 3xx (a redirect, OpenAI's refer before the answer): where the caller should go,
+    a SIP URI sent as the response's Contact; empty otherwise."""
 
 
 Hangup = Callable[[str], Awaitable[None]]

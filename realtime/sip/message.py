@@ -281,10 +281,12 @@ def reply(
     body: bytes = b"",
 ) -> Message:
     """A response to `request` (§8.2.6): its Vias, From, To (with our tag), Call-ID, CSeq."""
-    copied = [(k, v) for k, v in request.headers if k in ("Via", "From", "Call-ID", "CSeq")]
-    to = request.get("To")
-    if to is not None:
-        if to_tag and header_param(to, "tag") is None:
-            to = f"{to};tag={to_tag}"
-        copied.insert(2 if len(copied) > 1 else len(copied), ("To", to))
+    copied = [("Via", via) for via in request.get_all("Via")]
+    for name in ("From", "To", "Call-ID", "CSeq"):
+        value = request.get(name)
+        if value is None:
+            continue
+        if name == "To" and to_tag and header_param(value, "tag") is None:
+            value = f"{value};tag={to_tag}"
+        copied.append((name, value))
     return Message(status=status, reason=reason, headers=copied + list(headers), body=body)

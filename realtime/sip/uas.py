@@ -44,6 +44,14 @@ REASONS = {
 CLOSE_BYE_WAIT_S = 1.0
 
 
+def redirect_contact(rejection: Rejection) -> tuple[tuple[str, str], ...]:
+    """The Contact of a 3xx, if it is a plain URI (nothing that could inject a header)."""
+    uri = rejection.contact
+    if not (300 <= rejection.status < 400 and uri) or any(c in uri for c in '\r\n<>"\0'):
+        return ()
+    return (("Contact", f"<{uri}>"),)
+
+
 class SipServer:
     def __init__(
         self,
@@ -181,6 +189,7 @@ class SipServer:
         body: bytes = b"",
     ) -> None:
         request = transaction.request
+        reason = "".join(ch for ch in reason if ch >= " ")  # no header injection via a reason
         response = reply(
             request,
             status,
@@ -274,8 +283,14 @@ class SipServer:
             return
         if not initial:
             call.reinvite = None
+        if isinstance(result, Rejection) and not 300 <= result.status <= 699:
+            log.error("sip: handler rejected %s with status %d", call.call_id, result.status)
+            result = Rejection(500, "Server Internal Error")
         if isinstance(result, Rejection):
-            self._respond(transaction, result.status, result.reason, to_tag=call.local_tag)
+            extra = redirect_contact(result)
+            self._respond(
+                transaction, result.status, result.reason, to_tag=call.local_tag, headers=extra
+            )
             if initial:
                 self._end(call, f"rejected {result.status}")
             return

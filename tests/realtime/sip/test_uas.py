@@ -1,0 +1,130 @@
+"""The user agent server's own rules: bind refusal, allowlist, 405/481, retransmissions
+absorbed, redirects, and Parley ending calls (hangup, close) against sipp."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from realtime.sip.allow import Allowlist
+from realtime.sip.handler import IncomingCall, Rejection
+from realtime.sip.uas import SipServer
+
+from .support import ScriptedHandler, requires_sipp, run_sipp, serve
+from .test_malformed import Client, request
+
+
+@pytest.fixture
+def handler() -> ScriptedHandler:
+    return ScriptedHandler()
+
+
+@pytest.fixture
+async def server(handler: ScriptedHandler) -> AsyncIterator[SipServer]:
+    async for server in serve(handler):
+        yield server
+
+
+async def exchange(server: SipServer, *datagrams: bytes, wait: float = 0.3) -> list[bytes]:
+    loop = asyncio.get_running_loop()
+    transport, client = await loop.create_datagram_endpoint(
+        Client, local_addr=("127.0.0.1", 0), remote_addr=("127.0.0.1", server.port)
+    )
+    try:
+        for data in datagrams:
+            transport.sendto(data)
+        await asyncio.sleep(wait)
+        return [client.received.get_nowait() for _ in range(client.received.qsize())]
+    finally:
+        transport.close()
+
+
+def test_no_public_bind_without_auth_or_allowlist(handler: ScriptedHandler) -> None:
+    with pytest.raises(ValueError, match="--sip-auth"):
+        SipServer(handler, host="0.0.0.0", port=5060)
+    SipServer(handler, host="0.0.0.0", port=5060, auth=("u", "p"))
+    SipServer(handler, host="0.0.0.0", port=5060, allow=Allowlist.parse("10.0.0.0/8"))
+
+
+async def test_an_unlisted_source_gets_no_answer(handler: ScriptedHandler) -> None:
+    async for server in serve(handler, allow=Allowlist.parse("10.0.0.0/8, 192.0.2.1")):
+        assert await exchange(server, request(0, "OPTIONS", body="")) == []
+    async for server in serve(handler, allow=Allowlist.parse("127.0.0.0/8")):
+        (answer,) = await exchange(server, request(0, "OPTIONS", body=""))
+        assert answer.startswith(b"SIP/2.0 200 OK")
+
+
+async def test_405_with_allow_and_481_outside_a_dialog(server: SipServer) -> None:
+    answers = await exchange(
+        server,
+        request(0, "REGISTER", branch="r1"),
+        request(0, "BYE", branch="b2"),
+        request(0, "CANCEL", branch="c3"),
+        request(0, "INVITE", branch="i4").replace(
+            b"To: <sip:parley@127.0.0.1>", b"To: <sip:parley@127.0.0.1>;tag=nope"
+        ),
+    )
+    # a non-2xx to an INVITE is retransmitted until its ACK: count each request once
+    heads = {a.split(b"\r\n")[0] for a in answers}
+    assert heads == {
+        b"SIP/2.0 405 Method Not Allowed",
+        b"SIP/2.0 481 Call/Transaction Does Not Exist",
+    }
+    assert sum(a.startswith(b"SIP/2.0 481") and b"CSeq: 1 INVITE" not in a for a in answers) == 2
+    assert any(b"Allow: INVITE, ACK, BYE, CANCEL, OPTIONS" in a for a in answers)
+
+
+async def test_a_retransmitted_request_gets_the_same_response(server: SipServer) -> None:
+    options = request(0, "OPTIONS", body="")
+    first, second = await exchange(server, options, options)
+    assert first == second
+
+
+async def test_a_redirect_carries_its_contact(server: SipServer, handler: ScriptedHandler) -> None:
+    async def refer(call: IncomingCall) -> Rejection:
+        return Rejection(302, "Moved Temporarily", contact="sip:desk@192.0.2.9")
+
+    handler.invite = refer  # type: ignore[method-assign]
+    answers = await exchange(server, request(0, branch="redir"))
+    final = answers[-1]
+    assert final.startswith(b"SIP/2.0 302 Moved Temporarily")
+    assert b"Contact: <sip:desk@192.0.2.9>" in final
+    await handler.wait_ended(1)
+
+
+@requires_sipp
+async def test_hangup_sends_bye_in_the_dialog(
+    server: SipServer, handler: ScriptedHandler, tmp_path: Path
+) -> None:
+    async def hang_up_when_confirmed() -> None:
+        while not handler.confirmed_ids:
+            await asyncio.sleep(0.01)
+        await server.hangup(handler.confirmed_ids[0])
+
+    hanging = asyncio.create_task(hang_up_when_confirmed())
+    code, _ = await run_sipp("hangup", server, tmp_path)
+    await hanging
+    assert code == 0
+    await handler.wait_ended(1)
+    assert list(handler.ended_calls.values()) == ["hangup"] and not server.calls
+
+
+@requires_sipp
+async def test_close_byes_every_call_and_is_idempotent(
+    server: SipServer, handler: ScriptedHandler, tmp_path: Path
+) -> None:
+    async def close_when_confirmed() -> None:
+        while not handler.confirmed_ids:
+            await asyncio.sleep(0.01)
+        await server.close()
+
+    closing = asyncio.create_task(close_when_confirmed())
+    code, _ = await run_sipp("hangup", server, tmp_path)
+    await closing
+    await server.close()
+    assert code == 0
+    assert list(handler.ended_calls.values()) == ["server closing"]
+    assert not server.calls and len(server.transactions) == 0
