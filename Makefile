@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-SYSTEM_PACKAGES := redis-server espeak-ng sox chromium
+SYSTEM_PACKAGES := redis-server espeak-ng sox chromium sip-tester
 
 .PHONY: serve test test-quick check system-deps deps clean
 
