@@ -12,8 +12,8 @@ that arrives while the session is being created ends the half-made call as soon 
 With a gate (OpenAI's SIP flow, `--sip-webhook`: realtime/sip/call_gate.py) a call with a
 usable offer waits for the app's decision before it is answered: Accept answers it with
 the app's session configuration, and the call is then also found by the app's call id
-(`get`, `hangup`); Reject is its final status. Refer would be a 302 with the target in
-its Contact, which the handler seam (`Rejection`) cannot carry yet: it is declined (603).
+(`get`, `hangup`); Reject is its final status; Refer redirects the unanswered call (a 302
+whose Contact is the target).
 """
 
 from __future__ import annotations
@@ -120,8 +120,7 @@ class SipMediaCalls:
             if isinstance(decision, Reject):
                 return decision.rejection()
             if isinstance(decision, Refer):
-                log.warning("call %s: refer is not supported yet; declining", call.call_id)
-                return Rejection(603, "Decline")
+                return Rejection(302, "Moved Temporarily", contact=decision.target_uri)
             config, app_id = decision.config, decision.call_id
         if call.call_id in self._cancelled:
             return Rejection(487, "Request Terminated")

@@ -427,7 +427,7 @@ async def test_an_accepted_call_is_found_by_the_apps_id_and_hung_up_with_a_bye(
 
 @pytest.mark.parametrize(
     ("decision", "status"),
-    [(Reject(486, "busy"), 486), (Reject(), 603), (Refer("sip:desk@example.com"), 603)],
+    [(Reject(486, "busy"), 486), (Reject(), 603), (Refer("sip:desk@example.com"), 302)],
 )
 async def test_a_call_the_app_turns_away_costs_no_session(
     manager: SessionManager, decision: Decision, status: int
@@ -438,6 +438,7 @@ async def test_a_call_the_app_turns_away_costs_no_session(
     handler = SipMediaCalls(manager, hangup, gate=ScriptedGate(decision))
     result = await handler.invite(IncomingCall("sip-2", ("127.0.0.1", 5060), offer_sdp(4000)))
     assert isinstance(result, Rejection) and result.status == status
+    assert result.contact == ("sip:desk@example.com" if status == 302 else "")
     assert len(manager) == 0 and len(handler) == 0
 
 
