@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 
 from .allow import Allowlist, check_bind
 from .dialog import Call, CallState, new_tag, response_destination, stamp_via
@@ -33,6 +33,8 @@ REASONS = {
     400: "Bad Request",
     401: "Unauthorized",
     405: "Method Not Allowed",
+    415: "Unsupported Media Type",
+    420: "Bad Extension",
     481: "Call/Transaction Does Not Exist",
     482: "Loop Detected",
     483: "Too Many Hops",
@@ -40,7 +42,11 @@ REASONS = {
     487: "Request Terminated",
     491: "Request Pending",
     500: "Server Internal Error",
+    503: "Service Unavailable",
 }
+MAX_TRANSACTIONS = 10_000
+"""Live server transactions at most (each lingers 32 s after its answer over UDP); past it a
+request gets a stateless 503, so a flood costs no memory."""
 CLOSE_BYE_WAIT_S = 1.0
 
 
@@ -60,10 +66,12 @@ class SipServer:
         host: str,
         port: int,
         auth: tuple[str, str] | None = None,
-        allow: Allowlist | None = None,
+        allow: Allowlist | str | Iterable[str] | None = None,
         max_calls: int | None = None,
         t1: float = 0.5,
     ) -> None:
+        if allow is not None and not isinstance(allow, Allowlist):
+            allow = Allowlist.parse(allow) if isinstance(allow, str) else Allowlist(allow)
         check_bind(host, auth=auth is not None, allow=allow)
         self.handler = handler
         self.host = host
@@ -133,7 +141,8 @@ class SipServer:
         with contextlib.suppress(Exception):
             stamp_via(bad, peer)
             response = reply(bad, 400, f"Bad Request ({error.reason})", headers=self._stamp())
-            peer.send(response.serialise(), response_destination(bad, peer))
+            # back to the exact source: a forged Via must not aim the 400 at another port
+            peer.send(response.serialise(), peer.address)
 
     def _stamp(self) -> tuple[tuple[str, str], ...]:
         return (("Server", SERVER),)
@@ -153,6 +162,10 @@ class SipServer:
         if request.method == "INVITE" and call is not None and call.ok_key == server_key(request):
             call.peer.send(call.ok, response_destination(request, peer))  # after our 2xx
             return
+        if len(self.transactions.server) >= MAX_TRANSACTIONS:
+            busy = reply(request, 503, "Service Unavailable", headers=(("Retry-After", "5"),))
+            peer.send(busy.serialise(), response_destination(request, peer))
+            return
         transaction = self.transactions.create(request, peer)
         try:
             self._dispatch(transaction)
@@ -169,6 +182,8 @@ class SipServer:
             self._options(transaction)
         elif forwards == "0":
             self._respond(transaction, 483)
+        elif method == "INVITE" and (refusal := self._unsupported(request)):
+            self._respond(transaction, refusal[0], headers=refusal[1])
         elif method == "INVITE":
             self._invite(transaction)
         elif method == "BYE":
@@ -177,6 +192,16 @@ class SipServer:
             self._cancel(transaction)
         else:
             self._respond(transaction, 405, headers=(("Allow", ALLOW),))
+
+    def _unsupported(self, request: Message) -> tuple[int, tuple[tuple[str, str], ...]] | None:
+        """415 for a body that is not SDP, 420 for extensions we do not have (§8.2.2-3)."""
+        kind = (request.get("Content-Type") or "application/sdp").split(";")[0].strip().lower()
+        if request.body and kind != "application/sdp":
+            return 415, (("Accept", "application/sdp"),)
+        required = request.get("Require")
+        if required:
+            return 420, (("Unsupported", required),)
+        return None
 
     def _respond(
         self,

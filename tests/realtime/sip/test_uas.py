@@ -47,12 +47,16 @@ def test_no_public_bind_without_auth_or_allowlist(handler: ScriptedHandler) -> N
         SipServer(handler, host="0.0.0.0", port=5060)
     SipServer(handler, host="0.0.0.0", port=5060, auth=("u", "p"))
     SipServer(handler, host="0.0.0.0", port=5060, allow=Allowlist.parse("10.0.0.0/8"))
+    SipServer(handler, host="::", port=5060, allow=["10.0.0.0/8", "2001:db8::/32"])
+    SipServer(handler, host="localhost", port=5060)
+    with pytest.raises(ValueError, match="does not appear to be"):
+        SipServer(handler, host="127.0.0.1", port=5060, allow="not-a-network")
 
 
 async def test_an_unlisted_source_gets_no_answer(handler: ScriptedHandler) -> None:
     async for server in serve(handler, allow=Allowlist.parse("10.0.0.0/8, 192.0.2.1")):
         assert await exchange(server, request(0, "OPTIONS", body="")) == []
-    async for server in serve(handler, allow=Allowlist.parse("127.0.0.0/8")):
+    async for server in serve(handler, allow="127.0.0.0/8"):
         (answer,) = await exchange(server, request(0, "OPTIONS", body=""))
         assert answer.startswith(b"SIP/2.0 200 OK")
 
@@ -75,6 +79,20 @@ async def test_405_with_allow_and_481_outside_a_dialog(server: SipServer) -> Non
     }
     assert sum(a.startswith(b"SIP/2.0 481") and b"CSeq: 1 INVITE" not in a for a in answers) == 2
     assert any(b"Allow: INVITE, ACK, BYE, CANCEL, OPTIONS" in a for a in answers)
+
+
+async def test_415_for_a_body_not_sdp_and_420_for_a_required_extension(
+    server: SipServer, handler: ScriptedHandler
+) -> None:
+    answers = await exchange(
+        server,
+        request(0, branch="ct").replace(b"application/sdp", b"text/plain"),
+        request(0, branch="rq", extra="Require: 100rel\r\n"),
+        wait=0.04,  # before the first retransmission of either
+    )
+    finals = sorted(a.split(b"\r\n")[0] for a in answers)
+    assert finals == [b"SIP/2.0 415 Unsupported Media Type", b"SIP/2.0 420 Bad Extension"]
+    assert any(b"Unsupported: 100rel" in a for a in answers) and handler.invited == []
 
 
 async def test_a_retransmitted_request_gets_the_same_response(server: SipServer) -> None:
