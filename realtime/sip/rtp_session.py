@@ -90,6 +90,7 @@ class RtpEndpoint:
         self.skipped_packets = 0
         self.dropped_inbound = 0
         self.rtcp_in = 0
+        self.audible_packets = 0
         self.last_audible_at: float | None = None
         self._last_in = 0.0
         self._inbound: asyncio.Queue[bytes] = asyncio.Queue(INBOUND_PACKETS)
@@ -210,6 +211,7 @@ class RtpEndpoint:
                 self.sender.talkspurt()
             speaking = audible
             if audible:
+                self.audible_packets += 1
                 self.last_audible_at = time.monotonic()
             payload = g711.encode(pcm, self.media.format)
             self._rtp.sendto(self.sender.packet(payload, PACKET_SAMPLES), self.remote)
