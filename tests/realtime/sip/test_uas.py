@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from realtime.sip.allow import Allowlist
-from realtime.sip.handler import IncomingCall, Rejection
+from realtime.sip.handler import Answer, IncomingCall, Rejection
 from realtime.sip.uas import SipServer
 
-from .support import ScriptedHandler, requires_sipp, run_sipp, serve
+from .support import ANSWER_SDP, ScriptedHandler, requires_sipp, run_sipp, serve
 from .test_malformed import Client, request
 
 
@@ -99,6 +99,40 @@ async def test_a_retransmitted_request_gets_the_same_response(server: SipServer)
     options = request(0, "OPTIONS", body="")
     first, second = await exchange(server, options, options)
     assert first == second
+
+
+async def test_a_retransmitted_invite_is_absorbed_before_and_after_the_answer(
+    server: SipServer, handler: ScriptedHandler
+) -> None:
+    gate = asyncio.Event()
+
+    async def answer_later(call: IncomingCall) -> Answer:
+        await gate.wait()
+        return Answer(ANSWER_SDP)
+
+    handler.invite = answer_later  # type: ignore[method-assign]
+    invite = request(0, branch="again")
+    loop = asyncio.get_running_loop()
+    transport, client = await loop.create_datagram_endpoint(
+        Client, local_addr=("127.0.0.1", 0), remote_addr=("127.0.0.1", server.port)
+    )
+    try:
+        transport.sendto(invite)
+        first = [await client.next(), await client.next()]
+        transport.sendto(invite)  # before the answer: the last response again, no new call
+        ringing = first[1]
+        assert ringing is not None and ringing.startswith(b"SIP/2.0 180")
+        assert await client.next() == ringing
+        gate.set()
+        ok = await client.next()
+        assert ok is not None and ok.startswith(b"SIP/2.0 200 OK")
+        transport.sendto(invite)  # after the answer: the same 200
+        assert await client.next() == ok
+        assert len(server.calls) == 1
+    finally:
+        transport.close()
+    await server.close()
+    assert list(handler.ended_calls.values()) == ["server closing"]
 
 
 async def test_a_redirect_carries_its_contact(server: SipServer, handler: ScriptedHandler) -> None:
