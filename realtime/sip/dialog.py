@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import enum
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .message import Message, header_param
-from .transactions import MAGIC, ServerTransaction
+from .transactions import MAGIC, ServerTransaction, Timers
 from .transport import Peer
 
 
@@ -83,8 +84,6 @@ class Call:
     ok_cseq: int = 0
     ok_key: tuple[str, ...] = ()
     ok_timer: asyncio.TimerHandle | None = None
-    ok_interval: float = 0.0
-    ok_deadline: float = 0.0
     local_cseq: int = 0
     reinvite: ServerTransaction | None = None
     ended: bool = False
@@ -99,6 +98,34 @@ class Call:
             header_param(request.header("To"), "tag") == self.local_tag
             and (header_param(request.header("From"), "tag") or "") == self.remote_tag
         )
+
+    def send_ok(
+        self, transaction: ServerTransaction, timers: Timers, on_timeout: Callable[[], None]
+    ) -> None:
+        """§13.3.1.4: retransmit the 2xx `transaction` sent (UDP: T1 doubling to T2) until
+        `stop_ok` (its ACK came); at Timer H (64*T1) call `on_timeout`."""
+        assert transaction.last is not None
+        self.stop_ok()
+        self.ok, self.ok_key = transaction.last, transaction.key
+        self.ok_cseq = transaction.request.cseq[0]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timers.timeout
+        destination = transaction.destination
+        interval = timers.t1
+
+        def again() -> None:
+            nonlocal interval
+            if loop.time() >= deadline - 1e-3:
+                self.ok_timer = None
+                on_timeout()
+                return
+            self.peer.send(self.ok, destination)
+            interval = min(interval * 2, timers.t2)
+            self.ok_timer = loop.call_later(min(interval, deadline - loop.time()), again)
+
+        # over TCP the transport delivers: no copies, only the wait for the ACK
+        first = timers.timeout if self.peer.reliable else interval
+        self.ok_timer = loop.call_later(first, again)
 
     def stop_ok(self) -> None:
         if self.ok_timer is not None:

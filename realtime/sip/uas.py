@@ -331,37 +331,15 @@ class SipServer:
             self._send_ok(call, transaction)
 
     def _send_ok(self, call: Call, transaction: ServerTransaction) -> None:
-        """Keep the 2xx going until its ACK (Timer G doubling to T2), give up at Timer H."""
-        assert transaction.last is not None
+        """Keep the 2xx going until its ACK; at Timer H, hang up (a BYE, `ended`)."""
         if call.state is CallState.INVITING:
             call.state = CallState.ANSWERED
-        call.stop_ok()
-        call.ok = transaction.last
-        call.ok_cseq = transaction.request.cseq[0]
-        call.ok_key = transaction.key
-        timers = self.transactions.timers
-        loop = asyncio.get_running_loop()
-        call.ok_interval = timers.t1
-        call.ok_deadline = loop.time() + timers.timeout
-        destination = transaction.destination
 
-        def again() -> None:
-            if loop.time() >= call.ok_deadline:
-                call.ok_timer = None
-                log.info("sip: no ACK for %s, hanging up", call.call_id)
-                self._spawn(self._hangup(call, "no ACK"))
-                return
-            if not call.peer.reliable:
-                call.peer.send(call.ok, destination)
-                call.ok_interval = min(call.ok_interval * 2, timers.t2)
-            call.ok_timer = loop.call_later(
-                call.ok_interval if not call.peer.reliable else call.ok_deadline - loop.time(),
-                again,
-            )
+        def no_ack() -> None:
+            log.info("sip: no ACK for %s, hanging up", call.call_id)
+            self._spawn(self._hangup(call, "no ACK"))
 
-        call.ok_timer = loop.call_later(
-            call.ok_interval if not call.peer.reliable else timers.timeout, again
-        )
+        call.send_ok(transaction, self.transactions.timers, no_ack)
 
     def _ack(self, request: Message) -> None:
         call = self.calls.get(request.header("Call-ID"))
@@ -386,6 +364,14 @@ class SipServer:
     def _cancel(self, transaction: ServerTransaction) -> None:
         request = transaction.request
         call = self.calls.get(request.header("Call-ID"))
+        pending = call.reinvite if call is not None else None
+        if call is not None and pending is not None and pending.key[:2] == transaction.key[:2]:
+            self._respond(transaction, 200, to_tag=call.local_tag)
+            self._respond(pending, 487, to_tag=call.local_tag)  # the call itself goes on
+            call.reinvite = None
+            if call.task is not None:
+                call.task.cancel()
+            return
         invite = call.transaction if call is not None else None
         if call is None or invite is None or invite.key[:2] != transaction.key[:2]:
             self._respond(transaction, 481)

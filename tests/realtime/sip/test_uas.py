@@ -135,6 +135,46 @@ async def test_a_retransmitted_invite_is_absorbed_before_and_after_the_answer(
     assert list(handler.ended_calls.values()) == ["server closing"]
 
 
+async def test_cancel_of_a_reinvite_keeps_the_call(
+    server: SipServer, handler: ScriptedHandler
+) -> None:
+    async def never(call_id: str, sdp: str) -> Answer:
+        await asyncio.sleep(30)
+        raise AssertionError("cancelled")
+
+    handler.reinvite = never  # type: ignore[method-assign]
+    loop = asyncio.get_running_loop()
+    transport, client = await loop.create_datagram_endpoint(
+        Client, local_addr=("127.0.0.1", 0), remote_addr=("127.0.0.1", server.port)
+    )
+    try:
+        transport.sendto(request(0, branch="dlg"))
+        while (answer := await client.next()) is not None and b" 200 OK" not in answer[:20]:
+            pass
+        assert answer is not None
+        to = next(line for line in answer.split(b"\r\n") if line.startswith(b"To:"))
+        in_dialog = (
+            request(0, "ACK", branch="dlg-ack")
+            .replace(b"To: <sip:parley@127.0.0.1>", to)
+            .replace(b"Call-ID: c-dlg-ack", b"Call-ID: c-dlg")
+        )
+        transport.sendto(in_dialog)
+        while not handler.confirmed_ids:
+            await asyncio.sleep(0.01)
+        reinvite = in_dialog.replace(b"ACK", b"INVITE").replace(
+            b"CSeq: 1 INVITE", b"CSeq: 2 INVITE"
+        )
+        transport.sendto(reinvite)
+        assert (await client.next() or b"").startswith(b"SIP/2.0 100 Trying")
+        cancel = reinvite.replace(b"INVITE sip:", b"CANCEL sip:").replace(b"2 INVITE", b"2 CANCEL")
+        transport.sendto(cancel)
+        answers = {(await client.next() or b"").split(b"\r\n")[0] for _ in range(2)}
+        assert answers == {b"SIP/2.0 200 OK", b"SIP/2.0 487 Request Terminated"}
+        assert list(server.calls) == ["c-dlg"] and handler.ended_calls == {}
+    finally:
+        transport.close()
+
+
 async def test_a_redirect_carries_its_contact(server: SipServer, handler: ScriptedHandler) -> None:
     async def refer(call: IncomingCall) -> Rejection:
         return Rejection(302, "Moved Temporarily", contact="sip:desk@192.0.2.9")
