@@ -128,12 +128,14 @@ class SipTransport:
         if self._udp is not None:
             self._udp.close()
             self._udp = None
-        if self._tcp is not None:
-            self._tcp.close()
-            self._tcp = None
+        server, self._tcp = self._tcp, None
+        if server is not None:
+            server.close()
         for writer in list(self._writers):
             writer.close()
         readers = list(self._readers)
         for task in readers:
             task.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
+        if server is not None:
+            await server.wait_closed()

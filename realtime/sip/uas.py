@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
+import socket
 from collections.abc import Awaitable, Iterable
 
 from .allow import Allowlist, check_bind
@@ -58,6 +60,9 @@ def redirect_contact(rejection: Rejection) -> tuple[tuple[str, str], ...]:
     return (("Contact", f"<{uri}>"),)
 
 
+_PLAIN_HOST = re.compile(r"^(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])$")
+
+
 class SipServer:
     def __init__(
         self,
@@ -83,6 +88,8 @@ class SipServer:
         self.calls: dict[str, Call] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.malformed = 0
+        """Messages refused as malformed (answered 400 or dropped), for metrics."""
 
     @property
     def port(self) -> int:
@@ -134,7 +141,8 @@ class SipServer:
             log.exception("sip: failed on a message from %s", peer.address)
 
     def _bad_request(self, data: bytes, peer: Peer, error: MalformedMessage) -> None:
-        log.info("sip: malformed message from %s: %s", peer.address, error.reason)
+        self.malformed += 1
+        log.debug("sip: malformed message from %s: %s", peer.address, error.reason)
         if data.startswith((b"SIP/", b"ACK ")) or not any(k == "Via" for k, _ in error.headers):
             return  # a response or an ACK is never answered; without a Via, no address
         bad = Message(method="X", headers=error.headers)
@@ -231,10 +239,14 @@ class SipServer:
         return f"<sip:parley@{host}:{self.port}{transport}>"
 
     def _advertised(self, request: Message) -> str:
-        if self.host not in ("0.0.0.0", "::", ""):
-            return self.host
-        uri_host = request.uri.split("@")[-1].split(";")[0]
-        return uri_host.rsplit(":", 1)[0] if uri_host.count(":") == 1 else uri_host
+        """Our host as the caller reaches it: the bound address, else (bound to all) the
+        host the caller's Request-URI named, if it is a plain host name or address."""
+        host = self.host
+        if host in ("0.0.0.0", "::", ""):
+            named = request.uri.split("@")[-1].split(";")[0].split("?")[0]
+            named = named.rsplit(":", 1)[0] if named.count(":") == 1 else named
+            host = named if _PLAIN_HOST.match(named) else socket.gethostname()
+        return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
     # ---- methods -----------------------------------------------------------------------
 

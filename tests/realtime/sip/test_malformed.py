@@ -111,6 +111,7 @@ async def test_malformed_datagrams_get_400_or_nothing(
         transport.sendto(make(port))
         assert await client.next(0.15) is None, name
     await assert_alive(transport, client, port)
+    assert server.malformed == len(CASES) + len(DROPPED)
     assert handler.invited == [] and not server.calls
     assert all(key[-1] == "OPTIONS" for key in server.transactions.server)
 
