@@ -42,7 +42,12 @@ class SipMediaCall(PlayoutSink):
         """The id an app was given for the call (OpenAI's SIP flow), if any."""
         self.session: Session | None = None
         self.rtp = RtpEndpoint(
-            media, self.playout, self._audio_in, self._digit, rtcp_interval_s=rtcp_interval_s
+            media,
+            self.playout,
+            self._audio_in,
+            self._digit,
+            rtcp_interval_s=rtcp_interval_s,
+            on_playing=self._playing,
         )
         self.events = CallEvents()
         self.close_reason = ""
@@ -76,6 +81,9 @@ class SipMediaCall(PlayoutSink):
             return
         with contextlib.suppress(SessionClosedError):
             self.session.dtmf(digit)
+
+    def _playing(self, audible: bool) -> None:
+        self.events.playout("started" if audible else "stopped")
 
     # --- the call's life -----------------------------------------------------------------
 

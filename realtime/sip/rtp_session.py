@@ -69,13 +69,16 @@ class RtpEndpoint:
         on_audio: Callable[[bytes], Awaitable[None]],
         on_digit: Callable[[str], None],
         rtcp_interval_s: float = 5.0,
+        on_playing: Callable[[bool], None] | None = None,
     ) -> None:
+        """`on_playing(True/False)`: the answer's audio started or stopped going out."""
         if playout.sample_rate != RATE or playout.piece_ms != PACKET_MS:
             raise ValueError("an RTP endpoint plays an 8 kHz playout buffer of 20 ms frames")
         self.media = media
         self.playout = playout
         self._on_audio = on_audio
         self._on_digit = on_digit
+        self._on_playing = on_playing
         self.rtcp_interval_s = rtcp_interval_s
         self.sender = RtpSender(media.payload_type, RATE)
         self.jitter = JitterBuffer()
@@ -163,12 +166,12 @@ class RtpEndpoint:
                 self._queue(payload)
 
     def _queue(self, payload: bytes | None) -> None:
-        if self.media.direction != "sendrecv":
-            return  # on hold: the caller's music is not for the assistant
         if self._inbound.full():
             self._inbound.get_nowait()
             self.dropped_inbound += 1
-        if payload is None:
+        if payload is None or self.media.direction != "sendrecv":
+            # lost; or on hold, where the caller's music is not for the assistant, but the
+            # session hears that the line is still up (silence keeps it from idling out)
             self._inbound.put_nowait(bytes(PACKET_SAMPLES * 2))
         else:
             self._inbound.put_nowait(g711.decode(payload, self.media.format).tobytes())
@@ -207,9 +210,12 @@ class RtpEndpoint:
                 continue  # on hold: the answer waits (backpressure) instead of playing out
             pcm = self.playout.next_frame()
             audible = pcm is not self.playout.silence
-            if audible and not speaking:
-                self.sender.talkspurt()
-            speaking = audible
+            if audible != speaking:
+                speaking = audible
+                if audible:
+                    self.sender.talkspurt()
+                if self._on_playing is not None:
+                    self._on_playing(audible)
             if audible:
                 self.audible_packets += 1
                 self.last_audible_at = time.monotonic()

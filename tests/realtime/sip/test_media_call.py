@@ -107,12 +107,14 @@ class Listener:
 
     events: list[Event] = field(default_factory=list)
     ended: list[str] = field(default_factory=list)
+    posts: list[str] = field(default_factory=list)
+    """The call's own playout news (output_audio_buffer.*)."""
 
     def event(self, event: Event) -> None:
         self.events.append(event)
 
     def post(self, message: dict[str, Any], *, after_audio: bool = False) -> None:
-        pass
+        self.posts.append(message["type"])
 
     def call_ended(self, reason: str) -> None:
         self.ended.append(reason)
@@ -209,6 +211,8 @@ async def test_a_call_is_heard_answered_paced_and_barged_in(
     await peer.say(interruption)
     await listener.wait_for("conversation.item.truncated")
     assert call.cleared_at
+    assert listener.posts[:2] == ["output_audio_buffer.started", "output_audio_buffer.stopped"]
+    assert "output_audio_buffer.cleared" in listener.posts
     cleared = call.cleared_at[0]
     old = [r for r in peer.loud(peer.speech_sent_at[1]) if r.at < cleared + 0.5]
     last_old = old[-1].at if old else peer.speech_sent_at[1]
@@ -268,15 +272,16 @@ async def test_hold_stops_sending_and_resume_restarts(
     calls: tuple[SipMediaCalls, list[str]], peer: Peer
 ) -> None:
     handler, _ = calls
-    await answer_call(handler, peer)
+    listener = await answer_call(handler, peer)
     assert peer.transport is not None
     port = peer.transport.get_extra_info("sockname")[1]
     held = await handler.reinvite("c1", offer_sdp(port, direction="sendonly"))
     assert isinstance(held, Answer) and "a=recvonly" in held.sdp.splitlines()
     await asyncio.sleep(0.05)
     count = len(peer.received)
-    await asyncio.sleep(0.2)
-    assert len(peer.received) == count
+    await peer.say(trim_silence(speak("This is the hold music.", rate=RATE)))
+    assert len(peer.received) == count  # nothing sent while held...
+    assert "input_audio_buffer.speech_started" not in listener.types()  # ...or heard
     resumed = await handler.reinvite("c1", offer_sdp(port))
     assert isinstance(resumed, Answer) and "a=sendrecv" in resumed.sdp.splitlines()
     await asyncio.sleep(0.2)
