@@ -38,6 +38,7 @@ from .services import Running, Services, services_of
 
 __all__ = ["Services", "create_app"]
 from .settings import Settings
+from .sip_service import sip_service
 
 log = logging.getLogger("parley.web")
 STATIC = Path(__file__).parent / "static"
@@ -91,11 +92,17 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
                     _ice_settings(services.settings),
                     TransportMetrics(services.metrics.registry),
                 )
-                services.running = Running(manager, calls)
                 try:
-                    yield
+                    async with contextlib.AsyncExitStack() as stack:
+                        sip = None
+                        if services.settings.sip_port is not None:
+                            sip = await stack.enter_async_context(
+                                sip_service(services.settings, manager, app.state)
+                            )
+                        services.running = Running(manager, calls, sip.calls if sip else None)
+                        yield
+                        log.info("shutting down: closing %d session(s)", len(manager))
                 finally:
-                    log.info("shutting down: closing %d session(s)", len(manager))
                     await calls.close()
                     services.running = None
         finally:

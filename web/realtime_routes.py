@@ -220,7 +220,7 @@ async def hangup(request: Request) -> Response:
     try:
         if services.running is None:
             raise CallNotFound(call_id)
-        await services.running.calls.hangup(call_id)
+        await services.running.hangup(call_id)
     except CallNotFound:
         return error(404, "call_not_found", f"no live call {call_id}")
     return Response(status_code=200)

@@ -72,11 +72,11 @@ async def openai_realtime(websocket: WebSocket) -> None:
 async def _sideband(
     websocket: WebSocket, manager: SessionManager, call_id: str, subprotocol: str | None
 ) -> None:
-    calls = services_of(websocket).calls
+    running = services_of(websocket).running
     try:
-        if calls is None:
+        if running is None:
             raise CallNotFound(call_id)
-        call = calls.get(call_id)
+        call = running.call(call_id)
         if call.events.ended or call.session is None or call.session.closed:
             raise CallNotFound(call_id)  # hanging up: nothing left to attach to
     except CallNotFound:

@@ -16,9 +16,11 @@ from starlette.requests import HTTPConnection
 
 from pipeline.types import Pipeline
 from realtime.auth import Authenticator
-from realtime.webrtc.registry import CallRegistry
+from realtime.sip.media_calls import SipCallNotFound, SipMediaCalls
+from realtime.webrtc.registry import CallNotFound, CallRegistry
 from realtime.websocket.connections import DEFAULT_GRACE_S
 from realtime.websocket.openai_accept import OpenAIConnections
+from realtime.websocket.sideband import SidebandCall
 from realtime.websocket.video_stream import VideoStreams
 from sessions import SessionManager, SessionMetrics
 
@@ -31,6 +33,34 @@ class Running:
 
     manager: SessionManager
     calls: CallRegistry
+    sip: SipMediaCalls | None = None
+    """SIP calls (`--sip-port`), else None."""
+
+    def call(self, call_id: str) -> SidebandCall:
+        """The live WebRTC or SIP call `call_id` (a SIP call also by the app's id in
+        OpenAI's SIP flow); raises CallNotFound."""
+        try:
+            return self.calls.get(call_id)
+        except CallNotFound:
+            if self.sip is None:
+                raise
+        try:
+            return self.sip.get(call_id)
+        except SipCallNotFound:
+            raise CallNotFound(call_id) from None
+
+    async def hangup(self, call_id: str) -> None:
+        """End the WebRTC or SIP call `call_id`; raises CallNotFound."""
+        try:
+            await self.calls.hangup(call_id)
+            return
+        except CallNotFound:
+            if self.sip is None:
+                raise
+        try:
+            await self.sip.hangup(call_id)
+        except SipCallNotFound:
+            raise CallNotFound(call_id) from None
 
 
 @dataclass

@@ -6,8 +6,10 @@ import argparse
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pipeline.registry import DEFAULT_PIPELINE
+from realtime.sip.allow import Allowlist, is_loopback
 from sessions import DEFAULT_MAX_SESSIONS
 
 from .origins import ANY_ORIGIN, normalize_origin
@@ -39,6 +41,17 @@ class Settings:
     allowed_origins: tuple[str, ...] = ()
     """Origins of other web pages that may use the server (`*`: any, with an API key only);
     its own origin and clients that send no Origin are always allowed."""
+    sip_port: int | None = None
+    """`--sip-port`: SIP calls (UDP and TCP) on this port of `host`; None: no SIP."""
+    sip_auth: tuple[str, str] | None = None
+    """`--sip-auth user:pass`: digest authentication of every INVITE."""
+    sip_allow: str = ""
+    """`--sip-allow CIDR,...`: the only sources whose SIP requests are answered."""
+    sip_webhook: str | None = None
+    """`--sip-webhook URL`: OpenAI's SIP call flow (a signed `realtime.call.incoming`,
+    then the app accepts, rejects or refers); None: calls are answered at once."""
+    sip_webhook_secret: str = ""
+    """The webhooks' signing secret (`whsec_...`; PARLEY_SIP_WEBHOOK_SECRET)."""
 
     @property
     def base_url(self) -> str:
@@ -115,6 +128,28 @@ def parser() -> argparse.ArgumentParser:
         help="comma list of scheme://host[:port] whose web pages may use the server, "
         "or * (needs --api-key); its own origin is always allowed",
     )
+    serve.add_argument(
+        "--sip-port",
+        default=_env("sip_port", None),
+        help="answer SIP calls (UDP and TCP) on this port; off unless set",
+    )
+    serve.add_argument(
+        "--sip-auth", default=_env("sip_auth", None), help="user:pass, digest auth of INVITEs"
+    )
+    serve.add_argument(
+        "--sip-allow", default=_env("sip_allow", ""), help="comma list of CIDRs allowed to call"
+    )
+    serve.add_argument(
+        "--sip-webhook",
+        default=_env("sip_webhook", None),
+        help="URL for OpenAI's realtime.call.incoming webhook; calls then wait for "
+        "POST /v1/realtime/calls/{call_id}/accept",
+    )
+    serve.add_argument(
+        "--sip-webhook-secret",
+        default=_env("sip_webhook_secret", ""),
+        help="the webhook signing secret (whsec_...)",
+    )
     stage = sub.add_parser(
         "stage", help="serve one stage of a pipeline for a `parley serve` on another host"
     )
@@ -157,4 +192,43 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[str, Settings]:
         ice_servers=args.ice_servers,
         ice_host_addresses=args.ice_host_addresses,
         allowed_origins=_origins(args.allowed_origins, api_key),
+        **_sip(args),
     )
+
+
+def _sip(args: argparse.Namespace) -> dict[str, Any]:
+    """The SIP settings, checked: a port, `user:pass`, CIDRs, and a webhook with its secret."""
+    if args.sip_port in (None, ""):
+        for flag in ("sip_auth", "sip_allow", "sip_webhook"):
+            if getattr(args, flag):
+                raise SettingsError(f"--{flag.replace('_', '-')} needs --sip-port")
+        return {}
+    auth = None
+    if args.sip_auth:
+        user, colon, password = str(args.sip_auth).partition(":")
+        if not colon or not user or not password:
+            raise SettingsError("--sip-auth: must be user:pass")
+        auth = (user, password)
+    if args.sip_allow:
+        try:
+            Allowlist.parse(args.sip_allow)
+        except ValueError as exc:
+            raise SettingsError(f"--sip-allow: {exc}") from None
+    if auth is None and not args.sip_allow and not is_loopback(args.host):
+        raise SettingsError(
+            f"--sip-port on {args.host}: needs --sip-auth or --sip-allow (without either, "
+            "SIP is served on loopback only, like HTTP without --api-key)"
+        )
+    webhook = args.sip_webhook or None
+    if webhook is not None:
+        if not webhook.startswith(("http://", "https://")):
+            raise SettingsError("--sip-webhook: must be an http:// or https:// URL")
+        if not args.sip_webhook_secret:
+            raise SettingsError("--sip-webhook needs --sip-webhook-secret (whsec_...)")
+    return {
+        "sip_port": _int("sip_port", str(args.sip_port), 0, 65535),
+        "sip_auth": auth,
+        "sip_allow": args.sip_allow,
+        "sip_webhook": webhook,
+        "sip_webhook_secret": args.sip_webhook_secret,
+    }

@@ -59,8 +59,12 @@ class SipMediaCalls:
         playout_ms: int = 2_000,
         rtcp_interval_s: float = 5.0,
         gate: CallGate | None = None,
+        advertise: str | None = None,
     ) -> None:
+        """`host`: where RTP sockets are bound; `advertise`: the address the SDP answers
+        give for them (None: `host`; needed when `host` is a wildcard such as 0.0.0.0)."""
         self.manager = manager
+        self.advertise = advertise
         self.gate = gate
         self._send_bye = hangup
         self.host = host
@@ -78,6 +82,10 @@ class SipMediaCalls:
 
     def __len__(self) -> int:
         return len(self._calls)
+
+    def call_ids(self) -> list[str]:
+        """The SIP Call-IDs of the answered calls."""
+        return list(self._calls)
 
     def get(self, call_id: str) -> SipMediaCall:
         """A call by its SIP Call-ID or the id the app was given."""
@@ -153,7 +161,8 @@ class SipMediaCalls:
         sdp_id = secrets.randbelow(1 << 31)
         self._sdp_ids[call.call_id] = (sdp_id, 0)
         log.info("SIP call %s answered (session %s)", call.call_id, session.session_id)
-        return Answer(build_answer(negotiated, media.rtp.host, media.rtp.port, sdp_id))
+        address = self.advertise or media.rtp.host
+        return Answer(build_answer(negotiated, address, media.rtp.port, sdp_id))
 
     async def confirmed(self, call_id: str) -> None:
         call = self._calls.get(call_id)
@@ -174,7 +183,8 @@ class SipMediaCalls:
         sdp_id, version = self._sdp_ids.get(call_id, (0, 0))
         self._sdp_ids[call_id] = (sdp_id, version + 1)
         log.info("SIP call %s: re-INVITE, now %s", call_id, negotiated.direction)
-        return Answer(build_answer(negotiated, call.rtp.host, call.rtp.port, sdp_id, version + 1))
+        address = self.advertise or call.rtp.host
+        return Answer(build_answer(negotiated, address, call.rtp.port, sdp_id, version + 1))
 
     async def ended(self, call_id: str, reason: str) -> None:
         if call_id in self._answering:

@@ -1,4 +1,4 @@
-"""A sideband connection: a server-side controller attached to a running WebRTC call.
+"""A sideband connection: a server-side controller attached to a running call (WebRTC or SIP).
 
 OpenAI's pattern for keeping tools and business logic off the browser ("Webhooks and
 server-side controls"): the browser holds the call, media and data channel, and the
@@ -24,6 +24,7 @@ its own key. That WebSocket is a second connection to the call's session:
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 from starlette.websockets import WebSocket
 
@@ -32,7 +33,7 @@ from sessions.events import Event, SessionClosed
 
 from ..client_events import AudioFormats
 from ..dispatch import ClientEventDispatcher
-from ..webrtc.call import WebRTCCall
+from ..webrtc.call_events import CallEvents, CallListener
 from .connection import CLOSE_NORMAL
 from .openai_ws import ERROR_LIMIT, OpenAIRealtimeConnection
 
@@ -41,10 +42,28 @@ log = logging.getLogger("parley.realtime.websocket.sideband")
 CALL_ENDED = "call_ended"
 
 
+class SidebandCall(Protocol):
+    """What a sideband needs of a call: a WebRTC call (realtime/webrtc/call.py) and a SIP
+    call (realtime/sip/media_call.py) both are one. Either way the microphone is the call's
+    media, so the sideband follows the WebRTC transport's rules."""
+
+    @property
+    def call_id(self) -> str: ...
+    @property
+    def session(self) -> Session | None: ...
+    @property
+    def close_reason(self) -> str: ...
+    @property
+    def events(self) -> CallEvents: ...
+    def listen(self, listener: CallListener) -> bool: ...
+    def unlisten(self, listener: CallListener) -> None: ...
+    def clear(self) -> None: ...
+
+
 class SidebandConnection(OpenAIRealtimeConnection):
     OWNS_SESSION = False
 
-    def __init__(self, websocket: WebSocket, manager: SessionManager, call: WebRTCCall) -> None:
+    def __init__(self, websocket: WebSocket, manager: SessionManager, call: SidebandCall) -> None:
         session = call.session
         assert session is not None  # a registered call is attached to its session
         super().__init__(websocket, manager, formats=AudioFormats.for_config(session.config))
@@ -68,7 +87,7 @@ class SidebandConnection(OpenAIRealtimeConnection):
 
 
 async def serve_sideband(
-    websocket: WebSocket, manager: SessionManager, call: WebRTCCall, subprotocol: str | None
+    websocket: WebSocket, manager: SessionManager, call: SidebandCall, subprotocol: str | None
 ) -> None:
     """Serve one sideband WebSocket on `call` until either ends. The route has checked the
     caller's key and that the call exists."""

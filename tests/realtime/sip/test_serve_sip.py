@@ -1,0 +1,129 @@
+"""`parley serve --sip-port` as a whole: the app's lifespan runs the user agent server, the
+calls' media and sessions; sipp dials it. Without a webhook a call is answered at once and
+talks back; with `--sip-webhook` the app hears of the call first (a signed
+`realtime.call.incoming`, checked with the official openai SDK), accepts it with its own
+session settings through `POST /v1/realtime/calls/{call_id}/accept`, and watches the call
+over a sideband WebSocket (`/v1/realtime?call_id=`), which sees the call's events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from openai.types.webhooks import RealtimeCallIncomingWebhookEvent
+from websockets.asyncio.client import connect
+
+from realtime.sip.media_call import SipMediaCall
+from realtime.sip.webhook import new_secret
+from web.settings import Settings
+
+from ..apps import ServedApp, fake_graph_file, served_app
+from ..openai_sip_receiver import Delivery, webhook_receiver
+from .support import free_udp_port, requires_sipp
+from .test_media_sipp import scenario
+
+pytestmark = [requires_sipp, pytest.mark.slow]
+
+API_KEY = "sk-parley-sip-test"
+SECRET = new_secret()
+INSTRUCTIONS = "You answer the phone for Example Dental."
+
+
+async def dial(app: ServedApp, tmp: Path) -> asyncio.subprocess.Process:
+    """sipp calls the app's SIP port: a question, a wait for the answer, key 5, BYE."""
+    port = app.services.settings.sip_port
+    return await asyncio.create_subprocess_exec(
+        *["sipp", f"127.0.0.1:{port}", "-sf", str(scenario(tmp)), "-i", "127.0.0.1"],
+        *["-p", str(free_udp_port()), "-mp", str(free_udp_port()), "-m", "1", "-nostdin"],
+        *["-timeout", "30s", "-timeout_error"],
+        cwd=tmp,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def the_call(app: ServedApp) -> SipMediaCall:
+    running = app.services.running
+    assert running is not None and running.sip is not None
+    async with asyncio.timeout(10):
+        while not len(running.sip):
+            await asyncio.sleep(0.01)
+    (call_id,) = running.sip.call_ids()
+    return running.sip.get(call_id)
+
+
+@contextlib.asynccontextmanager
+async def sip_app(tmp: Path, redis_url: str, **settings: Any) -> AsyncIterator[ServedApp]:
+    graph = fake_graph_file(tmp)
+    chosen = Settings(pipeline=graph, sip_port=free_udp_port(), **settings)
+    async with served_app(chosen, redis_url) as app:
+        yield app
+
+
+async def test_a_call_is_answered_and_talks_back(tmp_path: Path, redis_url: str) -> None:
+    async with sip_app(tmp_path, redis_url) as app:
+        sipp = await dial(app, tmp_path)
+        call = await the_call(app)
+        _, stderr = await sipp.communicate()
+        assert sipp.returncode == 0, stderr.decode(errors="replace")
+        assert call.rtp.audible_packets > 25  # the answer, as audio
+        running = app.services.running
+        assert running is not None and running.sip is not None
+        async with asyncio.timeout(5):
+            while len(running.sip) or len(running.manager):
+                await asyncio.sleep(0.01)
+
+
+async def test_the_app_accepts_the_call_and_watches_it_over_a_sideband(
+    tmp_path: Path, redis_url: str
+) -> None:
+    accepted: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    async with contextlib.AsyncExitStack() as stack:
+        receiver = await stack.enter_async_context(webhook_receiver())
+        app = await stack.enter_async_context(
+            sip_app(
+                tmp_path,
+                redis_url,
+                api_key=API_KEY,
+                sip_webhook=receiver.url,
+                sip_webhook_secret=SECRET,
+            )
+        )
+        sdk = openai.AsyncOpenAI(api_key=API_KEY, base_url=f"{app.http_url}/v1", max_retries=0)
+        stack.push_async_callback(sdk.close)
+
+        async def on_call(delivery: Delivery) -> None:
+            event = sdk.webhooks.unwrap(delivery.body, delivery.headers, secret=SECRET)
+            assert isinstance(event, RealtimeCallIncomingWebhookEvent)
+            await sdk.realtime.calls.accept(
+                event.data.call_id, type="realtime", instructions=INSTRUCTIONS
+            )
+            accepted.set_result(event.data.call_id)
+
+        receiver.handler = on_call
+        sipp = await dial(app, tmp_path)
+        call_id = await asyncio.wait_for(accepted, 10)
+        call = await the_call(app)
+        assert call.session is not None and call.session.config.instructions == INSTRUCTIONS
+        seen: list[str] = []
+        url = f"{app.ws_url}/v1/realtime?call_id={call_id}"
+        async with connect(url, additional_headers={"Authorization": f"Bearer {API_KEY}"}) as ws:
+            async with asyncio.timeout(20):
+                async for message in ws:
+                    seen.append(json.loads(message)["type"])
+                    if seen[-1] == "response.done":
+                        break
+        for expected in (
+            "input_audio_buffer.speech_started",
+            "conversation.item.input_audio_transcription.completed",
+            "response.created",
+        ):
+            assert expected in seen, (expected, seen)
+        _, stderr = await sipp.communicate()
+        assert sipp.returncode == 0, stderr.decode(errors="replace")
