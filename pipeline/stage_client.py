@@ -8,6 +8,13 @@ When the link is lost, every request in flight gets an ErrorChunk at once, and t
 decides what happens next (a worker is restarted; a remote stage is waited for). Subclasses
 provide `start`, `close` and call `_attach` / react in `_on_lost`.
 
+On the link a request goes by a key of its own, its id and a count (`resp_1#7`; the engine
+over there sees that key as the request's id), never by the bare id: a caller may use an id
+again once its request has ended (the omni bench does, from one concurrency level to the
+next), and the serving side's `Done`, or any chunk, for the last use can still be on its way
+then. Keyed by the bare id, that late `Done` closed the new request's stream: it ended with
+no End and no output, which a graph takes as finished.
+
 A stage whose link cannot see it die (a remote stage over Redis) says `Alive` every
 second; with `liveness_s` set, a stage silent that long, or a link whose transport is down,
 is marked down: its requests in flight fail at once, new ones fail fast instead of waiting
@@ -59,6 +66,10 @@ class LinkedStage(EntryEngine, StreamEngine):
         self._ready = asyncio.Event()
         self._closing = False
         self._requests: dict[str, Channel[Chunk]] = {}
+        """per link key (a request's id and a count): where its chunks go"""
+        self._keys: dict[str, str] = {}
+        """per request id in flight: its link key (for `abort`)"""
+        self._uses = itertools.count()
         self._stats: dict[int, asyncio.Future[int]] = {}
         self._tokens = itertools.count()
 
@@ -145,7 +156,8 @@ class LinkedStage(EntryEngine, StreamEngine):
 
     async def _lost(self, link: Link) -> None:
         self._ready.clear()
-        for rid, channel in list(self._requests.items()):
+        for key, channel in list(self._requests.items()):
+            rid = key.rpartition("#")[0]
             channel.close_with(
                 ErrorChunk(f"the {self.name} worker stopped while serving {rid}", self.name)
             )
@@ -180,12 +192,21 @@ class LinkedStage(EntryEngine, StreamEngine):
         return self._link
 
     async def abort(self, request_id: str) -> None:
-        channel = self._requests.pop(request_id, None)
-        if channel is not None:
-            channel.discard()
+        if (key := self._keys.get(request_id)) is not None:
+            await self._abort_key(request_id, key)
+
+    async def _abort_key(self, request_id: str, key: str) -> None:
+        self._forget(request_id, key)
         if self._link is not None:
             with contextlib.suppress(LinkClosed, LinkUnavailable):
-                await self._link.send(Abort(request_id))
+                await self._link.send(Abort(key))
+
+    def _forget(self, request_id: str, key: str) -> None:
+        """Stop routing anything that comes for this use of the id."""
+        if (channel := self._requests.pop(key, None)) is not None:
+            channel.discard()
+        if self._keys.get(request_id) == key:
+            del self._keys[request_id]
 
     async def forget_session(self, session_id: str) -> None:
         """Passed on to the engine over the link; a stage that is gone has nothing to drop
@@ -209,7 +230,9 @@ class LinkedStage(EntryEngine, StreamEngine):
             yield ErrorChunk(f"the {self.name} stage is not running", self.name)
             return
         channel: Channel[Chunk] = Channel(REQUEST_CHANNEL_SIZE)
-        self._requests[request_id] = channel
+        key = f"{request_id}#{next(self._uses)}"
+        self._requests[key] = channel
+        self._keys[request_id] = key
         upstream: StageInput | None
         match inputs:
             case StageInput():
@@ -219,10 +242,10 @@ class LinkedStage(EntryEngine, StreamEngine):
         feeder: asyncio.Task[None] | None = None
         finished = False
         try:
-            await link.send(Generate(request_id, request, streamed=upstream is not None))
+            await link.send(Generate(key, request, streamed=upstream is not None))
             if upstream is not None:
                 # a task and not a TaskGroup: its scope spans this generator's yields
-                feeder = asyncio.create_task(self._feed(link, request_id, upstream))
+                feeder = asyncio.create_task(self._feed(link, key, upstream))
             async for chunk in channel:
                 yield chunk
                 if isinstance(chunk, End | ErrorChunk):
@@ -239,13 +262,13 @@ class LinkedStage(EntryEngine, StreamEngine):
         finally:
             await cancel_and_wait(feeder)
             if finished:
-                self._requests.pop(request_id, None)
+                self._forget(request_id, key)
             else:
-                await self.abort(request_id)
+                await self._abort_key(request_id, key)
 
-    async def _feed(self, link: Link, request_id: str, inputs: StageInput) -> None:
+    async def _feed(self, link: Link, key: str, inputs: StageInput) -> None:
         """Forward the upstream chunks of a streamed request to the stage."""
         with contextlib.suppress(LinkClosed, LinkUnavailable):
             async for chunk in inputs.chunks:
-                await link.send(Input(request_id, chunk))
-            await link.send(InputEnd(request_id))
+                await link.send(Input(key, chunk))
+            await link.send(InputEnd(key))
