@@ -14,33 +14,27 @@ SIP side ended it, or the session closed itself).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
 
-from sessions import ParleyError, PlayoutBuffer, PlayoutSink, Session, SessionClosedError
-from sessions.events import Event, SessionClosed
+from sessions import ParleyError, PlayoutBuffer, Session, SessionClosedError
 
-from ..webrtc.call_events import CallEvents, CallListener
+from ..session_call import SessionCall
 from .rtp_session import PACKET_MS, RATE, RtpEndpoint
 from .sdp_audio import Negotiated
 
 log = logging.getLogger("parley.realtime.sip")
 
-SESSION_CLOSE_TIMEOUT_S = 10.0
 
-
-class SipMediaCall(PlayoutSink):
+class SipMediaCall(SessionCall):
     def __init__(
         self, call_id: str, media: Negotiated, playout_ms: int = 2_000, rtcp_interval_s: float = 5.0
     ) -> None:
-        super().__init__(PlayoutBuffer(RATE, playout_ms, piece_ms=PACKET_MS))
-        self.call_id = call_id
-        """The SIP Call-ID."""
+        super().__init__(call_id, PlayoutBuffer(RATE, playout_ms, piece_ms=PACKET_MS))
         self.app_call_id: str | None = None
-        """The id an app was given for the call (OpenAI's SIP flow), if any."""
-        self.session: Session | None = None
+        """The id an app was given for the call (OpenAI's SIP flow), if any; `call_id` is
+        the SIP Call-ID."""
         self.rtp = RtpEndpoint(
             media,
             self.playout,
@@ -49,13 +43,9 @@ class SipMediaCall(PlayoutSink):
             rtcp_interval_s=rtcp_interval_s,
             on_playing=self._playing,
         )
-        self.events = CallEvents()
-        self.close_reason = ""
         self.confirmed = False
         self.cleared_at: list[float] = []
         """Monotonic times of clears that dropped queued audio (barge-in)."""
-        self._end = asyncio.Event()
-        self._closed = False
 
     async def open(self, host: str) -> None:
         await self.rtp.open(host)
@@ -87,46 +77,18 @@ class SipMediaCall(PlayoutSink):
 
     # --- the call's life -----------------------------------------------------------------
 
-    def listen(self, listener: CallListener) -> bool:
-        return self.events.listen(listener)
-
-    def unlisten(self, listener: CallListener) -> None:
-        self.events.unlisten(listener)
-
-    def request_close(self, reason: str) -> None:
-        if not self._end.is_set():
-            self.close_reason = reason
-            self._end.set()
-
     async def watch(self) -> None:
         await self._end.wait()
 
     async def close(self, reason: str = "hangup") -> None:
         """End the session, then the RTP endpoint. Idempotent."""
-        if self._closed:
+        if not self._closing(reason):
             return
-        self._closed = True
-        self.request_close(reason)
-        if self.session is not None:
-            try:
-                async with asyncio.timeout(SESSION_CLOSE_TIMEOUT_S):
-                    await self.session.close(self.close_reason)
-            except TimeoutError:
-                log.warning("call %s: the session did not close in time", self.call_id)
+        await self._close_session()
         self.playout.close()
         self.events.end(self.close_reason)
         await self.rtp.close()
 
-    # --- OutputSink ----------------------------------------------------------------------
-
-    def event(self, event: Event) -> None:
-        extra = self.session is not None and self.session.config.extra_events
-        self.events.session_event(event, extra_events=extra)
-        if isinstance(event, SessionClosed):
-            self.request_close(event.reason)
-
-    def clear(self) -> None:
-        if self.playout.queued_ms > 0:
-            self.cleared_at.append(time.monotonic())
-            self.events.playout("cleared")
-        super().clear()
+    def _cleared(self) -> None:
+        self.cleared_at.append(time.monotonic())
+        super()._cleared()

@@ -28,13 +28,12 @@ from typing import Any
 from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
 
 from pipeline.tasks import cancel_all
-from sessions import PlayoutBuffer, PlayoutSink, Session
-from sessions.events import Event, SessionClosed
+from sessions import PlayoutBuffer, Session
 
 from ..client_events import ProtocolError
 from ..dispatch import ClientEventDispatcher
 from ..metrics import TransportMetrics
-from .call_events import CallEvents, CallListener
+from ..session_call import SessionCall
 from .inbound import drain_audio, drain_video
 from .outbound import OUTPUT_RATE, OutboundAudioTrack
 from .peer import close_peer
@@ -49,7 +48,6 @@ MAX_MESSAGE_BYTES = 256 * 1024
 """aiortc's SCTP `max-message-size` in our answer; a conforming client sends no more."""
 ERROR_LIMIT = 20
 """`error` events about the client's own messages per second; the rest are summarised."""
-SESSION_CLOSE_TIMEOUT_S = 10.0
 
 
 _EVENT_ID = re.compile(rb'"event_id"\s*:\s*"([^"\\]{1,256})"')
@@ -74,7 +72,7 @@ class CallOptions:
     playout_ms: int = 2_000
 
 
-class WebRTCCall(PlayoutSink):
+class WebRTCCall(SessionCall):
     def __init__(
         self,
         call_id: str,
@@ -82,26 +80,19 @@ class WebRTCCall(PlayoutSink):
         options: CallOptions,
         metrics: TransportMetrics | None = None,
     ) -> None:
-        self.call_id = call_id
+        super().__init__(call_id, PlayoutBuffer(OUTPUT_RATE, options.playout_ms))
         self.pc = pc
         self.options = options
-        self.session: Session | None = None
-        super().__init__(PlayoutBuffer(OUTPUT_RATE, options.playout_ms))
         self.metrics = metrics or TransportMetrics()
         self.track = OutboundAudioTrack(
             self.playout, self._audio_started, self._audio_stopped, self.metrics.frame
         )
-        self.close_reason = ""
-        self.events = CallEvents()
-        """The server events: to the data channel, and to sideband listeners."""
         self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue(INBOUND_MESSAGES)
         self._inbox_bytes = 0
         self._early_tracks: list[MediaStreamTrack] = []
         self.refused_messages = 0
         """Client messages dropped (inbox full) or refused (too large)."""
         self._tasks: set[asyncio.Task[None]] = set()
-        self._end = asyncio.Event()
-        self._closed = False
         self._dispatcher: ClientEventDispatcher | None = None
         self._created = time.monotonic()
         pc.on("track", self._on_track)
@@ -184,20 +175,7 @@ class WebRTCCall(PlayoutSink):
         finally:
             self._dispatcher.close()
 
-    def listen(self, listener: CallListener) -> bool:
-        """A sideband connection reads the call's events from now on (False once the call
-        has ended); it is told when the call ends."""
-        return self.events.listen(listener)
-
-    def unlisten(self, listener: CallListener) -> None:
-        self.events.unlisten(listener)
-
     # --- the call's life -----------------------------------------------------------------
-
-    def request_close(self, reason: str) -> None:
-        if not self._end.is_set():
-            self.close_reason = reason
-            self._end.set()
 
     async def watch(self) -> None:
         """Returns when the call should end."""
@@ -227,40 +205,14 @@ class WebRTCCall(PlayoutSink):
 
         Each step has a deadline, so a session that is slow to end cannot keep the peer
         connection (its sockets) open."""
-        if self._closed:
+        if not self._closing(reason):
             return
-        self._closed = True
-        self.request_close(reason)
-        if self.session is not None:
-            try:
-                async with asyncio.timeout(SESSION_CLOSE_TIMEOUT_S):
-                    await self.session.close(self.close_reason)
-            except TimeoutError:
-                log.warning(
-                    "call %s: session %s did not close within %.0f s; closing the call anyway",
-                    self.call_id,
-                    self.session.session_id,
-                    SESSION_CLOSE_TIMEOUT_S,
-                )
+        await self._close_session()
         self.events.end(self.close_reason)
         await cancel_all(self._tasks)
         self._early_tracks.clear()
         self.track.stop()
         await close_peer(self.pc)
-
-    # --- OutputSink ----------------------------------------------------------------------
-
-    def event(self, event: Event) -> None:
-        extra = self.session is not None and self.session.config.extra_events
-        self.events.session_event(event, extra_events=extra)
-        if isinstance(event, SessionClosed):
-            self.request_close(event.reason)
-
-    def clear(self) -> None:
-        had_audio = self.playout.queued_ms > 0
-        super().clear()
-        if had_audio:
-            self.events.playout("cleared")
 
     # --- helpers -------------------------------------------------------------------------
 
