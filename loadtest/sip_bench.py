@@ -1,0 +1,254 @@
+"""Benchmark: SIP calls held at once with audio both ways, and barge-in latency over RTP.
+
+A `parley serve --pipeline echo --sip-port` runs in a child process (the echo graph answers
+each turn with the caller's own words, so no model is the bottleneck, only the transport,
+the sessions and turn detection). Per step of N concurrent calls, sipp places N - P of
+them (`-l`/`-r`, its `rtp_stream` looping a spoken question the whole call, so Parley hears
+speech and answers with audio), and P are placed by `loadtest.sip_probe`, which speaks the
+same way and timestamps every RTP packet Parley sends back: a gap over 30 ms between two
+arrivals counts as a late packet. Parley's pacing counters stay in the server, so late
+packets are measured where a phone would hear them. Also per step: calls answered, the
+server's CPU (its process tree, % of one core), sipp's CPU and this process's event loop
+lag (a 10 ms ticker's worst overshoot: the probe's clock is only as good as this loop).
+
+Barge-in: one probe call asks, and once 300 ms of the answer has arrived it speaks over it;
+the latency is from the first sample of that speech to the last audible answer packet
+received (p50/p95 over `--trials`).
+
+    .venv/bin/python -m loadtest.sip_bench [--calls 1,10,20,30] [--seconds 20] [--probes 2]
+        [--trials 10] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import psutil
+
+from .sip_probe import Probe
+from .sip_sipp import SippRun
+from .speech import silence, speak, trim_silence
+
+QUESTION = "What is the capital of France, and how many people live there?"
+INTERRUPTION = "Stop, stop, wait a moment please."
+SERVER_START_S = 120.0
+
+
+def _free_port(kind: int) -> int:
+    with socket.socket(socket.AF_INET, kind) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def sip_server(max_sessions: int) -> Iterator[tuple[psutil.Process, int]]:
+    """`parley serve --pipeline echo --sip-port` on loopback, ready: (process, SIP port)."""
+    port, sip_port = _free_port(socket.SOCK_STREAM), _free_port(socket.SOCK_DGRAM)
+    exe = Path(sys.executable).parent / "parley"
+    cmd = [str(exe), "serve", "--pipeline", "echo", "--port", str(port)]
+    cmd += ["--sip-port", str(sip_port), "--max-sessions", str(max_sessions)]
+    proc = subprocess.Popen([*cmd, "--log-level", "warning"], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + SERVER_START_S
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+                    break
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"{' '.join(cmd)}: not ready")
+            time.sleep(0.1)
+        yield psutil.Process(proc.pid), sip_port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class _CpuMeter:
+    """CPU seconds of a process and its children between `start` and `stop`, % of a core."""
+
+    def __init__(self, proc: psutil.Process) -> None:
+        self.proc = proc
+        self._cpu0 = self._t0 = 0.0
+
+    def _cpu(self) -> float:
+        total = 0.0
+        for p in [self.proc, *self.proc.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                times = p.cpu_times()
+                total += times.user + times.system
+        return total
+
+    def start(self) -> None:
+        self._cpu0, self._t0 = self._cpu(), time.monotonic()
+
+    def stop(self) -> float:
+        return 100 * (self._cpu() - self._cpu0) / max(time.monotonic() - self._t0, 1e-9)
+
+
+async def _loop_lag(lags: list[float]) -> None:
+    while True:
+        due = time.monotonic() + 0.01
+        await asyncio.sleep(0.01)
+        lags.append(time.monotonic() - due)
+
+
+def _speech() -> tuple[np.ndarray, np.ndarray]:
+    question = np.concatenate([trim_silence(speak(QUESTION, rate=8000)), silence(1000, 8000)])
+    stop = np.concatenate([trim_silence(speak(INTERRUPTION, rate=8000)), silence(600, 8000)])
+    return question, stop
+
+
+async def _talk(probe: Probe, pcm: np.ndarray) -> None:
+    while True:
+        await probe.say(pcm)
+
+
+async def step(
+    server: psutil.Process, sip_port: int, calls: int, seconds: float, probes: int, work: Path
+) -> dict[str, Any]:
+    """`calls` held for `seconds`: sipp places calls - probes, the probes the rest."""
+    question, _ = _speech()
+    probes = min(probes, calls)
+    lags: list[float] = []
+    lag_task = asyncio.create_task(_loop_lag(lags))
+    meter = _CpuMeter(server)
+    meter.start()
+    sipp = SippRun(sip_port, calls - probes, seconds, question, work)
+    peers = [Probe(("127.0.0.1", sip_port)) for _ in range(probes)]
+    try:
+        await sipp.start()
+        await asyncio.gather(*(p.dial() for p in peers))
+        answered_at = time.monotonic()
+        talkers = [asyncio.create_task(_talk(p, question)) for p in peers]
+        await asyncio.sleep(seconds)
+        for task in talkers:
+            task.cancel()
+        await asyncio.gather(*talkers, return_exceptions=True)
+    finally:
+        await asyncio.gather(*(p.hang_up() for p in peers), return_exceptions=True)
+        sipp_result = await sipp.finish()
+        server_cpu = meter.stop()
+        lag_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await lag_task
+    late = received = audible = 0
+    for p in peers:
+        audible += len(p.loud_times(since=answered_at))
+        # from one second after the answer: the first packets race the latch onto our port
+        n_late, n = p.late_gaps(since=answered_at + 1.0)
+        late, received = late + n_late, received + n
+    expected = probes * (seconds - 1.0) / 0.02
+    return {
+        "calls": calls,
+        "sipp_calls": calls - probes,
+        "probe_calls": probes,
+        "answered": sipp_result.successful + sum(p.answered or bool(p.arrivals) for p in peers),
+        "sipp_failed": sipp_result.failed,
+        "probe_packets": received,
+        "probe_packets_expected": round(expected),
+        "probe_audible_pct": round(100 * audible / max(received, 1), 1),
+        "late_packets_pct": round(100 * late / max(received, 1), 2),
+        "server_cpu_pct": round(server_cpu, 1),
+        "sipp_cpu_pct": round(sipp_result.cpu_pct, 1),
+        "loop_lag_max_ms": round(1000 * max(lags, default=0.0), 1),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "loop_lag_p99_ms": round(1000 * float(np.percentile(lags, 99)) if lags else 0.0, 1),
+    }
+
+
+async def barge_in(sip_port: int, trials: int) -> dict[str, Any]:
+    """One call: ask, hear 300 ms of the answer, speak over it; first sample -> last audio."""
+    question, stop = _speech()
+    probe = Probe(("127.0.0.1", sip_port))
+    latencies: list[float] = []
+    await probe.dial()
+    try:
+        for _ in range(trials):
+            asked = await probe.say(question)
+            async with asyncio.timeout(15):
+                await probe.hear(15, since=asked)
+            cut = await probe.say(stop)
+            # the answer to the interruption cannot start before the interruption ends
+            old = probe.loud_times(since=cut, until=cut + len(stop) / 8000)
+            latencies.append(1000 * ((old[-1] if old else cut) - cut))
+            await _quiet(probe, 1.5)
+    finally:
+        await probe.hang_up()
+    return {
+        "trials": trials,
+        "barge_in_p50_ms": round(float(np.percentile(latencies, 50)), 1),
+        "barge_in_p95_ms": round(float(np.percentile(latencies, 95)), 1),
+        "barge_in_ms": [round(x, 1) for x in latencies],
+    }
+
+
+async def _quiet(probe: Probe, seconds: float) -> None:
+    """Wait until no audible packet has arrived for `seconds` (the echo answer is over)."""
+    async with asyncio.timeout(30):
+        while True:
+            loud = probe.loud_times(since=time.monotonic() - seconds)
+            if not loud and time.monotonic() - probe.arrivals[-1] < 0.1:
+                return
+            await asyncio.sleep(0.05)
+
+
+async def run(
+    steps: list[int], seconds: float, probes: int, trials: int, work: Path
+) -> dict[str, Any]:
+    with sip_server(max(steps) + 2) as (server, sip_port):
+        results = [await step(server, sip_port, n, seconds, probes, work) for n in steps]
+        barge = await barge_in(sip_port, trials) if trials else {}
+    return {"steps": results, "barge_in": barge, "cores": psutil.cpu_count()}
+
+
+def table(report: dict[str, Any]) -> str:
+    cols = ["calls", "answered", "late_packets_pct", "server_cpu_pct", "sipp_cpu_pct"]
+    cols += ["loop_lag_max_ms", "probe_packets"]
+    lines = [" | ".join(cols)]
+    lines += [" | ".join(str(s[c]) for c in cols) for s in report["steps"]]
+    barge = report["barge_in"]
+    if barge:
+        lines.append(
+            f"barge-in over RTP ({barge['trials']} trials): p50 {barge['barge_in_p50_ms']} ms, "
+            f"p95 {barge['barge_in_p95_ms']} ms (first interrupting sample -> last answer packet)"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="SIP calls held, and barge-in over RTP")
+    parser.add_argument("--calls", default="1,10,20,30", help="concurrent calls per step")
+    parser.add_argument("--seconds", type=float, default=20.0, help="each step's calls held")
+    parser.add_argument("--probes", type=int, default=2, help="measuring calls per step")
+    parser.add_argument("--trials", type=int, default=10, help="barge-in trials (0: none)")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    args = parser.parse_args(argv)
+    steps = [int(n) for n in args.calls.split(",")]
+    with tempfile.TemporaryDirectory(prefix="sip_bench") as tmp:
+        report = asyncio.run(run(steps, args.seconds, args.probes, args.trials, Path(tmp)))
+    report["seconds"] = args.seconds
+    print(table(report))
+    if args.json:
+        args.json.write_text(json.dumps({**report, "date": time.ctime()}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
