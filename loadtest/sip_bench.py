@@ -46,6 +46,9 @@ from .speech import silence, speak, trim_silence
 QUESTION = "What is the capital of France, and how many people live there?"
 INTERRUPTION = "Stop, stop, wait a moment please."
 SERVER_START_S = 120.0
+HELD_PAUSE_MS = 6000
+"""Held calls pause this long after each question: the echo's answer (as long as the
+question) plays out whole, so a call carries about as much audio out as in."""
 
 
 def _free_port(kind: int) -> int:
@@ -82,11 +85,14 @@ def sip_server(max_sessions: int) -> Iterator[tuple[psutil.Process, int]]:
 
 
 class _CpuMeter:
-    """CPU seconds of a process and its children between `start` and `stop`, % of a core."""
+    """Between `start` and `stop`: the CPU of a process and its children (% of one core),
+    and how long its main thread (the event loop) sat runnable waiting for a core (% of
+    the wall time, from the kernel's schedstat): on a shared machine that wait, not the
+    server's own CPU, is what makes a packet late."""
 
     def __init__(self, proc: psutil.Process) -> None:
         self.proc = proc
-        self._cpu0 = self._t0 = 0.0
+        self._cpu0 = self._wait0 = self._t0 = 0.0
 
     def _cpu(self) -> float:
         total = 0.0
@@ -96,11 +102,18 @@ class _CpuMeter:
                 total += times.user + times.system
         return total
 
-    def start(self) -> None:
-        self._cpu0, self._t0 = self._cpu(), time.monotonic()
+    def _wait(self) -> float:
+        path = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/schedstat")
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            return int(path.read_text().split()[1]) / 1e9
+        return 0.0
 
-    def stop(self) -> float:
-        return 100 * (self._cpu() - self._cpu0) / max(time.monotonic() - self._t0, 1e-9)
+    def start(self) -> None:
+        self._cpu0, self._wait0, self._t0 = self._cpu(), self._wait(), time.monotonic()
+
+    def stop(self) -> tuple[float, float]:
+        wall = max(time.monotonic() - self._t0, 1e-9)
+        return 100 * (self._cpu() - self._cpu0) / wall, 100 * (self._wait() - self._wait0) / wall
 
 
 async def _loop_lag(lags: list[float]) -> None:
@@ -110,8 +123,9 @@ async def _loop_lag(lags: list[float]) -> None:
         lags.append(time.monotonic() - due)
 
 
-def _speech() -> tuple[np.ndarray, np.ndarray]:
-    question = np.concatenate([trim_silence(speak(QUESTION, rate=8000)), silence(1000, 8000)])
+def _speech(pause_ms: int = 1000) -> tuple[np.ndarray, np.ndarray]:
+    """The question then `pause_ms` of silence, and the interruption (8 kHz)."""
+    question = np.concatenate([trim_silence(speak(QUESTION, rate=8000)), silence(pause_ms, 8000)])
     stop = np.concatenate([trim_silence(speak(INTERRUPTION, rate=8000)), silence(600, 8000)])
     return question, stop
 
@@ -125,7 +139,7 @@ async def step(
     server: psutil.Process, sip_port: int, calls: int, seconds: float, probes: int, work: Path
 ) -> dict[str, Any]:
     """`calls` held for `seconds`: sipp places calls - probes, the probes the rest."""
-    question, _ = _speech()
+    question, _ = _speech(HELD_PAUSE_MS)
     probes = min(probes, calls)
     lags: list[float] = []
     lag_task = asyncio.create_task(_loop_lag(lags))
@@ -145,12 +159,14 @@ async def step(
     finally:
         await asyncio.gather(*(p.hang_up() for p in peers), return_exceptions=True)
         sipp_result = await sipp.finish()
-        server_cpu = meter.stop()
+        server_cpu, server_wait = meter.stop()
         lag_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await lag_task
     late = received = audible = 0
+    gaps: list[float] = []
     for p in peers:
+        gaps += p.gaps(since=answered_at + 1.0)
         audible += len(p.loud_times(since=answered_at))
         # from one second after the answer: the first packets race the latch onto our port
         n_late, n = p.late_gaps(since=answered_at + 1.0)
@@ -166,7 +182,10 @@ async def step(
         "probe_packets_expected": round(expected),
         "probe_audible_pct": round(100 * audible / max(received, 1), 1),
         "late_packets_pct": round(100 * late / max(received, 1), 2),
+        "gap_p99_ms": round(1000 * float(np.percentile(gaps, 99)) if gaps else 0.0, 1),
+        "gap_max_ms": round(1000 * max(gaps, default=0.0), 1),
         "server_cpu_pct": round(server_cpu, 1),
+        "server_loop_runqueue_wait_pct": round(server_wait, 1),
         "sipp_cpu_pct": round(sipp_result.cpu_pct, 1),
         "loop_lag_max_ms": round(1000 * max(lags, default=0.0), 1),
         "load_average_1m": round(os.getloadavg()[0], 2),
@@ -220,8 +239,9 @@ async def run(
 
 
 def table(report: dict[str, Any]) -> str:
-    cols = ["calls", "answered", "late_packets_pct", "server_cpu_pct", "sipp_cpu_pct"]
-    cols += ["loop_lag_max_ms", "probe_packets"]
+    cols = ["calls", "answered", "late_packets_pct", "gap_p99_ms", "gap_max_ms"]
+    cols += ["server_cpu_pct", "server_loop_runqueue_wait_pct", "sipp_cpu_pct"]
+    cols += ["loop_lag_max_ms", "load_average_1m"]
     lines = [" | ".join(cols)]
     lines += [" | ".join(str(s[c]) for c in cols) for s in report["steps"]]
     barge = report["barge_in"]

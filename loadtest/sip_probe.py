@@ -105,11 +105,15 @@ class Probe:
             await asyncio.sleep(max(0.0, start + (n + 1) * 0.02 - time.monotonic()))
         return start
 
+    def gaps(self, since: float = 0.0) -> list[float]:
+        """Seconds between consecutive arrivals after `since`."""
+        times = [t for t in self.arrivals if t >= since]
+        return [b - a for a, b in itertools.pairwise(times)]
+
     def late_gaps(self, since: float = 0.0) -> tuple[int, int]:
         """(gaps over LATE_GAP_S, packets received) for arrivals after `since`."""
-        times = [t for t in self.arrivals if t >= since]
-        late = sum(1 for a, b in itertools.pairwise(times) if b - a > LATE_GAP_S)
-        return late, len(times)
+        gaps = self.gaps(since)
+        return sum(1 for gap in gaps if gap > LATE_GAP_S), len(gaps) + bool(gaps)
 
     def loud_times(self, since: float = 0.0, until: float = float("inf")) -> list[float]:
         return [

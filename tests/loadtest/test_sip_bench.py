@@ -25,6 +25,9 @@ STEP_FIGURES = {
     "probe_packets_expected",
     "probe_audible_pct",
     "late_packets_pct",
+    "gap_p99_ms",
+    "gap_max_ms",
+    "server_loop_runqueue_wait_pct",
     "server_cpu_pct",
     "sipp_cpu_pct",
     "loop_lag_max_ms",
@@ -57,17 +60,18 @@ def test_gaps_over_30_ms_count_as_late() -> None:
     assert probe.late_gaps() == (2, 6)
     assert probe.late_gaps(since=0.1) == (1, 3)
     assert probe.loud_times(since=0.03) == [0.04, 0.12]
+    assert probe.gaps(since=0.1) == pytest.approx([0.02, 0.035])
 
 
 @requires_sipp
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_a_tiny_step_and_a_barge_in_report_every_figure(tmp_path: Path) -> None:
-    report = await run([2], seconds=4.0, probes=1, trials=1, work=tmp_path)
+    report = await run([2], seconds=6.0, probes=1, trials=1, work=tmp_path)
     (step,) = report["steps"]
     assert set(step) == STEP_FIGURES
     assert step["answered"] == 2 and step["sipp_calls"] == 1 and step["sipp_failed"] == 0
-    # ~3 s measured of 20 ms packets, and the echo answered the probe's speech with audio
+    # ~5 s measured of 20 ms packets, and the echo answered the probe's speech with audio
     assert step["probe_packets"] > 0.8 * step["probe_packets_expected"]
     assert step["probe_audible_pct"] > 0
     assert 0 <= step["late_packets_pct"] < 20
