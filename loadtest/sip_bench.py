@@ -16,7 +16,7 @@ the latency is from the first sample of that speech to the last audible answer p
 received (p50/p95 over `--trials`).
 
     .venv/bin/python -m loadtest.sip_bench [--calls 1,10,20,30] [--seconds 20] [--probes 2]
-        [--trials 10] [--json PATH]
+        [--ramp 1] [--trials 10] [--json PATH]
 """
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ class _CpuMeter:
 
     def __init__(self, proc: psutil.Process) -> None:
         self.proc = proc
-        self._cpu0 = self._wait0 = self._t0 = 0.0
+        self._cpu0 = self._t0 = 0.0
+        self._loop0 = (0.0, 0.0)
 
     def _cpu(self) -> float:
         total = 0.0
@@ -102,18 +103,23 @@ class _CpuMeter:
                 total += times.user + times.system
         return total
 
-    def _wait(self) -> float:
+    def _loop(self) -> tuple[float, float]:
+        """The main thread's (seconds on a core, seconds waiting for one)."""
         path = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/schedstat")
         with contextlib.suppress(OSError, ValueError, IndexError):
-            return int(path.read_text().split()[1]) / 1e9
-        return 0.0
+            ran, waited = path.read_text().split()[:2]
+            return int(ran) / 1e9, int(waited) / 1e9
+        return 0.0, 0.0
 
     def start(self) -> None:
-        self._cpu0, self._wait0, self._t0 = self._cpu(), self._wait(), time.monotonic()
+        self._cpu0, self._loop0, self._t0 = self._cpu(), self._loop(), time.monotonic()
 
-    def stop(self) -> tuple[float, float]:
+    def stop(self) -> tuple[float, float, float]:
+        """% of the wall time: CPU of the tree, the loop's CPU, the loop's wait for a core."""
         wall = max(time.monotonic() - self._t0, 1e-9)
-        return 100 * (self._cpu() - self._cpu0) / wall, 100 * (self._wait() - self._wait0) / wall
+        (ran0, waited0), (ran, waited) = self._loop0, self._loop()
+        cpu = self._cpu() - self._cpu0
+        return 100 * cpu / wall, 100 * (ran - ran0) / wall, 100 * (waited - waited0) / wall
 
 
 async def _loop_lag(lags: list[float]) -> None:
@@ -136,19 +142,29 @@ async def _talk(probe: Probe, pcm: np.ndarray) -> None:
 
 
 async def step(
-    server: psutil.Process, sip_port: int, calls: int, seconds: float, probes: int, work: Path
+    server: psutil.Process,
+    sip_port: int,
+    calls: int,
+    seconds: float,
+    probes: int,
+    work: Path,
+    ramp: float = 1.0,
 ) -> dict[str, Any]:
-    """`calls` held for `seconds`: sipp places calls - probes, the probes the rest."""
+    """`calls` held together for `seconds`: sipp places calls - probes, spread over `ramp`
+    seconds (1 s: every call's turns end at about the same moment, the worst case), then
+    the probes the rest; what is measured starts once all are placed."""
     question, _ = _speech(HELD_PAUSE_MS)
     probes = min(probes, calls)
     lags: list[float] = []
-    lag_task = asyncio.create_task(_loop_lag(lags))
     meter = _CpuMeter(server)
-    meter.start()
-    sipp = SippRun(sip_port, calls - probes, seconds, question, work)
+    sipp = SippRun(sip_port, calls - probes, seconds + ramp, question, work, ramp)
     peers = [Probe(("127.0.0.1", sip_port)) for _ in range(probes)]
+    lag_task = asyncio.create_task(_loop_lag(lags))
     try:
         await sipp.start()
+        await asyncio.sleep(ramp)
+        meter.start()
+        lags.clear()
         await asyncio.gather(*(p.dial() for p in peers))
         answered_at = time.monotonic()
         talkers = [asyncio.create_task(_talk(p, question)) for p in peers]
@@ -159,7 +175,7 @@ async def step(
     finally:
         await asyncio.gather(*(p.hang_up() for p in peers), return_exceptions=True)
         sipp_result = await sipp.finish()
-        server_cpu, server_wait = meter.stop()
+        server_cpu, loop_cpu, server_wait = meter.stop()
         lag_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await lag_task
@@ -176,6 +192,7 @@ async def step(
         "calls": calls,
         "sipp_calls": calls - probes,
         "probe_calls": probes,
+        "ramp_s": ramp,
         "answered": sipp_result.successful + sum(p.answered or bool(p.arrivals) for p in peers),
         "sipp_failed": sipp_result.failed,
         "probe_packets": received,
@@ -185,6 +202,7 @@ async def step(
         "gap_p99_ms": round(1000 * float(np.percentile(gaps, 99)) if gaps else 0.0, 1),
         "gap_max_ms": round(1000 * max(gaps, default=0.0), 1),
         "server_cpu_pct": round(server_cpu, 1),
+        "server_loop_cpu_pct": round(loop_cpu, 1),
         "server_loop_runqueue_wait_pct": round(server_wait, 1),
         "sipp_cpu_pct": round(sipp_result.cpu_pct, 1),
         "loop_lag_max_ms": round(1000 * max(lags, default=0.0), 1),
@@ -230,17 +248,18 @@ async def _quiet(probe: Probe, seconds: float) -> None:
 
 
 async def run(
-    steps: list[int], seconds: float, probes: int, trials: int, work: Path
+    steps: list[int], seconds: float, probes: int, trials: int, work: Path, ramp: float = 1.0
 ) -> dict[str, Any]:
     with sip_server(max(steps) + 2) as (server, sip_port):
-        results = [await step(server, sip_port, n, seconds, probes, work) for n in steps]
+        results = [await step(server, sip_port, n, seconds, probes, work, ramp) for n in steps]
         barge = await barge_in(sip_port, trials) if trials else {}
     return {"steps": results, "barge_in": barge, "cores": psutil.cpu_count()}
 
 
 def table(report: dict[str, Any]) -> str:
     cols = ["calls", "answered", "late_packets_pct", "gap_p99_ms", "gap_max_ms"]
-    cols += ["server_cpu_pct", "server_loop_runqueue_wait_pct", "sipp_cpu_pct"]
+    cols += ["server_cpu_pct", "server_loop_cpu_pct", "server_loop_runqueue_wait_pct"]
+    cols += ["sipp_cpu_pct"]
     cols += ["loop_lag_max_ms", "load_average_1m"]
     lines = [" | ".join(cols)]
     lines += [" | ".join(str(s[c]) for c in cols) for s in report["steps"]]
@@ -258,12 +277,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calls", default="1,10,20,30", help="concurrent calls per step")
     parser.add_argument("--seconds", type=float, default=20.0, help="each step's calls held")
     parser.add_argument("--probes", type=int, default=2, help="measuring calls per step")
+    parser.add_argument(
+        "--ramp", type=float, default=1.0, help="seconds over which sipp places a step's calls"
+    )
     parser.add_argument("--trials", type=int, default=10, help="barge-in trials (0: none)")
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
     steps = [int(n) for n in args.calls.split(",")]
     with tempfile.TemporaryDirectory(prefix="sip_bench") as tmp:
-        report = asyncio.run(run(steps, args.seconds, args.probes, args.trials, Path(tmp)))
+        report = asyncio.run(
+            run(steps, args.seconds, args.probes, args.trials, Path(tmp), args.ramp)
+        )
     report["seconds"] = args.seconds
     print(table(report))
     if args.json:

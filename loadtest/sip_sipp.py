@@ -89,10 +89,20 @@ class SippResult:
 
 
 class SippRun:
-    """`calls` concurrent calls to 127.0.0.1:`sip_port`, all placed within a second."""
+    """`calls` concurrent calls to 127.0.0.1:`sip_port`."""
 
-    def __init__(self, sip_port: int, calls: int, seconds: float, speech: np.ndarray, work: Path):
+    def __init__(
+        self,
+        sip_port: int,
+        calls: int,
+        seconds: float,
+        speech: np.ndarray,
+        work: Path,
+        ramp: float = 1.0,
+    ) -> None:
+        """Each call held `seconds`; the calls placed evenly over `ramp` seconds."""
         self.sip_port, self.calls, self.seconds, self.work = sip_port, calls, seconds, work
+        self.ramp = ramp
         self.speech = speech
         self.stats = work / f"sipp_{calls}.csv"
         self._proc: asyncio.subprocess.Process | None = None
@@ -106,7 +116,7 @@ class SippRun:
         self.stats.unlink(missing_ok=True)
         n = str(self.calls)
         args = ["-sf", "bench.xml", "-i", "127.0.0.1", "-mi", "127.0.0.1", "-p", "0"]
-        args += ["-m", n, "-l", n, "-r", n, "-rp", "1000", "-nostdin"]
+        args += ["-m", n, "-l", n, "-r", n, "-rp", str(int(self.ramp * 1000)), "-nostdin"]
         args += ["-timeout", f"{int(self.seconds) + 60}s", "-trace_stat", "-fd", "1"]
         args += ["-stf", str(self.stats)]
         self._proc = await asyncio.create_subprocess_exec(
