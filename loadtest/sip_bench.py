@@ -27,18 +27,16 @@ import contextlib
 import json
 import os
 import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import psutil
 
+from .served import free_port, parley_serve
 from .sip_probe import Probe
 from .sip_sipp import SippRun
 from .speech import silence, speak, trim_silence
@@ -51,37 +49,13 @@ HELD_PAUSE_MS = 6000
 question) plays out whole, so a call carries about as much audio out as in."""
 
 
-def _free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def sip_server(max_sessions: int) -> Iterator[tuple[psutil.Process, int]]:
     """`parley serve --pipeline echo --sip-port` on loopback, ready: (process, SIP port)."""
-    port, sip_port = _free_port(socket.SOCK_STREAM), _free_port(socket.SOCK_DGRAM)
-    exe = Path(sys.executable).parent / "parley"
-    cmd = [str(exe), "serve", "--pipeline", "echo", "--port", str(port)]
-    cmd += ["--sip-port", str(sip_port), "--max-sessions", str(max_sessions)]
-    proc = subprocess.Popen([*cmd, "--log-level", "warning"], stdout=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
-                    break
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError(f"{' '.join(cmd)}: not ready")
-            time.sleep(0.1)
-        yield psutil.Process(proc.pid), sip_port
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    sip_port = free_port(socket.SOCK_DGRAM)
+    options = ["--pipeline", "echo", "--sip-port", str(sip_port)]
+    with parley_serve(*options, "--max-sessions", str(max_sessions), start_s=SERVER_START_S) as s:
+        yield psutil.Process(s.process.pid), sip_port
 
 
 class _CpuMeter:

@@ -31,20 +31,17 @@ import asyncio
 import base64
 import contextlib
 import json
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 
 from .questions import QUESTIONS, Question
+from .served import parley_serve
 from .voice_figures import Turn, figures, table
 from .voice_mic import RATE, Microphone, spoken
 
@@ -139,29 +136,8 @@ class _Session:
 @contextlib.contextmanager
 def parley_server(pipeline: str) -> Iterator[str]:
     """`parley serve --pipeline PIPELINE` on a free loopback port, ready: its ws:// URL."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    exe = Path(sys.executable).parent / "parley"
-    cmd = [str(exe), "serve", "--pipeline", pipeline, "--port", str(port)]
-    proc = subprocess.Popen([*cmd, "--log-level", "warning"], stdout=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
-                    break
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError(f"{' '.join(cmd)}: not ready")
-            time.sleep(0.1)
-        yield f"ws://127.0.0.1:{port}"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with parley_serve("--pipeline", pipeline, start_s=SERVER_START_S) as served:
+        yield served.ws_url
 
 
 @contextlib.asynccontextmanager

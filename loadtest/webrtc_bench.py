@@ -21,52 +21,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 
+from .served import parley_serve
 from .speech import silence, speak, trim_silence
 from .webrtc_client import Caller
 
 QUESTION = "What is the weather going to be like tomorrow in Boston?"
 STOP = "Hold on, stop."
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def server(port: int, max_sessions: int) -> Iterator[int]:
-    exe = Path(sys.executable).parent / "parley"
-    cmd = [str(exe), "serve", "--pipeline", "echo", "--port", str(port)]
-    cmd += ["--max-sessions", str(max_sessions), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
-                    break
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("the server did not become ready")
-            time.sleep(0.2)
-        yield proc.pid
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(20)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -177,9 +146,11 @@ async def loop_calls(
 
 async def run(args: argparse.Namespace) -> None:
     steps = [int(s) for s in args.steps.split(",") if s]
-    port = free_port()
-    with server(port, max(steps + [4]) + 2) as pid:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+    with parley_serve(
+        "--pipeline", "echo", "--max-sessions", str(max(steps + [4]) + 2), start_s=60
+    ) as served:
+        pid = served.process.pid
+        async with httpx.AsyncClient(base_url=served.http_url, timeout=30) as http:
             if args.barge:
                 latencies = await barge_in(http, args.barge)
                 p50, p95 = np.percentile(latencies, 50), np.percentile(latencies, 95)

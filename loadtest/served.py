@@ -1,0 +1,69 @@
+"""A `parley serve` in a child process for the benchmarks: started on free loopback ports,
+waited for until `/readyz` says 200, and stopped with SIGTERM (killed if it lingers).
+
+A child process, not the benchmark's own event loop: the server meets its clients as a
+real deployment would, and the client's timestamps are not delayed by the server's work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+START_S = 120.0
+STOP_S = 20.0
+
+
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    """A loopback port free now (TCP by default; `socket.SOCK_DGRAM` for UDP)."""
+    with socket.socket(socket.AF_INET, kind) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    process: subprocess.Popen[bytes]
+    port: int
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+
+@contextlib.contextmanager
+def parley_serve(*options: str, start_s: float = START_S) -> Iterator[Served]:
+    """`parley serve --port <free> OPTIONS...` (log level warning), ready."""
+    port = free_port()
+    exe = Path(sys.executable).parent / "parley"
+    cmd = [str(exe), "serve", "--port", str(port), *options, "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + start_s
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+                    break
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"{' '.join(cmd)}: not ready")
+            time.sleep(0.1)
+        yield Served(proc, port)
+    finally:
+        proc.terminate()  # SIGTERM: sessions closed, the embedded Redis stopped
+        try:
+            proc.wait(STOP_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
