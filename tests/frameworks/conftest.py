@@ -13,6 +13,7 @@ from functools import lru_cache
 import numpy as np
 import pytest
 import soxr
+from piper import SynthesisConfig
 
 from loadtest.speech import Pcm, silence, trim_silence
 from pipeline.engines.cascade.voice import clause_phoneme_ids, load_voice
@@ -36,10 +37,12 @@ async def parley(redis_url: str) -> AsyncIterator[ServedApp]:
 def spoken(text: str, rate: int) -> Pcm:
     """`text` spoken by the Piper voice at `rate` Hz (PCM16), with silence around it long
     enough to end the turn. Piper rather than espeak-ng: pocketsphinx hears its voice well
-    enough for a test to find the question's words in the transcript."""
+    enough for a test to find the question's words in the transcript. Piper's noise is off, so
+    a sentence is the same audio on every run (`loadtest.speech_set.piper_speaker`)."""
     voice = load_voice()
     ids = [int(i) for i in clause_phoneme_ids(voice, text)]
-    audio = np.asarray(voice.phoneme_ids_to_audio(ids), dtype=np.float32).reshape(-1)
+    fixed = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
+    audio = np.asarray(voice.phoneme_ids_to_audio(ids, fixed), dtype=np.float32).reshape(-1)
     audio = audio / max(0.01, float(np.abs(audio).max())) * 0.8
     resampled = np.asarray(soxr.resample(audio, voice.config.sample_rate, rate), np.float32)
     speech = trim_silence((np.clip(resampled, -1, 1) * 32767).astype(np.int16))
