@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
+import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import redis.asyncio as aioredis
 from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
@@ -32,6 +35,7 @@ from realtime.metrics import TransportMetrics
 from realtime.webrtc.registry import CallRegistry
 from sessions import SessionManager
 
+from .metrics_fanin import MetricsFanIn
 from .origins import OriginAllowlist, OriginPolicy
 from .realtime_routes import ROUTES as REALTIME_ROUTES
 from .services import Running, Services, services_of
@@ -43,6 +47,12 @@ from .sip_service import sip_service
 log = logging.getLogger("parley.web")
 STATIC = Path(__file__).parent / "static"
 READY_TIMEOUT_S = 1.0
+DRAIN_POLL_S = 0.1
+
+
+def new_process_id() -> str:
+    """This server process's id, for its figures on /metrics (and its sessions' ownership)."""
+    return f"proc_{secrets.token_hex(6)}"
 
 
 async def _start_pipeline(services: Services, pipeline: Pipeline) -> None:
@@ -64,6 +74,36 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
         services.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0
     )
     try:
+        async with _published_metrics(app, services.redis), _serving(app, services):
+            yield
+    finally:
+        await services.redis.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _published_metrics(app: Starlette, redis: aioredis.Redis) -> AsyncIterator[None]:
+    """With workers, this process's figures go to Redis for every process's /metrics."""
+    services: Services = app.state.services
+    if services.settings.workers <= 1:
+        yield
+        return
+    fanin = MetricsFanIn(redis, app.state.process_id, services.metrics.registry)
+    publisher = asyncio.create_task(fanin.run(), name="metrics:publish")
+    app.state.metrics_fanin = fanin
+    try:
+        yield
+    finally:
+        app.state.metrics_fanin = None
+        await cancel_and_wait(publisher)
+        with contextlib.suppress(Exception):  # Redis may be gone; the entry then goes stale
+            await fanin.withdraw()
+
+
+@contextlib.asynccontextmanager
+async def _serving(app: Starlette, services: Services) -> AsyncIterator[None]:
+    """The pipeline, the session manager and the calls, yielding once while they serve."""
+    assert services.redis is not None
+    try:
         services.pipeline = load_pipeline(
             services.settings.pipeline,
             PipelineMetrics(services.metrics.registry),
@@ -84,6 +124,7 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
             services.pipeline,
             max_sessions=services.settings.max_sessions,
             metrics=services.metrics,
+            **_process_id_argument(app.state.process_id),
         )
         try:
             async with manager:
@@ -99,8 +140,11 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
                             sip = await stack.enter_async_context(
                                 sip_service(services.settings, manager, app.state)
                             )
-                        services.running = Running(manager, calls, sip.calls if sip else None)
+                        running = Running(manager, calls, sip.calls if sip else None)
+                        services.running = running
                         yield
+                        if services.settings.workers > 1:
+                            await _drain(running, services.settings.drain_s)
                         log.info("shutting down: closing %d session(s)", len(manager))
                 finally:
                     await calls.close()
@@ -111,7 +155,27 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
     finally:
         if services.pipeline is not None:
             await services.pipeline.close()
-        await services.redis.aclose()
+
+
+def _process_id_argument(process_id: str) -> dict[str, Any]:
+    """`process_id=` for a SessionManager that takes one (the takeover work), else nothing."""
+    if "process_id" in inspect.signature(SessionManager.__init__).parameters:
+        return {"process_id": process_id}
+    return {}
+
+
+async def _drain(running: Running, drain_s: float) -> None:
+    """A worker's SIGTERM, after uvicorn closed its listener (new connections go to the
+    other workers) and its WebSockets (1012: clients reconnect and resume elsewhere): calls
+    go on until they end or `drain_s` passes; whatever is left is then closed as usual."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + drain_s
+    live = len(running.calls) + (len(running.sip) if running.sip is not None else 0)
+    if live:
+        log.info("draining: %d call(s) may go on for up to %gs", live, drain_s)
+    while live and loop.time() < deadline:
+        await asyncio.sleep(DRAIN_POLL_S)
+        live = len(running.calls) + (len(running.sip) if running.sip is not None else 0)
 
 
 def _ice_settings(settings: Settings) -> IceSettings:
@@ -155,6 +219,10 @@ async def readyz(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
+    """This process's figures; with workers, every process's, each labelled `process`."""
+    fanin: MetricsFanIn | None = request.app.state.metrics_fanin
+    if fanin is not None:
+        return Response(await fanin.scrape(), media_type=CONTENT_TYPE_LATEST)
     services = services_of(request)
     return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -186,4 +254,6 @@ def create_app(settings: Settings, redis_url: str) -> Starlette:
         lifespan=_lifespan,
     )
     app.state.services = services
+    app.state.process_id = new_process_id()
+    app.state.metrics_fanin = None
     return app

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import os
 import signal
 import sys
 from collections.abc import Generator, Sequence
@@ -29,6 +31,7 @@ from realtime.websocket.connection import MAX_MESSAGE_BYTES
 from .app import Services, create_app
 from .redis_server import EmbeddedRedis, RedisServerMissing
 from .settings import Settings, SettingsError, parse_settings
+from .workers import WorkerPool, listening_socket
 
 log = logging.getLogger("parley")
 GRACEFUL_SHUTDOWN_S = 5
@@ -82,6 +85,19 @@ async def _announce_when_ready(
     print(f"Parley is ready: open {settings.base_url}", flush=True)
 
 
+async def _report_ready(
+    server: uvicorn.Server, services: Services, process_id: str, ready_fd: int
+) -> None:
+    """A worker's readiness, told to its parent: its process id and a newline on the pipe."""
+    while not server.started or not (services.pipeline_ready or services.pipeline_error):  # noqa: ASYNC110
+        await asyncio.sleep(POLL_S)
+    if services.pipeline_error:
+        server.should_exit = True
+        raise PipelineFailed(services.pipeline_error)
+    os.write(ready_fd, f"{process_id}\n".encode())
+    os.close(ready_fd)
+
+
 async def _serve(settings: Settings, redis_url: str) -> None:
     app = create_app(settings, redis_url)
     services: Services = app.state.services
@@ -97,9 +113,16 @@ async def _serve(settings: Settings, redis_url: str) -> None:
     server = _Server(config)
     # a task and not a TaskGroup: the server's end must stop it rather than wait for it, and
     # its PipelineFailed is read below rather than raised inside an ExceptionGroup
-    announce = asyncio.create_task(_announce_when_ready(server, services, settings))
+    sockets = None
+    if settings.worker_ready_fd is not None:  # a worker: its own socket on the shared port
+        sockets = [listening_socket(settings.host, settings.port)]
+        announce = asyncio.create_task(
+            _report_ready(server, services, app.state.process_id, settings.worker_ready_fd)
+        )
+    else:
+        announce = asyncio.create_task(_announce_when_ready(server, services, settings))
     try:
-        await server.serve()
+        await server.serve(sockets=sockets)
     finally:
         await cancel_and_wait(announce)
     if not announce.cancelled() and isinstance(announce.exception(), PipelineFailed):
@@ -118,7 +141,11 @@ def _check_pipeline(settings: Settings) -> str | None:
     return None
 
 
-def serve(settings: Settings) -> int:
+def serve(settings: Settings, argv: Sequence[str] = ()) -> int:
+    """`parley serve`: one process, a worker (--worker-index), or the parent of --workers N
+    (`argv`, the command line, is what each worker is started with)."""
+    if settings.worker_index is not None:
+        return _serve_worker(settings)
     if settings.api_key is None and not is_loopback(settings.host):
         print(
             f"parley: refusing to listen on {settings.host} without an API key: "
@@ -146,6 +173,8 @@ def serve(settings: Settings) -> int:
         redis_url = embedded.url
         log.info("embedded redis-server (pid %s) at %s", embedded.pid, redis_url)
     try:
+        if settings.workers > 1:
+            return WorkerPool(argv, settings, redis_url).run()
         asyncio.run(_serve(settings, redis_url))
     except SystemExit as exc:
         return int(exc.code or 0)
@@ -156,14 +185,32 @@ def serve(settings: Settings) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _serve_worker(settings: Settings) -> int:
+    """One of the --workers N processes: the parent named the Redis and the port; SIP
+    (one UDP port, a dialog must stay in one process) runs in worker 0 only."""
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s worker-{settings.worker_index} %(name)s: %(message)s",
+    )
+    if settings.worker_index != 0:
+        settings = dataclasses.replace(settings, sip_port=None)
+    assert settings.redis_url is not None
     try:
-        command, settings = parse_settings(argv)
+        asyncio.run(_serve(settings, settings.redis_url))
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        command, settings = parse_settings(args)
     except SettingsError as exc:
         print(f"parley: {exc}", file=sys.stderr)
         return 2
     if command == "serve":
-        return serve(settings)
+        return serve(settings, args)
     if command == "stage":
         return serve_stage(settings)
     return 2

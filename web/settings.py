@@ -52,6 +52,14 @@ class Settings:
     then the app accepts, rejects or refers); None: calls are answered at once."""
     sip_webhook_secret: str = ""
     """The webhooks' signing secret (`whsec_...`; PARLEY_SIP_WEBHOOK_SECRET)."""
+    workers: int = 1
+    """`--workers N|auto`: server processes behind one port (SO_REUSEPORT); 1: this process."""
+    drain_s: float = 30.0
+    """`--drain-s`: with workers, how long a SIGTERM lets WebRTC and SIP calls go on."""
+    worker_index: int | None = None
+    """Set only in a worker process started by `parley serve --workers N` (hidden flag)."""
+    worker_ready_fd: int | None = None
+    """The pipe on which a worker tells its parent it is ready (hidden flag)."""
 
     @property
     def base_url(self) -> str:
@@ -77,6 +85,22 @@ def _int(name: str, value: str, lo: int, hi: int) -> int:
             f"--{name.replace('_', '-')}: must be between {lo} and {hi}, got {number}"
         )
     return number
+
+
+def _workers(value: str) -> int:
+    if str(value).strip().lower() == "auto":
+        return os.cpu_count() or 1
+    return _int("workers", value, 1, 1024)
+
+
+def _drain_s(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise SettingsError(f"--drain-s: {value!r} is not a number of seconds") from None
+    if not 0 <= seconds <= 3600:
+        raise SettingsError(f"--drain-s: must be between 0 and 3600, got {seconds:g}")
+    return seconds
 
 
 def _origins(value: str, api_key: str | None) -> tuple[str, ...]:
@@ -150,6 +174,20 @@ def parser() -> argparse.ArgumentParser:
         default=_env("sip_webhook_secret", ""),
         help="the webhook signing secret (whsec_...)",
     )
+    serve.add_argument(
+        "--workers",
+        default=_env("workers", str(d.workers)),
+        help="server processes behind the one port (SO_REUSEPORT), or auto (one per core); "
+        "with more than one, SIP (--sip-port) is served by the first worker only",
+    )
+    serve.add_argument(
+        "--drain-s",
+        default=_env("drain_s", f"{d.drain_s:g}"),
+        help="with --workers: on SIGTERM a worker stops taking sessions, closes its "
+        "WebSockets (clients resume elsewhere) and lets calls go on this long",
+    )
+    serve.add_argument("--worker-index", default=None, help=argparse.SUPPRESS)
+    serve.add_argument("--worker-ready-fd", default=None, help=argparse.SUPPRESS)
     stage = sub.add_parser(
         "stage", help="serve one stage of a pipeline for a `parley serve` on another host"
     )
@@ -192,6 +230,10 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[str, Settings]:
         ice_servers=args.ice_servers,
         ice_host_addresses=args.ice_host_addresses,
         allowed_origins=_origins(args.allowed_origins, api_key),
+        workers=_workers(args.workers),
+        drain_s=_drain_s(args.drain_s),
+        worker_index=None if args.worker_index is None else int(args.worker_index),
+        worker_ready_fd=None if args.worker_ready_fd is None else int(args.worker_ready_fd),
         **_sip(args),
     )
 
