@@ -34,6 +34,7 @@ from realtime.ice import IceSettings, parse_ice_servers
 from realtime.metrics import TransportMetrics
 from realtime.webrtc.registry import CallRegistry
 from sessions import SessionManager
+from sessions.redis_client import open_redis
 
 from .metrics_fanin import MetricsFanIn
 from .origins import OriginAllowlist, OriginPolicy
@@ -70,7 +71,7 @@ async def _start_pipeline(services: Services, pipeline: Pipeline) -> None:
 @contextlib.asynccontextmanager
 async def _lifespan(app: Starlette) -> AsyncIterator[None]:
     services: Services = app.state.services
-    services.redis = aioredis.Redis.from_url(
+    services.redis = await open_redis(
         services.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0
     )
     try:
