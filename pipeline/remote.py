@@ -21,6 +21,7 @@ import logging
 import redis.asyncio as aioredis
 
 from .connectors.base import LinkClosed, LinkUnavailable
+from .connectors.redis_client import open_redis
 from .connectors.redis_streams import RedisStreamLink
 from .link_messages import Alive, Fatal, Ready
 from .stage_client import RETRY_S, LinkedStage
@@ -35,8 +36,8 @@ SOCKET_TIMEOUT_S = 5.0
 """Above the link's 1 s blocking read; a Redis that stops answering fails reads after this."""
 
 
-def _redis(url: str) -> aioredis.Redis:
-    return aioredis.Redis.from_url(
+async def _redis(url: str) -> aioredis.Redis:
+    return await open_redis(
         url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S
     )
 
@@ -54,7 +55,7 @@ class RemoteEngine(LinkedStage):
 
     async def start(self) -> None:
         """Open our end and wait (in the background) for the remote side's `Ready`."""
-        self._redis = _redis(self.redis_url)
+        self._redis = await _redis(self.redis_url)
         link = self._pending = RedisStreamLink.end(self._redis, self.link_name, "a")
         self._waiter = asyncio.create_task(self._await_ready(link), name=f"remote:{self.name}")
 
@@ -104,7 +105,7 @@ async def serve_remote_stage(graph_file: str, stage: str, redis_url: str) -> Non
     stage_config = config.stage(stage)
     kind = config.stage_kind(stage)
     spec = WorkerSpec(stage, stage_config.engine, kind, dict(stage_config.engine_args))
-    redis = _redis(redis_url)
+    redis = await _redis(redis_url)
     try:
         link = RedisStreamLink.end(redis, link_name(config, stage), "b")
         log.info("serving stage %s of %s on link %s", stage, config.name, link_name(config, stage))

@@ -25,6 +25,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from pipeline.connectors.redis_client import open_redis
 from pipeline.metrics import PipelineMetrics
 from pipeline.registry import load_pipeline
 from pipeline.tasks import cancel_and_wait
@@ -34,7 +35,6 @@ from realtime.ice import IceSettings, parse_ice_servers
 from realtime.metrics import TransportMetrics
 from realtime.webrtc.registry import CallRegistry
 from sessions import SessionManager
-from sessions.redis_client import open_redis
 
 from .metrics_fanin import MetricsFanIn
 from .origins import OriginAllowlist, OriginPolicy

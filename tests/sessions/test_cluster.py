@@ -20,6 +20,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.cluster import key_slot
 
 from loadtest.speech import utterances_with_gaps
+from pipeline.connectors.redis_client import cluster_choice, open_redis
 from pipeline.connectors.redis_streams import RedisStreamLink, link_keys
 from pipeline.engine_pipeline import EnginePipeline
 from sessions.clock import ScaledClock
@@ -27,7 +28,6 @@ from sessions.errors import SessionLimitError
 from sessions.events import ResponseDone
 from sessions.keys import SessionKeys
 from sessions.manager import SessionManager
-from sessions.redis_client import cluster_choice, open_redis
 from tests.fakes.fake_engine import FakeEngine
 from tests.fakes.sink import ClockedSink
 from tests.redis_cluster import ClusterProcesses, redis_cluster, redis_cluster_url

@@ -12,11 +12,13 @@ the URL decides, in this order:
   If it cannot be asked (not up yet, INFO forbidden), the client is plain and a warning says
   to add `?cluster=yes` if the server is in fact a cluster.
 
-Every session key carries the hash tag `{session_id}` (keys.py), so what one session writes
-stays in one slot; the cluster client splits the rest (a DEL of several sessions' keys) by
-slot itself. The cluster client is typed as `redis.asyncio.Redis` for the code that uses
-it: it is not a subclass, but it offers every command the session core and the stage links
-call (tests/sessions/test_cluster.py runs them on a real cluster).
+Used by the server (web/app.py) and by stage links (remote.py). Every session key carries
+the hash tag `{session_id}` (sessions/keys.py) and a stage link's two streams `{link name}`,
+so one session's or one link's keys stay in one slot; the cluster client splits the rest
+(a DEL of several sessions' keys) by slot itself. The cluster client is typed as
+`redis.asyncio.Redis` for the code that uses it: it is not a subclass, but it offers every
+command the session core and the stage links call (tests/sessions/test_cluster.py runs them
+on a real cluster).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
-log = logging.getLogger("parley.sessions.redis")
+log = logging.getLogger("parley.redis")
 
 CLUSTER_PARAM = "cluster"
 _YES = {"1", "yes", "true", "on"}
