@@ -1,0 +1,1 @@
+"""Peer comparison: FastRTC and Pipecat bots and Parley behind one aiortc client."""

@@ -1,0 +1,109 @@
+"""Capacity: how many looping calls one server holds with < 1 % late outbound frames.
+
+Per step N: N calls, started evenly over `stagger_s`, each looping "question, wait for the
+answer to end, 0.3 s". After the last start and `warm_s`, a window of `window_s`: the
+probe's late-frame count and the server's CPU over the window (100 % = one core), and the
+answers heard. The client runs on the same cores as the server (it encodes and decodes
+Opus for every call too), so a step's figures are a lower bound for the server alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from loadtest.peers.measures import QUESTION, Target, ask, utterance
+
+ANSWER_WITHIN_S = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    steps: tuple[int, ...]
+    warm_s: float
+    window_s: float
+    stagger_s: float
+
+
+def step_ok(row: dict[str, Any]) -> bool:
+    return bool(
+        row["connected"] == row["calls"]
+        and row["late_pct"] < 1.0
+        and row["answered_calls"] == row["calls"]
+    )
+
+
+async def step(target: Target, n: int, plan: Plan) -> dict[str, Any]:
+    question = utterance(QUESTION)
+    callers = [target.caller() for _ in range(n)]
+    answers = [0] * n
+    connected = [False] * n
+    counting = asyncio.Event()
+
+    async def talk(i: int) -> None:
+        await asyncio.sleep(i * plan.stagger_s / max(1, n))
+        caller = callers[i]
+        await caller.call()
+        connected[i] = True
+        while True:
+            end = await ask(caller, question)
+            if await caller.wait_loud(end, ANSWER_WITHIN_S) is None:
+                continue
+            await caller.wait_quiet(0.6, within_s=30)
+            if counting.is_set():
+                answers[i] += 1
+            await asyncio.sleep(0.3)
+
+    tasks = [asyncio.create_task(talk(i)) for i in range(n)]
+    try:
+        await asyncio.sleep(plan.stagger_s + plan.warm_s)
+        before = await target.stats(reset=True)
+        started = time.monotonic()
+        counting.set()
+        await asyncio.sleep(plan.window_s)
+        after = await target.stats()
+        wall = time.monotonic() - started
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await asyncio.gather(*(c.close() for c in callers), return_exceptions=True)
+    frames = after["frames"]
+    cpu_pct = 100 * (after["cpu_s"] - before["cpu_s"]) / wall
+    return {
+        "calls": n,
+        "connected": sum(connected),
+        "late_pct": round(100 * after["late"] / frames, 2) if frames else 100.0,
+        "max_late_ms": after["max_late_ms"],
+        "answers": sum(answers),
+        "answered_calls": sum(1 for a in answers if a),
+        "server_cpu_pct": round(cpu_pct, 1),
+        "cpu_pct_per_call": round(cpu_pct / n, 1),
+        "server_rss_mb": after["rss_mb"],
+    }
+
+
+async def capacity(target: Target, plan: Plan) -> dict[str, Any]:
+    rows = []
+    for n in plan.steps:
+        row = await step(target, n, plan)
+        row["ok"] = step_ok(row)
+        rows.append(row)
+        await asyncio.sleep(2.0)  # let the server close the step's calls
+        if not row["ok"]:
+            break
+    held = [r["calls"] for r in rows if r["ok"]]
+    return {"steps": rows, "max_ok_calls": max(held) if held else 0}
+
+
+def cpu_per_call(result: dict[str, Any]) -> float | None:
+    """Server CPU % per call at the largest step that held (None when none did)."""
+    ok = [r for r in result.get("steps", []) if r["ok"]]
+    return float(np.round(ok[-1]["cpu_pct_per_call"], 1)) if ok else None
