@@ -98,7 +98,7 @@ class ClusterProcesses:
             finally:
                 client.close()
 
-    def keys(self) -> list[bytes]:
+    def all_keys(self) -> list[bytes]:
         """Every key on every node."""
         found: list[bytes] = []
         for client in self.clients():
@@ -153,7 +153,7 @@ def redis_cluster() -> Iterator[ClusterProcesses]:
 def redis_cluster_url(redis_cluster: ClusterProcesses) -> Iterator[str]:
     """The cluster's URL for one test, which must leave no key on any node."""
     yield redis_cluster.url
-    left = redis_cluster.keys()
+    left = redis_cluster.all_keys()
     if left:
         redis_cluster.flush()
         pytest.fail(f"test left keys on the Redis Cluster: {sorted(left)[:10]}")
