@@ -1,0 +1,164 @@
+"""`parley serve --workers 2` as real processes: one port, two workers, one embedded Redis.
+
+Sessions spread over both workers and the session cap holds across them; /metrics answers
+for both; a killed worker is started again; SIGTERM drains (WebSockets closed with 1012 at
+once, a WebRTC call kept until --drain-s) and the parent exits 0 with every child gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from loadtest.webrtc_client import Caller
+from tests.web.test_cli import Server, alive, children, free_port, servers
+
+__all__ = ["servers"]  # the fixture, used by the tests below
+
+DRAIN_S = 3.0
+
+
+def start(servers: list[Server], *options: str) -> tuple[Server, int]:
+    port = free_port()
+    server = Server(
+        "--port", str(port), "--pipeline", "echo", "--workers", "2", "--drain-s", "3", *options
+    )
+    servers.append(server)
+    line = server.wait_for_line("Parley is ready", timeout=60)
+    assert f":{port}/ (2 workers)" in line
+    return server, port
+
+
+def workers_of(server: Server) -> list[int]:
+    return [
+        pid
+        for pid in children(server.proc.pid)
+        if "web.cli" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    ]
+
+
+def sessions_by_process(port: int) -> dict[str, float]:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    return {
+        sample.labels["process"]: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "parley_active_sessions"
+        for sample in family.samples
+    }
+
+
+@contextlib.asynccontextmanager
+async def realtime(port: int) -> AsyncIterator[ClientConnection]:
+    async with connect(f"ws://127.0.0.1:{port}/v1/realtime?model=parley", proxy=None) as ws:
+        yield ws
+
+
+async def first_event(ws: ClientConnection) -> dict[str, Any]:
+    async with asyncio.timeout(10):
+        event: dict[str, Any] = json.loads(await ws.recv())
+    return event
+
+
+async def close_code(ws: ClientConnection) -> int | None:
+    """Read until the server closes; its close code."""
+    async with asyncio.timeout(5):
+        with contextlib.suppress(ConnectionClosed):
+            while True:
+                await ws.recv()
+    return ws.close_code
+
+
+async def test_sessions_spread_over_both_workers_under_one_global_cap(
+    servers: list[Server],
+) -> None:
+    _, port = start(servers, "--max-sessions", "16")
+    async with contextlib.AsyncExitStack() as stack:
+        for _ in range(16):
+            ws = await stack.enter_async_context(realtime(port))
+            assert (await first_event(ws))["type"] == "session.created"
+        deadline = time.monotonic() + 10  # another worker's figures are up to ~2 s old
+        while sum((counts := sessions_by_process(port)).values()) != 16:
+            assert time.monotonic() < deadline, counts
+            await asyncio.sleep(0.2)
+        assert len(counts) == 2
+        assert all(n > 0 for n in counts.values()), counts  # 1 in 32768 by chance
+        for _ in range(4):  # whichever worker each reaches, the cap is the global one
+            async with realtime(port) as ws:
+                event = await first_event(ws)
+                assert event["type"] == "error", event
+                assert event["error"]["code"] == "session_limit"
+
+
+def test_a_killed_worker_is_started_again_and_sigterm_stops_everything(
+    servers: list[Server],
+) -> None:
+    server, port = start(servers)
+    first = workers_of(server)
+    assert len(first) == 2
+    everything = children(server.proc.pid)  # the workers and redis-server
+    victim = first[0]
+    os.kill(victim, signal.SIGKILL)
+    server.wait_for_line("starting it again", timeout=10)
+    deadline = time.monotonic() + 30
+    while len(sessions_by_process_or_empty(port)) != 2 or victim in workers_of(server):
+        assert time.monotonic() < deadline, "the worker never came back"
+        time.sleep(0.2)
+    now = workers_of(server)
+    assert len(now) == 2 and victim not in now and first[1] in now
+    everything += now
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(15) == 0
+    deadline = time.monotonic() + 5
+    while [pid for pid in everything if alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in everything if alive(pid)]
+
+
+def sessions_by_process_or_empty(port: int) -> dict[str, float]:
+    """Live workers with figures on /metrics (a dead one's go stale after 10 s, so this
+    counts those that answer /readyz too: the restarted one publishes once it serves)."""
+    with contextlib.suppress(httpx.HTTPError):
+        return sessions_by_process(port)
+    return {}
+
+
+@pytest.mark.slow
+async def test_sigterm_closes_websockets_at_once_and_keeps_calls_until_the_drain_deadline(
+    servers: list[Server],
+) -> None:
+    server, port = start(servers)
+    async with (
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http,
+        realtime(port) as ws,
+    ):
+        caller = Caller(http)
+        try:
+            assert (await caller.connect()).status_code == 201
+            await caller.wait_for(lambda e: e["type"] == "session.created")
+            assert (await first_event(ws))["type"] == "session.created"
+            sent = time.monotonic()
+            server.proc.send_signal(signal.SIGTERM)
+            assert await close_code(ws) == 1012
+            assert time.monotonic() - sent < 2
+            seen = len(caller.events)
+            await asyncio.sleep(DRAIN_S - 1)
+            assert caller.pc.connectionState == "connected"
+            assert len(caller.events) == seen  # no goodbye yet: the call goes on
+            status = await asyncio.to_thread(server.proc.wait, 20)
+            assert status == 0
+            assert time.monotonic() - sent >= DRAIN_S
+        finally:
+            await caller.close()
