@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -162,3 +163,13 @@ async def test_sigterm_closes_websockets_at_once_and_keeps_calls_until_the_drain
             assert time.monotonic() - sent >= DRAIN_S
         finally:
             await caller.close()
+
+
+def test_sip_is_served_by_one_worker_only(servers: list[Server]) -> None:
+    sip_port = free_port()
+    server, _ = start(servers, "--sip-port", str(sip_port))
+    bound = subprocess.run(
+        ["ss", "-Hlunp", f"sport = :{sip_port}"], capture_output=True, text=True, check=True
+    ).stdout
+    pids = {int(part.split(",")[0]) for part in bound.split("pid=")[1:]}
+    assert len(pids) == 1 and pids <= set(workers_of(server)), bound
