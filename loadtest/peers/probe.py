@@ -11,6 +11,7 @@ Also: ICE gathers on loopback only, and a stats endpoint in a thread of its own 
 answers when the event loop is overloaded) serves `GET /stats[?reset=1]` and `/gc` on
 127.0.0.1:$PROBE_PORT: frames, late, max_late_ms, rss_mb, cpu_s, threads.
 
+Nothing happens on import (tests import it too): a bot calls `install_from_env()` first.
 Standard library and aiortc only: it is imported by the peers' own venvs, which do not have
 Parley installed.
 """
@@ -123,4 +124,6 @@ def install(port: int | None) -> None:
         threading.Thread(target=server.serve_forever, name="peer-probe", daemon=True).start()
 
 
-install(int(os.environ.get("PROBE_PORT", "0")) or None)
+def install_from_env() -> None:
+    """What every bot calls before it serves: the port comes from $PROBE_PORT."""
+    install(int(os.environ.get("PROBE_PORT", "0")) or None)

@@ -56,5 +56,5 @@ def app() -> FastAPI:
 
 
 if __name__ == "__main__":
-    assert probe.CLOCK is not None
+    probe.install_from_env()
     uvicorn.run(app(), host="127.0.0.1", port=int(os.environ["PORT"]), log_level="warning")

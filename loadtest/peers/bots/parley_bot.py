@@ -14,7 +14,7 @@ from loadtest.peers import probe  # loopback ICE and the frame clock
 from web.cli import main
 
 if __name__ == "__main__":
-    assert probe.CLOCK is not None
+    probe.install_from_env()
     port = os.environ["PORT"]
     sys.argv = ["parley", "serve", "--host", "127.0.0.1", "--port", port]
     sys.argv += ["--pipeline", "echo", "--max-sessions", "64", "--log-level", "warning"]

@@ -113,7 +113,7 @@ def app() -> FastAPI:
 
 
 if __name__ == "__main__":
-    assert probe.CLOCK is not None
+    probe.install_from_env()
     logger.remove()
     logger.add(sys.stderr, level="WARNING")
     uvicorn.run(app(), host="127.0.0.1", port=int(os.environ["PORT"]), log_level="warning")
