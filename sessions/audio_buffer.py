@@ -17,6 +17,7 @@ still be answered: a turn whose audio is all in the local copies is read from th
 
 from __future__ import annotations
 
+import asyncio
 import collections
 
 import numpy as np
@@ -54,6 +55,8 @@ class AudioBuffer:
         self.dropped_frames = 0
         self.batch_frames = batch_frames
         self._pending: list[tuple[int, bytes]] = []
+        self._flushing = asyncio.Lock()
+        """One flush at a time: a read waits for the frames another flush is writing."""
         self._recent: collections.deque[tuple[int, bytes]] = collections.deque(
             maxlen=recent_seconds * FRAMES_PER_SECOND
         )
@@ -72,6 +75,10 @@ class AudioBuffer:
 
     async def flush(self) -> None:
         """Write the pending frames now (or keep them in the spill while Redis is down)."""
+        async with self._flushing:
+            await self._flush()
+
+    async def _flush(self) -> None:
         if not self._pending:
             return
         pending, self._pending = self._pending, []

@@ -133,6 +133,20 @@ class History:
     async def items(self) -> list[ConversationItem]:
         return [item_from_json(body) for body in self._items.values()]
 
+    async def load(self) -> int:
+        """Read the history back from Redis (a session resumed on another process): the
+        items in their order; returns how many. Raises RedisUnavailableError."""
+        link = self._spill.link
+        order_key, items_key = self._order_key, self._items_key
+        ids = await link.call(lambda: link.redis.lrange(order_key, 0, -1))
+        bodies = await link.call(lambda: link.redis.hgetall(items_key)) if ids else {}
+        self._items = {}
+        for raw_id in ids:
+            body = bodies.get(raw_id)
+            if body is not None:
+                self._items[raw_id.decode()] = body.decode()
+        return len(self._items)
+
     async def rewrite(self) -> None:
         """Write the whole history again (Redis came back empty after a restart)."""
         snapshot = dict(self._items)

@@ -12,6 +12,23 @@ A Redis outage: every live session's client is told once; sessions go on with th
 kept locally; new sessions are refused (the cap cannot be checked). When Redis answers
 again, every live session takes its lease again (a restarted Redis has none), rewrites what
 a restart lost, and writes back what it kept, at once rather than at the next upkeep tick.
+
+Any process can take over any session (several processes or hosts on one Redis). Each
+manager is a process (`process_id`, `proc_<hex>`) with a heartbeat key and a mailbox
+(process_beat.py); each session has an owner and a fence in its record (ownership.py).
+The API, for the transports and the server's drain:
+
+- `await manager.resume(session_id, token)`: a session this process does not hold, built
+  from Redis (rehydrate.py) and owned here from now on (fence taken over); None when there
+  is nothing to resume. The old owner, if its heartbeat says it lives, is asked to let go
+  and waited for at most `LET_GO_TIMEOUT_S`; a dead or silent one is not waited for.
+- `await manager.hand_over(session_id)`: the session ends here without deleting its keys
+  or freeing its lease, and nobody owns it: the next resume anywhere takes it at once.
+  Its connection tells the client to reconnect (an `error` `session_moved`, close 1012).
+- `await manager.hand_over_all()`: the same for every session, for a drain; the manager
+  admits nothing more (new sessions and resumes go to the other processes).
+A session another process took over ends here silently too (`session_moved`), and a
+teardown after losing the fence writes nothing (store.py, session.py).
 """
 
 from __future__ import annotations
@@ -34,14 +51,21 @@ from .events import new_id
 from .keys import SessionKeys
 from .leases import LeaseRegistry
 from .metrics import SessionMetrics
+from .ownership import Ownership
+from .process_beat import ProcessBeat, Request, new_process_id
 from .redis_link import RedisLink
+from .rehydrate import audio_end_ms, end_unfinished, read_record
 from .session import Session, SessionLimits
-from .sink import OutputSink
+from .sink import DetachedSink, OutputSink
 
 log = logging.getLogger("parley.sessions.manager")
 
 DEFAULT_MAX_SESSIONS = 64
 SHUTDOWN_TIMEOUT_S = 5.0
+LET_GO_TIMEOUT_S = 0.5
+"""How long a resume waits for a live old owner to let its session go."""
+MOVED = "session_moved"
+DRAINING = "server_draining"
 
 
 class SessionManager:
@@ -56,10 +80,15 @@ class SessionManager:
         metrics: SessionMetrics | None = None,
         link: RedisLink | None = None,
         clock: Clock = REAL_CLOCK,
+        process_id: str | None = None,
     ) -> None:
         """`clock`: the time its sessions live by (tests compress it); the upkeep that
-        renews leases and key expiries stays on wall time, as Redis expires them in its own."""
+        renews leases and key expiries stays on wall time, as Redis expires them in its own.
+        `process_id`: this process among those sharing the Redis (random by default)."""
         self.redis = redis
+        self.process_id = process_id or new_process_id()
+        self.beat = ProcessBeat(redis, self.process_id, self._on_request)
+        self.ownership = Ownership(redis, self.process_id)
         self.clock = clock
         self.link = link or RedisLink(redis)
         self.pipeline = pipeline
@@ -79,6 +108,7 @@ class SessionManager:
         return self.leases.cap
 
     async def __aenter__(self) -> SessionManager:
+        self.beat.start()
         self._background = [
             asyncio.create_task(self._upkeep_loop(), name="sessions:upkeep"),
             asyncio.create_task(self.link.run(), name="sessions:redis-link"),
@@ -118,7 +148,21 @@ class SessionManager:
             raise SessionLimitError(
                 f"all {self.leases.cap} session slots are in use; try again shortly"
             )
-        session = Session(
+        try:
+            fence = await self.link.call(
+                lambda: self.ownership.claim(session_id, self.limits.key_ttl_s)
+            )
+        except (RedisError, OSError) as exc:  # admitted a moment ago: it goes on unfenced
+            log.warning("session %s: ownership not recorded: %s", session_id, exc)
+            fence = 0
+        session = self._new_session(session_id, config, sink, fence=fence)
+        self._start(session)
+        return session
+
+    def _new_session(
+        self, session_id: str, config: SessionConfig, sink: OutputSink, **resumed: Any
+    ) -> Session:
+        return Session(
             session_id=session_id,
             config=config,
             redis=self.redis,
@@ -128,11 +172,94 @@ class SessionManager:
             metrics=self.metrics,
             link=self.link,
             clock=self.clock,
+            **resumed,
         )
+
+    def _start(self, session: Session) -> None:
+        session_id = session.session_id
         self._sessions[session_id] = session
         self.metrics.active_sessions.inc()
         self._tasks[session_id] = asyncio.create_task(self._own(session), name=session_id)
+
+    async def resume(self, session_id: str, token: str | None) -> Session | None:
+        """A session that another process created (or held), resumed here with its resume
+        token: built from Redis and owned here from now on. None when there is no such
+        session or the token is wrong; SessionLimitError when this process admits nothing
+        (draining) or the cap is full and its lease has lapsed."""
+        if session_id in self._sessions or token is None:
+            return None
+        record = await self.link.call(lambda: read_record(self.redis, session_id))
+        if record is None or not record.matches(token):
+            return None
+        if not self._accepting:
+            raise SessionLimitError("this server is shutting down; reconnect to resume")
+        if not await self.link.call(lambda: self.leases.acquire(session_id)):
+            raise SessionLimitError(f"all {self.leases.cap} session slots are in use")
+        taken = await self.link.call(lambda: self.ownership.take_over(session_id))
+        if not taken.fence:
+            return None  # it ended meanwhile
+        previous = taken.previous_owner
+        if previous and previous != self.process_id and await self.beat.alive(previous):
+            let_go = {"op": "let_go", "session_id": session_id, "fence": taken.fence}
+            if not await self.beat.ask(previous, let_go, LET_GO_TIMEOUT_S):
+                log.warning("session %s: %s did not let go in time", session_id, previous)
+        if session_id in self._sessions:  # another resume here won the race
+            return None
+        session = self._new_session(
+            session_id,
+            record.config,
+            DetachedSink(),
+            resume_token=record.resume_token,
+            fence=taken.fence,
+            rehydrated=True,
+        )
+        session.transport = record.transport
+        await session.history.load()
+        offset = await self.link.call(lambda: audio_end_ms(self.redis, session_id))
+        await session.event_log.flushed()
+        ended = await end_unfinished(session.history, await session.event_log.replay())
+        session.recover(offset, ended)
+        self._start(session)
+        log.info("session %s resumed here from %s", session_id, previous or "nobody")
         return session
+
+    async def hand_over(self, session_id: str, reason: str = MOVED) -> bool:
+        """End the local session without deleting its keys and let any process resume it
+        at once; its client is told to reconnect. False when it is not here."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            return False
+        await self._let_go(session, reason)
+        if session.store.fence:
+            try:
+                await self.link.call(
+                    lambda: self.ownership.release(session_id, session.store.fence)
+                )
+            except (RedisError, OSError) as exc:  # the next resume takes it over anyway
+                log.warning("session %s: ownership not released: %s", session_id, exc)
+        return True
+
+    async def hand_over_all(self, reason: str = DRAINING) -> int:
+        """Drain: admit nothing more, hand every session over; returns how many."""
+        self._accepting = False
+        ids = list(self._sessions)
+        await asyncio.gather(*(self.hand_over(sid, reason) for sid in ids))
+        return len(ids)
+
+    async def _let_go(self, session: Session, reason: str) -> None:
+        session.request_hand_over(reason)
+        task = self._tasks.get(session.session_id)
+        if task is not None:
+            await asyncio.wait({task}, timeout=SHUTDOWN_TIMEOUT_S)
+
+    async def _on_request(self, request: Request) -> None:
+        """A request from another process (process_beat.py)."""
+        if request.get("op") != "let_go":
+            log.warning("unknown request %r", request.get("op"))
+            return
+        session = self._sessions.get(str(request.get("session_id")))
+        if session is not None:  # taken over: it ends here without a trace
+            await self._let_go(session, MOVED)
 
     async def _own(self, session: Session) -> None:
         """The session's task: runs it, then frees its slot whatever happened."""
@@ -143,11 +270,17 @@ class SessionManager:
         finally:
             self._sessions.pop(session.session_id, None)
             self.metrics.active_sessions.dec()
-            try:
-                await self.link.call(lambda: self.leases.release(session.session_id))
-            except (RedisError, OSError):  # RedisUnavailableError is an OSError
-                self._unreleased.add(session.session_id)
-            log.info("session %s closed (%s)", session.session_id, session.close_reason)
+            if session.moving or session.store.lost:  # the lease goes on with the session
+                log.info("session %s left (%s)", session.session_id, session.close_reason)
+            else:
+                await self._release(session)
+
+    async def _release(self, session: Session) -> None:
+        try:
+            await self.link.call(lambda: self.leases.release(session.session_id))
+        except (RedisError, OSError):  # RedisUnavailableError is an OSError
+            self._unreleased.add(session.session_id)
+        log.info("session %s closed (%s)", session.session_id, session.close_reason)
 
     def get(self, session_id: str) -> Session:
         try:
@@ -180,6 +313,7 @@ class SessionManager:
         self._tasks.clear()
         background, self._background = self._background, []
         await cancel_and_wait(*background)
+        await self.beat.stop()
 
     async def _upkeep_loop(self) -> None:
         interval = max(0.5, self.leases.ttl_s / 3)

@@ -108,12 +108,20 @@ class Session:
         metrics: SessionMetrics | None = None,
         link: RedisLink | None = None,
         clock: Clock = REAL_CLOCK,
+        resume_token: str | None = None,
+        fence: int = 0,
+        rehydrated: bool = False,
     ) -> None:
-        """`clock`: the time the watchdog and the responses live by (tests compress it)."""
+        """`clock`: the time the watchdog and the responses live by (tests compress it).
+        `resume_token`, `fence`, `rehydrated`: a session another process created, resumed
+        here (rehydrate.py); `fence`: this process's ownership token (ownership.py)."""
         self.session_id = session_id
         self.clock = clock
         self.config = config
-        self.resume_token = secrets.token_urlsafe(24)
+        self.resume_token = resume_token or secrets.token_urlsafe(24)
+        self.rehydrated = rehydrated
+        self.transport: dict[str, Any] = {}
+        """What the last connection kept in the record for a resume elsewhere."""
         self.limits = limits or SessionLimits()
         self.metrics = metrics or SessionMetrics()
         self._pipeline = pipeline
@@ -128,6 +136,7 @@ class Session:
             spill_max_bytes=self.limits.spill_max_bytes,
             metrics=self.metrics,
         )
+        store.fence = fence
         self.keys, self.spill = store.keys, store.spill
         self.audio, self.frames = store.audio, store.frames
         self.history, self.event_log = store.history, store.event_log
@@ -173,6 +182,10 @@ class Session:
         self._created = clock.now()
         self._last_media = self._created
         self._detached_until: float | None = None
+        self.moving = False
+        """Handed over to another process: it ends here silently and keeps its keys."""
+        self._quiet = False
+        """Nothing more goes into the event log (another process owns it now)."""
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -195,15 +208,17 @@ class Session:
                     self._transcriber.run(), name=f"{self.session_id}:transcriber"
                 )
                 # session.created is the first event a client gets, whatever it sends at once.
-                self._emit(
-                    SessionCreated(
-                        session_id=self.session_id,
-                        config=self.config,
-                        resume_token=self.resume_token,
+                if not self.rehydrated:
+                    self._emit(
+                        SessionCreated(
+                            session_id=self.session_id,
+                            config=self.config,
+                            resume_token=self.resume_token,
+                        )
                     )
-                )
                 self._started.set()
-                await self.store.write_record(self.config, self.resume_token)
+                if not self.rehydrated:
+                    await self.store.write_record(self.config, self.resume_token)
                 await self._close_requested.wait()
                 await self._shutdown()
                 watchdog.cancel()
@@ -213,7 +228,10 @@ class Session:
             self._started.set()  # nobody waits for a session.created that never comes
             self._tg = None
             await self._forget_in_pipeline()
-            await self.store.delete()
+            if self.moving:
+                await self.spill.aclose()  # the keys stay for the process that resumes it
+            else:
+                await self.store.delete()  # fenced: kept when another process owns it
             self._closed.set()
 
     async def _forget_in_pipeline(self) -> None:
@@ -236,7 +254,18 @@ class Session:
         self.request_close(reason)
         await self._closed.wait()
 
+    def request_hand_over(self, reason: str) -> None:
+        """End here without a goodbye and without deleting the keys: the session goes on
+        in another process (handover.py). The client's connection is told `reason`."""
+        self.moving = True
+        self.request_close(reason)
+
     async def _shutdown(self) -> None:
+        if self.moving:
+            await self._go_quiet()
+        elif not await self.store.owns():  # taken over meanwhile: no teardown writes
+            self._quiet = True
+            await self.spill.aclose()
         await self._idle.close()
         await self._turn_transcript.close()
         await self._prefetch.drop()
@@ -245,6 +274,28 @@ class Session:
             self._sink.clear()
             self.machine.to(SessionState.CLOSED, self.close_reason)
             self._emit(SessionClosed(reason=self.close_reason))
+            if self.moving:  # the connection alone hears why (it tells its client)
+                self._sink.event(SessionClosed(reason=self.close_reason))
+
+    async def _go_quiet(self) -> None:
+        """Handing over: what was recorded so far reaches Redis, then nothing more does
+        (the answer in progress is ended as cancelled by the next owner, from the log)."""
+        try:
+            async with asyncio.timeout(FORGET_TIMEOUT_S):
+                await self.audio.flush()
+                await self.event_log.flushed()
+        except Exception as exc:
+            log.warning("session %s: handed over with writes unflushed: %r", self.session_id, exc)
+        self._quiet = True
+        await self.spill.aclose()
+
+    def recover(self, offset_ms: int, events: list[Event]) -> None:
+        """A session resumed from Redis: its input audio timeline goes on at `offset_ms`
+        (the end of the stored audio), and `events` (an unfinished answer's end) are
+        emitted before anything else."""
+        self._turns.offset_ms = self._turns.uncommitted_from_ms = offset_ms
+        for event in events:
+            self._emit(event)
 
     # --- Redis outages ---------------------------------------------------------------------
 
@@ -317,8 +368,10 @@ class Session:
     # --- events --------------------------------------------------------------------------
 
     def _emit(self, event: Event) -> None:
-        self._sink.event(event)
-        self.event_log.record(event)
+        if not self.moving:
+            self._sink.event(event)
+        if not self._quiet:
+            self.event_log.record(event)
 
     def report_error(self, error: Exception, client_event_id: str | None = None) -> None:
         """Send a typed error to the client as an `error` event; the session goes on."""

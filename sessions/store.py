@@ -3,15 +3,19 @@
 Every write goes through the session's spill, so an outage never stops a call: what cannot
 be written now is kept and written back in order when Redis answers (spill.py). The store
 also puts back what an empty restart lost (the record and the history), pushes the keys'
-expiries out while the session lives, and deletes the keys when it ends. The session
-decides what to keep; the store decides how it reaches Redis.
+expiries out while the session lives, and deletes the keys when it ends, fenced: only while
+this process still owns the session (`fence`, ownership.py), so the late teardown of a
+process that lost the session never deletes it under its new owner. The session decides
+what to keep; the store decides how it reaches Redis.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline as RedisPipeline
@@ -23,6 +27,7 @@ from .frame_cache import FrameCache
 from .history import History
 from .keys import SessionKeys
 from .metrics import SessionMetrics
+from .ownership import delete_script
 from .redis_link import RedisLink
 from .spill import Spill
 
@@ -56,6 +61,29 @@ class SessionStore:
         self._ttl_s = ttl_s
         self._metrics = metrics
         self._created = time.time()
+        self.fence = 0
+        """This process's fence on the session (ownership.py); 0: unfenced."""
+        self.lost = False
+        """Another process owns the session now: its keys were left alone."""
+        self._delete_script = delete_script(redis)
+
+    async def owns(self) -> bool:
+        """Whether this process still holds the session's fence (True when unfenced, or
+        when Redis cannot tell: writes then go on as before)."""
+        if not self.fence or not self.link.up:
+            return True
+        try:
+            current = await self.link.call(lambda: self._redis.hget(self.keys.meta, "fence"))
+        except Exception as exc:
+            log.debug("session %s: fence unreadable: %s", self.session_id, exc)
+            return True
+        return current is None or int(current) == self.fence
+
+    async def write_transport(self, state: dict[str, Any]) -> None:
+        """What the transport needs to serve the session elsewhere (the client's audio
+        formats, say), kept in the record for a resume on another process."""
+        meta, line = self.keys.meta, json.dumps(state, separators=(",", ":"))
+        await self.spill.write("record", lambda pipe: pipe.hset(meta, "transport", line))
 
     async def write_record(self, config: SessionConfig, resume_token: str) -> None:
         """The session record: what another process needs to find and resume it."""
@@ -103,7 +131,16 @@ class SessionStore:
             return
         try:
             async with asyncio.timeout(DELETE_TIMEOUT_S):
-                await self.link.call(lambda: self._redis.delete(*self.keys.all()))
+                await self.link.call(self._delete_keys)
         except Exception as exc:
             self._metrics.redis_errors.inc()
             log.debug("session %s: could not delete keys: %s", self.session_id, exc)
+
+    async def _delete_keys(self) -> None:
+        if not self.fence:
+            await self._redis.delete(*self.keys.all())
+            return
+        keys = [self.keys.meta, *(k for k in self.keys.all() if k != self.keys.meta)]
+        if not int(await self._delete_script(keys=keys, args=[self.fence])):
+            self.lost = True
+            log.info("session %s: owned elsewhere now, its keys stay", self.session_id)
