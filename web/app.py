@@ -145,7 +145,7 @@ async def _serving(app: Starlette, services: Services) -> AsyncIterator[None]:
                         services.running = running
                         yield
                         if services.settings.workers > 1:
-                            await _drain(running, services.settings.drain_s)
+                            await _drain(services, running)
                         log.info("shutting down: closing %d session(s)", len(manager))
                 finally:
                     await calls.close()
@@ -165,12 +165,25 @@ def _process_id_argument(process_id: str) -> dict[str, Any]:
     return {}
 
 
-async def _drain(running: Running, drain_s: float) -> None:
+async def _drain(services: Services, running: Running) -> None:
     """A worker's SIGTERM, after uvicorn closed its listener (new connections go to the
-    other workers) and its WebSockets (1012: clients reconnect and resume elsewhere): calls
-    go on until they end or `drain_s` passes; whatever is left is then closed as usual."""
+    other workers) and its WebSockets (1012: clients reconnect and resume elsewhere): the
+    WebSocket sessions are handed over (kept in Redis for a resume on another process),
+    calls go on until they end or `--drain-s` passes; whatever is left is then closed."""
     loop = asyncio.get_running_loop()
+    drain_s = services.settings.drain_s
     deadline = loop.time() + drain_s
+    hand_over = getattr(running.manager, "hand_over", None)  # the takeover work's
+    if hand_over is not None:
+        resumable = [
+            session.session_id
+            for session in running.manager.sessions()
+            if services.websockets.get(session.session_id) is not None
+            or services.video_streams.get(session.session_id) is not None
+        ]
+        if resumable:
+            log.info("draining: handing %d WebSocket session(s) over", len(resumable))
+            await asyncio.gather(*(hand_over(session_id) for session_id in resumable))
     live = len(running.calls) + (len(running.sip) if running.sip is not None else 0)
     if live:
         log.info("draining: %d call(s) may go on for up to %gs", live, drain_s)
