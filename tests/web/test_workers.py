@@ -26,6 +26,7 @@ from websockets.exceptions import ConnectionClosed
 
 from loadtest.webrtc_client import Caller
 from tests.web.test_cli import Server, alive, children, free_port, servers
+from web.settings import SettingsError, parse_settings
 
 __all__ = ["servers"]  # the fixture, used by the tests below
 
@@ -173,3 +174,15 @@ def test_sip_is_served_by_one_worker_only(servers: list[Server]) -> None:
     ).stdout
     pids = {int(part.split(",")[0]) for part in bound.split("pid=")[1:]}
     assert len(pids) == 1 and pids <= set(workers_of(server)), bound
+
+
+def test_workers_and_drain_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse_settings(["serve"])[1].workers == 1
+    assert parse_settings(["serve", "--workers", "auto"])[1].workers == (os.cpu_count() or 1)
+    monkeypatch.setenv("PARLEY_WORKERS", "3")
+    monkeypatch.setenv("PARLEY_DRAIN_S", "2.5")
+    settings = parse_settings(["serve"])[1]
+    assert (settings.workers, settings.drain_s, settings.worker_index) == (3, 2.5, None)
+    for bad in (["--workers", "0"], ["--workers", "many"], ["--drain-s", "-1"]):
+        with pytest.raises(SettingsError):
+            parse_settings(["serve", *bad])
