@@ -18,18 +18,21 @@ so one session's or one link's keys stay in one slot; the cluster client splits 
 (a DEL of several sessions' keys) by slot itself. The cluster client is typed as
 `redis.asyncio.Redis` for the code that uses it: it is not a subclass, but it offers every
 command the session core and the stage links call (tests/sessions/test_cluster.py runs them
-on a real cluster).
+on a real cluster), and the two it lacks in redis-py 7.4, classic pub/sub (`pubsub()`,
+`publish()`), are added here: see `ClusterClient`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import cast
+from typing import Any, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import ConnectionPool
 from redis.exceptions import RedisError
 
 log = logging.getLogger("parley.redis")
@@ -72,7 +75,47 @@ async def open_redis(
     if not cluster:
         return aioredis.Redis.from_url(url, **options)
     log.info("Redis at %s is a cluster: using the cluster client", _address(url))
-    return cast(aioredis.Redis, RedisCluster.from_url(url, **options))
+    return cast(aioredis.Redis, ClusterClient.from_url(url, **options))
+
+
+class ClusterClient(RedisCluster):  # type: ignore[misc]  # redis is untyped here (pyproject)
+    """redis-py's async cluster client plus classic pub/sub, which it lacks.
+
+    A classic PUBLISH on any node reaches the subscribers on every node of the cluster (the
+    cluster bus carries it), so a subscription may sit on any one node: the client's default
+    node (any startup node before the first command), on a connection of its own. PUBLISH
+    answers only how many subscribers the node it went to has, so when that is 0 the
+    subscribers of the channel on every node are counted (PUBSUB NUMSUB): the answer says,
+    as on one server, whether anybody heard it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pubsub_pools: dict[str, ConnectionPool] = {}
+
+    def pubsub(self, **kwargs: Any) -> PubSub:
+        node: ClusterNode | None = self.get_default_node()
+        if node is None:
+            node = next(iter(self.nodes_manager.startup_nodes.values()))
+        pool = self._pubsub_pools.get(node.name)
+        if pool is None:
+            pool = ConnectionPool(connection_class=node.connection_class, **node.connection_kwargs)
+            self._pubsub_pools[node.name] = pool
+        return PubSub(pool, **kwargs)
+
+    async def publish(self, channel: str | bytes, message: str | bytes) -> int:
+        here = int(await self.execute_command("PUBLISH", channel, message))
+        if here:
+            return here
+        counts = await self.execute_command(
+            "PUBSUB NUMSUB", channel, target_nodes=RedisCluster.ALL_NODES
+        )
+        return sum(int(count) for _channel, count in counts)
+
+    async def aclose(self) -> None:
+        pools, self._pubsub_pools = list(self._pubsub_pools.values()), {}
+        for pool in pools:
+            await pool.disconnect()
+        await super().aclose()
 
 
 async def _is_cluster(client: aioredis.Redis, url: str) -> bool:

@@ -180,3 +180,38 @@ async def test_a_stage_link_runs_over_the_cluster(
     await a.close()
     await b.close()
     assert redis_cluster.all_keys() == []
+
+
+async def test_pub_sub_reaches_a_subscriber_on_another_node(redis_cluster_url: str) -> None:
+    """How processes ask each other (sessions/process_beat.py): a subscriber on one node,
+    a publisher whose commands go to another; PUBLISH still says somebody heard it."""
+    listener = await open_redis(redis_cluster_url, **TIMEOUTS)
+    speaker = await open_redis(redis_cluster_url, **TIMEOUTS)
+    assert isinstance(listener, RedisCluster) and isinstance(speaker, RedisCluster)
+    try:
+        await listener.ping()
+        await speaker.ping()
+        first, second = listener.get_primaries()[:2]
+        listener.set_default_node(first)
+        speaker.set_default_node(speaker.get_node(second.host, second.port))
+        pubsub = listener.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe("parley:process:proc_test")
+            channel = "parley:process:proc_test"
+            # The node PUBLISH goes to has no subscriber of its own ...
+            assert await speaker.execute_command("PUBLISH", channel, b"plain") == 0
+            # ... yet the message arrives, and publish() counts the listener elsewhere.
+            assert await speaker.publish(channel, b"hello") == 1
+            heard: list[bytes] = []
+            async with asyncio.timeout(5):
+                while len(heard) < 2:
+                    message = await pubsub.get_message(timeout=1.0)
+                    if message is not None:
+                        heard.append(message["data"])
+            assert heard == [b"plain", b"hello"]
+            assert await speaker.publish("parley:process:proc_nobody", b"anyone?") == 0
+        finally:
+            await pubsub.aclose()
+    finally:
+        await listener.aclose()
+        await speaker.aclose()
