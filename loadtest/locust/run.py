@@ -1,0 +1,190 @@
+"""Step test and churn against `parley serve`, with Locust headless in a child process, and the
+report (report.json + report.html) at the end.
+
+    .venv/bin/python -m loadtest.locust.run --protocol ws --steps 1,5,10 --step-s 20 --report out/
+    .venv/bin/python -m loadtest.locust.run --protocol webrtc --steps 5,10,20,30 --report out/
+    .venv/bin/python -m loadtest.locust.run --churn 300 --report out/churn
+
+Without `--url` it starts `parley serve --pipeline echo` on a redis-server of its own. Each
+step runs `locust --headless -u N` for `--step-s` (its CSV and exact samples under
+`report/step-N/`); the run stops at the first step that breaks a target (report.TARGETS).
+Locust runs in a child process so its gevent patching never touches this one; with
+`--processes K` Locust itself forks K workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..churn import churn
+from . import report as reports
+from .header import header
+from .quality import quality
+from .stats import merge
+from .target import Sampler, metrics, own_redis, redis_keys, resources, serve
+
+USERS = {"ws": "WsUser", "webrtc": "RtcUser", "video": "VideoUser"}
+PROTOCOLS = {"ws": "WS", "webrtc": "WebRTC", "video": "VIDEO"}
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+
+
+def locust_step(
+    args: argparse.Namespace,
+    url: str,
+    users: int,
+    folder: Path,
+    seconds: float,
+    sampler: Sampler | None,
+) -> int:
+    folder.mkdir(parents=True, exist_ok=True)
+    rate = args.spawn_rate or max(1.0, users / 5)
+    cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary"]
+    cmd += ["-u", str(users), "-r", str(rate), "-t", f"{seconds:.0f}s", "--host", url]
+    cmd += ["--csv", str(folder / "locust"), "--samples-dir", str(folder)]
+    cmd += ["--turns", str(args.turns), "--barge-every", str(args.barge_every)]
+    cmd += ["--exit-code-on-error", "0"]
+    if args.processes > 1:
+        cmd += ["--processes", str(args.processes)]
+    cmd += [USERS[p] for p in _protocols(args)]
+    with (folder / "locust.log").open("w") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=LOCUSTFILE.parents[2]
+        )
+        if sampler is not None:
+            sampler.generator_pid = proc.pid
+        try:
+            return proc.wait(seconds + 120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _protocols(args: argparse.Namespace) -> list[str]:
+    return [p for p in args.protocol.split(",") if p]
+
+
+def steps(args: argparse.Namespace, url: str, sampler: Sampler | None) -> dict[str, Any]:
+    out_dir: Path = args.report
+    if args.warmup_s > 0:
+        locust_step(args, url, 1, out_dir / "warmup", args.warmup_s, None)
+    rows: list[dict[str, Any]] = []
+    stopped_at = None
+    for users in [int(s) for s in args.steps.split(",") if s]:
+        folder = out_dir / f"step-{users}"
+        before = metrics(url)
+        if sampler is not None:
+            sampler.step = users
+        rc = locust_step(args, url, users, folder, args.step_s, sampler)
+        after = metrics(url)
+        server = {k: after[k] - before[k] for k in after}
+        samples, counters = merge(folder)
+        protocols = [PROTOCOLS[p] for p in _protocols(args)]
+        row = reports.step(users, protocols, samples, counters, server)
+        row["locust_exit_code"] = rc
+        rows.append(row)
+        verdict = "ok" if row["ok"] else "FAIL"
+        print(f"{users:4d} users: {verdict} {row['checks']}", flush=True)
+        if not row["ok"]:
+            stopped_at = users
+            break
+    dirs = [out_dir / f"step-{s['users']}" for s in rows]
+    return {"steps": rows, "stopped_at": stopped_at, "quality": quality(dirs, args.asr)}
+
+
+def churn_mode(args: argparse.Namespace, url: str, pid: int, redis_url: str) -> dict[str, Any]:
+    ws, video, webrtc = args.churn, max(1, args.churn // 3), max(1, args.churn // 10)
+    asyncio.run(churn(url, 8, 4, 2, 4))  # warm-up: imports, pools, caches
+    time.sleep(1.0)
+    before = {**resources(pid), "redis_keys": redis_keys(redis_url)}
+    started = time.monotonic()
+    asyncio.run(churn(url, ws, video, webrtc, args.churn_concurrency))
+    took = time.monotonic() - started
+    time.sleep(3.0)
+    after = {**resources(pid), "redis_keys": redis_keys(redis_url)}
+    growth = 100 * (after["rss_mb"] - before["rss_mb"]) / before["rss_mb"]
+    return {
+        "sessions": {"websocket": ws, "video": video, "webrtc": webrtc},
+        "concurrency": args.churn_concurrency,
+        "seconds": round(took, 1),
+        "before": before,
+        "after": after,
+        "rss_growth_pct": round(growth, 2),
+        "flat": abs(growth) <= 5.0 and after["redis_keys"] <= before["redis_keys"],
+        "tasks": "not exposed by the server (tests/web/test_churn.py counts them in-process)",
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    top = max([int(s) for s in args.steps.split(",") if s] + [8])
+    with contextlib.ExitStack() as stack:
+        if args.url:
+            url, pid, redis_url = args.url.rstrip("/"), None, None
+        else:
+            redis_url = stack.enter_context(own_redis())
+            served = stack.enter_context(serve(args.pipeline, top * args.processes + 16, redis_url))
+            url, pid = served.http_url, served.process.pid
+        sampler = stack.enter_context(Sampler(pid)) if pid is not None else None
+        result: dict[str, Any] = {}
+        if args.churn:
+            if pid is None or redis_url is None:
+                raise SystemExit("--churn measures the server it starts: leave out --url")
+            result["churn"] = churn_mode(args, url, pid, redis_url)
+        else:
+            result.update(steps(args, url, sampler))
+        result["timeline"] = sampler.rows if sampler is not None else []
+    result["header"] = header(
+        args.pipeline,
+        protocol=args.protocol,
+        steps=args.steps,
+        step_s=args.step_s,
+        warmup_s=args.warmup_s,
+        processes=args.processes,
+        turns_per_session=args.turns,
+        barge_every=args.barge_every,
+        input_set=(
+            "one question, 'What is the weather going to be like tomorrow in Boston?', spoken "
+            "by Piper's joe voice (trimmed); every user asks it each turn; interruptions say "
+            "'Hold on, stop.'; think time 1-3 s between sessions"
+        ),
+        url=args.url or "parley serve started by the runner",
+        date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Locust step test / churn with a report")
+    parser.add_argument(
+        "--protocol", default="ws", help="ws, webrtc, video, or several: ws,webrtc (users split)"
+    )
+    parser.add_argument("--steps", default="1,5,10,20,30", help="users per step")
+    parser.add_argument("--step-s", type=float, default=30.0)
+    parser.add_argument("--spawn-rate", type=float, default=0.0, help="default: users / 5 s")
+    parser.add_argument("--warmup-s", type=float, default=10.0, help="one user, not counted")
+    parser.add_argument("--turns", type=int, default=2, help="questions per session")
+    parser.add_argument("--barge-every", type=int, default=3)
+    parser.add_argument("--processes", type=int, default=1, help="Locust worker processes")
+    parser.add_argument("--pipeline", default="echo")
+    parser.add_argument("--url", help="a running server (http://HOST:PORT); else one is started")
+    parser.add_argument("--asr", choices=("whisper", "pocketsphinx", "none"), default="whisper")
+    parser.add_argument("--churn", type=int, default=0, help="churn mode: this many WS sessions")
+    parser.add_argument("--churn-concurrency", type=int, default=4)
+    parser.add_argument("--report", type=Path, required=True, help="output folder")
+    args = parser.parse_args(argv)
+    if not _protocols(args) or set(_protocols(args)) - set(USERS):
+        parser.error(f"--protocol: one or more of {', '.join(USERS)}, comma separated")
+    result = run(args)
+    json_path, html_path = reports.write(args.report, result)
+    print(f"report: {json_path} {html_path}")
+
+
+if __name__ == "__main__":
+    main()
