@@ -3,7 +3,7 @@ report (report.json + report.html) at the end.
 
     .venv/bin/python -m loadtest.locust.run --protocol ws --steps 1,5,10 --step-s 20 --report out/
     .venv/bin/python -m loadtest.locust.run --protocol webrtc --steps 5,10,20,30 --report out/
-    .venv/bin/python -m loadtest.locust.run --churn 300 --report out/churn
+    .venv/bin/python -m loadtest.locust.run --churn 300 --churn-rounds 3 --report out/churn
 
 Without `--url` it starts `parley serve --pipeline echo` on a redis-server of its own. Each
 step runs `locust --headless -u N` for `--step-s` (its CSV and exact samples under
@@ -100,24 +100,34 @@ def steps(args: argparse.Namespace, url: str, sampler: Sampler | None) -> dict[s
 
 
 def churn_mode(args: argparse.Namespace, url: str, pid: int, redis_url: str) -> dict[str, Any]:
+    """`--churn-rounds` rounds of short sessions one after another (loadtest.churn's clients),
+    the server's resources and Redis keys after the warm-up and after each round: a leak
+    grows round after round, a warm-up does not."""
     ws, video, webrtc = args.churn, max(1, args.churn // 3), max(1, args.churn // 10)
     asyncio.run(churn(url, 8, 4, 2, 4))  # warm-up: imports, pools, caches
     time.sleep(1.0)
     before = {**resources(pid), "redis_keys": redis_keys(redis_url)}
-    started = time.monotonic()
-    asyncio.run(churn(url, ws, video, webrtc, args.churn_concurrency))
-    took = time.monotonic() - started
-    time.sleep(3.0)
-    after = {**resources(pid), "redis_keys": redis_keys(redis_url)}
-    growth = 100 * (after["rss_mb"] - before["rss_mb"]) / before["rss_mb"]
+    rounds = []
+    for _ in range(args.churn_rounds):
+        started = time.monotonic()
+        asyncio.run(churn(url, ws, video, webrtc, args.churn_concurrency))
+        took = time.monotonic() - started
+        time.sleep(3.0)
+        rounds.append({**resources(pid), "redis_keys": redis_keys(redis_url), "s": round(took, 1)})
+    first, last = rounds[0], rounds[-1]
+    growth = 100 * (last["rss_mb"] - before["rss_mb"]) / before["rss_mb"]
+    leak = 100 * (last["rss_mb"] - first["rss_mb"]) / first["rss_mb"]
     return {
-        "sessions": {"websocket": ws, "video": video, "webrtc": webrtc},
+        "sessions_per_round": {"websocket": ws, "video": video, "webrtc": webrtc},
         "concurrency": args.churn_concurrency,
-        "seconds": round(took, 1),
         "before": before,
-        "after": after,
+        "rounds": rounds,
         "rss_growth_pct": round(growth, 2),
-        "flat": abs(growth) <= 5.0 and after["redis_keys"] <= before["redis_keys"],
+        "rss_growth_after_first_round_pct": round(leak, 2),
+        "flat": abs(leak) <= 5.0
+        and last["redis_keys"] <= before["redis_keys"]
+        and last["fds"] <= first["fds"]
+        and last["threads"] <= first["threads"] + 2,
         "tasks": "not exposed by the server (tests/web/test_churn.py counts them in-process)",
     }
 
@@ -177,6 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--asr", choices=("whisper", "pocketsphinx", "none"), default="whisper")
     parser.add_argument("--churn", type=int, default=0, help="churn mode: this many WS sessions")
     parser.add_argument("--churn-concurrency", type=int, default=4)
+    parser.add_argument("--churn-rounds", type=int, default=3)
     parser.add_argument("--report", type=Path, required=True, help="output folder")
     args = parser.parse_args(argv)
     if not _protocols(args) or set(_protocols(args)) - set(USERS):

@@ -145,3 +145,18 @@ def test_a_chart_is_inline_svg_with_its_series() -> None:
     chart = line_chart("p95 per step", "users", "ms", {"p95": [(1, 10.0), (5, 40.0)], "p50": []})
     assert chart.startswith("<svg") and chart.count("<circle") == 2 and "p95 per step" in chart
     assert "no data" in line_chart("empty", "x", "y", {})
+
+
+@pytest.mark.slow
+def test_churn_mode_reports_the_servers_resources_and_redis_keys(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "loadtest.locust.run", "--churn", "6", "--churn-rounds", "2"]
+    done = subprocess.run(
+        cmd + ["--report", str(tmp_path)], capture_output=True, text=True, timeout=55
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    churn = json.loads((tmp_path / "report.json").read_text())["churn"]
+    assert len(churn["rounds"]) == 2
+    for resources in (churn["before"], *churn["rounds"]):
+        assert resources["fds"] > 0 and resources["threads"] > 0 and resources["rss_mb"] > 20
+    assert churn["rounds"][-1]["redis_keys"] <= churn["before"]["redis_keys"]  # none left
+    assert isinstance(churn["flat"], bool) and "rss_growth_after_first_round_pct" in churn
