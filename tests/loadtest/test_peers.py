@@ -7,6 +7,7 @@ one turn), which is how CI knows the runner still works.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -145,3 +146,24 @@ def test_the_runner_measures_parley_connect_and_turn(tmp_path: Path) -> None:
     assert 0 < record["figures"]["connect_p50_ms"] < 5_000
     assert 0 < record["figures"]["turn_p50_ms"] < 5_000
     assert "| connect p50 |" in (tmp_path / "table.md").read_text()
+
+
+def test_vllm_omni_gets_the_same_arrays_as_our_connector_in_its_own_payload_shape() -> None:
+    from loadtest import connector_bench
+    from loadtest.peers.omni_connector import omni_payload
+
+    hidden = omni_payload("t2t_hidden")
+    assert tuple(hidden["hidden_states"]["output"].shape) == (200, 3584)
+    ours = connector_bench.bulk(connector_bench.payload("t2t_hidden"))
+    assert np.array_equal(hidden["hidden_states"]["output"].numpy(), ours)
+    assert omni_payload("t2v_codes")["codes"]["audio"].numel() == 600
+
+
+def test_without_vllm_omni_installed_the_stub_says_how_to_install_it(tmp_path: Path) -> None:
+    code = "from loadtest.peers import omni_stub; omni_stub.install()"
+    env = {**os.environ, "PEERS_HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 1
+    assert "python -m loadtest.peers.setup omni" in done.stderr
