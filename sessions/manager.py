@@ -334,6 +334,10 @@ class SessionManager:
                     log.warning("lease renewal failed: %s", exc)
 
     async def _renew(self, session: Session) -> None:
+        if not await session.store.owns():  # taken over while this process was not told
+            log.warning("session %s: another process owns it; it ends here", session.session_id)
+            session.request_hand_over(MOVED, flush=False)
+            return
         if not await self.link.call(lambda: self.leases.renew(session.session_id)):
             log.warning(
                 "session %s lost its lease and the cap is full; it goes on uncounted",

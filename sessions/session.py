@@ -254,10 +254,14 @@ class Session:
         self.request_close(reason)
         await self._closed.wait()
 
-    def request_hand_over(self, reason: str) -> None:
+    def request_hand_over(self, reason: str, *, flush: bool = True) -> None:
         """End here without a goodbye and without deleting the keys: the session goes on
-        in another process (handover.py). The client's connection is told `reason`."""
+        in another process (manager.py). The client's connection is told `reason`.
+        `flush`: what was recorded so far is written first (False: the session was
+        taken over already, so nothing more is written at all)."""
         self.moving = True
+        if not flush:
+            self._quiet = True
         self.request_close(reason)
 
     async def _shutdown(self) -> None:
@@ -280,6 +284,9 @@ class Session:
     async def _go_quiet(self) -> None:
         """Handing over: what was recorded so far reaches Redis, then nothing more does
         (the answer in progress is ended as cancelled by the next owner, from the log)."""
+        if self._quiet:
+            await self.spill.aclose()
+            return
         try:
             async with asyncio.timeout(FORGET_TIMEOUT_S):
                 await self.audio.flush()

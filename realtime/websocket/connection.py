@@ -24,6 +24,11 @@ messages only. Everything else is here, once:
   missed (the session's log replayed through the connection's own, fresh mapping), then
   the held ones, each exactly once. `take_over()` ends this connection for another that
   resumes its session, and returns once the session is detached.
+- Hand-over: a session that ends here to go on in another process (connections.py) ends
+  its connection with an `error` (`session_moved` or `server_draining`, named like a
+  message of our own, `<last id>~<n>`, so a resume from it starts right after what the
+  client saw) and close 1012. What a resume elsewhere needs of the connection
+  (`transport_state()`) is kept in the session record at the start and at a drop.
 
 A protocol is a message mapping on top: `messages()` (a session event -> wire messages, for
 the live stream and a replay alike), `handle()` (one client message), `error_message()`,
@@ -39,7 +44,7 @@ import collections
 import contextlib
 import json
 import logging
-from typing import ClassVar, Self
+from typing import Any, ClassVar, Self
 
 from starlette import status
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -48,7 +53,15 @@ from pipeline.tasks import cancel_and_wait
 from sessions import Session, SessionClosedError, SessionManager
 from sessions.events import Event, SessionClosed
 
-from .connections import CLOSE_VERDICT_S, DEFAULT_GRACE_S, ConnectionRegistry, closed_cleanly
+from .connections import (
+    CLOSE_SERVICE_RESTART,
+    CLOSE_VERDICT_S,
+    DEFAULT_GRACE_S,
+    HANDED_OVER,
+    ConnectionRegistry,
+    closed_cleanly,
+    reconnect_text,
+)
 from .resume import HELD_EVENTS, read_log, replay_messages
 from .sender import AudioMessageFn, Message, PacedSender, SlowClientError
 
@@ -127,6 +140,7 @@ class MessageConnection(PacedSender):
         self._last_id = "evt"
         """The last id sent that a session event gave (`evt` until there is one)."""
         self._seq = 0
+        self._remembered: dict[str, Any] | None = None
 
     # --- the protocol's part -------------------------------------------------------------
 
@@ -154,6 +168,26 @@ class MessageConnection(PacedSender):
     def resume_failed_text(self) -> str:
         return "The missed messages could not be read"
 
+    def reconnect_message(self, code: str, text: str) -> Message:
+        """The `error` that tells the client its session moved (to reconnect)."""
+        return self.error_message(code, text)
+
+    def transport_state(self) -> dict[str, Any] | None:
+        """What a resume on another process needs of this connection (kept in the
+        session record); None: nothing."""
+        return None
+
+    async def remember_transport(self) -> None:
+        """Keep `transport_state()` in the session record, when it changed."""
+        session, state = self.session, self.transport_state()
+        if session is None or state is None or state == self._remembered:
+            return
+        self._remembered = state
+        try:
+            await session.store.write_transport(state)
+        except Exception as exc:  # a resume elsewhere then uses the defaults
+            log.warning("session %s: transport state not kept: %r", session.session_id, exc)
+
     def resume_gap_text(self, last_event_id: str | None) -> str:
         return (
             f"Event {last_event_id} is no longer in the session's log; every message still "
@@ -171,12 +205,22 @@ class MessageConnection(PacedSender):
     def _emit(self, event: Event, *, replayed: bool = False) -> None:
         """Queue the event's messages (unless a replay sent them already), and note what
         it says."""
+        if isinstance(event, SessionClosed) and event.reason in HANDED_OVER:
+            self._moved(event.reason)
+            return
         if not replayed:
             for message, after_audio in self.messages(event):
                 self.post(message, after_audio=after_audio)
         self.observe(event)
         if isinstance(event, SessionClosed):
             self.finish(SESSION_CLOSED)
+
+    def _moved(self, code: str) -> None:
+        """The session went on elsewhere: the client is told to reconnect, then 1012."""
+        message = dict(self.reconnect_message(code, reconnect_text(code, self._session_id or "")))
+        message.pop("event_id", None)  # named after the last message sent (`<id>~<n>`)
+        self.post(message)
+        self.finish(code, CLOSE_SERVICE_RESTART)
 
     # --- the wire ------------------------------------------------------------------------
 
@@ -263,6 +307,8 @@ class MessageConnection(PacedSender):
         assert session is not None
         if registry is not None:
             registry.register(self)
+        if self.OWNS_SESSION:
+            await self.remember_transport()
         name = session.session_id
         reader: asyncio.Task[None] | None = None
         sender: asyncio.Task[None] | None = None
@@ -276,7 +322,8 @@ class MessageConnection(PacedSender):
             if not self.resumable or not self.OWNS_SESSION:
                 if self.OWNS_SESSION:
                     await self._end_session(session)  # its goodbye is queued now
-                if self.close_code == CLOSE_NORMAL and not sender.done():
+                flush = self.close_code in (CLOSE_NORMAL, CLOSE_SERVICE_RESTART)
+                if flush and not sender.done():
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(FLUSH_TIMEOUT_S):
                             await self.flushed()
@@ -319,6 +366,7 @@ class MessageConnection(PacedSender):
         if not self.resumable:
             await self._end_session(session)
             return
+        await self.remember_transport()
         try:
             await session.detach(self.grace_s)
         except SessionClosedError:

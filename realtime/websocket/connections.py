@@ -5,17 +5,31 @@ alive for `DEFAULT_GRACE_S` after a dropped connection; a clean close (the clien
 frame with 1000 or 1001) ends the session at once. A client that reconnects with the
 session id and resume token asks the endpoint's `ConnectionRegistry` for the connection
 that last served the session: to take the session over from it (a half-open socket the
-server has not noticed yet) and to carry on with its settings. Sessions live in the
-process that created them, and so do the registries: a resume must reach that process.
+server has not noticed yet) and to carry on with its settings.
+
+A resume may reach any process. The registries are per process; a session that is not
+here is resumed from Redis (`SessionManager.resume`: the old owner, if alive, lets go, and
+this process owns the session from then on). There is no old connection then: what the
+transport needs of it (the client's audio formats, the stream's settings) comes from the
+session record (`Session.transport`, written by the transport with
+`SessionStore.write_transport`).
+
+Hand-over (a drain, or another process took the session): the session ends here without a
+goodbye, and its connection tells the client to reconnect (an `error` with code
+`MOVED_CODE` or `DRAINING_CODE`, then close 1012, service restart): connection.py. To
+drain a process: `await manager.hand_over_all()`; the connections of every endpoint
+(OpenAI Realtime, the video chat stream) follow their sessions by themselves.
 """
 
 from __future__ import annotations
 
 from typing import Generic, Protocol, TypeVar
 
+from redis.exceptions import RedisError
 from starlette import status
 
 from sessions import Session, SessionManager, SessionNotFoundError
+from sessions.manager import DRAINING, MOVED
 
 DEFAULT_GRACE_S = 30.0
 """How long a session outlives its dropped connection, waiting for a resume."""
@@ -27,6 +41,27 @@ TCP connection (no close frame) as 1005 with its default, sans-I/O websockets pr
 and as 1006 with the others; a half-open socket caught by the keepalive ping shows up
 the same way (or as 1011); a close frame with no code is 1005 too. None of those is
 clean: the session waits `DEFAULT_GRACE_S` for a resume."""
+
+CLOSE_SERVICE_RESTART = status.WS_1012_SERVICE_RESTART
+"""The close code of a session handed over: reconnect (with the resume token)."""
+MOVED_CODE = MOVED
+DRAINING_CODE = DRAINING
+HANDED_OVER = frozenset({MOVED_CODE, DRAINING_CODE})
+"""Why a session ended here to go on elsewhere (the session's close reason)."""
+
+
+def reconnect_text(code: str, session_id: str) -> str:
+    """What a client told to reconnect reads."""
+    why = (
+        "this server is shutting down"
+        if code == DRAINING_CODE
+        else "another server process took it over"
+    )
+    return (
+        f"The session {session_id} moved ({why}): reconnect with its session_id, "
+        "resume_token and last_event_id to resume it; nothing is lost"
+    )
+
 
 CLOSE_VERDICT_S = 1.0
 """How long a connection whose send failed waits for the reader to report the client's
@@ -84,10 +119,16 @@ async def claim_session(
 ) -> tuple[Session, C | None] | None:
     """For a resume: the live session `session_id` if `token` is its resume token, and the
     connection that last served it, which has handed the session over by now (a half-open
-    socket the server had not noticed yet); None when there is nothing to resume."""
+    socket the server had not noticed yet); None when there is nothing to resume. A
+    session another process holds (or held, if it died) is taken over from Redis, with no
+    old connection. Raises SessionLimitError when this process takes no session now."""
     session = resumable_session(manager, session_id, token)
     if session is None:
-        return None
+        try:
+            resumed = await manager.resume(session_id, token)
+        except (RedisError, OSError):  # RedisUnavailableError is an OSError
+            return None
+        return (resumed, None) if resumed is not None else None
     old = registry.get(session_id)
     if old is not None:
         await old.take_over()  # its teardown (a detach, maybe) ends before we attach

@@ -2,14 +2,16 @@
 
 The web route authenticates and reads the upgrade request into a `ConnectRequest`; this
 accepts the socket and binds it to its session. Refusals after the upgrade are an
-`error` event and a close: `session_limit` (1013, try again later), `session_not_found`
-(1008: unknown session or wrong resume token).
+`error` event and a close: `session_limit` (1013, try again later: also a resume that
+reaches a draining process), `session_not_found` (1008: unknown session or wrong resume
+token). A resume may reach any process (connections.py).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.websockets import WebSocket
 
@@ -82,9 +84,13 @@ async def _resume(
     connection: OpenAIRealtimeConnection, connections: OpenAIConnections, request: ConnectRequest
 ) -> bool:
     assert request.session_id is not None
-    claimed = await claim_session(
-        connection.manager, connections, request.session_id, request.resume_token
-    )
+    try:
+        claimed = await claim_session(
+            connection.manager, connections, request.session_id, request.resume_token
+        )
+    except SessionLimitError as exc:
+        await connection.refuse("session_limit", str(exc), CLOSE_TRY_AGAIN, "server_error")
+        return False
     if claimed is None:
         await connection.refuse(
             "session_not_found",
@@ -93,7 +99,7 @@ async def _resume(
         )
         return False
     session, old = claimed
-    formats = old.formats if old is not None else AudioFormats.for_config(session.config)
+    formats = old.formats if old is not None else kept_formats(session.transport, session.config)
     try:
         connection.resume_into(session, request.last_event_id)
     except SessionClosedError:
@@ -102,3 +108,15 @@ async def _resume(
     connection.bind(session, formats)
     log.info("session %s resumed after %s", session.session_id, request.last_event_id)
     return True
+
+
+def kept_formats(state: dict[str, Any], config: SessionConfig) -> AudioFormats:
+    """The audio formats the last connection kept in the session record (a resume on
+    another process); PCM at the session's rates when there are none."""
+    kept = state.get("formats")
+    if isinstance(kept, dict):
+        try:
+            return AudioFormats(**kept)
+        except TypeError:
+            pass
+    return AudioFormats.for_config(config)

@@ -21,15 +21,19 @@ Resume. A dropped connection (no close frame: 1005/1006 as uvicorn reports it, a
 error, a half-open socket) leaves its session alive for a grace period (30 s): the
 session goes on logging events. A client that reconnects with `session_id`,
 `resume_token` (from `session.created`, under `session.parley`) and `last_event_id` gets
-the events it missed, then the live ones, each exactly once. Sessions live in the process
-that created them: a resume must reach the same process (route by session id), and
-`OpenAIConnections` is per process too. A client reconnecting while the server still
-holds its old, half-open connection takes the session over; the old one is closed.
+the events it missed, then the live ones, each exactly once. A resume may reach any
+process: one that does not hold the session takes it over from Redis (connections.py),
+with the audio formats the last connection kept in the session record. A client
+reconnecting while a server still holds its old, half-open connection takes the session
+over; the old one is closed (1000 in the same process; an `error` `session_moved` and
+1012 from another one). A drain ends the connection with an `error` `server_draining`
+(type `server_error`) and 1012: reconnect with the resume token.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -133,10 +137,19 @@ class OpenAIRealtimeConnection(MessageConnection):
     async def handle(self, raw: str | bytes) -> bool:
         assert self.dispatcher is not None
         await self.dispatcher.handle_raw(raw)
+        if self.dispatcher.formats != self._formats:  # a session.update changed them
+            self._formats = self.dispatcher.formats
+            await self.remember_transport()
         return False
 
     def error_message(self, code: str, text: str) -> Message:
         return error_message(code, text)
+
+    def reconnect_message(self, code: str, text: str) -> Message:
+        return error_message(code, text, "server_error")
+
+    def transport_state(self) -> dict[str, Any]:
+        return {"formats": dataclasses.asdict(self.formats)}
 
     async def refuse(
         self, code: str, text: str, close_code: int, error_type: str = "invalid_request_error"

@@ -63,8 +63,12 @@ instead of the config, gets the messages it missed (not the audio), each exactly
 in order, then the live ones; the connection keeps the first one's settings and the audio
 since the last query. A wrong token or a session that has ended: `error`, close 1008. A
 resume while the server still holds the old, half-open connection takes the session over
-(the old one closes). Sessions live in the process that created them: route resumes to
-it. A session without the extras ends when its connection drops.
+(the old one closes). A resume may reach any process: one that does not hold the session
+takes it over from Redis (connections.py), with the settings the stream kept in the
+session record; the audio sent since the last query is not carried over (the frames
+are: they are in Redis). A drain or a move ends the connection with an `error`
+(`server_draining` / `session_moved`) and close 1012: resume with the token. A session
+without the extras ends when its connection drops.
 """
 
 from __future__ import annotations
@@ -73,8 +77,9 @@ import asyncio
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
+from pydantic import ValidationError
 from starlette.websockets import WebSocket
 
 from pipeline.audio_format import INPUT_SAMPLE_RATE as SAMPLE_RATE
@@ -232,19 +237,34 @@ class VideoChatStream(MessageConnection):
             return False
         return True
 
+    def transport_state(self) -> dict[str, Any] | None:
+        if not self.extras:
+            return None  # nobody can resume it
+        return {"video": self.state.config.model_dump(mode="json")}
+
     async def _resume(self, message: SessionResumeMessage) -> bool:
         """Take over the session of a dropped connection; False when refused."""
-        claimed = await claim_session(
-            self.manager, self._streams, message.session_id, message.resume_token
-        )
+        try:
+            claimed = await claim_session(
+                self.manager, self._streams, message.session_id, message.resume_token
+            )
+        except SessionLimitError as exc:
+            await self._report(str(exc), exc.code)
+            self.finish("refused", CLOSE_TRY_AGAIN)
+            return False
         session, old = claimed if claimed is not None else (None, None)
-        if session is None or old is None:
+        state = old.state if old is not None else None
+        if session is not None and old is None:  # taken over from another process
+            state = await kept_state(session)
+            if state is None:  # not a video chat stream's session
+                await session.detach(self.grace_s)
+        if session is None or state is None:
             await self._refuse(
                 f"No resumable session {message.session_id} (it ended, or the resume token "
                 "is wrong)"
             )
             return False
-        self.state = old.state
+        self.state = state
         self._mapping = VideoMessages(audio_output=self.state.config.audio_output)
         try:
             self.resume_into(session, message.last_event_id)
@@ -469,6 +489,19 @@ class VideoChatStream(MessageConnection):
             await session.add_text(query.text)
         await session.create_response()
         self._idle.clear()  # `video.done` waits for this answer
+
+
+async def kept_state(session: Session) -> VideoChatState | None:
+    """A stream's state from the session record (a resume on another process): its
+    settings, and whether frames are buffered; None when the record has no stream."""
+    kept = session.transport.get("video")
+    if not isinstance(kept, dict):
+        return None
+    try:
+        config = SessionConfigMessage.model_validate(kept)
+    except ValidationError:
+        return None
+    return VideoChatState(config=config, has_frames=await session.frames.count() > 0)
 
 
 VideoStreams: TypeAlias = ConnectionRegistry[VideoChatStream]
