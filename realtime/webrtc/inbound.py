@@ -1,8 +1,8 @@
 """Draining the caller's tracks into the session, whatever the session is doing.
 
 An aiortc track that nobody reads queues decoded frames without bound, so each inbound
-track gets one drain task for the life of the call. Audio goes to the session as it comes
-(decoded Opus: 48 kHz PCM16, resampled to 16 kHz by the session). Video is sampled: one
+track gets one drain task for the life of the call. Audio goes to the session as it comes,
+already 16 kHz mono (mic.py: decoded Opus is 48 kHz stereo). Video is sampled: one
 frame per `1/fps` seconds (faster while the user speaks), JPEG-encoded off the event loop,
 into the session's frame cache; the frames in between are read and dropped.
 
@@ -23,45 +23,37 @@ from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
 from sessions import ParleyError, Session, SessionClosedError, SessionState
+from sessions.resample import SAMPLE_RATE
 
 from . import guards
+from .mic import MicConverter
 
 JPEG_QUALITY = 80
 MAX_WIDTH = 640
 
 
 async def drain_audio(track: MediaStreamTrack, session: Session) -> None:
+    mic = MicConverter()
     while True:
         try:
             frame = await track.recv()
         except MediaStreamError:
             return
         try:
-            pcm, rate, channels = _pcm16(frame)
+            if not isinstance(frame, av.AudioFrame):
+                raise ValueError(f"not an audio frame: {type(frame).__name__}")
+            pcm = mic.convert(frame)
         except (ValueError, av.FFmpegError) as exc:
             guards.count("frame", f"an audio frame could not be converted: {exc}")
             continue
+        if not pcm:
+            continue  # the resampler's block is not full yet
         try:
-            await session.append_audio(pcm, rate, channels)
+            await session.append_audio(pcm, SAMPLE_RATE, 1)
         except SessionClosedError:
             continue  # keep draining until the track ends
         except ParleyError as exc:
             guards.count("refused", f"session {session.session_id} refused audio: {exc}")
-
-
-def _pcm16(frame: object) -> tuple[bytes, int, int]:
-    """(interleaved PCM16, sample rate, channels) of a decoded audio frame."""
-    if not isinstance(frame, av.AudioFrame):
-        raise ValueError(f"not an audio frame: {type(frame).__name__}")
-    if frame.format.name != "s16":
-        frame = _to_s16(frame)
-    return frame.to_ndarray().tobytes(), frame.sample_rate, len(frame.layout.channels)
-
-
-def _to_s16(frame: av.AudioFrame) -> av.AudioFrame:
-    resampler = av.AudioResampler(format="s16", layout=frame.layout.name, rate=frame.sample_rate)
-    (converted,) = resampler.resample(frame)
-    return converted
 
 
 def encode_jpeg(frame: av.VideoFrame) -> bytes:
