@@ -8,7 +8,9 @@ the target is 1 s.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import io
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import redis.asyncio as aioredis
+from PIL import Image
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
@@ -258,3 +261,62 @@ async def test_a_hand_over_tells_the_client_to_reconnect_elsewhere(
         items = await manager_of(b).get(session_id).history.items()
         assert [i.text for i in items][0::2] == ["Hello?", "Hello again?"]
         await second.ws.close()
+
+
+def jpeg() -> str:
+    out = io.BytesIO()
+    Image.new("RGB", (64, 48), (5, 5, 5)).save(out, format="JPEG")
+    return base64.b64encode(out.getvalue()).decode("ascii")
+
+
+@contextlib.asynccontextmanager
+async def stream(app: ServedApp) -> AsyncIterator[RecordingClient]:
+    url = f"{app.ws_url}/v1/video/chat/stream"
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with connect(url, additional_headers=headers, proxy=None, max_size=None) as ws:
+        yield RecordingClient(ws)
+
+
+async def test_a_video_chat_stream_resumes_on_the_other_process(
+    apps: tuple[ServedApp, ServedApp],
+) -> None:
+    a, b = apps
+    async with stream(a) as first:
+        await first.send({"type": "session.config", "parley": {"extras": True}})
+        created = await first.wait_type("session.created")
+        session_id, token = created["session_id"], created["resume_token"]
+        await first.send({"type": "video.frame", "data": jpeg()})
+        await first.send({"type": "video.query", "text": "What do you see?"})
+        await first.wait_type("response.text.delta")
+        last = first.events[-1]["event_id"]
+        start = time.perf_counter()
+        async with stream(b) as second:
+            resume = {"session_id": session_id, "resume_token": token, "last_event_id": last}
+            await second.send({"type": "session.resume", **resume})
+            await second.send({"type": "ping"})
+            await second.wait_type("pong")
+            took = time.perf_counter() - start
+            print(f"\nresume on the other process (video stream): {took * 1000:.0f} ms")
+            assert took < RESUME_TARGET_S
+            moved = await first.wait_type("error")
+            assert moved["code"] == "session_moved"
+            assert await closed_with(first) == 1012
+            cut = [e for e in second.events if e["type"] == "response.text.done"]
+            assert len(cut) == 1 and cut[0]["status"] == "cancelled", second.events
+            seen = first.events[: [e["event_id"] for e in first.events].index(last) + 1]
+            deltas = [
+                e["delta"] for e in seen + second.events if e["type"] == "response.text.delta"
+            ]
+            assert cut[0]["text"] == "".join(deltas).strip()  # what the client got, no more
+            assert cut[0]["text"] and "Hello there, this is the fake model".startswith(
+                cut[0]["text"]
+            )
+            # The next question is answered by B over the frames kept in Redis.
+            await second.send({"type": "video.query", "text": "And now?"})
+            done = await second.wait_for(
+                lambda e: e["type"] == "response.text.done" and e.get("status") == "completed"
+            )
+            assert done["text"].startswith("Hello there")
+            await second.send({"type": "video.done"})
+            assert await closed_with(second) == 1000
+    assert len(manager_of(a)) == len(manager_of(b)) == 0
