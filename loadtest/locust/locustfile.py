@@ -5,7 +5,8 @@
         --csv out/ws --samples-dir out/ws --host http://127.0.0.1:8000 WsUser
 
 Users: `WsUser` (OpenAI Realtime WebSocket), `RtcUser` (WebRTC, OpenAI's call flow),
-`VideoUser` (the video chat stream, with frames). Locust's web UI, `--processes N` and
+`VideoUser` (the video chat stream, with frames), `SipUser` (SIP/RTP over UDP, with
+`--sip-port`: the server's). Locust's web UI, `--processes N` and
 master/worker all work as with any Locust file; `--samples-dir` makes every process write
 its exact samples (and a few answers' audio, for the quality figure) when it quits.
 `python -m loadtest.locust.run` runs steps and churn and builds the report.
@@ -18,9 +19,9 @@ from typing import Any
 
 from locust import events
 
-from loadtest.locust.users import RtcUser, Shared, VideoUser, WsUser
+from loadtest.locust.users import RtcUser, Shared, SipUser, VideoUser, WsUser
 
-__all__ = ["RtcUser", "VideoUser", "WsUser"]
+__all__ = ["RtcUser", "SipUser", "VideoUser", "WsUser"]
 
 
 def _write_samples(environment: Any, **_: Any) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import socket
 import subprocess
 import sys
 import time
@@ -24,14 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from ..churn import churn
+from ..served import free_port
 from . import report as reports
 from .header import header
 from .quality import quality
 from .stats import merge
 from .target import Sampler, metrics, own_redis, redis_keys, resources, serve
 
-USERS = {"ws": "WsUser", "webrtc": "RtcUser", "video": "VideoUser"}
-PROTOCOLS = {"ws": "WS", "webrtc": "WebRTC", "video": "VIDEO"}
+USERS = {"ws": "WsUser", "webrtc": "RtcUser", "video": "VideoUser", "sip": "SipUser"}
+PROTOCOLS = {"ws": "WS", "webrtc": "WebRTC", "video": "VIDEO", "sip": "SIP"}
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 
 
@@ -44,12 +46,14 @@ def locust_step(
     sampler: Sampler | None,
 ) -> int:
     folder.mkdir(parents=True, exist_ok=True)
+    for old in [*folder.glob("samples-*.json"), *folder.glob("clip*")]:
+        old.unlink()  # an earlier run's
     rate = args.spawn_rate or max(1.0, users / 5)
     cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary"]
     cmd += ["-u", str(users), "-r", str(rate), "-t", f"{seconds:.0f}s", "--host", url]
     cmd += ["--csv", str(folder / "locust"), "--samples-dir", str(folder)]
     cmd += ["--turns", str(args.turns), "--barge-every", str(args.barge_every)]
-    cmd += ["--exit-code-on-error", "0"]
+    cmd += ["--exit-code-on-error", "0", "--sip-port", str(args.sip_port)]
     if args.processes > 1:
         cmd += ["--processes", str(args.processes)]
     cmd += [USERS[p] for p in _protocols(args)]
@@ -139,7 +143,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             url, pid, redis_url = args.url.rstrip("/"), None, None
         else:
             redis_url = stack.enter_context(own_redis())
-            served = stack.enter_context(serve(args.pipeline, top * args.processes + 16, redis_url))
+            if "sip" in _protocols(args):
+                args.sip_port = free_port(socket.SOCK_DGRAM)
+            extra = ["--sip-port", str(args.sip_port)] if args.sip_port else []
+            cap = top * args.processes + 16
+            served = stack.enter_context(serve(args.pipeline, cap, redis_url, extra))
             url, pid = served.http_url, served.process.pid
         sampler = stack.enter_context(Sampler(pid)) if pid is not None else None
         result: dict[str, Any] = {}
@@ -173,7 +181,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Locust step test / churn with a report")
     parser.add_argument(
-        "--protocol", default="ws", help="ws, webrtc, video, or several: ws,webrtc (users split)"
+        "--protocol", default="ws", help="ws, webrtc, video, sip, or several: ws,webrtc"
     )
     parser.add_argument("--steps", default="1,5,10,20,30", help="users per step")
     parser.add_argument("--step-s", type=float, default=30.0)
@@ -184,6 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--processes", type=int, default=1, help="Locust worker processes")
     parser.add_argument("--pipeline", default="echo")
     parser.add_argument("--url", help="a running server (http://HOST:PORT); else one is started")
+    parser.add_argument("--sip-port", type=int, default=0, help="with --url: its SIP port")
     parser.add_argument("--asr", choices=("whisper", "pocketsphinx", "none"), default="whisper")
     parser.add_argument("--churn", type=int, default=0, help="churn mode: this many WS sessions")
     parser.add_argument("--churn-concurrency", type=int, default=4)

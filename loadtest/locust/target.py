@@ -50,8 +50,10 @@ def own_redis() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def serve(pipeline: str, max_sessions: int, redis_url: str) -> Iterator[Served]:
-    options = ["--pipeline", pipeline, "--max-sessions", str(max_sessions)]
+def serve(
+    pipeline: str, max_sessions: int, redis_url: str, extra: list[str] | None = None
+) -> Iterator[Served]:
+    options = ["--pipeline", pipeline, "--max-sessions", str(max_sessions), *(extra or [])]
     with parley_serve(*options, "--redis-url", redis_url) as served:
         yield served
 

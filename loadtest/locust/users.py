@@ -21,6 +21,8 @@ from locust.env import Environment
 from .aio import LoopHost
 from .rtc_session import PROTOCOL as RTC
 from .rtc_session import rtc_session
+from .sip_session import PROTOCOL as SIP
+from .sip_session import sip_session
 from .stats import GENERATOR, LOOP_LAG, SESSION, Recorder
 from .video_session import PROTOCOL as VIDEO
 from .video_session import video_session
@@ -30,37 +32,41 @@ from .ws_session import Speech, ws_session
 SESSION_TIMEOUT_S = 120.0
 
 
+QUESTION = "What is the weather going to be like tomorrow in Boston?"
+STOP = "Hold on, stop."
+
+
+def _resampled(pcm: np.ndarray, rate: int) -> np.ndarray:
+    return np.asarray(soxr.resample(pcm, 24_000, rate), dtype=np.int16)
+
+
+def _speech() -> tuple[Speech, tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """Piper's speech, synthesised when the Locust file is imported: before Locust starts its
+    runner, so the seconds it takes never block a worker's heartbeats or a user's timing."""
+    from ..voice_mic import spoken
+
+    speech = Speech(spoken(QUESTION), QUESTION, spoken(STOP))
+    pairs = [(_resampled(speech.question, r), _resampled(speech.stop, r)) for r in (16_000, 8000)]
+    return speech, pairs[0], pairs[1]
+
+
 class Shared:
     """What every user of this process shares: the loop, the recorder, the spoken speech."""
 
     host: LoopHost | None = None
     rec: Recorder | None = None
-    speech: Speech | None = None
-    speech16: tuple[np.ndarray, np.ndarray] | None = None
-    """The question and the interruption at 16 kHz (WebRTC's microphone, the video stream)."""
+    speech, speech16, speech8 = _speech()
+    """The question and the interruption at 24 kHz (WebSocket), 16 kHz (WebRTC's
+    microphone, the video stream) and 8 kHz (SIP)."""
     counter = itertools.count()
 
     @classmethod
     def start(cls, environment: Environment) -> None:
         if cls.host is not None:
             return
-        from ..voice_mic import spoken  # Piper: loaded once per process, before any user
-
         rec = Recorder(environment.events.request.fire)
         cls.rec = rec
         cls.host = LoopHost(lambda ms: rec.time(GENERATOR, LOOP_LAG, ms))
-        options = environment.parsed_options
-        question = getattr(options, "question", QUESTION)
-        cls.speech = Speech(spoken(question), question, spoken(STOP))
-        cls.speech16 = (_to16k(cls.speech.question), _to16k(cls.speech.stop))
-
-
-def _to16k(pcm: np.ndarray) -> np.ndarray:
-    return np.asarray(soxr.resample(pcm, 24_000, 16_000), dtype=np.int16)
-
-
-QUESTION = "What is the weather going to be like tomorrow in Boston?"
-STOP = "Hold on, stop."
 
 
 class ParleyUser(User):
@@ -76,7 +82,7 @@ class ParleyUser(User):
 
     def _run(self, make: Callable[[Recorder, Speech, int], Coroutine[Any, Any, Any]]) -> None:
         host, rec, speech = Shared.host, Shared.rec, Shared.speech
-        assert host is not None and rec is not None and speech is not None
+        assert host is not None and rec is not None
         turns = int(getattr(self._options(), "turns", 2))
         start = next(Shared.counter) * turns
         began = time.monotonic()
@@ -109,7 +115,6 @@ class RtcUser(ParleyUser):
 
     @task
     def session(self) -> None:
-        assert Shared.speech16 is not None
         question, stop = Shared.speech16
         base, turns, every = str(self.host), int(self._options().turns), self._every()
         self._run(lambda rec, _, start: rtc_session(base, rec, question, stop, turns, every, start))
@@ -125,7 +130,6 @@ class VideoUser(ParleyUser):
 
     @task
     def session(self) -> None:
-        assert Shared.speech16 is not None
         question, stop = Shared.speech16
         ws_base = "ws" + str(self.host).removeprefix("http")
         turns, every = int(self._options().turns), int(self._options().barge_every)
@@ -134,12 +138,25 @@ class VideoUser(ParleyUser):
         )
 
 
+class SipUser(ParleyUser):
+    """SIP over UDP with mu-law RTP (needs the server's `--sip-port`, given as `--sip-port`)."""
+
+    protocol = SIP
+
+    @task
+    def session(self) -> None:
+        options = self._options()
+        port, turns, every = int(options.sip_port), int(options.turns), int(options.barge_every)
+        question, stop = Shared.speech8
+        self._run(lambda rec, _, start: sip_session(port, rec, question, stop, turns, every, start))
+
+
 def add_arguments(parser: Any) -> None:
     group = parser.add_argument_group("Parley")
     group.add_argument("--turns", type=int, default=2, help="questions per session")
     group.add_argument("--barge-every", type=int, default=3, help="interrupt one answer in N")
+    group.add_argument("--sip-port", type=int, default=5060, help="the server's SIP port")
     group.add_argument("--samples-dir", default="", help="write exact samples here at the end")
-    group.add_argument("--question", default=QUESTION, help="what each user asks")
 
 
 events.init_command_line_parser.add_listener(add_arguments)  # type: ignore[no-untyped-call]

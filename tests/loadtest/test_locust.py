@@ -2,7 +2,7 @@
 
 The end-to-end test runs `python -m loadtest.locust.run` in a child process (Locust's gevent
 patching must never reach the test process): `parley serve --pipeline echo` on a Redis of
-its own, one WebSocket, one WebRTC and one video user for one short step, then the report,
+its own, one WebSocket, one WebRTC, one video and one SIP user for one short step, then the report,
 which must carry every figure of issue 14's Locust section with sane values.
 """
 
@@ -45,8 +45,8 @@ def _figure(step: dict[str, Any], key: str) -> dict[str, float]:
 @pytest.mark.timeout(90)
 def test_a_locust_step_over_every_protocol_reports_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "report"
-    cmd = [sys.executable, "-m", "loadtest.locust.run", "--protocol", "ws,webrtc,video"]
-    cmd += ["--steps", "3", "--step-s", "18", "--warmup-s", "0", "--turns", "2"]
+    cmd = [sys.executable, "-m", "loadtest.locust.run", "--protocol", "ws,webrtc,video,sip"]
+    cmd += ["--steps", "4", "--step-s", "18", "--warmup-s", "0", "--turns", "2"]
     cmd += ["--barge-every", "2", "--asr", "pocketsphinx", "--report", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=85)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
@@ -57,14 +57,17 @@ def test_a_locust_step_over_every_protocol_reports_every_figure(tmp_path: Path) 
     assert {"parley", "aiortc", "locust"} <= set(result["header"]["versions"])
     assert result["header"]["hardware"]["cores"] >= 1
     (step,) = result["steps"]
-    assert step["users"] == 3
-    for key in ("connect", "voice_to_voice", "processing"):
-        for protocol in ("WS", "WebRTC", "VIDEO"):
-            assert _figure(step, f"{protocol} {key}")["max"] < 30_000
+    assert step["users"] == 4
+    for protocol in ("WS", "WebRTC", "VIDEO", "SIP"):
+        for key in ("connect", "voice_to_voice", "processing"):
+            if (protocol, key) != ("SIP", "processing"):  # SIP has no speech_stopped event
+                assert _figure(step, f"{protocol} {key}")["max"] < 30_000
+        assert not step["checks"][f"{protocol} session_errors"]["value"]
     assert _figure(step, "WS voice_to_voice")["min"] > 300  # server VAD waits 500 ms of quiet
     _figure(step, "WS barge_in")
     _figure(step, "WS chunk_lag")
     _figure(step, "WebRTC answer_gap")
+    _figure(step, "SIP answer_gap")
     assert _figure(step, "GEN loop_lag")["max"] < 5_000
     assert step["counters"]["WebRTC frames"] > 50
     assert "WebRTC late_frames" in step["counters"] or step["counters"]["WebRTC frames"]
@@ -72,13 +75,12 @@ def test_a_locust_step_over_every_protocol_reports_every_figure(tmp_path: Path) 
     assert {"late_frames_pct", "ws_chunk_lag_p95_ms", "client_late_frames_pct"} <= set(
         step["checks"]
     )
-    assert not step["checks"]["WS session_errors"]["value"]
     quality = result["quality"]
     assert quality["clips"] >= 1 and quality["wer"] is not None and quality["wer"] < 0.5
     timeline = result["timeline"]
     assert timeline and all("server_cpu_pct" in row and "server_rss_mb" in row for row in timeline)
     assert any("generator_cpu_pct" in row for row in timeline)
-    assert (out / "step-3" / "locust_stats.csv").exists()  # Locust's own CSV, next to ours
+    assert (out / "step-4" / "locust_stats.csv").exists()  # Locust's own CSV, next to ours
     page = (out / "report.html").read_text()
     assert page.count("<svg") >= 5 and "<script" not in page and "<link" not in page
 
