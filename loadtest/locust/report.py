@@ -140,7 +140,9 @@ def html(report: dict[str, Any]) -> str:
         checks = ", ".join(
             f"{k} {c['value']:g}{'' if c['ok'] else ' FAIL'}" for k, c in s["checks"].items()
         )
-        verdict = "ok" if s["ok"] else "FAIL"
+        verdict = ("ok" if s["ok"] else "FAIL") + (
+            " (generator overloaded)" if s.get("generator_overloaded") else ""
+        )
         step_rows.append([s["users"], " ".join(s["protocols"]), verdict, checks])
     figure_rows = [
         [s["users"], key, *(f.get(c, "") for c in ("n", "p50", "p90", "p95", "p99", "max"))]

@@ -95,7 +95,10 @@ def steps(args: argparse.Namespace, url: str, sampler: Sampler | None) -> dict[s
         row["locust_exit_code"] = rc
         rows.append(row)
         verdict = "ok" if row["ok"] else "FAIL"
-        print(f"{users:4d} users: {verdict} {row['checks']}", flush=True)
+        if row["generator_overloaded"]:
+            verdict += " (the load generator's own loop was late: figures suspect)"
+        checks = ", ".join(f"{k} {c['value']:g}" for k, c in row["checks"].items())
+        print(f"{users:4d} users: {verdict}: {checks}", flush=True)
         if not row["ok"]:
             stopped_at = users
             break
