@@ -25,8 +25,10 @@ The API, for the transports and the server's drain:
 - `await manager.hand_over(session_id)`: the session ends here without deleting its keys
   or freeing its lease, and nobody owns it: the next resume anywhere takes it at once.
   Its connection tells the client to reconnect (an `error` `session_moved`, close 1012).
-- `await manager.hand_over_all()`: the same for every session, for a drain; the manager
-  admits nothing more (new sessions and resumes go to the other processes).
+- `await manager.hand_over_all()`: the same for every session a WebSocket serves (those a
+  client can resume: `Session.movable`), for a drain; the manager admits nothing more (new
+  sessions and resumes go to the other processes). Calls (WebRTC, SIP) are left to end
+  at the drain's deadline (`close()`).
 A session another process took over ends here silently too (`session_moved`), and a
 teardown after losing the fence writes nothing (store.py, session.py).
 """
@@ -240,9 +242,11 @@ class SessionManager:
         return True
 
     async def hand_over_all(self, reason: str = DRAINING) -> int:
-        """Drain: admit nothing more, hand every session over; returns how many."""
+        """Drain: admit nothing more, hand over every session whose transport can resume
+        it elsewhere (`Session.movable`: the WebSocket endpoints); returns how many. The
+        others (WebRTC, SIP, Twilio calls) go on until `close()`."""
         self._accepting = False
-        ids = list(self._sessions)
+        ids = [sid for sid, session in self._sessions.items() if session.movable]
         await asyncio.gather(*(self.hand_over(sid, reason) for sid in ids))
         return len(ids)
 

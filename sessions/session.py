@@ -182,6 +182,8 @@ class Session:
         self._created = clock.now()
         self._last_media = self._created
         self._detached_until: float | None = None
+        self.movable = False
+        """A transport that can resume it elsewhere serves it (a drain hands it over)."""
         self.moving = False
         """Handed over to another process: it ends here silently and keeps its keys."""
         self._quiet = False

@@ -307,7 +307,8 @@ class MessageConnection(PacedSender):
         assert session is not None
         if registry is not None:
             registry.register(self)
-        if self.OWNS_SESSION:
+        if self.OWNS_SESSION and self.transport_state() is not None:
+            session.movable = True  # a drain hands it over: the client can resume it
             await self.remember_transport()
         name = session.session_id
         reader: asyncio.Task[None] | None = None
