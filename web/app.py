@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
-import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import redis.asyncio as aioredis
 from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
@@ -35,6 +32,7 @@ from realtime.ice import IceSettings, parse_ice_servers
 from realtime.metrics import TransportMetrics
 from realtime.webrtc.registry import CallRegistry
 from sessions import SessionManager
+from sessions.process_beat import new_process_id
 
 from .metrics_fanin import MetricsFanIn
 from .origins import OriginAllowlist, OriginPolicy
@@ -49,11 +47,6 @@ log = logging.getLogger("parley.web")
 STATIC = Path(__file__).parent / "static"
 READY_TIMEOUT_S = 1.0
 DRAIN_POLL_S = 0.1
-
-
-def new_process_id() -> str:
-    """This server process's id, for its figures on /metrics (and its sessions' ownership)."""
-    return f"proc_{secrets.token_hex(6)}"
 
 
 async def _start_pipeline(services: Services, pipeline: Pipeline) -> None:
@@ -125,7 +118,7 @@ async def _serving(app: Starlette, services: Services) -> AsyncIterator[None]:
             services.pipeline,
             max_sessions=services.settings.max_sessions,
             metrics=services.metrics,
-            **_process_id_argument(app.state.process_id),
+            process_id=app.state.process_id,
         )
         try:
             async with manager:
@@ -158,13 +151,6 @@ async def _serving(app: Starlette, services: Services) -> AsyncIterator[None]:
             await services.pipeline.close()
 
 
-def _process_id_argument(process_id: str) -> dict[str, Any]:
-    """`process_id=` for a SessionManager that takes one (the takeover work), else nothing."""
-    if "process_id" in inspect.signature(SessionManager.__init__).parameters:
-        return {"process_id": process_id}
-    return {}
-
-
 async def _drain(services: Services, running: Running) -> None:
     """A worker's SIGTERM, after uvicorn closed its listener (new connections go to the
     other workers) and its WebSockets (1012: clients reconnect and resume elsewhere): the
@@ -173,17 +159,15 @@ async def _drain(services: Services, running: Running) -> None:
     loop = asyncio.get_running_loop()
     drain_s = services.settings.drain_s
     deadline = loop.time() + drain_s
-    hand_over = getattr(running.manager, "hand_over", None)  # the takeover work's
-    if hand_over is not None:
-        resumable = [
-            session.session_id
-            for session in running.manager.sessions()
-            if services.websockets.get(session.session_id) is not None
-            or services.video_streams.get(session.session_id) is not None
-        ]
-        if resumable:
-            log.info("draining: handing %d WebSocket session(s) over", len(resumable))
-            await asyncio.gather(*(hand_over(session_id) for session_id in resumable))
+    resumable = [
+        session.session_id
+        for session in running.manager.sessions()
+        if services.websockets.get(session.session_id) is not None
+        or services.video_streams.get(session.session_id) is not None
+    ]
+    if resumable:
+        log.info("draining: handing %d WebSocket session(s) over", len(resumable))
+        await asyncio.gather(*(running.manager.hand_over(sid) for sid in resumable))
     live = len(running.calls) + (len(running.sip) if running.sip is not None else 0)
     if live:
         log.info("draining: %d call(s) may go on for up to %gs", live, drain_s)
@@ -268,6 +252,6 @@ def create_app(settings: Settings, redis_url: str) -> Starlette:
         lifespan=_lifespan,
     )
     app.state.services = services
-    app.state.process_id = new_process_id()
+    app.state.process_id = new_process_id()  # the session manager's, and /metrics' label
     app.state.metrics_fanin = None
     return app

@@ -186,3 +186,41 @@ def test_workers_and_drain_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     for bad in (["--workers", "0"], ["--workers", "many"], ["--drain-s", "-1"]):
         with pytest.raises(SettingsError):
             parse_settings(["serve", *bad])
+
+
+def serving_pid(port: int, client: ClientConnection) -> int:
+    """The server process holding `client`'s TCP connection."""
+    local_port = client.local_address[1]
+    found = subprocess.run(
+        ["ss", "-Htnp", f"( sport = :{port} and dport = :{local_port} )"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return int(found.split("pid=")[1].split(",")[0])
+
+
+async def test_a_drained_worker_hands_its_websocket_session_to_the_other(
+    servers: list[Server],
+) -> None:
+    server, port = start(servers)
+    async with realtime(port) as first:
+        created = await first_event(first)
+        session = created["session"]
+        update = {"type": "session.update", "session": {"instructions": "Speak like a pirate."}}
+        await first.send(json.dumps(update))
+        while (await first_event(first))["type"] != "session.updated":
+            pass
+        drained = serving_pid(port, first)
+        os.kill(drained, signal.SIGTERM)  # one worker only, as a rolling restart would
+        assert await close_code(first) == 1012
+    server.wait_for_line(f"pid {drained}", timeout=10)  # it ended, the parent starts another
+    query = f"session_id={session['id']}&resume_token={session['parley']['resume_token']}"
+    url = f"ws://127.0.0.1:{port}/v1/realtime?model=parley&{query}"
+    async with connect(url, proxy=None) as second:
+        assert serving_pid(port, second) != drained
+        await second.send(json.dumps({"type": "session.update", "session": {}}))
+        while (event := await first_event(second))["type"] != "session.updated":
+            assert event["type"] != "error", event
+        assert event["session"]["id"] == session["id"]
+        assert event["session"]["instructions"] == "Speak like a pirate."
