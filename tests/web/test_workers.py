@@ -224,3 +224,25 @@ async def test_a_drained_worker_hands_its_websocket_session_to_the_other(
             assert event["type"] != "error", event
         assert event["session"]["id"] == session["id"]
         assert event["session"]["instructions"] == "Speak like a pirate."
+
+
+async def test_a_session_outlives_its_killed_worker(servers: list[Server]) -> None:
+    server, port = start(servers)
+    async with realtime(port) as first:
+        session = (await first_event(first))["session"]
+        update = {"type": "session.update", "session": {"instructions": "Speak like a pirate."}}
+        await first.send(json.dumps(update))
+        while (await first_event(first))["type"] != "session.updated":
+            pass
+        killed = serving_pid(port, first)
+        os.kill(killed, signal.SIGKILL)
+        await close_code(first)
+    query = f"session_id={session['id']}&resume_token={session['parley']['resume_token']}"
+    url = f"ws://127.0.0.1:{port}/v1/realtime?model=parley&{query}"
+    async with connect(url, proxy=None) as second:
+        await second.send(json.dumps({"type": "session.update", "session": {}}))
+        while (event := await first_event(second))["type"] != "session.updated":
+            assert event["type"] != "error", event
+        assert event["session"]["id"] == session["id"]
+        assert event["session"]["instructions"] == "Speak like a pirate."
+    server.wait_for_line(f"pid {killed}", timeout=10)  # and the parent started another
