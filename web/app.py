@@ -159,15 +159,9 @@ async def _drain(services: Services, running: Running) -> None:
     loop = asyncio.get_running_loop()
     drain_s = services.settings.drain_s
     deadline = loop.time() + drain_s
-    resumable = [
-        session.session_id
-        for session in running.manager.sessions()
-        if services.websockets.get(session.session_id) is not None
-        or services.video_streams.get(session.session_id) is not None
-    ]
-    if resumable:
-        log.info("draining: handing %d WebSocket session(s) over", len(resumable))
-        await asyncio.gather(*(running.manager.hand_over(sid) for sid in resumable))
+    moved = await running.manager.hand_over_all()  # and it admits nothing more
+    if moved:
+        log.info("draining: %d WebSocket session(s) handed over", moved)
     live = len(running.calls) + (len(running.sip) if running.sip is not None else 0)
     if live:
         log.info("draining: %d call(s) may go on for up to %gs", live, drain_s)
