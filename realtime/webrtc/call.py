@@ -35,7 +35,7 @@ from ..dispatch import ClientEventDispatcher
 from ..metrics import TransportMetrics
 from ..session_call import SessionCall
 from .inbound import drain_audio, drain_video
-from .outbound import OUTPUT_RATE, OutboundAudioTrack
+from .outbound import OUTPUT_RATE, OutboundAudioTrack, sends_opus
 from .peer import close_peer
 
 log = logging.getLogger("parley.realtime.webrtc")
@@ -102,6 +102,9 @@ class WebRTCCall(SessionCall):
 
     def attach(self, session: Session) -> None:
         self.session = session
+        answer = self.pc.localDescription
+        if answer is not None and sends_opus(answer.sdp):
+            self.track.encode_opus()
         self._dispatcher = ClientEventDispatcher(
             session, transport="webrtc", clear_output=self.clear, error_limit=ERROR_LIMIT
         )

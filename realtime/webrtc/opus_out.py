@@ -1,11 +1,12 @@
-"""Opus for the outbound track, encoded on the event loop, silence for free.
+"""Opus for the outbound track: mono, off the event loop, and silence for free.
 
-aiortc encodes each frame a track hands it in the loop's default thread pool: one pool
-job, two thread hand-offs and a resampler pass (mono to stereo) per call every 20 ms. With
-tens of calls those jobs queue behind each other, and a frame whose encoding comes back
-late is a late frame. A track that hands aiortc an `av.Packet` instead is only packed, so
-the call's track encodes here: mono (the answer is mono; a stereo decoder plays a mono
-Opus stream on both channels), in the loop, about 50-100 us a voiced frame.
+aiortc encodes every frame a track hands it in the loop's default thread pool, silence
+included: a pool job with its thread hand-offs on the loop per call every 20 ms, a
+resampling pass (mono to stereo) and a 96 kbit/s stereo encoding. A track that hands
+aiortc an `av.Packet` is only packed, so the call's track encodes here instead: mono (the
+answer is mono; a stereo decoder plays a mono Opus stream on both channels), in worker
+threads still (libopus takes 100-200 us a frame on this kind of machine: on the loop,
+with tens of calls, that is what makes frames late; measured in loadtest/webrtc_bench).
 
 Between answers the track plays digital silence, which Opus codes as a 3-byte packet
 once the encoder's state has decayed: from the moment the encoder itself produces that
@@ -27,6 +28,8 @@ FRAME_SAMPLES = 960
 BIT_RATE = 48_000
 """Mono speech at 48 kbit/s: transparent for a voice, half what aiortc sends in stereo."""
 TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
+SILENT_PACKET_BYTES = 3
+"""libopus codes digital silence, once its state has decayed, as a TOC byte and two more."""
 
 
 class OpusPacketizer:
@@ -49,23 +52,24 @@ class OpusPacketizer:
         self.encoded = 0
         """Frames that went through the encoder (the others were cached silence)."""
 
-    def packet(self, pcm: npt.NDArray[np.int16], pts: int, silent: bool) -> av.Packet[Stream]:
-        """The packet for `pcm` (FRAME_SAMPLES samples) at `pts` (in samples). `silent`:
-        the caller knows the frame is all zeros (its shared silence frame)."""
+    def cached(self, pts: int, silent: bool) -> av.Packet[Stream] | None:
+        """The packet for a silent frame at `pts` when it needs no encoding, else None."""
         if silent and self._idle and self._silent is not None:
-            data = self._silent
+            return _packet(self._silent, pts)
+        return None
+
+    def encode(self, pcm: npt.NDArray[np.int16], pts: int, silent: bool) -> av.Packet[Stream]:
+        """The packet for `pcm` (FRAME_SAMPLES samples) at `pts` (in samples); `silent`:
+        the caller knows the frame is all zeros. Runs in a worker thread (one call at a
+        time per packetizer: a track awaits each frame before the next)."""
+        data = self._encode(pcm, pts)
+        if silent and data == self._silent:
+            self._idle = True
+        elif silent and self._silent is None and 0 < len(data) <= SILENT_PACKET_BYTES:
+            self._silent, self._idle = data, True
         else:
-            data = self._encode(pcm, pts)
-            if silent and data == self._silent:
-                self._idle = True
-            elif silent and self._silent is None and 0 < len(data) <= 3:
-                self._silent, self._idle = data, True
-            else:
-                self._idle = False
-        packet = av.Packet(data)
-        packet.pts = pts
-        packet.time_base = TIME_BASE
-        return packet
+            self._idle = False
+        return _packet(data, pts)
 
     def _encode(self, pcm: npt.NDArray[np.int16], pts: int) -> bytes:
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
@@ -77,3 +81,10 @@ class OpusPacketizer:
         # libopus codes each 20 ms frame into exactly one packet, at once (its look-ahead
         # is declared as a pts offset, not held back); join defensively all the same.
         return b"".join(bytes(p) for p in packets)
+
+
+def _packet(data: bytes, pts: int) -> av.Packet[Stream]:
+    packet = av.Packet(data)
+    packet.pts = pts
+    packet.time_base = TIME_BASE
+    return packet

@@ -7,6 +7,11 @@ clearing it takes effect at the next frame, and it resamples the session's outpu
 by default) to 48 kHz as one stream per answer. Edges between silence and speech are
 reported, which is what OpenAI's `output_audio_buffer.started` / `stopped` events describe
 on WebRTC.
+
+A call that sends Opus (what nearly every peer offers first) has the track hand aiortc
+ready packets (`encode_opus()`, see opus_out.py): mono, encoded in a pool of its own, and
+silence between answers costs a cached packet, no encoding and no thread hand-off. Other
+codecs (PCMU, PCMA) get frames, which aiortc encodes.
 """
 
 from __future__ import annotations
@@ -15,15 +20,33 @@ import asyncio
 import fractions
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import av
 from aiortc import MediaStreamTrack
+from aiortc.sdp import SessionDescription
+from av.stream import Stream
 
 from pipeline.audio_format import FRAME_MS
 from sessions import PlayoutBuffer
 
+from .opus_out import OpusPacketizer
+
 OUTPUT_RATE = 48_000
 """Opus runs at 48 kHz: playing out at that rate spares aiortc a resampling step."""
+
+_ENCODERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="parley-opus")
+"""Where every call's track encodes its voiced frames (libopus lets go of the GIL): its
+own pool, so no other work queued in the loop's default pool delays a frame."""
+
+
+def sends_opus(answer_sdp: str) -> bool:
+    """Whether the audio sender of the call whose answer is `answer_sdp` sends Opus:
+    aiortc's sender uses the first codec of the answer's audio m-line."""
+    for media in SessionDescription.parse(answer_sdp).media:
+        if media.kind == "audio" and media.rtp.codecs:
+            return media.rtp.codecs[0].mimeType.lower() == "audio/opus"
+    return False
 
 
 class OutboundAudioTrack(MediaStreamTrack):
@@ -49,8 +72,14 @@ class OutboundAudioTrack(MediaStreamTrack):
         self.frames_sent = 0
         self.last_audio_at: float | None = None
         self._time_base = fractions.Fraction(1, OUTPUT_RATE)
+        self._opus: OpusPacketizer | None = None
 
-    async def recv(self) -> av.AudioFrame:
+    def encode_opus(self) -> None:
+        """Hand aiortc Opus packets from now on (the call's sender negotiated Opus)."""
+        if self._opus is None:
+            self._opus = OpusPacketizer()
+
+    async def recv(self) -> av.AudioFrame | av.Packet[Stream]:
         if self.readyState != "live":
             raise ConnectionError("the outbound track has ended")
         samples = self.playout.frame_samples
@@ -72,9 +101,16 @@ class OutboundAudioTrack(MediaStreamTrack):
             callback = self._on_start if audible else self._on_stop
             if callback is not None:
                 callback()
+        self.frames_sent += 1
+        if self._opus is not None:
+            packet = self._opus.cached(self._pts, not audible)
+            if packet is None:
+                packet = await asyncio.get_running_loop().run_in_executor(
+                    _ENCODERS, self._opus.encode, pcm, self._pts, not audible
+                )
+            return packet
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = OUTPUT_RATE
         frame.pts = self._pts
         frame.time_base = self._time_base
-        self.frames_sent += 1
         return frame
