@@ -246,3 +246,40 @@ async def test_a_session_outlives_its_killed_worker(servers: list[Server]) -> No
         assert event["session"]["id"] == session["id"]
         assert event["session"]["instructions"] == "Speak like a pirate."
     server.wait_for_line(f"pid {killed}", timeout=10)  # and the parent started another
+
+
+def test_a_worker_that_cannot_start_stops_the_server_with_status_1(
+    servers: list[Server], tmp_path: Path
+) -> None:
+    graph = tmp_path / "broken.yaml"
+    graph.write_text(
+        "name: broken\nstages:\n"
+        "  - {name: model, engine: 'tests.fakes.fake_engine:FakeEngine',"
+        " engine_args: {no_such_argument: 1}}\n"
+        "outputs: [model]\n"
+    )
+    root = str(Path(__file__).parents[2])  # the fake engine is imported from tests/
+    server = Server(
+        "--port", str(free_port()), "--workers", "2", "--pipeline", str(graph),
+        env={"PYTHONPATH": root},
+    )  # fmt: skip
+    servers.append(server)
+    assert server.proc.wait(60) == 1
+    server.stop()
+    output = "".join(server.output)
+    assert "before the server was ready" in output and "no_such_argument" in output
+    assert "Parley is ready" not in output
+    assert (
+        not [  # no worker left behind
+            cmdline
+            for cmdline in Path("/proc").glob("[0-9]*/cmdline")
+            if str(graph).encode() in _read(cmdline)
+        ]
+    )
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
