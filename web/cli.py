@@ -6,6 +6,10 @@ message before anything starts. The private redis-server is started next, on the
 line is printed once the pipeline is loaded, when /readyz turns 200; a pipeline that fails
 to start stops the server with exit status 1. SIGINT or SIGTERM stops accepting, closes every
 session with a goodbye event (the app's lifespan), stops Redis, and exits 0.
+
+With `--workers N` (N > 1) this process starts Redis the same way and then runs N workers
+(workers.py), each a `parley serve --worker-index k` of its own on the shared port; a
+worker tells its parent it is ready on a pipe instead of printing the ready line.
 """
 
 from __future__ import annotations
