@@ -10,7 +10,13 @@ peers over loopback (Opus both ways).
 - capacity: for each step N, N calls loop "question, wait for the answer" for a window; the
   server's `parley_webrtc_late_frames_total / parley_webrtc_outbound_frames_total` over the
   window must stay under 1 %, and every call must get answers. CPU is the server process's
-  (its own /proc stat), per call.
+  (its own /proc stat), per call; and per outbound frame (each call sends and receives 50
+  frames a second), in all and on the event loop's thread alone: the loop runs every call's
+  per-frame work, so its share is what decides late frames.
+- `--profile`: py-spy (if on PATH; `pip install py-spy`) samples the server's loop thread
+  while it holds the GIL during each step's window; the step prints where the loop's time
+  goes (by the callback the loop ran, and by function), and the raw samples stay in
+  /tmp/webrtc_bench_<calls>.txt.
 
     .venv/bin/python -m loadtest.webrtc_bench [--barge 30] [--steps 1,10,20,30] [--window 20]
 
@@ -23,8 +29,11 @@ import argparse
 import asyncio
 import os
 import re
+import shutil
+import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -38,9 +47,48 @@ QUESTION = "What is the weather going to be like tomorrow in Boston?"
 STOP = "Hold on, stop."
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """CPU time of process `pid`, or of its thread `tid` (the main thread, tid == pid,
+    runs the event loop: what it spends per frame is what late frames depend on)."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_profile(pid: int, n: int, seconds: float) -> subprocess.Popen[bytes] | None:
+    spy = shutil.which("py-spy")
+    if spy is None:
+        print("  --profile: py-spy is not on PATH (pip install py-spy)", file=sys.stderr)
+        return None
+    out = f"/tmp/webrtc_bench_{n}.txt"
+    command = [spy, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "100"]
+    command += ["--gil", "--nonblocking", "-f", "raw", "-o", out]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def print_profile(n: int, top: int = 12) -> None:
+    """The loop thread's samples: by the callback the loop ran (a task's coroutine or a
+    plain callback), and by the function on top of the stack."""
+    callbacks: Counter[str] = Counter()
+    functions: Counter[str] = Counter()
+    for line in Path(f"/tmp/webrtc_bench_{n}.txt").read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        if not frames[0].startswith("<module>"):
+            continue  # another thread
+        runs = [
+            i
+            for i, f in enumerate(frames)
+            if f.startswith(("Handle._run", "BaseEventLoop._run_once"))
+        ]
+        start = runs[-1] + 1 if runs else 0
+        callbacks[frames[min(start, len(frames) - 1)].split(" (")[0]] += int(count)
+        functions[frames[-1]] += int(count)
+    total = sum(callbacks.values()) or 1
+    for title, counter in (("loop callbacks", callbacks), ("functions", functions)):
+        print(f"  loop thread by {title} ({total} samples):")
+        for name, samples in counter.most_common(top):
+            print(f"    {100 * samples / total:5.1f} % {name}")
 
 
 async def late_frames(http: httpx.AsyncClient) -> tuple[float, float]:
@@ -98,7 +146,7 @@ async def barge_in(http: httpx.AsyncClient, tries: int) -> list[float]:
 
 
 async def loop_calls(
-    http: httpx.AsyncClient, n: int, warm_s: float, window_s: float, pid: int
+    http: httpx.AsyncClient, n: int, warm_s: float, window_s: float, pid: int, profile: bool
 ) -> dict[str, float]:
     question = utterance(QUESTION)
     callers = [Caller(http) for _ in range(n)]
@@ -120,11 +168,17 @@ async def loop_calls(
     try:
         await asyncio.sleep(warm_s + min(9.0, 0.3 * n))
         late0, frames0 = await late_frames(http)
-        cpu0, t0 = cpu_seconds(pid), time.monotonic()
+        cpu0, loop0, t0 = cpu_seconds(pid), cpu_seconds(pid, pid), time.monotonic()
         answered0 = sum(answers)
+        spy = start_profile(pid, n, window_s) if profile else None
         await asyncio.sleep(window_s)
+        if spy is not None:
+            await asyncio.to_thread(spy.wait)
+            print_profile(n)
         late1, frames1 = await late_frames(http)
-        cpu = (cpu_seconds(pid) - cpu0) / (time.monotonic() - t0)
+        elapsed = time.monotonic() - t0
+        cpu_s, loop_s = cpu_seconds(pid) - cpu0, cpu_seconds(pid, pid) - loop0
+        cpu = cpu_s / elapsed
         answered = sum(answers) - answered0
         failed = [t for t in tasks if t.done() and t.exception() is not None]
     finally:
@@ -141,6 +195,9 @@ async def loop_calls(
         "failed_calls": len(failed),
         "server_cpu_pct": 100 * cpu,
         "cpu_pct_per_call": 100 * cpu / n,
+        "loop_cpu_pct": 100 * loop_s / elapsed,
+        "cpu_us_per_frame": 1e6 * cpu_s / frames if frames else 0.0,
+        "loop_us_per_frame": 1e6 * loop_s / frames if frames else 0.0,
     }
 
 
@@ -160,7 +217,7 @@ async def run(args: argparse.Namespace) -> None:
                     flush=True,
                 )
             for n in steps:
-                row = await loop_calls(http, n, args.warm, args.window, pid)
+                row = await loop_calls(http, n, args.warm, args.window, pid, args.profile)
                 ok = (
                     row["late_pct"] < 1.0
                     and not row["failed_calls"]
@@ -170,7 +227,10 @@ async def run(args: argparse.Namespace) -> None:
                     f"{n:3d} calls: late {row['late_pct']:5.2f} %, "
                     f"answers {row['answers_in_window']:.0f}, "
                     f"server CPU {row['server_cpu_pct']:5.1f} % "
-                    f"({row['cpu_pct_per_call']:.1f} %/call) -> {'ok' if ok else 'FAIL'}",
+                    f"({row['cpu_pct_per_call']:.1f} %/call; loop thread "
+                    f"{row['loop_cpu_pct']:.1f} %), per outbound frame "
+                    f"{row['cpu_us_per_frame']:.0f} us CPU, {row['loop_us_per_frame']:.0f} us "
+                    f"on the loop -> {'ok' if ok else 'FAIL'}",
                     flush=True,
                 )
                 if not ok:
@@ -183,6 +243,7 @@ def main() -> None:
     parser.add_argument("--steps", default="1,10,20,30", help="concurrent calls per step")
     parser.add_argument("--warm", type=float, default=4.0)
     parser.add_argument("--window", type=float, default=20.0)
+    parser.add_argument("--profile", action="store_true", help="py-spy the loop per step")
     asyncio.run(run(parser.parse_args()))
 
 
