@@ -3,7 +3,8 @@
 Per step N: N calls, started evenly over `stagger_s`, each looping "question, wait for the
 answer to end, 0.3 s". After the last start and `warm_s`, a window of `window_s`: the
 probe's late-frame count and the server's CPU over the window (100 % = one core), and the
-answers heard. The client runs on the same cores as the server (it encodes and decodes
+answers heard (for Parley also its own late-frame count from /metrics, `own_late_pct`, as a
+check on the probe). The client runs on the same cores as the server (it encodes and decodes
 Opus for every call too), so a step's figures are a lower bound for the server alone.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +40,19 @@ def step_ok(row: dict[str, Any]) -> bool:
     )
 
 
+async def own_late_frames(target: Target) -> tuple[float, float] | None:
+    """Parley's own count (late, frames) from /metrics, to check the probe against it."""
+    if target.peer != "parley":
+        return None
+    text = (await target.http.get("/metrics")).text
+    found = dict(
+        re.findall(r"^parley_webrtc_(late_frames|outbound_frames)_total (\S+)$", text, re.M)
+    )
+    if len(found) < 2:
+        return None
+    return float(found["late_frames"]), float(found["outbound_frames"])
+
+
 async def step(target: Target, n: int, plan: Plan) -> dict[str, Any]:
     question = utterance(QUESTION)
     callers = [target.caller() for _ in range(n)]
@@ -63,11 +78,13 @@ async def step(target: Target, n: int, plan: Plan) -> dict[str, Any]:
     try:
         await asyncio.sleep(plan.stagger_s + plan.warm_s)
         before = await target.stats(reset=True)
+        own_before = await own_late_frames(target)
         started = time.monotonic()
         counting.set()
         await asyncio.sleep(plan.window_s)
         after = await target.stats()
         wall = time.monotonic() - started
+        own_after = await own_late_frames(target)
     finally:
         for task in tasks:
             task.cancel()
@@ -76,12 +93,16 @@ async def step(target: Target, n: int, plan: Plan) -> dict[str, Any]:
                 await task
         await asyncio.gather(*(c.close() for c in callers), return_exceptions=True)
     frames = after["frames"]
+    own = None
+    if own_before and own_after and own_after[1] > own_before[1]:
+        own = round(100 * (own_after[0] - own_before[0]) / (own_after[1] - own_before[1]), 2)
     cpu_pct = 100 * (after["cpu_s"] - before["cpu_s"]) / wall
     return {
         "calls": n,
         "connected": sum(connected),
         "late_pct": round(100 * after["late"] / frames, 2) if frames else 100.0,
         "max_late_ms": after["max_late_ms"],
+        "own_late_pct": own,
         "answers": sum(answers),
         "answered_calls": sum(1 for a in answers if a),
         "server_cpu_pct": round(cpu_pct, 1),
