@@ -70,8 +70,11 @@ class LoopHost:
         future.add_done_callback(done)
         try:
             value: T = result.get(timeout=timeout_s)
+        except gevent.Timeout as exc:
+            future.cancel()
+            raise TimeoutError(f"the session took over {timeout_s} s") from exc
         except BaseException:
-            future.cancel()  # a Locust stop (GreenletExit) or a timeout ends the session
+            future.cancel()  # a Locust stop (GreenletExit) ends the session
             raise
         return value
 

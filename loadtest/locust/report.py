@@ -52,6 +52,7 @@ def step(
     """One step's figures and verdict. `server`: the server's counters over the step."""
     figures = {key: summary(values) for key, values in sorted(samples.items())}
     checks: dict[str, dict[str, float | bool]] = {}
+    lengths: dict[str, float] = {}
     out_frames = server.get("outbound_frames", 0.0)
     if out_frames:
         late_pct = 100 * server.get("late_frames", 0.0) / out_frames
@@ -68,6 +69,9 @@ def step(
         if protocol == "WS" and lag.get("n"):
             checks["ws_chunk_lag_p95_ms"] = _check(lag["p95"], TARGETS["ws_chunk_lag_p95_ms"])
         checks[f"{protocol} session_errors"] = _check(counters.get(f"{protocol} errors", 0), 0.0)
+        answers = counters.get(f"{protocol} answers", 0)
+        if answers and f"{protocol} answer_audio_s" in counters:
+            lengths[protocol] = round(counters[f"{protocol} answer_audio_s"] / answers, 2)
     generator = figures.get(f"{GENERATOR} {LOOP_LAG}", {})
     return {
         "users": users,
@@ -76,6 +80,7 @@ def step(
         "counters": counters,
         "server": server,
         "checks": checks,
+        "answer_audio_s_mean": lengths,
         "ok": all(bool(c["ok"]) for c in checks.values()),
         "generator_overloaded": bool(generator.get("n"))
         and generator.get("p95", 0) > GENERATOR_LAG_P95_MS,
@@ -123,7 +128,7 @@ def _charts(report: dict[str, Any]) -> list[str]:
     }
     charts.append(line_chart("late frames per step", "users", "%", late))
     timeline: list[dict[str, float]] = report.get("timeline", [])
-    for field, unit in (("cpu_pct", "%"), ("rss_mb", "MB")):
+    for field, unit in (("cpu_pct", "%"), ("rss_mb", "MB"), ("runq_pct", "% of time")):
         series = {
             who: [(t["t"], t[f"{who}_{field}"]) for t in timeline if f"{who}_{field}" in t]
             for who in ("server", "generator")

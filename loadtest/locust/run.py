@@ -71,6 +71,16 @@ def locust_step(
                 proc.wait()
 
 
+def _means(rows: list[dict[str, float]]) -> dict[str, float]:
+    """A step's resource samples averaged (RSS: its largest)."""
+    keys = {k for row in rows for k in row} - {"t", "step"}
+    out = {}
+    for key in sorted(keys):
+        values = [row[key] for row in rows if key in row]
+        out[key] = round(max(values) if "rss" in key else sum(values) / len(values), 1)
+    return out
+
+
 def _protocols(args: argparse.Namespace) -> list[str]:
     return [p for p in args.protocol.split(",") if p]
 
@@ -93,12 +103,15 @@ def steps(args: argparse.Namespace, url: str, sampler: Sampler | None) -> dict[s
         protocols = [PROTOCOLS[p] for p in _protocols(args)]
         row = reports.step(users, protocols, samples, counters, server)
         row["locust_exit_code"] = rc
+        row["resources"] = _means(
+            [r for r in sampler.rows if r["step"] == users] if sampler else []
+        )
         rows.append(row)
         verdict = "ok" if row["ok"] else "FAIL"
         if row["generator_overloaded"]:
             verdict += " (the load generator's own loop was late: figures suspect)"
         checks = ", ".join(f"{k} {c['value']:g}" for k, c in row["checks"].items())
-        print(f"{users:4d} users: {verdict}: {checks}", flush=True)
+        print(f"{users:4d} users: {verdict}: {checks}; {row['resources']}", flush=True)
         if not row["ok"]:
             stopped_at = users
             break

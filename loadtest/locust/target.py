@@ -3,7 +3,9 @@ and what the runner reads of them.
 
 The run's own Redis (a unix socket, nothing on disk) lets it count the server's keys before
 and after; the sampler thread records the server's CPU and memory (its process and its
-children: worker processes, not the Redis) and the load generator's, twice a second.
+children: worker processes, not the Redis) and the load generator's, twice a second, and
+how long each one's main thread waited for a CPU while runnable (/proc/PID/schedstat): on a
+shared machine that wait, not the code, can be what makes a step slow.
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ class Sampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._t0 = time.monotonic()
         self._cpu: dict[int, float] = {}
+        self._waited: dict[int, float] = {}
 
     def __enter__(self) -> Sampler:
         self._thread.start()
@@ -125,6 +128,17 @@ class Sampler:
                     rss += proc.memory_info().rss
         return cpu, rss / 2**20
 
+    def _runq(self, pid: int) -> float:
+        """Seconds the process's main thread (the server's event loop, Locust's hub) has
+        waited in the run queue, runnable but not running: the machine's contention."""
+        try:
+            waited = int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            return 0.0
+        delta = waited - self._waited.get(pid, waited)
+        self._waited[pid] = waited
+        return delta
+
     def _run(self) -> None:
         last = time.monotonic()
         while not self._stop.wait(SAMPLE_S):
@@ -135,11 +149,14 @@ class Sampler:
                 "step": self.step,
                 "server_cpu_pct": round(100 * cpu / (now - last), 1),
                 "server_rss_mb": round(rss, 1),
+                "server_runq_pct": round(100 * self._runq(self._server.pid) / (now - last), 1),
             }
             if self.generator_pid is not None:
                 with contextlib.suppress(psutil.Error):
                     cpu, rss = self._usage(psutil.Process(self.generator_pid))
                     row["generator_cpu_pct"] = round(100 * cpu / (now - last), 1)
                     row["generator_rss_mb"] = round(rss, 1)
+                    runq = self._runq(self.generator_pid)
+                    row["generator_runq_pct"] = round(100 * runq / (now - last), 1)
             self.rows.append(row)
             last = now

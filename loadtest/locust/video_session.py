@@ -95,10 +95,12 @@ async def _ask(
     if stop is not None:
         ends = [s.at for s in inbox.since(interrupt, "response.start")]
         deltas = [s for s in deltas if s.at < ends[0]]
-    speaker = first.at
+    speaker, played = first.at, 0.0
     for delta in deltas:
-        speaker = max(speaker, delta.at) + _seconds(delta)[0]
+        seconds = _seconds(delta)[0]
+        speaker, played = max(speaker, delta.at) + seconds, played + seconds
     rec.count(f"{PROTOCOL} answers")
+    rec.count(f"{PROTOCOL} answer_audio_s", played)
     if stop is not None:
         rec.time(PROTOCOL, BARGE_IN, max(0.0, speaker - stop_start) * 1000)
         rec.count(f"{PROTOCOL} barge_ins")
