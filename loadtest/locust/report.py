@@ -163,7 +163,7 @@ def html(report: dict[str, Any]) -> str:
         _table(head_rows, ["what", "value"]),
         "<h2>Steps</h2>",
         _table(step_rows, ["users", "protocol", "verdict", "checks"]),
-        f"<p>Stopped at: {escape(str(report.get('stopped_at')))}</p>",
+        f"<p>First step to fail: {escape(str(report.get('first_failed')))}</p>",
         "<h2>Plots</h2>",
         *_charts(report),
         "<h2>Figures (ms, exact percentiles)</h2>",

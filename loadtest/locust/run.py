@@ -7,7 +7,8 @@ report (report.json + report.html) at the end.
 
 Without `--url` it starts `parley serve --pipeline echo` on a redis-server of its own. Each
 step runs `locust --headless -u N` for `--step-s` (its CSV and exact samples under
-`report/step-N/`); the run stops at the first step that breaks a target (report.TARGETS).
+`report/step-N/`); the run stops at the first step that breaks a target (report.TARGETS),
+unless `--keep-going`.
 Locust runs in a child process so its gevent patching never touches this one; with
 `--processes K` Locust itself forks K workers.
 """
@@ -90,7 +91,7 @@ def steps(args: argparse.Namespace, url: str, sampler: Sampler | None) -> dict[s
     if args.warmup_s > 0:
         locust_step(args, url, 1, out_dir / "warmup", args.warmup_s, None)
     rows: list[dict[str, Any]] = []
-    stopped_at = None
+    first_failed = None
     for users in [int(s) for s in args.steps.split(",") if s]:
         folder = out_dir / f"step-{users}"
         before = metrics(url)
@@ -113,10 +114,11 @@ def steps(args: argparse.Namespace, url: str, sampler: Sampler | None) -> dict[s
         checks = ", ".join(f"{k} {c['value']:g}" for k, c in row["checks"].items())
         print(f"{users:4d} users: {verdict}: {checks}; {row['resources']}", flush=True)
         if not row["ok"]:
-            stopped_at = users
-            break
+            first_failed = first_failed or users
+            if not args.keep_going:
+                break
     dirs = [out_dir / f"step-{s['users']}" for s in rows]
-    return {"steps": rows, "stopped_at": stopped_at, "quality": quality(dirs, args.asr)}
+    return {"steps": rows, "first_failed": first_failed, "quality": quality(dirs, args.asr)}
 
 
 def churn_mode(args: argparse.Namespace, url: str, pid: int, redis_url: str) -> dict[str, Any]:
@@ -205,6 +207,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup-s", type=float, default=10.0, help="one user, not counted")
     parser.add_argument("--turns", type=int, default=2, help="questions per session")
     parser.add_argument("--barge-every", type=int, default=3)
+    parser.add_argument(
+        "--keep-going", action="store_true", help="run every step, even after one fails"
+    )
     parser.add_argument("--processes", type=int, default=1, help="Locust worker processes")
     parser.add_argument("--pipeline", default="echo")
     parser.add_argument("--url", help="a running server (http://HOST:PORT); else one is started")

@@ -114,7 +114,7 @@ def test_the_report_builder_takes_exact_percentiles_and_checks_the_targets(tmp_p
     assert calm["ok"] is True
 
     timeline = [{"t": 0.5, "server_cpu_pct": 40.0, "server_rss_mb": 120.0}]
-    result = {"header": {"commit": "abc"}, "steps": [calm, step], "stopped_at": 10}
+    result = {"header": {"commit": "abc"}, "steps": [calm, step], "first_failed": 10}
     json_path, html_path = reports.write(tmp_path, {**result, "timeline": timeline})
     assert json.loads(json_path.read_text())["steps"][1]["figures"]["WebRTC barge_in"]["n"] == 100
     page = html_path.read_text()
