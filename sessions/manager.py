@@ -89,10 +89,10 @@ class SessionManager:
         `process_id`: this process among those sharing the Redis (random by default)."""
         self.redis = redis
         self.process_id = process_id or new_process_id()
-        self.beat = ProcessBeat(redis, self.process_id, self._on_request)
         self.ownership = Ownership(redis, self.process_id)
         self.clock = clock
         self.link = link or RedisLink(redis)
+        self.beat = ProcessBeat(redis, self.process_id, self._on_request, self.link)
         self.pipeline = pipeline
         self.limits = limits or SessionLimits()
         self.metrics = metrics or SessionMetrics()

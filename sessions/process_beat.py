@@ -7,7 +7,9 @@ processes arrive on the Redis pub/sub channel of the same name (pub/sub leaves n
 behind and reaches every node of a Redis Cluster); a request names the channel to answer
 on and its id, and the answer is a message on that channel once the request is done.
 `ask()` waits for the answer a bounded time: a live but silent process is not waited for
-longer. A clean stop deletes the heartbeat key.
+longer. A clean stop deletes the heartbeat key. While the session store is unreachable
+(the manager's RedisLink says so) the process neither beats nor listens: it is
+taken for dead meanwhile, which it is for the other processes.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from redis.exceptions import RedisError
 from pipeline.tasks import cancel_all, cancel_and_wait
 
 from .keys import NAMESPACE
+from .redis_link import RedisLink
 
 log = logging.getLogger("parley.sessions.process_beat")
 
@@ -48,8 +51,15 @@ def process_key(process_id: str, namespace: str = NAMESPACE) -> str:
 
 
 class ProcessBeat:
-    def __init__(self, redis: aioredis.Redis, process_id: str, handler: Handler) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        process_id: str,
+        handler: Handler,
+        link: RedisLink | None = None,
+    ) -> None:
         self.process_id = process_id
+        self._link = link or RedisLink(redis)
         self.key = process_key(process_id)
         self._redis = redis
         self._handler = handler
@@ -104,14 +114,16 @@ class ProcessBeat:
 
     async def _beat(self) -> None:
         while True:
-            try:
-                await self._redis.set(self.key, "1", px=int(TTL_S * 1000))
-            except (RedisError, OSError) as exc:
-                log.debug("process %s: heartbeat failed: %s", self.process_id, exc)
+            if self._link.up:
+                try:
+                    await self._redis.set(self.key, "1", px=int(TTL_S * 1000))
+                except (RedisError, OSError) as exc:
+                    log.debug("process %s: heartbeat failed: %s", self.process_id, exc)
             await asyncio.sleep(INTERVAL_S)
 
     async def _listen(self) -> None:
         while True:
+            await self._link.wait_up()
             pubsub: PubSub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self.key)
