@@ -205,8 +205,6 @@ class SessionManager:
             let_go = {"op": "let_go", "session_id": session_id, "fence": taken.fence}
             if not await self.beat.ask(previous, let_go, LET_GO_TIMEOUT_S):
                 log.warning("session %s: %s did not let go in time", session_id, previous)
-        if session_id in self._sessions:  # another resume here won the race
-            return None
         session = self._new_session(
             session_id,
             record.config,
@@ -218,7 +216,8 @@ class SessionManager:
         session.transport = record.transport
         await session.history.load()
         offset = await self.link.call(lambda: audio_end_ms(self.redis, session_id))
-        await session.event_log.flushed()
+        if session_id in self._sessions or not await session.store.owns():
+            return None  # another resume (here or elsewhere) took it meanwhile
         ended = await end_unfinished(session.history, await session.event_log.replay())
         session.recover(offset, ended)
         self._start(session)

@@ -185,3 +185,21 @@ async def test_a_hand_over_keeps_the_keys_and_frees_the_owner(
         moved = await b.resume(session.session_id, session.resume_token)
         assert moved is not None
         await b.close_session(moved.session_id)
+
+
+async def test_two_resumes_at_once_leave_one_owner(
+    two_managers: tuple[SessionManager, SessionManager], redis: aioredis.Redis
+) -> None:
+    a, b = two_managers
+    async with ClockedSink() as sink:
+        session = await a.create(sink)
+        await sink.wait_for(lambda e: e.type == "session.created")
+        token = session.resume_token
+        results = await asyncio.gather(
+            b.resume(session.session_id, token), b.resume(session.session_id, token)
+        )
+        won = [s for s in results if s is not None]
+        assert len(won) == 1 and len(a) == 0 and len(b) == 1
+        assert await won[0].store.owns()
+        await b.close_session(session.session_id)
+    assert not await redis.exists(*SessionKeys(session.session_id).all())
