@@ -423,6 +423,8 @@ class Session:
                 self._detector.reconfigure(new.turn_detection)
             self.config = new
         self._emit(SessionUpdated(session_id=self.session_id, config=new))
+        # The record too: a resume on another process goes on with these settings.
+        await self.store.write_record(new, self.resume_token)
         return new
 
     # --- media in ------------------------------------------------------------------------

@@ -119,6 +119,8 @@ async def test_a_dropped_session_resumes_on_the_other_process(
     a, b = apps
     async with client(a) as first:
         session_id, token = await opened(first)
+        await first.send({"type": "session.update", "session": {"instructions": "Be brief."}})
+        await first.wait_type("session.updated")
         await first.append(np.zeros(24_000, dtype=np.int16))  # 1 s of silence: no turn
         await answered(first, "What is the weather like?")
         last = first.events[-1]["event_id"]
@@ -144,6 +146,7 @@ async def test_a_dropped_session_resumes_on_the_other_process(
         # A has let go: no live session there; the session is B's, history intact.
         assert len(manager_of(a)) == 0
         session = manager_of(b).get(session_id)
+        assert session.config.instructions == "Be brief."  # the settings as last updated
         items = await session.history.items()
         assert [i.text for i in items][0::2] == ["What is the weather like?", "And tomorrow?"]
         assert all(i.role == "assistant" and i.text for i in items[1::2])
