@@ -92,8 +92,13 @@ async def measure(server: Server, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _commit() -> str:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True)
-    return done.stdout.decode().strip() or "unknown"
+    """HEAD, with "+dirty" when the work tree differs (Parley runs from the work tree)."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True)
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True
+    )
+    dirty = "+dirty" if status.stdout.strip() else ""
+    return (head.stdout.decode().strip() or "unknown") + dirty
 
 
 def header(args: argparse.Namespace) -> dict[str, Any]:
