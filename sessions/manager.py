@@ -249,8 +249,17 @@ class SessionManager:
         await asyncio.gather(*(self.hand_over(sid, reason) for sid in ids))
         return len(ids)
 
-    async def _let_go(self, session: Session, reason: str) -> None:
-        session.request_hand_over(reason)
+    async def let_go_if_lost(self, session_id: str) -> bool:
+        """If another process took the local session over (and this one was not told),
+        end the local copy without a write; True when it did."""
+        session = self._sessions.get(session_id)
+        if session is None or await session.store.owns():
+            return False
+        await self._let_go(session, MOVED, flush=False)
+        return True
+
+    async def _let_go(self, session: Session, reason: str, *, flush: bool = True) -> None:
+        session.request_hand_over(reason, flush=flush)
         task = self._tasks.get(session.session_id)
         if task is not None:
             await asyncio.wait({task}, timeout=SHUTDOWN_TIMEOUT_S)

@@ -123,6 +123,8 @@ async def claim_session(
     session another process holds (or held, if it died) is taken over from Redis, with no
     old connection. Raises SessionLimitError when this process takes no session now."""
     session = resumable_session(manager, session_id, token)
+    if session is not None and await manager.let_go_if_lost(session_id):
+        session = None  # a stale copy: the session lives on elsewhere, taken back below
     if session is None:
         try:
             resumed = await manager.resume(session_id, token)

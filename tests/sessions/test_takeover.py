@@ -203,3 +203,21 @@ async def test_two_resumes_at_once_leave_one_owner(
         assert await won[0].store.owns()
         await b.close_session(session.session_id)
     assert not await redis.exists(*SessionKeys(session.session_id).all())
+
+
+async def test_a_resume_that_reaches_a_stale_copy_takes_the_session_back(
+    two_managers: tuple[SessionManager, SessionManager], redis: aioredis.Redis
+) -> None:
+    a, b = two_managers
+    async with ClockedSink() as sink:
+        session = await a.create(sink)
+        await sink.wait_for(lambda e: e.type == "session.created")
+        await a.beat.stop()  # a is not told of the move: its copy goes stale
+        assert await b.resume(session.session_id, session.resume_token) is not None
+        assert not await b.let_go_if_lost(session.session_id)  # b's is the live one
+        assert await a.let_go_if_lost(session.session_id)
+        assert session.closed and len(a) == 0
+        back = await a.resume(session.session_id, session.resume_token)
+        assert back is not None and len(b) == 0  # b was asked to let go, and did
+        await a.close_session(session.session_id)
+    assert not await redis.exists(*SessionKeys(session.session_id).all())
