@@ -12,12 +12,14 @@ other process (perf_counter_ns is CLOCK_MONOTONIC, the same clock in both).
   their Qwen2.5-Omni stage builders send (`hidden_states`/`ids`/`meta`, torch tensors).
 - `parley`: our ShmLink (loadtest/connector_bench.py's `shm`);
 - `floor`: one `np.copyto` into a preallocated segment plus a notice over a Pipe
-  (connector_bench.py's `floor_xproc`): the least any cross-process transfer costs here.
+  (connector_bench.py's `floor_xproc`): the least any cross-process transfer costs here;
+- `copy`: that copy alone, in one process (`floor_shm_copy`), for reference: the plain
+  shared-memory copy that vLLM-Omni's connector is often compared with.
 
     .venv/bin/python -m loadtest.peers.setup omni      # once
     .venv/bin/python -m loadtest.peers.omni_connector [--n 300] [--warmup 50]
 
-Prints each path's p50 / p99 and p50 / floor, all from this one run.
+Prints each path's p50 / p99 and p50 / floor (the cross-process floor), all from this run.
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ async def run(n: int, warmup: int) -> list[dict[str, Any]]:
         chunk = ours.payload(name)
         floor = ours.floor_xproc(chunk, n, warmup)
         paths = {
+            "copy": ours.floor_shm_copy(chunk, n, warmup),
             "floor": floor,
             "parley": await ours.shm(chunk, n, warmup),
             "omni": omni(name, n, warmup),
