@@ -323,3 +323,27 @@ async def test_a_video_chat_stream_resumes_on_the_other_process(
             await second.send({"type": "video.done"})
             assert await closed_with(second) == 1000
     assert len(manager_of(a)) == len(manager_of(b)) == 0
+
+
+async def test_a_drain_mid_answer_ends_it_as_cancelled_on_the_next_process(
+    apps: tuple[ServedApp, ServedApp],
+) -> None:
+    a, b = apps
+    async with client(a) as first:
+        session_id, token = await opened(first)
+        await ask(first, "Tell me a story.")
+        await first.wait_type("response.output_audio_transcript.delta")
+        await manager_of(a).hand_over_all()
+        error = await first.wait_type("error")
+        assert error["error"]["code"] == "server_draining"
+        assert await closed_with(first) == 1012
+    heard = "".join(
+        e["delta"] for e in first.events if e["type"] == "response.output_audio_transcript.delta"
+    ).strip()
+    query = resume_query(session_id, token, error["event_id"])
+    async with resumed(b, query, "drain mid-answer") as second:
+        (done,) = [e for e in second.events if e["type"] == "response.done"]
+        assert done["response"]["status"] == "cancelled"
+        assert done["response"]["output"][0]["content"][0]["transcript"] == heard
+        await answered(second, "Go on.")
+        await second.ws.close()
