@@ -17,8 +17,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from loadtest.peers.measures import QUESTION, Target, ask, utterance
 
 ANSWER_WITHIN_S = 15.0
@@ -122,9 +120,3 @@ async def capacity(target: Target, plan: Plan) -> dict[str, Any]:
             break
     held = [r["calls"] for r in rows if r["ok"]]
     return {"steps": rows, "max_ok_calls": max(held) if held else 0}
-
-
-def cpu_per_call(result: dict[str, Any]) -> float | None:
-    """Server CPU % per call at the largest step that held (None when none did)."""
-    ok = [r for r in result.get("steps", []) if r["ok"]]
-    return float(np.round(ok[-1]["cpu_pct_per_call"], 1)) if ok else None

@@ -3,7 +3,8 @@
 The project's rule: a peer is reported as a ratio to Parley measured in the same run (same
 machine, same load on it, same client), never as bare times from another day. So the table
 gives Parley's own figure and, for each peer, its figure and `peer / Parley`: above 1 means
-the peer takes longer (times) or holds more (calls, CPU per call).
+the peer takes longer (times) or holds more (calls) or burns more (CPU). CPU is compared at
+one call, the one step every peer runs (per-step CPU is in each peer's JSON).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ METRICS = (
     ("barge_p50_ms", "barge-in p50", "ms"),
     ("barge_p95_ms", "barge-in p95", "ms"),
     ("max_ok_calls", "calls held (< 1 % late)", "calls"),
-    ("cpu_pct_per_call", "server CPU per call", "%"),
+    ("cpu_1_call_pct", "server CPU, 1 call", "%"),
 )
 NAMES = {"parley": "Parley (echo)", "fastrtc": "FastRTC 0.0.34", "pipecat": "Pipecat 1.14.0"}
 
@@ -44,8 +45,8 @@ def figures(raw: dict[str, Any]) -> dict[str, Any]:
     if "capacity" in raw:
         steps = raw["capacity"]["steps"]
         out["max_ok_calls"] = raw["capacity"]["max_ok_calls"]
-        held = [s for s in steps if s["ok"]]
-        out["cpu_pct_per_call"] = held[-1]["cpu_pct_per_call"] if held else None
+        one = [s for s in steps if s["calls"] == 1]
+        out["cpu_1_call_pct"] = one[0]["server_cpu_pct"] if one else None
     return out
 
 

@@ -45,30 +45,33 @@ def test_unknown_peers_and_tests_are_refused(bad: list[str]) -> None:
 
 
 def canned() -> dict[str, dict[str, object]]:
-    step = {"calls": 5, "ok": True, "cpu_pct_per_call": 12.0}
+    one = {"calls": 1, "ok": True, "server_cpu_pct": 12.0}
     parley = {
         "connect_ms": [60.0, 62.0, 64.0],
         "turn_ms": [500.0] * 19 + [900.0],
         "barge": {"barge_ms": [100.0, 120.0, 140.0], "not_interrupted": 0},
-        "capacity": {"steps": [step, {"calls": 10, "ok": False}], "max_ok_calls": 5},
+        "capacity": {"steps": [one, {"calls": 5, "ok": False}], "max_ok_calls": 1},
     }
     fastrtc = {
         "connect_ms": [138.0, 140.0, 142.0],
         "turn_ms": [1000.0] * 20,
         "barge": {"barge_ms": [1500.0, 1500.0, 1500.0], "not_interrupted": 3},
-        "capacity": {"steps": [{"calls": 1, "ok": False}], "max_ok_calls": 0},
+        "capacity": {
+            "steps": [{"calls": 1, "ok": False, "server_cpu_pct": 90.0}],
+            "max_ok_calls": 0,
+        },
     }
     return {"parley": figures(parley), "fastrtc": figures(fastrtc)}
 
 
-def test_figures_take_percentiles_and_the_largest_step_that_held() -> None:
+def test_figures_take_percentiles_the_largest_step_that_held_and_cpu_at_one_call() -> None:
     results = canned()
     assert results["parley"]["connect_p50_ms"] == 62.0
     assert results["parley"]["turn_p50_ms"] == 500.0
     assert results["parley"]["turn_p95_ms"] == 520.0  # numpy's linear interpolation
-    assert results["parley"]["max_ok_calls"] == 5
-    assert results["parley"]["cpu_pct_per_call"] == 12.0
-    assert results["fastrtc"]["cpu_pct_per_call"] is None
+    assert results["parley"]["max_ok_calls"] == 1
+    assert results["parley"]["cpu_1_call_pct"] == 12.0
+    assert results["fastrtc"]["cpu_1_call_pct"] == 90.0
     assert results["fastrtc"]["not_interrupted"] == 3
 
 
@@ -78,8 +81,8 @@ def test_table_gives_each_peer_as_a_ratio_to_parley_of_the_same_run() -> None:
     assert "fastrtc / Parley" in rows["metric"]
     assert "| 62 ms | 140 ms | 2.26x |" in rows["connect p50"]
     assert "| 500 ms | 1000 ms | 2.00x |" in rows["turn latency p50"]
-    assert "| 5 | 0 | 0.00x |" in rows["calls held (< 1 % late)"]
-    assert "| 12.0 % | – | – |" in rows["server CPU per call"]
+    assert "| 1 | 0 | 0.00x |" in rows["calls held (< 1 % late)"]
+    assert "| 12.0 % | 90.0 % | 7.50x |" in rows["server CPU, 1 call"]
     assert "FastRTC 0.0.34: 3 barge-in tries not cut short" in text
 
 
