@@ -86,6 +86,19 @@ def _protocols(args: argparse.Namespace) -> list[str]:
     return [p for p in args.protocol.split(",") if p]
 
 
+PER_PROCESS = {"webrtc": 30, "ws": 1000, "video": 300, "sip": 300}
+"""About how many users one Locust process holds (per core for WebRTC: aiortc's codecs)."""
+
+
+def _capacity_warning(args: argparse.Namespace, users: int) -> str | None:
+    most = min(PER_PROCESS[p] for p in _protocols(args)) * args.processes
+    if users <= most:
+        return None
+    return (
+        f"{users} users over {args.processes} Locust process(es) holding ~{most}: add --processes"
+    )
+
+
 def steps(args: argparse.Namespace, url: str, sampler: Sampler | None) -> dict[str, Any]:
     out_dir: Path = args.report
     if args.warmup_s > 0:
@@ -94,6 +107,8 @@ def steps(args: argparse.Namespace, url: str, sampler: Sampler | None) -> dict[s
     first_failed = None
     for users in [int(s) for s in args.steps.split(",") if s]:
         folder = out_dir / f"step-{users}"
+        if warning := _capacity_warning(args, users):
+            print(f"warning: {warning}", flush=True)
         before = metrics(url)
         if sampler is not None:
             sampler.step = users
@@ -104,6 +119,7 @@ def steps(args: argparse.Namespace, url: str, sampler: Sampler | None) -> dict[s
         protocols = [PROTOCOLS[p] for p in _protocols(args)]
         row = reports.step(users, protocols, samples, counters, server)
         row["locust_exit_code"] = rc
+        row["generator_warning"] = warning
         row["resources"] = _means(
             [r for r in sampler.rows if r["step"] == users] if sampler else []
         )
