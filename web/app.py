@@ -113,6 +113,10 @@ async def _serving(app: Starlette, services: Services) -> AsyncIterator[None]:
         # A task the lifespan owns, not a TaskGroup: it must run across the `yield`, which
         # a TaskGroup in an async generator cannot span.
         loader = asyncio.create_task(_start_pipeline(services, services.pipeline))
+        if services.settings.workers > 1:
+            # A worker listens only once it can serve: its socket joins the shared port's
+            # group at uvicorn's start, after this, and until then the others get them all.
+            await asyncio.wait({loader})
         manager = SessionManager(
             services.redis,
             services.pipeline,

@@ -148,6 +148,8 @@ class WorkerPool:
         restart_at: dict[int, float] = {}
         while self._stop_signal is None:
             for slot, worker in enumerate(self.workers):
+                if announced and not worker.process_id and worker.poll_ready():
+                    log.info("worker %d (pid %d) is ready", worker.index, worker.proc.pid)
                 worker.poll_ready()
                 code = worker.proc.poll()
                 if code is None:
