@@ -1,8 +1,10 @@
 """`parley serve --workers 2` as real processes: one port, two workers, one embedded Redis.
 
 Sessions spread over both workers and the session cap holds across them; /metrics answers
-for both; a killed worker is started again; SIGTERM drains (WebSockets closed with 1012 at
-once, a WebRTC call kept until --drain-s) and the parent exits 0 with every child gone.
+for both; a killed worker is started again (listening only once it is loaded), and the
+WebSocket session it held is resumed on the other; SIGTERM on one worker hands its session
+over; SIGTERM on the parent drains (WebSockets closed with 1012 at once, a WebRTC call kept
+until --drain-s) and exits 0 with every child gone; SIP is in one worker only.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def start(servers: list[Server], *options: str, pipeline: str = "echo") -> tuple
     port = free_port()
     root = str(Path(__file__).parents[2])  # a fake engine is imported from tests/
     server = Server(
-        "--port", str(port), "--pipeline", pipeline, "--workers", "2", "--drain-s", "3",
+        "--port", str(port), "--pipeline", pipeline, "--workers", "2", "--drain-s", f"{DRAIN_S:g}",
         *options,
         env={"PYTHONPATH": root},
     )  # fmt: skip
