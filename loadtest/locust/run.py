@@ -31,7 +31,7 @@ from . import report as reports
 from .header import header
 from .quality import quality
 from .stats import merge
-from .target import Sampler, metrics, own_redis, redis_keys, resources, serve
+from .target import Sampler, metrics, own_redis, redis_key_names, redis_keys, resources, serve
 
 USERS = {"ws": "WsUser", "webrtc": "RtcUser", "video": "VideoUser", "sip": "SipUser"}
 PROTOCOLS = {"ws": "WS", "webrtc": "WebRTC", "video": "VIDEO", "sip": "SIP"}
@@ -145,6 +145,7 @@ def churn_mode(args: argparse.Namespace, url: str, pid: int, redis_url: str) -> 
     asyncio.run(churn(url, 8, 4, 2, 4))  # warm-up: imports, pools, caches
     time.sleep(1.0)
     before = {**resources(pid), "redis_keys": redis_keys(redis_url)}
+    names_before = redis_key_names(redis_url)
     rounds = []
     for _ in range(args.churn_rounds):
         started = time.monotonic()
@@ -166,6 +167,7 @@ def churn_mode(args: argparse.Namespace, url: str, pid: int, redis_url: str) -> 
         and last["redis_keys"] <= before["redis_keys"]
         and last["fds"] <= first["fds"]
         and last["threads"] <= first["threads"] + 2,
+        "redis_key_names": {"before": names_before, "after": redis_key_names(redis_url)},
         "tasks": "not exposed by the server (tests/web/test_churn.py counts them in-process)",
     }
 

@@ -68,6 +68,16 @@ def redis_keys(redis_url: str) -> int:
         client.close()
 
 
+def redis_key_names(redis_url: str, most: int = 20) -> list[str]:
+    """Up to `most` key names (what a churn left behind, by name)."""
+    client = redis_sync.Redis.from_url(redis_url)
+    try:
+        names = [bytes(k).decode(errors="replace") for k in client.scan_iter(count=100)]
+    finally:
+        client.close()
+    return sorted(names)[:most]
+
+
 def metrics(http_url: str) -> dict[str, float]:
     """The server's WebRTC frame counters and live sessions."""
     text = httpx.get(f"{http_url}/metrics", timeout=10).text

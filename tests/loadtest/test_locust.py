@@ -163,3 +163,4 @@ def test_churn_mode_reports_the_servers_resources_and_redis_keys(tmp_path: Path)
         assert resources["fds"] > 0 and resources["threads"] > 0 and resources["rss_mb"] > 20
     assert churn["rounds"][-1]["redis_keys"] <= churn["before"]["redis_keys"]  # none left
     assert isinstance(churn["flat"], bool) and "rss_growth_after_first_round_pct" in churn
+    assert len(churn["redis_key_names"]["after"]) == churn["rounds"][-1]["redis_keys"]
