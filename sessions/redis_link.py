@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import redis.asyncio as aioredis
-from redis.exceptions import BusyLoadingError, TryAgainError
+from redis.exceptions import BusyLoadingError, ClusterDownError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -42,6 +42,7 @@ OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
     RedisTimeoutError,
     BusyLoadingError,  # a restarted server still loading its dataset
     TryAgainError,
+    ClusterDownError,  # a Redis Cluster with slots out of reach (CLUSTERDOWN, MASTERDOWN)
     TimeoutError,  # our own deadline
     OSError,
 )
