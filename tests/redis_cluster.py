@@ -21,6 +21,8 @@ import redis as redis_sync
 
 NODES = 3
 START_TIMEOUT_S = 20.0
+NODE_TIMEOUT_MS = 15_000
+"""Redis's default: a node is failed (CLUSTERDOWN everywhere, no replicas) after this."""
 
 
 def _free_ports(n: int) -> list[int]:
@@ -57,19 +59,22 @@ class ClusterProcesses:
     def clients(self) -> list[redis_sync.Redis]:
         return [redis_sync.Redis(host="127.0.0.1", port=p) for p in self.ports]
 
+    def _node(self, port: int) -> subprocess.Popen[bytes]:
+        exe = shutil.which("redis-server")
+        assert exe is not None, "redis-server is not installed"
+        return subprocess.Popen(
+            [exe, "--port", str(port), "--bind", "127.0.0.1"]
+            + ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"]
+            + ["--cluster-node-timeout", str(NODE_TIMEOUT_MS)]
+            + ["--appendonly", "no", "--save", "", "--dir", str(self.dir)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
     def start(self) -> None:
-        exe, cli = shutil.which("redis-server"), shutil.which("redis-cli")
-        assert exe is not None and cli is not None, "redis-server / redis-cli not installed"
-        for port in self.ports:
-            self._procs.append(
-                subprocess.Popen(
-                    [exe, "--port", str(port), "--bind", "127.0.0.1"]
-                    + ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"]
-                    + ["--appendonly", "no", "--save", "", "--dir", str(self.dir)],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
+        cli = shutil.which("redis-cli")
+        assert cli is not None, "redis-cli is not installed"
+        self._procs = [self._node(port) for port in self.ports]
         self._wait(lambda c: bool(c.ping()), "a node did not start")
         addresses = [f"127.0.0.1:{p}" for p in self.ports]
         subprocess.run(
@@ -81,6 +86,21 @@ class ClusterProcesses:
         self._wait(
             lambda c: b"cluster_state:ok" in c.execute_command("CLUSTER", "INFO"),
             "the cluster did not reach cluster_state:ok",
+        )
+
+    def kill_nodes(self, *indices: int) -> None:
+        """These nodes die at once, like a crash (their slots are out of reach)."""
+        for index in indices:
+            self._procs[index].kill()
+            self._procs[index].wait(10)
+
+    def restart_nodes(self, *indices: int) -> None:
+        """These nodes start again from their cluster config: same slots, no data."""
+        for index in indices:
+            self._procs[index] = self._node(self.ports[index])
+        self._wait(
+            lambda c: b"cluster_state:ok" in c.execute_command("CLUSTER", "INFO"),
+            "the cluster did not come back to cluster_state:ok",
         )
 
     def _wait(self, ready: Callable[[redis_sync.Redis], bool], failure: str) -> None:

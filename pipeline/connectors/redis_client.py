@@ -31,9 +31,10 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
-from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.cluster import ClusterNode, NodesManager, RedisCluster
 from redis.asyncio.connection import ConnectionPool
-from redis.exceptions import RedisError
+from redis.exceptions import ClusterDownError, RedisClusterException, RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 log = logging.getLogger("parley.redis")
 
@@ -91,6 +92,7 @@ class ClusterClient(RedisCluster):  # type: ignore[misc]  # redis is untyped her
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._pubsub_pools: dict[str, ConnectionPool] = {}
+        self.nodes_manager.__class__ = _NodesManager  # same slots: a safe class swap
 
     def pubsub(self, **kwargs: Any) -> PubSub:
         node: ClusterNode | None = self.get_default_node()
@@ -111,11 +113,28 @@ class ClusterClient(RedisCluster):  # type: ignore[misc]  # redis is untyped her
         )
         return sum(int(count) for _channel, count in counts)
 
+    async def ping(self) -> bool:
+        """True when every primary answers and says the cluster serves (`cluster_state:ok`);
+        raises ClusterDownError when one says it does not. RedisCluster's own PING asks one
+        node: a probe would see a dead node's slots as reachable, and the session core
+        would flap between outage and recovery."""
+        states = await self.execute_command("CLUSTER INFO", target_nodes=RedisCluster.PRIMARIES)
+        if "cluster_state" in states:  # one primary: its answer, not one per node
+            states = {"the only primary": states}
+        down = sorted(name for name, info in states.items() if info["cluster_state"] != "ok")
+        if down:
+            raise ClusterDownError(f"cluster_state is not ok on {', '.join(down)}")
+        return True
+
     async def aclose(self) -> None:
         pools, self._pubsub_pools = list(self._pubsub_pools.values()), {}
         for pool in pools:
             await pool.disconnect()
         await super().aclose()
+        # redis-py 7.4 skips this when the last command failed on a dead node (the client
+        # is then marked to reload the slot map), leaving every node's connections open.
+        await self.nodes_manager.aclose()
+        await self.nodes_manager.aclose("startup_nodes")
 
 
 async def _is_cluster(client: aioredis.Redis, url: str) -> bool:
@@ -139,3 +158,29 @@ def _address(url: str) -> str:
     """host:port of a URL, without credentials, for log lines."""
     parts = urlsplit(url)
     return f"{parts.hostname}:{parts.port or 6379}"
+
+
+class _NodesManager(NodesManager):  # type: ignore[misc]  # redis is untyped here (pyproject)
+    """Two fixes to redis-py 7.4's slot map loading. It reloads the map (after a node
+    failed) with new node objects but keeps the old ones as the known nodes: commands then
+    open connections that close() never sees, and each reload orphans more; here every slot
+    maps back to the known node of its name. And when no node answers it raises
+    RedisClusterException, which callers cannot tell from misuse; here a ConnectionError."""
+
+    __slots__ = ()
+
+    async def initialize(self) -> None:
+        try:
+            await super().initialize()
+        except RedisClusterException as exc:
+            # No node could be reached: that is an outage (a ConnectionError to callers),
+            # not the client misuse RedisClusterException otherwise means.
+            if isinstance(exc.__cause__, (RedisError, OSError)):
+                raise RedisConnectionError(str(exc)) from exc
+            raise
+        manager: Any = self  # redis-py's attributes, untyped here
+        known = manager.nodes_cache
+        manager.slots_cache = {
+            slot: [known.get(node.name, node) for node in held]
+            for slot, held in manager.slots_cache.items()
+        }
