@@ -1,5 +1,9 @@
 """A `parley serve` in a child process for the benchmarks: started on free loopback ports,
-waited for until `/readyz` says 200, and stopped with SIGTERM (killed if it lingers).
+waited for until it prints its ready line, and stopped with SIGTERM (killed if it lingers).
+
+The ready line, not `/readyz`: with `--workers N` the first worker's /readyz answers 200
+before the others listen, and a benchmark started then would send every client to it. The
+parent prints the line once every worker is ready.
 
 A child process, not the benchmark's own event loop: the server meets its clients as a
 real deployment would, and the client's timestamps are not delayed by the server's work.
@@ -11,12 +15,11 @@ import contextlib
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-
-import httpx
 
 START_S = 120.0
 STOP_S = 20.0
@@ -49,16 +52,15 @@ def parley_serve(*options: str, start_s: float = START_S) -> Iterator[Served]:
     port = free_port()
     exe = Path(sys.executable).parent / "parley"
     cmd = [str(exe), "serve", "--port", str(port), *options, "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
+    ready = threading.Event()
+    reader = threading.Thread(target=_watch_stdout, args=(proc, ready), daemon=True)
+    reader.start()
     try:
         deadline = time.monotonic() + start_s
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
-                    break
+        while not ready.wait(0.1):
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise RuntimeError(f"{' '.join(cmd)}: not ready")
-            time.sleep(0.1)
         yield Served(proc, port)
     finally:
         proc.terminate()  # SIGTERM: sessions closed, the embedded Redis stopped
@@ -67,3 +69,12 @@ def parley_serve(*options: str, start_s: float = START_S) -> Iterator[Served]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _watch_stdout(proc: subprocess.Popen[bytes], ready: threading.Event) -> None:
+    """Set `ready` at the server's ready line, and keep reading its output to the end so
+    the child never blocks on a full pipe."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith(b"Parley is ready"):
+            ready.set()
