@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +21,7 @@ from websockets.exceptions import ConnectionClosed
 
 from loadtest.speech import silence, speak, trim_silence
 from sessions.keys import SessionKeys
-from tests.realtime.apps import ServedApp, served_app
+from tests.realtime.apps import ServedApp, fake_graph_file, served_app
 from tests.realtime.clients import Event, RecordingClient
 from tests.redis_cluster import ClusterProcesses, redis_cluster, redis_cluster_url
 from web.settings import Settings
@@ -143,3 +145,45 @@ async def test_the_cap_holds_across_two_processes_on_the_cluster(
         await ended(a)
         await ended(b)
     assert redis_cluster.all_keys() == []
+
+
+async def test_a_session_moves_to_the_other_process_on_the_cluster(
+    tmp_path: Path, redis_cluster_url: str, redis_cluster: ClusterProcesses
+) -> None:
+    """A resume on B while A still serves the connection: B takes the session over and
+    asks A (over pub/sub, through the cluster) to let go; A tells its client it moved."""
+    graph = fake_graph_file(tmp_path, "audio_ms: 400, text_interval_s: 0.05, realtime_factor: 4.0")
+    settings = Settings(pipeline=graph, api_key=KEY, max_sessions=4)
+    async with (
+        served_app(settings, redis_cluster_url) as a,
+        served_app(settings, redis_cluster_url) as b,
+    ):
+        async with openai_client(a) as first:
+            created = await first.wait_type("session.created")
+            session_id = created["session"]["id"]
+            token = created["session"]["parley"]["resume_token"]
+            await ask(first, "Hello?")
+            assert (await first.wait_type("response.done"))["response"]["status"] == "completed"
+            last = first.events[-1]["event_id"]
+            query = f"session_id={session_id}&resume_token={token}&last_event_id={last}"
+            start = time.perf_counter()
+            async with openai_client(b, query) as second:
+                moved = await first.wait_type("error")
+                assert moved["error"]["code"] == "session_moved"
+                assert time.perf_counter() - start < 1.0  # A heard B's request at once
+                await ask(second, "Are you there?")
+                done = await second.wait_type("response.done")
+                assert done["response"]["status"] == "completed"
+                running = b.services.running
+                assert running is not None
+                items = await running.manager.get(session_id).history.items()
+                assert [i.text for i in items][0::2] == ["Hello?", "Are you there?"]
+        await ended(a)
+        await ended(b)
+    assert redis_cluster.all_keys() == []
+
+
+async def ask(client: RecordingClient, text: str) -> None:
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+    await client.send({"type": "conversation.item.create", "item": item})
+    await client.send({"type": "response.create"})
