@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
+import socket
+import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -20,7 +23,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.cluster import key_slot
 
 from loadtest.speech import utterances_with_gaps
-from pipeline.connectors.redis_client import cluster_choice, open_redis
+from pipeline.connectors.redis_client import PROBE_TIMEOUT_S, cluster_choice, open_redis
 from pipeline.connectors.redis_streams import RedisStreamLink, link_keys
 from pipeline.engine_pipeline import EnginePipeline
 from sessions.clock import ScaledClock
@@ -83,6 +86,24 @@ async def test_the_url_says_plain_or_cluster(redis_url: str, redis_cluster_url: 
     finally:
         for client in (plain, forced, told):
             await client.aclose()
+
+
+async def test_a_server_that_cannot_be_asked_gets_a_plain_client_and_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens there once closed
+    caplog.set_level(logging.WARNING, logger="parley.redis")
+    start = time.monotonic()
+    client = await open_redis(f"redis://127.0.0.1:{port}/0", **TIMEOUTS)
+    try:
+        assert type(client) is aioredis.Redis
+        assert time.monotonic() - start < PROBE_TIMEOUT_S + 0.5
+        (warning,) = [r.getMessage() for r in caplog.records]
+        assert "?cluster=yes" in warning and f"127.0.0.1:{port}" in warning
+    finally:
+        await client.aclose()
 
 
 async def test_a_sessions_keys_live_on_one_node_and_go_with_it(
