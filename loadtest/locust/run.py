@@ -16,7 +16,6 @@ Locust runs in a child process so its gevent patching never touches this one; wi
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import socket
 import subprocess
@@ -25,13 +24,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..churn import churn
 from ..served import free_port
 from . import report as reports
+from .churn_mode import churn_mode
 from .header import header
 from .quality import quality
 from .stats import merge
-from .target import Sampler, metrics, own_redis, redis_key_names, redis_keys, resources, serve
+from .target import Sampler, metrics, own_redis, serve
 
 USERS = {"ws": "WsUser", "webrtc": "RtcUser", "video": "VideoUser", "sip": "SipUser"}
 PROTOCOLS = {"ws": "WS", "webrtc": "WebRTC", "video": "VIDEO", "sip": "SIP"}
@@ -135,41 +134,6 @@ def steps(args: argparse.Namespace, url: str, sampler: Sampler | None) -> dict[s
                 break
     dirs = [out_dir / f"step-{s['users']}" for s in rows]
     return {"steps": rows, "first_failed": first_failed, "quality": quality(dirs, args.asr)}
-
-
-def churn_mode(args: argparse.Namespace, url: str, pid: int, redis_url: str) -> dict[str, Any]:
-    """`--churn-rounds` rounds of short sessions one after another (loadtest.churn's clients),
-    the server's resources and Redis keys after the warm-up and after each round: a leak
-    grows round after round, a warm-up does not."""
-    ws, video, webrtc = args.churn, max(1, args.churn // 3), max(1, args.churn // 10)
-    asyncio.run(churn(url, 8, 4, 2, 4))  # warm-up: imports, pools, caches
-    time.sleep(1.0)
-    before = {**resources(pid), "redis_keys": redis_keys(redis_url)}
-    names_before = redis_key_names(redis_url)
-    rounds = []
-    for _ in range(args.churn_rounds):
-        started = time.monotonic()
-        asyncio.run(churn(url, ws, video, webrtc, args.churn_concurrency))
-        took = time.monotonic() - started
-        time.sleep(3.0)
-        rounds.append({**resources(pid), "redis_keys": redis_keys(redis_url), "s": round(took, 1)})
-    first, last = rounds[0], rounds[-1]
-    growth = 100 * (last["rss_mb"] - before["rss_mb"]) / before["rss_mb"]
-    leak = 100 * (last["rss_mb"] - first["rss_mb"]) / first["rss_mb"]
-    return {
-        "sessions_per_round": {"websocket": ws, "video": video, "webrtc": webrtc},
-        "concurrency": args.churn_concurrency,
-        "before": before,
-        "rounds": rounds,
-        "rss_growth_pct": round(growth, 2),
-        "rss_growth_after_first_round_pct": round(leak, 2),
-        "flat": abs(leak) <= 5.0
-        and last["redis_keys"] <= before["redis_keys"]
-        and last["fds"] <= first["fds"]
-        and last["threads"] <= first["threads"] + 2,
-        "redis_key_names": {"before": names_before, "after": redis_key_names(redis_url)},
-        "tasks": "not exposed by the server (tests/web/test_churn.py counts them in-process)",
-    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
