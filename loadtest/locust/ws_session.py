@@ -50,6 +50,15 @@ async def _read(ws: ClientConnection, inbox: Inbox) -> None:
         inbox.put(time.monotonic(), json.loads(raw))
 
 
+def _played_until(inbox: Inbox, mark: int, response_id: str | None, after: float) -> float:
+    """When a client's speaker, busy until `after`, would finish `response_id`'s audio."""
+    speaker = after
+    for s in inbox.since(mark, "response.output_audio.delta"):
+        if s.event.get("response_id") == response_id:
+            speaker = max(speaker, s.at) + len(base64.b64decode(s.event["delta"])) / 2 / RATE
+    return speaker
+
+
 class WsCall:
     def __init__(self, ws: ClientConnection, rec: Recorder) -> None:
         self.ws, self.rec = ws, rec
@@ -64,8 +73,15 @@ class WsCall:
         stopped = await self.inbox.wait(
             lambda e: e["type"] == "input_audio_buffer.speech_stopped", mark, 30
         )
-        first = await self.inbox.wait_type("response.output_audio.delta", mark, 30)
-        response_id = first.event.get("response_id")
+        created = await self.inbox.wait_type("response.created", mark, 30)
+        response_id = created.event.get("response", {}).get("id")
+        first = await self.inbox.wait(
+            lambda e: (
+                e["type"] == "response.output_audio.delta" and e.get("response_id") == response_id
+            ),
+            mark,
+            30,
+        )
         self.rec.time(PROTOCOL, VOICE_TO_VOICE, (first.at - last_voiced) * 1000)
         self.rec.time(PROTOCOL, PROCESSING, (first.at - max(stopped.at, last_voiced)) * 1000)
         if barge:
@@ -100,13 +116,14 @@ class WsCall:
             self.rec.time(PROTOCOL, BARGE_IN, max(0.0, end - stop_start) * 1000)
             self.rec.count(f"{PROTOCOL} barge_ins")
             # The interruption is a turn of its own: let its answer play out.
-            await self.inbox.wait(
+            other = await self.inbox.wait(
                 lambda e: (
                     e["type"] == "response.done" and e.get("response", {}).get("id") != response_id
                 ),
                 mark,
                 60,
             )
+            speaker = _played_until(self.inbox, mark, other.event["response"].get("id"), speaker)
         else:
             self.rec.clip(PROTOCOL, speech.question_text, b"".join(chunks))
         self.rec.count(f"{PROTOCOL} answer_audio_s", played)
