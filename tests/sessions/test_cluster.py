@@ -258,7 +258,7 @@ async def test_nodes_that_die_and_come_back_are_an_outage_sessions_ride_out(
     """Slots out of reach: the link is down (the probe asks every primary), every session
     writes locally until the nodes are back, as with one server, and a session that ended
     meanwhile has its keys removed then. No connection is left open (redis-py 7.4 leaks
-    some after a node failure: see pipeline/connectors/redis_client.py)."""
+    some after a node failure: see pipeline/connectors/redis_cluster.py)."""
     client = await open_redis(own_cluster.url, **TIMEOUTS)
     await client.ping()  # the slot map and command table load first, not under 0.5 s deadlines
     link = RedisLink(client, call_timeout_s=2.0, probe_interval_s=0.05, heartbeat_interval_s=0.1)
