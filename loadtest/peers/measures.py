@@ -1,6 +1,6 @@
 """The four measurements, identical for every peer (all times `time.monotonic()` here).
 
-- connect: `n` calls one after another; offer ready -> connected (PeerCaller.call).
+- connect: `n` calls one after another, after one untimed; offer ready -> connected.
 - turn: one call, `n` questions; end of the question's last frame sent -> first loud
   (RMS > 300) answer frame received. It includes each server's end-of-turn detection:
   what a user waits.
@@ -70,13 +70,17 @@ async def ask(caller: PeerCaller, pcm: npt.NDArray[np.int16]) -> float:
 
 
 async def connect(target: Target, n: int) -> list[float]:
+    """`n` timed calls after one untimed one (every server's first call pays its warm-up:
+    imports, a VAD model loaded, ...)."""
     times = []
-    for _ in range(n):
+    for i in range(n + 1):
         caller = target.caller()
         try:
-            times.append(await caller.call())
+            took = await caller.call()
         finally:
             await caller.close()
+        if i:
+            times.append(took)
         await asyncio.sleep(0.5)
     return times
 
