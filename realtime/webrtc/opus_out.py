@@ -1,12 +1,15 @@
-"""Opus for the outbound track: mono, off the event loop, and silence for free.
+"""Opus for the outbound track: mono, on the event loop, and silence for free.
 
 aiortc encodes every frame a track hands it in the loop's default thread pool, silence
-included: a pool job with its thread hand-offs on the loop per call every 20 ms, a
+included: per call every 20 ms a pool job (a worker woken, then the loop woken back), a
 resampling pass (mono to stereo) and a 96 kbit/s stereo encoding. A track that hands
 aiortc an `av.Packet` is only packed, so the call's track encodes here instead: mono (the
-answer is mono; a stereo decoder plays a mono Opus stream on both channels), in worker
-threads still (libopus takes 100-200 us a frame on this kind of machine: on the loop,
-with tens of calls, that is what makes frames late; measured in loadtest/webrtc_bench).
+answer is mono; a stereo decoder plays a mono Opus stream on both channels), on the loop.
+Worker threads were tried (one frame per job, and every call's frames of a tick in one
+batch): on this 2-core box under load a woken worker is often not
+scheduled for tens of ms, and a frame waiting for it is late (webrtc_bench at 10 calls,
+load average 6: 27 % late frames with a batch worker, 2.4 % with aiortc's pool, 1.1 %
+encoding on the loop). The loop pays ~100-200 us per voiced frame instead.
 
 Between answers the track plays digital silence, which Opus codes as a 3-byte packet
 once the encoder's state has decayed: from the moment the encoder itself produces that
@@ -43,6 +46,8 @@ class OpusPacketizer:
         codec.layout = "mono"
         codec.sample_rate = SAMPLE_RATE
         codec.time_base = TIME_BASE
+        # libopus's default effort (complexity 10): at lower ones (5 tried) it never
+        # settles into the 3-byte silence packet, and every silent frame would be coded.
         codec.options = {"application": "voip"}
         self._codec = codec
         self._silent: bytes | None = None
@@ -52,16 +57,11 @@ class OpusPacketizer:
         self.encoded = 0
         """Frames that went through the encoder (the others were cached silence)."""
 
-    def cached(self, pts: int, silent: bool) -> av.Packet[Stream] | None:
-        """The packet for a silent frame at `pts` when it needs no encoding, else None."""
+    def packet(self, pcm: npt.NDArray[np.int16], pts: int, silent: bool) -> av.Packet[Stream]:
+        """The packet for `pcm` (FRAME_SAMPLES samples) at `pts` (in samples); `silent`:
+        the caller knows the frame is all zeros (its shared silence frame)."""
         if silent and self._idle and self._silent is not None:
             return _packet(self._silent, pts)
-        return None
-
-    def encode(self, pcm: npt.NDArray[np.int16], pts: int, silent: bool) -> av.Packet[Stream]:
-        """The packet for `pcm` (FRAME_SAMPLES samples) at `pts` (in samples); `silent`:
-        the caller knows the frame is all zeros. Runs in a worker thread (one call at a
-        time per packetizer: a track awaits each frame before the next)."""
         data = self._encode(pcm, pts)
         if silent and data == self._silent:
             self._idle = True

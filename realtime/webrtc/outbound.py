@@ -9,9 +9,9 @@ reported, which is what OpenAI's `output_audio_buffer.started` / `stopped` event
 on WebRTC.
 
 A call that sends Opus (what nearly every peer offers first) has the track hand aiortc
-ready packets (`encode_opus()`, see opus_out.py): mono, encoded in a pool of its own, and
-silence between answers costs a cached packet, no encoding and no thread hand-off. Other
-codecs (PCMU, PCMA) get frames, which aiortc encodes.
+ready packets (`encode_opus()`, see opus_out.py): mono, encoded on the loop with no thread
+hand-off, and silence between answers costs a cached packet, no encoding at all. Other
+codecs (PCMU, PCMA) get frames, which aiortc encodes in its thread pool.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import asyncio
 import fractions
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import av
 from aiortc import MediaStreamTrack
@@ -34,10 +33,6 @@ from .opus_out import OpusPacketizer
 
 OUTPUT_RATE = 48_000
 """Opus runs at 48 kHz: playing out at that rate spares aiortc a resampling step."""
-
-_ENCODERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="parley-opus")
-"""Where every call's track encodes its voiced frames (libopus lets go of the GIL): its
-own pool, so no other work queued in the loop's default pool delays a frame."""
 
 
 def sends_opus(answer_sdp: str) -> bool:
@@ -103,12 +98,7 @@ class OutboundAudioTrack(MediaStreamTrack):
                 callback()
         self.frames_sent += 1
         if self._opus is not None:
-            packet = self._opus.cached(self._pts, not audible)
-            if packet is None:
-                packet = await asyncio.get_running_loop().run_in_executor(
-                    _ENCODERS, self._opus.encode, pcm, self._pts, not audible
-                )
-            return packet
+            return self._opus.packet(pcm, self._pts, not audible)
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = OUTPUT_RATE
         frame.pts = self._pts

@@ -42,8 +42,7 @@ def test_voiced_frames_decode_to_the_answer_with_their_pts() -> None:
     packets = []
     for i in range(25):
         pts = i * FRAME_SAMPLES
-        assert opus.cached(pts, silent=False) is None
-        packet = opus.encode(pcm[pts : pts + FRAME_SAMPLES], pts, silent=False)
+        packet = opus.packet(pcm[pts : pts + FRAME_SAMPLES], pts, silent=False)
         assert packet.pts == pts and packet.time_base == fractions.Fraction(1, OUTPUT_RATE)
         packets.append(bytes(packet))
     heard = decode(packets).astype(np.float64)
@@ -56,30 +55,29 @@ def test_voiced_frames_decode_to_the_answer_with_their_pts() -> None:
     got = heard[4800 + best : 19200 + best]
     assert np.corrcoef(sent, got)[0, 1] > 0.99
     assert abs(np.sqrt(np.mean(got**2)) / np.sqrt(np.mean(sent**2)) - 1) < 0.1
+    assert opus.encoded == 25
 
 
 def test_silence_costs_a_cached_packet_once_the_encoder_is_quiet_then_sound_is_encoded() -> None:
     opus = OpusPacketizer()
     pcm = tone(5)
     for i in range(5):
-        opus.encode(pcm[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES], i * FRAME_SAMPLES, False)
+        opus.packet(pcm[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES], i * FRAME_SAMPLES, False)
     pts = 5 * FRAME_SAMPLES
-    encoded_silences = 0
-    while (packet := opus.cached(pts, silent=True)) is None:
-        opus.encode(SILENCE, pts, silent=True)  # the tail of the tone decays first
-        encoded_silences += 1
+    sizes = []
+    for _ in range(60):
+        packet = opus.packet(SILENCE, pts, silent=True)
+        assert packet.pts == pts
+        sizes.append(len(bytes(packet)))
         pts += FRAME_SAMPLES
-        assert encoded_silences < 10
-    assert encoded_silences >= 2  # not the first silent frame: the state had to decay
-    assert len(bytes(packet)) <= 3 and packet.pts == pts
-    encoded = opus.encoded
-    for _ in range(50):
-        assert opus.cached(pts, silent=True) is not None
-        pts += FRAME_SAMPLES
-    assert opus.encoded == encoded
-    assert opus.cached(pts, silent=False) is None  # sound again: encoded
-    assert len(bytes(opus.encode(pcm[:FRAME_SAMPLES], pts, silent=False))) > 3
-    assert opus.cached(pts + FRAME_SAMPLES, silent=True) is None  # and its tail decays again
+    assert sizes[0] > 3  # the tone's tail decays through the encoder first
+    quiet = sizes.index(3)
+    assert quiet <= 5 and set(sizes[quiet:]) == {3}
+    assert opus.encoded == 5 + quiet + 1  # then the cached packet: no encoding at all
+    loud = opus.packet(pcm[:FRAME_SAMPLES], pts, silent=False)  # sound again: encoded
+    assert len(bytes(loud)) > 3 and opus.encoded == 5 + quiet + 2
+    opus.packet(SILENCE, pts + FRAME_SAMPLES, silent=True)
+    assert opus.encoded == 5 + quiet + 3  # and its tail decays through the encoder again
 
 
 async def test_an_opus_track_hands_aiortc_packets_and_reports_the_edges() -> None:
