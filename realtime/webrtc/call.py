@@ -8,6 +8,9 @@ data-channel reader) and `close()` ends them, the session and the peer connectio
 `watch()` is the call's life: it returns when the call should end (hang-up, a peer that
 never connects or stays disconnected, the session closing itself).
 
+The caller's audio is decoded on the event loop (inline_decode.py), not in a thread of
+aiortc's per call.
+
 The peer connection is answered before the session exists (a bad offer must cost no
 session slot), so tracks that arrive first are held until `attach`. Client events wait in
 an inbox bounded in count and bytes: the data channel cannot push back on a client, so a
@@ -35,6 +38,7 @@ from ..dispatch import ClientEventDispatcher
 from ..metrics import TransportMetrics
 from ..session_call import SessionCall
 from .inbound import drain_audio, drain_video
+from .inline_decode import decode_inline
 from .outbound import OUTPUT_RATE, OutboundAudioTrack, sends_opus
 from .peer import close_peer
 
@@ -123,6 +127,10 @@ class WebRTCCall(SessionCall):
     def _on_track(self, track: MediaStreamTrack) -> None:
         if self._closed:
             return
+        if track.kind == "audio":  # before its receiver starts: it starts on connecting
+            for transceiver in self.pc.getTransceivers():
+                if transceiver.receiver.track is track:
+                    decode_inline(transceiver.receiver)
         if self.session is None:  # the offer is being answered; the session comes next
             self._early_tracks.append(track)
             return
