@@ -85,8 +85,10 @@ def _protocols(args: argparse.Namespace) -> list[str]:
     return [p for p in args.protocol.split(",") if p]
 
 
-PER_PROCESS = {"webrtc": 30, "ws": 1000, "video": 300, "sip": 300}
-"""About how many users one Locust process holds (per core for WebRTC: aiortc's codecs)."""
+PER_PROCESS = {"webrtc": 30, "ws": 150, "video": 150, "sip": 300}
+"""About how many users one Locust process holds: ~30 aiortc calls; WebSocket users that
+stream their microphone (50 appends a second each) took 86 % of a core at 200 (measured
+2026-12-02 on the 2-core machine), so ~150, not the ~1,000 idle ones the issue quotes."""
 
 
 def _capacity_warning(args: argparse.Namespace, users: int) -> str | None:
