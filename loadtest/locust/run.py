@@ -139,6 +139,7 @@ def steps(args: argparse.Namespace, url: str, sampler: Sampler | None) -> dict[s
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     top = max([int(s) for s in args.steps.split(",") if s] + [8])
     with contextlib.ExitStack() as stack:
         if args.url:
@@ -175,7 +176,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "'Hold on, stop.'; think time 1-3 s between sessions"
         ),
         url=args.url or "parley serve started by the runner",
-        date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        started_at=started,
+        finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
     return result
 
