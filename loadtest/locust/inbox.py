@@ -51,5 +51,12 @@ class Inbox:
     async def wait_type(self, kind: str, after: int = 0, within_s: float = 30.0) -> Stamped:
         return await self.wait(lambda e: e.get("type") == kind, after, within_s)
 
+    def position(self, stamped: Stamped) -> int:
+        """Where `stamped` (an event returned by `wait`) sits: a mark just before it."""
+        for index in range(len(self.events) - 1, -1, -1):
+            if self.events[index] is stamped:
+                return index
+        raise ValueError("not an event of this inbox")
+
     def since(self, after: int, kind: str) -> list[Stamped]:
         return [s for s in self.events[after:] if s.type == kind]

@@ -134,7 +134,9 @@ class VideoUser(ParleyUser):
         ws_base = "ws" + str(self.host).removeprefix("http")
         turns, every = int(self._options().turns), int(self._options().barge_every)
         self._run(
-            lambda rec, _, start: video_session(ws_base, rec, question, stop, turns, every, start)
+            lambda rec, speech, start: video_session(
+                ws_base, rec, question, stop, turns, every, start, speech.question_text
+            )
         )
 
 

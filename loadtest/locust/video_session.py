@@ -22,6 +22,7 @@ import time
 import wave
 
 import numpy as np
+import soxr
 from PIL import Image
 from websockets.asyncio.client import ClientConnection, connect
 
@@ -33,6 +34,7 @@ FPS = 2
 RATE_IN = 16_000
 CHUNK = RATE_IN // 50
 BARGE_AFTER_S = 0.6
+CLIP_RATE = 24_000
 
 
 def _jpeg(level: int) -> str:
@@ -62,9 +64,13 @@ async def _say(ws: ClientConnection, pcm: np.ndarray) -> float:
 
 
 def _seconds(delta: Stamped) -> tuple[float, bytes]:
+    """The delta's length, and its audio as PCM16 at CLIP_RATE (for the quality figure)."""
     with wave.open(io.BytesIO(base64.b64decode(delta.event["data"]))) as reader:
-        frames = reader.readframes(reader.getnframes())
-        return reader.getnframes() / reader.getframerate(), frames
+        rate, frames = reader.getframerate(), reader.readframes(reader.getnframes())
+    pcm = np.frombuffer(frames, dtype="<i2")
+    if rate != CLIP_RATE:
+        pcm = np.asarray(soxr.resample(pcm, rate, CLIP_RATE), dtype=np.int16)
+    return len(frames) / 2 / rate, pcm.astype("<i2").tobytes()
 
 
 async def _read(ws: ClientConnection, inbox: Inbox) -> None:
@@ -73,39 +79,53 @@ async def _read(ws: ClientConnection, inbox: Inbox) -> None:
 
 
 async def _ask(
-    ws: ClientConnection, inbox: Inbox, rec: Recorder, question: np.ndarray, stop: np.ndarray | None
+    ws: ClientConnection,
+    inbox: Inbox,
+    rec: Recorder,
+    question: np.ndarray,
+    stop: np.ndarray | None,
+    text: str,
 ) -> None:
-    mark = inbox.mark()
     last_voiced = await _say(ws, question)
-    queried = time.monotonic()
+    queried, asked = time.monotonic(), inbox.mark()
     await ws.send(json.dumps({"type": "video.query", "text": ""}))
-    first = await inbox.wait_type("response.audio.delta", mark, 30)
+    begin = inbox.position(await inbox.wait_type("response.start", asked, 30))
+    first = await inbox.wait_type("response.audio.delta", begin, 30)
     rec.time(PROTOCOL, VOICE_TO_VOICE, (first.at - last_voiced) * 1000)
     rec.time(PROTOCOL, PROCESSING, (first.at - queried) * 1000)
     if stop is None:
-        await inbox.wait_type("response.audio.done", mark, 60)
+        end = inbox.position(await inbox.wait_type("response.audio.done", begin, 60))
     else:
         await asyncio.sleep(max(0.0, first.at + BARGE_AFTER_S - time.monotonic()))
         stop_start = time.monotonic()
         await _say(ws, stop)
         interrupt = inbox.mark()
         await ws.send(json.dumps({"type": "video.query", "text": ""}))
-        await inbox.wait_type("response.start", interrupt, 30)
-    deltas = [s for s in inbox.since(mark, "response.audio.delta")]
-    if stop is not None:
-        ends = [s.at for s in inbox.since(interrupt, "response.start")]
-        deltas = [s for s in deltas if s.at < ends[0]]
-    speaker, played = first.at, 0.0
-    for delta in deltas:
-        seconds = _seconds(delta)[0]
-        speaker, played = max(speaker, delta.at) + seconds, played + seconds
+        # The old answer's audio is what came before the interruption's answer starts.
+        end = inbox.position(await inbox.wait_type("response.start", interrupt, 30))
+    speaker, played, audio = _play(inbox.events[begin:end], first.at)
     rec.count(f"{PROTOCOL} answers")
     rec.count(f"{PROTOCOL} answer_audio_s", played)
-    if stop is not None:
+    if stop is None:
+        rec.clip(PROTOCOL, text, audio)
+    else:
         rec.time(PROTOCOL, BARGE_IN, max(0.0, speaker - stop_start) * 1000)
         rec.count(f"{PROTOCOL} barge_ins")
-        await inbox.wait_type("response.audio.done", interrupt, 60)
+        done = inbox.position(await inbox.wait_type("response.audio.done", end, 60))
+        speaker = _play(inbox.events[end:done], speaker)[0]  # the interruption's own answer
     await asyncio.sleep(max(0.0, speaker - time.monotonic()) + 0.3)
+
+
+def _play(events: list[Stamped], start: float) -> tuple[float, float, bytes]:
+    """The audio deltas among `events` through a client's playback queue that is free from
+    `start`: when it finishes, the seconds played, the audio (PCM16 at CLIP_RATE)."""
+    speaker, played, audio = start, 0.0, []
+    for delta in events:
+        if delta.type == "response.audio.delta":
+            seconds, pcm = _seconds(delta)
+            speaker, played = max(speaker, delta.at) + seconds, played + seconds
+            audio.append(pcm)
+    return speaker, played, b"".join(audio)
 
 
 async def video_session(
@@ -116,7 +136,9 @@ async def video_session(
     turns: int,
     barge_every: int,
     start: int,
+    text: str = "",
 ) -> None:
+    """One stream of `turns` spoken questions (`text`: what they say, for the quality figure)."""
     began = time.monotonic()
     async with connect(f"{ws_base}/v1/video/chat/stream", proxy=None, max_size=None) as ws:
         inbox = Inbox()
@@ -130,7 +152,7 @@ async def video_session(
             camera = asyncio.create_task(_camera(ws))
             for i in range(turns):
                 barge = barge_every > 0 and (start + i) % barge_every == barge_every - 1
-                await _ask(ws, inbox, rec, question, stop if barge else None)
+                await _ask(ws, inbox, rec, question, stop if barge else None, text)
             await ws.send(json.dumps({"type": "video.done"}))
             await inbox.wait_type("session.done", 0, 30)
         finally:
