@@ -23,6 +23,7 @@ from .rtc_session import PROTOCOL as RTC
 from .rtc_session import rtc_session
 from .sip_session import PROTOCOL as SIP
 from .sip_session import sip_session
+from .speech_cache import cached_speech
 from .stats import GENERATOR, LOOP_LAG, SESSION, Recorder
 from .video_session import PROTOCOL as VIDEO
 from .video_session import video_session
@@ -41,12 +42,11 @@ def _resampled(pcm: np.ndarray, rate: int) -> np.ndarray:
 
 
 def _speech() -> tuple[Speech, tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-    """Piper's speech, synthesised when the Locust file is imported: before Locust starts its
-    runner, so the seconds it takes never block a worker's heartbeats or a user's timing."""
-    from ..voice_mic import spoken
-
-    speech = Speech(spoken(QUESTION), QUESTION, spoken(STOP))
-    pairs = [(_resampled(speech.question, r), _resampled(speech.stop, r)) for r in (16_000, 8000)]
+    """Piper's speech, read when the Locust file is imported (before Locust starts its runner,
+    so it never blocks a worker's heartbeats); speech_cache.py says why in a child process."""
+    question, stop = cached_speech(QUESTION, STOP)
+    speech = Speech(question, QUESTION, stop)
+    pairs = [(_resampled(question, r), _resampled(stop, r)) for r in (16_000, 8000)]
     return speech, pairs[0], pairs[1]
 
 
