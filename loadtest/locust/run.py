@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -59,7 +61,11 @@ def locust_step(
     cmd += [USERS[p] for p in _protocols(args)]
     with (folder / "locust.log").open("w") as log:
         proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=LOCUSTFILE.parents[2]
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=LOCUSTFILE.parents[2],
+            start_new_session=True,  # its workers share its process group
         )
         if sampler is not None:
             sampler.generator_pid = proc.pid
@@ -69,6 +75,8 @@ def locust_step(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            with contextlib.suppress(ProcessLookupError):  # a worker left behind
+                os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _means(rows: list[dict[str, float]]) -> dict[str, float]:
