@@ -20,7 +20,9 @@ peers over loopback (Opus both ways).
 
     .venv/bin/python -m loadtest.webrtc_bench [--barge 30] [--steps 1,10,20,30] [--window 20]
 
-The callers run on the same 2 cores as the server, so capacity is a lower bound.
+The callers run on the same 2 cores as the server, so capacity is a lower bound; with
+`--nice 10` they yield the CPU to the server (a single loop thread against the callers'
+dozens of aiortc threads otherwise gets a thin share of a saturated machine).
 """
 
 from __future__ import annotations
@@ -207,6 +209,10 @@ async def run(args: argparse.Namespace) -> None:
         "--pipeline", "echo", "--max-sessions", str(max(steps + [4]) + 2), start_s=60
     ) as served:
         pid = served.process.pid
+        if args.nice:
+            # After the server started (it would inherit it), before any caller exists:
+            # on Linux a niceness is a thread's, and threads inherit their creator's.
+            os.nice(args.nice)
         async with httpx.AsyncClient(base_url=served.http_url, timeout=30) as http:
             if args.barge:
                 latencies = await barge_in(http, args.barge)
@@ -244,6 +250,13 @@ def main() -> None:
     parser.add_argument("--warm", type=float, default=4.0)
     parser.add_argument("--window", type=float, default=20.0)
     parser.add_argument("--profile", action="store_true", help="py-spy the loop per step")
+    parser.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="run the callers at this niceness (the server keeps its own): the server "
+        "gets the CPU first, as on a host of its own",
+    )
     asyncio.run(run(parser.parse_args()))
 
 
