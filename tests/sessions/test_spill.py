@@ -41,7 +41,7 @@ async def test_writes_during_an_outage_are_kept_readable_and_written_back_in_ord
     keys = SessionKeys("sess_spill")
     link = RedisLink(redis)
     spill = Spill(link)
-    audio = AudioBuffer(redis, keys, max_seconds=10, spill=spill, recent_seconds=0)
+    audio = AudioBuffer(redis, keys, max_seconds=10, spill=spill, recent_seconds=0, batch_frames=5)
     history = History(redis, keys, spill=spill)
     log = EventLog(redis, keys, spill=spill)
     try:
@@ -84,7 +84,7 @@ async def test_a_full_spill_drops_the_oldest_media_first_and_counts_it(
     keys = SessionKeys("sess_full")
     link = RedisLink(redis)
     spill = Spill(link, max_bytes=4 * 5 * 640)  # room for four 100 ms audio writes
-    audio = AudioBuffer(redis, keys, max_seconds=10, spill=spill)
+    audio = AudioBuffer(redis, keys, max_seconds=10, spill=spill, batch_frames=5)
     log = EventLog(redis, keys, spill=spill)
     try:
         link.went_down(ConnectionError("test outage"))
