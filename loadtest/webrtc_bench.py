@@ -9,8 +9,8 @@ peers over loopback (Opus both ways).
   received (a frame with RMS > 300 before the next `response.created`).
 - capacity: for each step N, N calls loop "question, wait for the answer" for a window; the
   server's `parley_webrtc_late_frames_total / parley_webrtc_outbound_frames_total` over the
-  window must stay under 1 %, and every call must get answers. CPU is the server process's
-  (its own /proc stat), per call; and per outbound frame (each call sends and receives 50
+  window must stay under 1 %, and every call must get answers. CPU is the server's
+  (its processes' /proc stat, Redis left out), per call; and per outbound frame (each call sends and receives 50
   frames a second), in all and on the event loop's thread alone: the loop runs every call's
   per-frame work, so its share is what decides late frames.
 - `--profile`: py-spy (if on PATH; `pip install py-spy`) samples the server's loop thread
@@ -19,6 +19,10 @@ peers over loopback (Opus both ways).
   /tmp/webrtc_bench_<calls>.txt.
 
     .venv/bin/python -m loadtest.webrtc_bench [--barge 30] [--steps 1,10,20,30] [--window 20]
+                                              [--workers N|auto] [--nice 10]
+
+`--workers`: the server runs that many processes behind its port; CPU and late frames are
+then summed over the workers (their /metrics samples carry a `process` label).
 
 The callers run on the same 2 cores as the server, so capacity is a lower bound; with
 `--nice 10` they yield the CPU to the server (a single loop thread against the callers'
@@ -55,6 +59,26 @@ def cpu_seconds(pid: int, tid: int | None = None) -> float:
     path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
     fields = Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_pids(pid: int) -> list[int]:
+    """`pid` and every process under it but Redis: with `--workers` the parent only
+    supervises, and the calls are served by its children."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        cmdline = Path(f"/proc/{current}/cmdline").read_bytes()
+        if b"redis-server" not in cmdline:
+            found.append(current)
+        for task in Path(f"/proc/{current}/task").iterdir():
+            todo.extend(int(c) for c in (task / "children").read_text().split())
+    return found
+
+
+def server_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds of the server's processes, in all and on their main threads."""
+    pids = server_pids(pid)
+    return sum(cpu_seconds(p) for p in pids), sum(cpu_seconds(p, p) for p in pids)
 
 
 def start_profile(pid: int, n: int, seconds: float) -> subprocess.Popen[bytes] | None:
@@ -97,8 +121,9 @@ async def late_frames(http: httpx.AsyncClient) -> tuple[float, float]:
     text = (await http.get("/metrics")).text
 
     def value(name: str) -> float:
-        match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M)
-        return float(match.group(1)) if match else 0.0
+        """The sum over every sample of `name` (one per worker with `--workers`)."""
+        found = re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
+        return sum(float(v) for v in found)
 
     return value("parley_webrtc_late_frames_total"), value("parley_webrtc_outbound_frames_total")
 
@@ -170,7 +195,7 @@ async def loop_calls(
     try:
         await asyncio.sleep(warm_s + min(9.0, 0.3 * n))
         late0, frames0 = await late_frames(http)
-        cpu0, loop0, t0 = cpu_seconds(pid), cpu_seconds(pid, pid), time.monotonic()
+        (cpu0, loop0), t0 = server_cpu(pid), time.monotonic()
         answered0 = sum(answers)
         spy = start_profile(pid, n, window_s) if profile else None
         await asyncio.sleep(window_s)
@@ -179,7 +204,8 @@ async def loop_calls(
             print_profile(n)
         late1, frames1 = await late_frames(http)
         elapsed = time.monotonic() - t0
-        cpu_s, loop_s = cpu_seconds(pid) - cpu0, cpu_seconds(pid, pid) - loop0
+        cpu1, loop1 = server_cpu(pid)
+        cpu_s, loop_s = cpu1 - cpu0, loop1 - loop0
         cpu = cpu_s / elapsed
         answered = sum(answers) - answered0
         failed = [t for t in tasks if t.done() and t.exception() is not None]
@@ -206,7 +232,13 @@ async def loop_calls(
 async def run(args: argparse.Namespace) -> None:
     steps = [int(s) for s in args.steps.split(",") if s]
     with parley_serve(
-        "--pipeline", "echo", "--max-sessions", str(max(steps + [4]) + 2), start_s=60
+        "--pipeline",
+        "echo",
+        "--max-sessions",
+        str(max(steps + [4]) + 2),
+        "--workers",
+        args.workers,
+        start_s=60,
     ) as served:
         pid = served.process.pid
         if args.nice:
@@ -250,6 +282,7 @@ def main() -> None:
     parser.add_argument("--warm", type=float, default=4.0)
     parser.add_argument("--window", type=float, default=20.0)
     parser.add_argument("--profile", action="store_true", help="py-spy the loop per step")
+    parser.add_argument("--workers", default="1", help="parley serve --workers (N or auto)")
     parser.add_argument(
         "--nice",
         type=int,
