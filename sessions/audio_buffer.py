@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 
 import numpy as np
 import numpy.typing as npt
@@ -124,6 +125,9 @@ class AudioBuffer:
             return np.zeros(0, dtype=np.int16)
         await self.flush()
         await self._spill.settle()
+        recent = self._recent_range(start_ms, end_ms)
+        if recent is not None:
+            return np.frombuffer(recent, dtype=np.int16).copy()
         if self._spill.link.up and not self._spill.holds("audio"):
             try:
                 entries = await self._spill.link.call(
@@ -137,6 +141,25 @@ class AudioBuffer:
                 pcm = b"".join(fields[b"pcm"] for _, fields in entries)
                 return np.frombuffer(pcm, dtype=np.int16).copy()
         return self._read_local(start_ms, end_ms)
+
+    def _recent_range(self, start_ms: int, end_ms: int) -> bytes | None:
+        """The range from the in-memory copy when it holds all of it (a turn just spoken,
+        the usual read): the same bytes as the XRANGE, without parsing an entry per frame
+        in Python (~7 % of the server's CPU with 50 streaming sessions). None when the copy
+        lacks any of it, or when Redis may have trimmed its start (`max_seconds` back)."""
+        recent = self._recent
+        if not recent or self._spill.dropped.get("audio"):
+            return None  # (an outage dropped audio the copy still has: Redis says what's left)
+        first = -(-max(start_ms, 0) // FRAME_MS) * FRAME_MS
+        count = len(range(first, end_ms, FRAME_MS))
+        newest = recent[-1][0]
+        back = (newest - first) // FRAME_MS  # frames from `first` to the newest one
+        if count == 0 or back >= min(len(recent), self.max_frames) or count > back + 1:
+            return None
+        i = len(recent) - 1 - back
+        if recent[i][0] != first or recent[i + count - 1][0] != first + (count - 1) * FRAME_MS:
+            return None  # not one run of frames (a clear restarted the timeline)
+        return b"".join(frame for _, frame in itertools.islice(recent, i, i + count))
 
     def _read_local(self, start_ms: int, end_ms: int) -> npt.NDArray[np.int16]:
         wanted = range(-(-max(start_ms, 0) // FRAME_MS) * FRAME_MS, end_ms, FRAME_MS)
