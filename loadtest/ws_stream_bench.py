@@ -316,12 +316,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--measure-s", type=float, default=15.0)
     parser.add_argument("--cycle-s", type=float, default=5.0)
     parser.add_argument("--connect-rate", type=float, default=50.0, help="sessions a second")
-    parser.add_argument("--pause", type=float, default=0.0, help="seconds to wait between steps")
+    parser.add_argument("--pause", type=float, default=5.0, help="seconds to wait between steps")
     parser.add_argument("--json", default="", help="also write the rows to this file")
     args = parser.parse_args(argv)
     rows = []
     steps = [int(s) for s in args.steps.split(",")]
-    cap = str(max(steps) + 16)
+    cap = str(2 * max(steps))  # the previous step's sessions may still be closing
     options = ("--pipeline", "echo", "--workers", args.workers, "--max-sessions", cap)
     with parley_serve(*options) as served:
         url = f"{served.ws_url}/v1/realtime?model=x"

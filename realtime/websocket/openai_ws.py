@@ -137,9 +137,11 @@ class OpenAIRealtimeConnection(MessageConnection):
     async def handle(self, raw: str | bytes) -> bool:
         assert self.dispatcher is not None
         await self.dispatcher.handle_raw(raw)
-        if self.dispatcher.formats != self._formats:  # a session.update changed them
-            self._formats = self.dispatcher.formats
-            await self.remember_transport()
+        formats = self.dispatcher.formats
+        if formats is not self._formats:  # a session.update (identity first: 50 appends a second)
+            changed, self._formats = formats != self._formats, formats
+            if changed:
+                await self.remember_transport()
         return False
 
     def error_message(self, code: str, text: str) -> Message:
