@@ -157,6 +157,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if "sip" in _protocols(args):
                 args.sip_port = free_port(socket.SOCK_DGRAM)
             extra = ["--sip-port", str(args.sip_port)] if args.sip_port else []
+            extra += ["--workers", args.workers]
             cap = top * args.processes + 16
             served = stack.enter_context(serve(args.pipeline, cap, redis_url, extra))
             url, pid = served.http_url, served.process.pid
@@ -176,6 +177,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         step_s=args.step_s,
         warmup_s=args.warmup_s,
         processes=args.processes,
+        server_workers=args.workers,
         turns_per_session=args.turns,
         barge_every=args.barge_every,
         input_set=(
@@ -206,6 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--processes", type=int, default=1, help="Locust worker processes")
     parser.add_argument("--pipeline", default="echo")
+    parser.add_argument("--workers", default="1", help="parley serve --workers (N or auto)")
     parser.add_argument("--url", help="a running server (http://HOST:PORT); else one is started")
     parser.add_argument("--sip-port", type=int, default=0, help="with --url: its SIP port")
     parser.add_argument("--asr", choices=("whisper", "pocketsphinx", "none"), default="whisper")

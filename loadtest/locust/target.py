@@ -83,8 +83,9 @@ def metrics(http_url: str) -> dict[str, float]:
     text = httpx.get(f"{http_url}/metrics", timeout=10).text
 
     def value(name: str) -> float:
-        found = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M)
-        return float(found.group(1)) if found else 0.0
+        """Summed over every sample (one per worker process with `--workers`)."""
+        found = re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
+        return sum(float(v) for v in found)
 
     return {
         "late_frames": value("parley_webrtc_late_frames_total"),
