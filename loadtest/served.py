@@ -69,12 +69,16 @@ def parley_serve(*options: str, start_s: float = START_S) -> Iterator[Served]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        reader.join(STOP_S)  # the pipe's end: every process holding it has exited
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def _watch_stdout(proc: subprocess.Popen[bytes], ready: threading.Event) -> None:
     """Set `ready` at the server's ready line, and keep reading its output to the end so
     the child never blocks on a full pipe."""
     assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith(b"Parley is ready"):
-            ready.set()
+    with contextlib.suppress(ValueError, OSError):  # closed under us after a stuck stop
+        for line in proc.stdout:
+            if line.startswith(b"Parley is ready"):
+                ready.set()
