@@ -184,18 +184,41 @@ async def run(n: int, warmup: int) -> list[dict[str, Any]]:
             "inprocess": await inprocess(chunk, n, warmup),
             "shm": await shm(chunk, n, warmup),
         }
-        for path, (p50, p99) in results.items():
-            rows.append(
-                {
-                    "payload": name,
-                    "bytes": int(bulk(chunk).nbytes),
-                    "path": path,
-                    "p50_ms": round(p50, 4),
-                    "p99_ms": round(p99, 4),
-                    "p50_vs_floor": round(p50 / floor[0], 2),
-                }
-            )
+        rows.extend(result_rows(name, int(bulk(chunk).nbytes), results, floor[0]))
     return rows
+
+
+Row = dict[str, Any]
+
+
+def result_rows(
+    payload: str, nbytes: int, results: dict[str, tuple[float, float]], floor_p50: float
+) -> list[Row]:
+    """One row per path: its p50 and p99 (ms) and its p50 over the floor's."""
+    return [
+        {
+            "payload": payload,
+            "bytes": nbytes,
+            "path": path,
+            "p50_ms": round(p50, 4),
+            "p99_ms": round(p99, 4),
+            "p50_vs_floor": round(p50 / floor_p50, 2),
+        }
+        for path, (p50, p99) in results.items()
+    ]
+
+
+def print_rows(rows: list[Row], json_line: bool) -> None:
+    """The rows as one JSON line, or as a table."""
+    if json_line:
+        print(json.dumps(rows))
+        return
+    print(f"{'payload':12} {'bytes':>9} {'path':16} {'p50 ms':>9} {'p99 ms':>9} {'p50/floor':>10}")
+    for r in rows:
+        print(
+            f"{r['payload']:12} {r['bytes']:>9} {r['path']:16} {r['p50_ms']:>9.4f} "
+            f"{r['p99_ms']:>9.4f} {r['p50_vs_floor']:>10.2f}"
+        )
 
 
 def main() -> None:
@@ -204,16 +227,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--json", action="store_true", help="one JSON line instead of a table")
     args = parser.parse_args()
-    rows = asyncio.run(run(args.n, args.warmup))
-    if args.json:
-        print(json.dumps(rows))
-        return
-    print(f"{'payload':12} {'bytes':>9} {'path':16} {'p50 ms':>9} {'p99 ms':>9} {'p50/xfloor':>10}")
-    for r in rows:
-        print(
-            f"{r['payload']:12} {r['bytes']:>9} {r['path']:16} {r['p50_ms']:>9.4f} "
-            f"{r['p99_ms']:>9.4f} {r['p50_vs_floor']:>10.2f}"
-        )
+    print_rows(asyncio.run(run(args.n, args.warmup)), args.json)
 
 
 if __name__ == "__main__":

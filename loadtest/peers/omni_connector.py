@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import secrets
 import time
@@ -100,17 +99,7 @@ async def run(n: int, warmup: int) -> list[dict[str, Any]]:
             "parley": await ours.shm(chunk, n, warmup),
             "omni": omni(name, n, warmup),
         }
-        for path, (p50, p99) in paths.items():
-            rows.append(
-                {
-                    "payload": name,
-                    "bytes": int(ours.bulk(chunk).nbytes),
-                    "path": path,
-                    "p50_ms": round(p50, 4),
-                    "p99_ms": round(p99, 4),
-                    "p50_vs_floor": round(p50 / floor[0], 2),
-                }
-            )
+        rows.extend(ours.result_rows(name, int(ours.bulk(chunk).nbytes), paths, floor[0]))
     return rows
 
 
@@ -120,16 +109,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--json", action="store_true", help="one JSON line instead of a table")
     args = parser.parse_args()
-    rows = asyncio.run(run(args.n, args.warmup))
-    if args.json:
-        print(json.dumps(rows))
-        return
-    print(f"{'payload':12} {'bytes':>9} {'path':8} {'p50 ms':>9} {'p99 ms':>9} {'p50/floor':>9}")
-    for r in rows:
-        print(
-            f"{r['payload']:12} {r['bytes']:>9} {r['path']:8} {r['p50_ms']:>9.4f} "
-            f"{r['p99_ms']:>9.4f} {r['p50_vs_floor']:>9.2f}"
-        )
+    ours.print_rows(asyncio.run(run(args.n, args.warmup)), args.json)
 
 
 if __name__ == "__main__":
