@@ -10,9 +10,11 @@ peers over loopback (Opus both ways).
 - capacity: for each step N, N calls loop "question, wait for the answer" for a window; the
   server's `parley_webrtc_late_frames_total / parley_webrtc_outbound_frames_total` over the
   window must stay under 1 %, and every call must get answers. CPU is the server's
-  (its processes' /proc stat, Redis left out), per call; and per outbound frame (each call sends and receives 50
-  frames a second), in all and on the event loop's thread alone: the loop runs every call's
-  per-frame work, so its share is what decides late frames.
+  (its processes' /proc stat, Redis left out), per call; and per outbound frame (each call
+  sends and receives 50 frames a second), in all and on the event loop's thread alone: the
+  loop runs every call's per-frame work, so its share is what decides late frames. The
+  callers' CPU (this process, all its threads) is printed too: on a shared box it is the
+  server's competition.
 - `--profile`: py-spy (if on PATH; `pip install py-spy`) samples the server's loop thread
   while it holds the GIL during each step's window; the step prints where the loop's time
   goes (by the callback the loop ran, and by function), and the raw samples stay in
@@ -196,6 +198,7 @@ async def loop_calls(
         await asyncio.sleep(warm_s + min(9.0, 0.3 * n))
         late0, frames0 = await late_frames(http)
         (cpu0, loop0), t0 = server_cpu(pid), time.monotonic()
+        callers0 = cpu_seconds(os.getpid())
         answered0 = sum(answers)
         spy = start_profile(pid, n, window_s) if profile else None
         await asyncio.sleep(window_s)
@@ -205,6 +208,7 @@ async def loop_calls(
         late1, frames1 = await late_frames(http)
         elapsed = time.monotonic() - t0
         cpu1, loop1 = server_cpu(pid)
+        callers_cpu = (cpu_seconds(os.getpid()) - callers0) / elapsed
         cpu_s, loop_s = cpu1 - cpu0, loop1 - loop0
         cpu = cpu_s / elapsed
         answered = sum(answers) - answered0
@@ -226,6 +230,7 @@ async def loop_calls(
         "loop_cpu_pct": 100 * loop_s / elapsed,
         "cpu_us_per_frame": 1e6 * cpu_s / frames if frames else 0.0,
         "loop_us_per_frame": 1e6 * loop_s / frames if frames else 0.0,
+        "callers_cpu_pct": 100 * callers_cpu,
     }
 
 
@@ -268,7 +273,8 @@ async def run(args: argparse.Namespace) -> None:
                     f"({row['cpu_pct_per_call']:.1f} %/call; loop thread "
                     f"{row['loop_cpu_pct']:.1f} %), per outbound frame "
                     f"{row['cpu_us_per_frame']:.0f} us CPU, {row['loop_us_per_frame']:.0f} us "
-                    f"on the loop -> {'ok' if ok else 'FAIL'}",
+                    f"on the loop; callers' CPU {row['callers_cpu_pct']:5.1f} % "
+                    f"({row['callers_cpu_pct'] / n:.1f} %/call) -> {'ok' if ok else 'FAIL'}",
                     flush=True,
                 )
                 if not ok:

@@ -2,6 +2,10 @@
 
 It calls Parley the way OpenAI's browser guide calls OpenAI: data channel `oai-events`,
 offer POSTed to /v1/realtime/calls, answer applied. Everything it hears is timestamped.
+
+A bench runs tens of callers on the server's cores, so a caller is made cheap: its
+microphone sends pre-encoded Opus (caller_opus.py) and its audio is decoded on the loop
+(realtime/webrtc/inline_decode.py), not in a thread per call.
 """
 
 from __future__ import annotations
@@ -10,53 +14,104 @@ import asyncio
 import fractions
 import json
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import av
 import httpx
 import numpy as np
-import soxr
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
+from av.stream import Stream
+
+from realtime.webrtc.inline_decode import decode_inline
+from realtime.webrtc.outbound import sends_opus
+
+from . import caller_opus
 
 RATE = 48_000
 FRAME = 960
 LOUD = 300.0
 
 
+def rms(frame: av.AudioFrame) -> float:
+    """Root mean square of a decoded frame's samples (all channels), in PCM16 units."""
+    if frame.format.name != "s16":  # aiortc's decoders give packed s16; anything else
+        pcm = frame.to_ndarray().astype(np.float64)
+        return float(np.sqrt(np.mean(pcm**2)))
+    count = frame.samples * frame.layout.nb_channels
+    if not count:
+        return 0.0
+    samples = np.frombuffer(memoryview(frame.planes[0]), dtype=np.int16, count=count)
+    values = samples.astype(np.float32)
+    return float(np.sqrt(np.dot(values, values) / count))
+
+
 class Microphone(MediaStreamTrack):
+    """What the caller says, in real time, 20 ms a frame; silence in between.
+
+    Once `encode_opus()` is called (the call sends Opus), it hands aiortc ready Opus packets
+    (see caller_opus.py: each utterance encoded once for every caller, silence one cached
+    packet); before that, and for any other codec, PCM frames that aiortc encodes."""
+
     kind = "audio"
 
     def __init__(self) -> None:
         super().__init__()
         self._queue = np.zeros(0, dtype=np.int16)
+        self._pending: deque[np.ndarray] = deque()
+        self._packets: deque[bytes] = deque()
+        self._opus = False
         self._start: float | None = None
         self._pts = 0
+        self._was_silent = True
         self.speech_started_at: list[float] = []
+
+    def encode_opus(self) -> None:
+        """Send Opus packets from now on (the call's sender negotiated Opus)."""
+        self._opus = True
 
     def say(self, pcm16k: np.ndarray) -> None:
         """Queue speech (PCM16 mono 16 kHz); it goes out in real time after what is queued."""
-        pcm = soxr.resample(pcm16k, 16_000, RATE).astype(np.int16)
-        self._queue = np.concatenate([self._queue, pcm])
+        self._pending.append(pcm16k)
 
-    async def recv(self) -> av.AudioFrame:
+    async def recv(self) -> av.AudioFrame | av.Packet[Stream]:
         if self._start is None:
             self._start = time.monotonic()
         else:
             self._pts += FRAME
             await asyncio.sleep(max(0.0, self._start + self._pts / RATE - time.monotonic()))
-        chunk, self._queue = self._queue[:FRAME], self._queue[FRAME:]
-        if len(chunk) and (not self.speech_started_at or self._was_silent):
+        if self._opus:
+            return self._next_packet()
+        return self._next_frame()
+
+    def _voiced(self, voiced: bool) -> None:
+        if voiced and self._was_silent:
             self.speech_started_at.append(time.monotonic())
-        self._was_silent = not len(chunk)
+        self._was_silent = not voiced
+
+    def _next_packet(self) -> av.Packet[Stream]:
+        if not self._packets and len(self._queue):  # what PCM frames had yet to send
+            self._packets.extend(caller_opus.utterance_packets(self._queue, RATE))
+            self._queue = np.zeros(0, dtype=np.int16)
+        if not self._packets and self._pending:
+            self._packets.extend(caller_opus.utterance_packets(self._pending.popleft()))
+        self._voiced(bool(self._packets))
+        data = self._packets.popleft() if self._packets else caller_opus.silent_packet()
+        return caller_opus.packet(data, self._pts)
+
+    def _next_frame(self) -> av.AudioFrame:
+        while self._pending:
+            pcm = caller_opus.to_48k(self._pending.popleft())
+            self._queue = np.concatenate([self._queue, pcm])
+        chunk, self._queue = self._queue[:FRAME], self._queue[FRAME:]
+        self._voiced(bool(len(chunk)))
         if len(chunk) < FRAME:
             chunk = np.concatenate([chunk, np.zeros(FRAME - len(chunk), dtype=np.int16)])
         frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate, frame.pts, frame.time_base = RATE, self._pts, fractions.Fraction(1, RATE)
         return frame
-
-    _was_silent = True
 
 
 class Camera(MediaStreamTrack):
@@ -101,6 +156,11 @@ class Caller:
 
     def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind == "audio":
+            # Before its receiver starts (it starts once connected): decode on the loop,
+            # without aiortc's thread per receiver and its two hand-offs per packet.
+            for transceiver in self.pc.getTransceivers():
+                if transceiver.receiver.track is track:
+                    decode_inline(transceiver.receiver)
             self._tasks.append(asyncio.create_task(self._listen(track)))
 
     async def _listen(self, track: MediaStreamTrack) -> None:
@@ -110,8 +170,7 @@ class Caller:
             except MediaStreamError:
                 return
             assert isinstance(frame, av.AudioFrame)
-            pcm = frame.to_ndarray().astype(np.float64)
-            self.heard.append((time.monotonic(), float(np.sqrt(np.mean(pcm**2)))))
+            self.heard.append((time.monotonic(), rms(frame)))
 
     async def connect(self, headers: dict[str, str] | None = None) -> httpx.Response:
         self.pc.addTrack(self.mic)
@@ -126,6 +185,8 @@ class Caller:
         if response.status_code == 201:
             self.call_id = response.headers["location"].rsplit("/", 1)[1]
             await self.pc.setRemoteDescription(RTCSessionDescription(response.text, "answer"))
+            if sends_opus(response.text):
+                self.mic.encode_opus()
         return response
 
     def send(self, event: dict[str, Any]) -> None:

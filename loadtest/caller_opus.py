@@ -1,0 +1,93 @@
+"""Opus for the load-test caller's microphone, encoded once and shared by every caller.
+
+A bench process runs tens of aiortc callers on the same cores as the server under test.
+Handed PCM frames, aiortc encodes each 20 ms frame of each caller in its thread pool
+(stereo, 96 kbit/s), silence included: the callers then use more CPU than the server and
+the server's late frames measure the callers' load. Handed `av.Packet`s, aiortc only packs
+them. So the caller's microphone sends packets from here: silence is one cached packet
+(what libopus codes digital silence as, once its state has decayed), and an utterance is
+encoded once (mono, as the server's own outbound track does: realtime/webrtc/opus_out.py)
+and its packets are replayed by every caller that says it.
+"""
+
+from __future__ import annotations
+
+import fractions
+import hashlib
+from collections import OrderedDict
+
+import av
+import numpy as np
+import numpy.typing as npt
+import soxr
+from av.stream import Stream
+
+from realtime.webrtc.opus_out import SILENT_PACKET_BYTES, OpusPacketizer
+
+RATE = 48_000
+FRAME = 960
+TIME_BASE = fractions.Fraction(1, RATE)
+SETTLE_FRAMES = 50
+"""Silent frames an encoder may take to settle into its silence packet (it takes ~5)."""
+CACHED_UTTERANCES = 64
+"""Distinct utterances kept encoded (a bench says a handful of sentences, over and over)."""
+
+_cache: OrderedDict[bytes, tuple[bytes, ...]] = OrderedDict()
+_silence: bytes | None = None
+
+
+def to_48k(pcm16k: npt.NDArray[np.int16]) -> npt.NDArray[np.int16]:
+    """PCM16 mono 16 kHz to 48 kHz (the rate Opus is carried at)."""
+    out: npt.NDArray[np.int16] = soxr.resample(pcm16k, 16_000, RATE).astype(np.int16)
+    return out
+
+
+def utterance_packets(pcm: npt.NDArray[np.int16], rate: int = 16_000) -> tuple[bytes, ...]:
+    """The Opus packets (one per 20 ms, the last frame padded with silence) of `pcm`
+    (PCM16 mono at `rate`: 16 or 48 kHz), encoded the first time it is said and cached by
+    its content."""
+    pcm = np.ascontiguousarray(pcm, dtype=np.int16)
+    key = hashlib.blake2b(pcm.tobytes() + rate.to_bytes(4, "little")).digest()
+    packets = _cache.get(key)
+    if packets is not None:
+        _cache.move_to_end(key)
+        return packets
+    if rate != RATE:
+        pcm = to_48k(pcm)
+    pcm = np.concatenate([pcm, np.zeros(-len(pcm) % FRAME, dtype=np.int16)])
+    encoder = OpusPacketizer()
+    packets = tuple(
+        bytes(encoder.packet(pcm[i : i + FRAME], i, silent=False))
+        for i in range(0, len(pcm), FRAME)
+    )
+    _cache[key] = packets
+    while len(_cache) > CACHED_UTTERANCES:
+        _cache.popitem(last=False)
+    return packets
+
+
+def silent_packet() -> bytes:
+    """libopus's packet for a silent 20 ms frame once its state has settled after sound:
+    3 bytes. (A fresh encoder fed only zeros keeps coding 55-byte frames: it is primed
+    with a tone first.)"""
+    global _silence
+    if _silence is None:
+        encoder = OpusPacketizer()
+        tone = (3000 * np.sin(2 * np.pi * 440 * np.arange(FRAME) / RATE)).astype(np.int16)
+        for i in range(5):
+            encoder.packet(tone, i * FRAME, silent=False)
+        zeros = np.zeros(FRAME, dtype=np.int16)
+        for i in range(5, 5 + SETTLE_FRAMES):
+            _silence = bytes(encoder.packet(zeros, i * FRAME, silent=True))
+            if len(_silence) <= SILENT_PACKET_BYTES:
+                break
+    assert _silence is not None
+    return _silence
+
+
+def packet(data: bytes, pts: int) -> av.Packet[Stream]:
+    """An Opus packet for aiortc's sender: `pts` in samples at 48 kHz."""
+    out = av.Packet(data)
+    out.pts = pts
+    out.time_base = TIME_BASE
+    return out
