@@ -250,7 +250,11 @@ async def run(args: argparse.Namespace) -> None:
             # After the server started (it would inherit it), before any caller exists:
             # on Linux a niceness is a thread's, and threads inherit their creator's.
             os.nice(args.nice)
-        async with httpx.AsyncClient(base_url=served.http_url, timeout=30) as http:
+        # No keep-alive: each call's offer on a connection of its own, as from its own
+        # browser, so that with --workers the kernel spreads the calls over the processes
+        # (one kept-alive connection would bring every call to the same worker).
+        fresh = httpx.Limits(max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=served.http_url, timeout=30, limits=fresh) as http:
             if args.barge:
                 latencies = await barge_in(http, args.barge)
                 p50, p95 = np.percentile(latencies, 50), np.percentile(latencies, 95)
