@@ -39,6 +39,7 @@ from ..metrics import TransportMetrics
 from ..session_call import SessionCall
 from .inbound import drain_audio, drain_video
 from .inline_decode import decode_inline
+from .jitter_prefetch import release_at_once
 from .outbound import OUTPUT_RATE, OutboundAudioTrack, sends_opus
 from .peer import close_peer
 
@@ -131,6 +132,7 @@ class WebRTCCall(SessionCall):
             for transceiver in self.pc.getTransceivers():
                 if transceiver.receiver.track is track:
                     decode_inline(transceiver.receiver)
+                    release_at_once(transceiver.receiver)
         if self.session is None:  # the offer is being answered; the session comes next
             self._early_tracks.append(track)
             return
