@@ -25,7 +25,7 @@ import numpy as np
 
 from ..speech import silence
 from ..webrtc_client import Caller
-from .stats import ANSWER_GAP, BARGE_IN, CONNECT, PROCESSING, VOICE_TO_VOICE, Recorder
+from .stats import BARGE_IN, CONNECT, PROCESSING, VOICE_TO_VOICE, Recorder
 
 PROTOCOL = "WebRTC"
 LATE_GAP_S = 0.06
@@ -42,13 +42,7 @@ async def _next_speech_start(caller: Caller, before: int) -> float:
 
 
 def _gaps(caller: Caller, start: float, end: float, rec: Recorder) -> None:
-    times = [t for t, _ in caller.heard if start <= t <= end]
-    if len(times) < 2:
-        return
-    steps = np.diff(np.asarray(times))
-    rec.time(PROTOCOL, ANSWER_GAP, float(steps.max()) * 1000)
-    rec.count(f"{PROTOCOL} frames", len(times))
-    rec.count(f"{PROTOCOL} late_frames", int((steps > LATE_GAP_S).sum()))
+    rec.answer_gaps(PROTOCOL, [t for t, _ in caller.heard if start <= t <= end], LATE_GAP_S)
 
 
 async def ask(caller: Caller, rec: Recorder, question: np.ndarray, stop: np.ndarray | None) -> None:

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from ..sip_probe import LATE_GAP_S, Probe
-from .stats import ANSWER_GAP, BARGE_IN, CONNECT, VOICE_TO_VOICE, Recorder
+from .stats import BARGE_IN, CONNECT, VOICE_TO_VOICE, Recorder
 
 PROTOCOL = "SIP"
 RATE = 8_000
@@ -41,13 +41,7 @@ async def _quiet(probe: Probe) -> float:
 
 
 def _gaps(probe: Probe, start: float, end: float, rec: Recorder) -> None:
-    times = [t for t in probe.arrivals if start <= t <= end]
-    if len(times) < 2:
-        return
-    steps = np.diff(np.asarray(times))
-    rec.time(PROTOCOL, ANSWER_GAP, float(steps.max()) * 1000)
-    rec.count(f"{PROTOCOL} frames", len(times))
-    rec.count(f"{PROTOCOL} late_frames", int((steps > LATE_GAP_S).sum()))
+    rec.answer_gaps(PROTOCOL, [t for t in probe.arrivals if start <= t <= end], LATE_GAP_S)
 
 
 async def _ask(probe: Probe, rec: Recorder, question: np.ndarray, stop: np.ndarray | None) -> None:

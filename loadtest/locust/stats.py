@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .clips import write_clips
 
 Fire = Callable[..., None]
@@ -73,6 +75,16 @@ class Recorder:
                 exception=error,
                 context={},
             )
+
+    def answer_gaps(self, protocol: str, arrivals: list[float], late_gap_s: float) -> None:
+        """An answer's audio arrival times (monotonic s): its widest gap as `answer_gap`, and
+        how many of its frames came over `late_gap_s` after the one before (`late_frames`)."""
+        if len(arrivals) < 2:
+            return
+        steps = np.diff(np.asarray(arrivals))
+        self.time(protocol, ANSWER_GAP, float(steps.max()) * 1000)
+        self.count(f"{protocol} frames", len(arrivals))
+        self.count(f"{protocol} late_frames", int((steps > late_gap_s).sum()))
 
     def count(self, key: str, n: float = 1) -> None:
         self.counters[key] += n

@@ -164,3 +164,11 @@ def test_churn_mode_reports_the_servers_resources_and_redis_keys(tmp_path: Path)
     assert churn["rounds"][-1]["redis_keys"] <= churn["before"]["redis_keys"]  # none left
     assert isinstance(churn["flat"], bool) and "rss_growth_after_first_round_pct" in churn
     assert len(churn["redis_key_names"]["after"]) == churn["rounds"][-1]["redis_keys"]
+
+
+def test_answer_gaps_record_the_widest_gap_and_the_late_frames() -> None:
+    rec = Recorder()
+    rec.answer_gaps("SIP", [0.0, 0.02, 0.04, 0.12, 0.14], late_gap_s=0.03)
+    rec.answer_gaps("SIP", [1.0], late_gap_s=0.03)  # one frame: no gap to speak of
+    assert rec.samples["SIP answer_gap"] == [80.0]
+    assert rec.counters["SIP frames"] == 5 and rec.counters["SIP late_frames"] == 1
