@@ -46,7 +46,10 @@ async def test_the_callers_audio_is_decoded_inline_and_heard(
         inline = receiver._RTCRtpReceiver__decoder_queue  # type: ignore[attr-defined]
         assert isinstance(inline, InlineDecoder)
         assert inline.decoded > 10
-        # The caller's own (it is plain aiortc) and the server's, idle until the hang-up.
+        # the server's receive jitter buffer releases each frame at once (jitter_prefetch.py)
+        assert receiver._RTCRtpReceiver__jitter_buffer._prefetch == 0  # type: ignore[attr-defined]
+        # The caller's own (idle too: it decodes inline as well) and the server's, until the
+        # hang-up.
         assert decoder_threads() == before + 2
     finally:
         await caller.close()

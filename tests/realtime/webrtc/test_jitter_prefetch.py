@@ -1,23 +1,11 @@
-"""The caller's audio reaches the session one frame after it arrives, not four: the
-server's audio jitter buffer has no prefetch, and still puts packets back in order."""
+"""Without prefetch, a jitter buffer hands a frame over with the next packet, not four
+packets later, and still puts packets back in order. (That a call's receiver runs without
+prefetch is checked in test_inline_decode.py, on the same call.)"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import httpx
-import numpy as np
-import pytest
 from aiortc.jitterbuffer import JitterBuffer
 from aiortc.rtp import RtpPacket
-from starlette.applications import Starlette
-
-from loadtest.speech import silence, speak, trim_silence
-from loadtest.webrtc_client import Caller
-from web.app import Services
-
-from ..apps import fake_app
 
 
 def packet(seq: int) -> RtpPacket:
@@ -49,27 +37,3 @@ def test_without_prefetch_reordered_packets_still_come_out_in_order() -> None:
     buffer = JitterBuffer(capacity=16, prefetch=0)
     assert released(buffer, [1, 3, 2, 4]) == [None, None, 1, 2]
     assert released(buffer, [5]) == [3]
-
-
-@pytest.fixture
-async def app(tmp_path: Path, redis_url: str) -> AsyncIterator[Starlette]:
-    async with fake_app(tmp_path, redis_url, "audio_ms: 600", max_sessions=2) as running:
-        yield running
-
-
-async def test_a_calls_audio_receiver_has_no_prefetch(
-    http: httpx.AsyncClient, app: Starlette
-) -> None:
-    caller = Caller(http)
-    try:
-        assert (await caller.connect()).status_code == 201
-        services: Services = app.state.services
-        assert services.running is not None and caller.call_id is not None
-        call = services.running.calls.get(caller.call_id)
-        caller.mic.say(np.concatenate([silence(200), trim_silence(speak("Hello there."))]))
-        await caller.wait_for(lambda e: e["type"] == "input_audio_buffer.speech_started", 10)
-        (receiver,) = [t.receiver for t in call.pc.getTransceivers() if t.kind == "audio"]
-        assert receiver._RTCRtpReceiver__jitter_buffer._prefetch == 0  # type: ignore[attr-defined]
-    finally:
-        await caller.close()
-    await services.running.calls.hangup(call.call_id)
