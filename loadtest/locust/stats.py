@@ -54,18 +54,17 @@ class Recorder:
 
     def time(self, protocol: str, figure: str, ms: float, fire: bool = True) -> None:
         self.samples[f"{protocol} {figure}"].append(round(ms, 3))
-        if fire and self._fire is not None:
-            self._fire(
-                request_type=protocol,
-                name=figure,
-                response_time=ms,
-                response_length=0,
-                exception=None,
-                context={},
-            )
+        if fire:
+            self._to_locust(protocol, figure, ms, None)
 
     def fail(self, protocol: str, figure: str, ms: float, error: BaseException) -> None:
         self.count(f"{protocol} errors")
+        self._to_locust(protocol, figure, ms, error)
+
+    def _to_locust(
+        self, protocol: str, figure: str, ms: float, error: BaseException | None
+    ) -> None:
+        """One request event in Locust's stats (a failure when `error` is given)."""
         if self._fire is not None:
             self._fire(
                 request_type=protocol,
