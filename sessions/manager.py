@@ -198,8 +198,9 @@ class SessionManager:
         if not await self.link.call(lambda: self.leases.acquire(session_id)):
             raise SessionLimitError(f"all {self.leases.cap} session slots are in use")
         taken = await self.link.call(lambda: self.ownership.take_over(session_id))
-        if not taken.fence:
-            return None  # it ended meanwhile
+        if not taken.fence:  # it ended meanwhile: the slot just taken is nobody's
+            await self.link.call(lambda: self.leases.release(session_id))
+            return None
         previous = taken.previous_owner
         if previous and previous != self.process_id and await self.beat.alive(previous):
             let_go = {"op": "let_go", "session_id": session_id, "fence": taken.fence}

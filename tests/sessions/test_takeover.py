@@ -22,10 +22,10 @@ from sessions.events import (
 )
 from sessions.keys import SessionKeys
 from sessions.manager import SessionManager
-from sessions.ownership import Ownership
+from sessions.ownership import Ownership, Takeover
 from sessions.process_beat import ProcessBeat, process_key
 from sessions.records import event_to_dict
-from sessions.rehydrate import unfinished_answer
+from sessions.rehydrate import SessionRecord, unfinished_answer
 from sessions.session import SessionLimits
 from tests.fakes.fake_engine import FakeEngine
 from tests.fakes.sink import ClockedSink
@@ -221,3 +221,27 @@ async def test_a_resume_that_reaches_a_stale_copy_takes_the_session_back(
         assert back is not None and len(b) == 0  # b was asked to let go, and did
         await a.close_session(session.session_id)
     assert not await redis.exists(*SessionKeys(session.session_id).all())
+
+
+async def test_a_resume_that_finds_the_session_ended_meanwhile_frees_the_slot(
+    two_managers: tuple[SessionManager, SessionManager],
+    redis: aioredis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a, b = two_managers
+    async with ClockedSink() as sink:
+        session = await a.create(sink)
+        await sink.wait_for(lambda e: e.type == "session.created")
+        token = session.resume_token
+        await a.close_session(session.session_id)
+
+        async def ended(session_id: str) -> Takeover:  # the record went between two reads
+            return Takeover(0, "")
+
+        async def still_there(session_id: str) -> SessionRecord | None:
+            return SessionRecord(session_id, session.config, token)
+
+        monkeypatch.setattr(b.ownership, "take_over", ended)
+        monkeypatch.setattr("sessions.manager.read_record", lambda redis, sid: still_there(sid))
+        assert await b.resume(session.session_id, token) is None
+        assert await b.leases.count() == 0
