@@ -1,16 +1,16 @@
 """The session's input audio in Redis: a capped stream of 20 ms frames.
 
-Entry ids are `<offset_ms>-1`, the frame's start on the session's input timeline, so a
-turn's audio is one XRANGE by time. The stream is capped with `XADD MAXLEN ~` at
-`max_seconds` of audio; what falls off the front is counted as dropped.
+An entry holds a run of consecutive frames (`pcm`, at most `MAX_ENTRY_FRAMES`); its id is
+`<offset_ms>-1`, the first frame's start on the session's input timeline, so a turn's audio
+is one XRANGE by time. The stream is trimmed with `XADD MINID ~` to the last `max_seconds`
+of audio; what falls off the front is counted as dropped.
 
-Frames are written in batches of `batch_frames` (200 ms by default): a call sends 50 frames
-a second, and one Redis round trip per frame per call costs more event-loop time than the
-rest of the inbound path. A batch is one command, a small Lua script that adds each frame as
-its own entry (`XADD_FRAMES`), not an XADD per frame: redis-py packs each command and parses
-each reply in Python, ~9 us a frame, so the script takes a batch's client-side cost from
-~125 us to ~25 us (5.0 frames -> 11.5 us a frame, measured with a real redis-server). Reading
-a range writes what is pending first, so a turn's audio is always complete.
+Frames are written in batches of `batch_frames` (200 ms by default), one entry a batch: a
+call sends 50 frames a second, and a Redis round trip per frame costs more event-loop time
+than the rest of the inbound path. An entry per frame (a Lua loop of XADDs) cost Redis
+42 us a batch against 2 us for the one entry, and redis-py ~50 us more to pack 22
+arguments instead of 2. Reading a range writes what is pending first, so a turn's audio is
+always complete.
 
 Writes go through the session's spill: while Redis is unreachable the frames are kept
 locally (bounded) and written back when it answers. The last `recent_seconds` of audio are
@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+from collections.abc import Iterator
 
 import numpy as np
 import numpy.typing as npt
@@ -30,6 +31,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
 from pipeline.audio_format import FRAME_MS
+from pipeline.audio_format import INPUT_FRAME_BYTES as FRAME_BYTES
 
 from .errors import RedisUnavailableError
 from .keys import DEFAULT_KEY_TTL_S, SessionKeys
@@ -41,17 +43,9 @@ RECENT_SECONDS = 10
 BATCH_FRAMES = 10
 """Frames per write (200 ms): what a crash of the process can lose of the turn being spoken."""
 
-XADD_FRAMES = """
-local key, cap = KEYS[1], ARGV[1]
-for i = 3, #ARGV, 2 do
-  redis.call('XADD', key, 'MAXLEN', '~', cap, ARGV[i], 'pcm', ARGV[i + 1])
-end
-redis.call('EXPIRE', key, ARGV[2])
-return #ARGV / 2 - 1
-"""
-"""XADD of each (id, pcm) pair in ARGV[3:] with MAXLEN ~ ARGV[1], then EXPIRE ARGV[2]. Sent
-as EVAL (Redis caches the compiled script by its hash), so a restarted Redis needs no
-reload; one key, so Redis Cluster routes it."""
+MAX_ENTRY_FRAMES = 50
+"""Frames in one stream entry at most (1 s, one large append): a read by time starts its
+XRANGE this much before the range, to find the entry holding the range's first frame."""
 
 
 class AudioBuffer:
@@ -100,18 +94,19 @@ class AudioBuffer:
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        cap, key, ttl = self.max_frames, self._key, self._ttl_s
-
-        args: list[bytes | str | int] = [cap, ttl]
-        for offset, frame in pending:
-            args += (f"{offset}-1", frame)
+        key, ttl = self._key, self._ttl_s
+        entries = _entries(pending)
+        oldest_kept = max(0, pending[-1][0] + FRAME_MS - self.max_seconds * 1000)
 
         def apply(pipe: Pipeline) -> None:
-            pipe.eval(XADD_FRAMES, 1, key, *args)
+            for entry_id, pcm in entries:
+                pipe.xadd(key, {"pcm": pcm}, id=entry_id, minid=oldest_kept, approximate=True)
+            pipe.expire(key, ttl)
 
         size = sum(len(frame) for _, frame in pending)
         await self._spill.write("audio", apply, size=size, values=pending)
         self._held += len(pending)
+        cap = self.max_frames
         if self._held > cap:
             self.dropped_frames += self._held - cap
             self._held = cap
@@ -130,15 +125,18 @@ class AudioBuffer:
             return np.frombuffer(recent, dtype=np.int16).copy()
         if self._spill.link.up and not self._spill.holds("audio"):
             try:
+                first = max(start_ms - (MAX_ENTRY_FRAMES - 1) * FRAME_MS, 0)
                 entries = await self._spill.link.call(
                     lambda: self._spill.link.redis.xrange(
-                        self._key, min=str(max(start_ms, 0)), max=str(end_ms - 1)
+                        self._key, min=str(first), max=str(end_ms - 1)
                     )
                 )
             except RedisUnavailableError:
                 pass
             else:
-                pcm = b"".join(fields[b"pcm"] for _, fields in entries)
+                pcm = b"".join(
+                    frame for offset, frame in _frames(entries) if start_ms <= offset < end_ms
+                )
                 return np.frombuffer(pcm, dtype=np.int16).copy()
         return self._read_local(start_ms, end_ms)
 
@@ -183,4 +181,35 @@ class AudioBuffer:
     async def length(self) -> int:
         await self.flush()
         await self._spill.settle()
-        return int(await self._spill.link.call(lambda: self._spill.link.redis.xlen(self._key)))
+        entries = await self._spill.link.call(lambda: self._spill.link.redis.xrange(self._key))
+        return sum(1 for _ in _frames(entries))
+
+
+def _entries(frames: list[tuple[int, bytes]]) -> list[tuple[str, bytes]]:
+    """Stream entries (id, pcm) for timed frames: one per run of consecutive frames, of at
+    most MAX_ENTRY_FRAMES."""
+    entries: list[tuple[str, bytes]] = []
+    start = 0
+    for i in range(1, len(frames) + 1):
+        if (
+            i == len(frames)
+            or frames[i][0] != frames[i - 1][0] + FRAME_MS
+            or i - start == MAX_ENTRY_FRAMES
+        ):
+            pcm = b"".join(frame for _, frame in frames[start:i])
+            entries.append((f"{frames[start][0]}-1", pcm))
+            start = i
+    return entries
+
+
+def _frames(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> Iterator[tuple[int, bytes]]:
+    """The timed 20 ms frames of XRANGE entries."""
+    for entry_id, fields in entries:
+        first, pcm = int(entry_id.split(b"-", 1)[0]), fields[b"pcm"]
+        for i in range(0, len(pcm), FRAME_BYTES):
+            yield first + i // FRAME_BYTES * FRAME_MS, pcm[i : i + FRAME_BYTES]
+
+
+def frames_in_entry(pcm: bytes) -> int:
+    """How many frames a stream entry's `pcm` holds."""
+    return len(pcm) // FRAME_BYTES

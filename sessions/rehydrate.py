@@ -28,6 +28,7 @@ import redis.asyncio as aioredis
 
 from pipeline.audio_format import FRAME_MS
 
+from .audio_buffer import frames_in_entry
 from .config import SessionConfig
 from .events import (
     ConversationItem,
@@ -89,8 +90,8 @@ async def audio_end_ms(redis: aioredis.Redis, session_id: str) -> int:
     last = await redis.xrevrange(SessionKeys(session_id).audio, count=1)
     if not last:
         return 0
-    entry_id = last[0][0].decode()
-    return int(entry_id.split("-", 1)[0]) + FRAME_MS
+    entry_id, fields = last[0]
+    return int(entry_id.split(b"-", 1)[0]) + frames_in_entry(fields[b"pcm"]) * FRAME_MS
 
 
 def unfinished_answer(bodies: list[dict[str, Any]]) -> ResponseDone | None:

@@ -60,6 +60,22 @@ async def test_audio_stream_is_capped_and_expires(redis: aioredis.Redis, keys: S
     assert len(await buf.read(5000, 5040)) == 640
 
 
+async def test_audio_read_from_redis_cuts_entries_at_the_range(
+    redis: aioredis.Redis, keys: SessionKeys
+) -> None:
+    """Frames are stored a batch to an entry; a read by time starting or ending inside an
+    entry gets exactly the frames whose start lies in the range."""
+    buf = AudioBuffer(redis, keys, max_seconds=60, recent_seconds=0, batch_frames=10)
+    await buf.append([frame(i) for i in range(50)], first_offset_ms=0)  # one append, 1 s
+    for i in range(50, 73):
+        await buf.append([frame(i)], first_offset_ms=i * 20)
+    await buf.flush()
+    assert await redis.xlen(keys.audio) == 4  # 50 frames, then batches of 10, 10 and 3
+    assert await buf.length() == 73
+    pcm = await buf.read(210, 1250)  # frames starting at 220 ... 1240
+    assert list(pcm[::320]) == list(range(11, 63))
+
+
 async def test_frame_cache_evicts_oldest_and_samples(
     redis: aioredis.Redis, keys: SessionKeys
 ) -> None:
