@@ -32,6 +32,7 @@ from pipeline.tasks import cancel_and_wait
 from realtime.ice import is_loopback
 from realtime.websocket.connection import MAX_MESSAGE_BYTES
 
+from . import event_loop
 from .app import Services, create_app
 from .redis_server import EmbeddedRedis, RedisServerMissing
 from .settings import Settings, SettingsError, parse_settings
@@ -115,6 +116,7 @@ async def _serve(settings: Settings, redis_url: str) -> None:
         ws_max_size=MAX_MESSAGE_BYTES,
     )
     server = _Server(config)
+    log.info("event loop: %s", event_loop.name(asyncio.get_running_loop()))
     # a task and not a TaskGroup: the server's end must stop it rather than wait for it, and
     # its PipelineFailed is read below rather than raised inside an ExceptionGroup
     sockets = None
@@ -179,7 +181,7 @@ def serve(settings: Settings, argv: Sequence[str] = ()) -> int:
     try:
         if settings.workers > 1:
             return WorkerPool(argv, settings, redis_url).run()
-        asyncio.run(_serve(settings, redis_url))
+        event_loop.run(_serve(settings, redis_url), settings.event_loop)
     except SystemExit as exc:
         return int(exc.code or 0)
     finally:
@@ -200,7 +202,7 @@ def _serve_worker(settings: Settings) -> int:
         settings = dataclasses.replace(settings, sip_port=None)
     assert settings.redis_url is not None
     try:
-        asyncio.run(_serve(settings, settings.redis_url))
+        event_loop.run(_serve(settings, settings.redis_url), settings.event_loop)
     except SystemExit as exc:
         return int(exc.code or 0)
     return 0

@@ -12,6 +12,7 @@ from pipeline.registry import DEFAULT_PIPELINE
 from realtime.sip.allow import Allowlist, is_loopback
 from sessions import DEFAULT_MAX_SESSIONS
 
+from .event_loop import LOOPS, LoopUnavailable, loop_factory
 from .origins import ANY_ORIGIN, normalize_origin
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -56,6 +57,8 @@ class Settings:
     """`--workers N|auto`: server processes behind one port (SO_REUSEPORT); 1: this process."""
     drain_s: float = 30.0
     """`--drain-s`: with workers, how long a SIGTERM lets WebRTC and SIP calls go on."""
+    event_loop: str = "auto"
+    """`--loop auto|uvloop|asyncio`: the event loop (auto: uvloop where installed)."""
     worker_index: int | None = None
     """Set only in a worker process started by `parley serve --workers N` (hidden flag)."""
     worker_ready_fd: int | None = None
@@ -101,6 +104,17 @@ def _drain_s(value: str) -> float:
     if not 0 <= seconds <= 3600:
         raise SettingsError(f"--drain-s: must be between 0 and 3600, got {seconds:g}")
     return seconds
+
+
+def _loop(value: str) -> str:
+    if value not in LOOPS:
+        raise SettingsError(f"--loop: must be one of {', '.join(LOOPS)}, got {value!r}")
+    if value == "uvloop":
+        try:
+            loop_factory(value)
+        except LoopUnavailable as exc:
+            raise SettingsError(str(exc)) from None
+    return value
 
 
 def _origins(value: str, api_key: str | None) -> tuple[str, ...]:
@@ -186,6 +200,11 @@ def parser() -> argparse.ArgumentParser:
         help="with --workers: on SIGTERM a worker stops taking sessions, closes its "
         "WebSockets (clients resume elsewhere) and lets calls go on this long",
     )
+    serve.add_argument(
+        "--loop",
+        default=_env("loop", d.event_loop),
+        help="the event loop: auto (uvloop where installed), uvloop or asyncio",
+    )
     serve.add_argument("--worker-index", default=None, help=argparse.SUPPRESS)
     serve.add_argument("--worker-ready-fd", default=None, help=argparse.SUPPRESS)
     stage = sub.add_parser(
@@ -232,6 +251,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[str, Settings]:
         allowed_origins=_origins(args.allowed_origins, api_key),
         workers=_workers(args.workers),
         drain_s=_drain_s(args.drain_s),
+        event_loop=_loop(args.loop),
         worker_index=None if args.worker_index is None else int(args.worker_index),
         worker_ready_fd=None if args.worker_ready_fd is None else int(args.worker_ready_fd),
         **_sip(args),

@@ -109,6 +109,7 @@ def test_serve_embedded_redis_and_sigterm_exits_cleanly(servers: list[Server]) -
         env={"PARLEY_PORT": str(port), "PARLEY_LOG_LEVEL": "info", "PARLEY_PIPELINE": "echo"}
     )
     servers.append(server)
+    server.wait_for_line("event loop: uvloop")  # the default where uvloop is installed
     line = server.wait_for_line("Parley is ready")
     assert f"http://127.0.0.1:{port}/" in line
     base = f"http://127.0.0.1:{port}"
@@ -175,6 +176,7 @@ def test_missing_redis_server_is_a_one_line_error(tmp_path: Path) -> None:
         (["--port", "http"], "--port: 'http' is not a whole number"),
         (["--max-sessions", "0"], "--max-sessions: must be between 1 and 100000"),
         (["--log-level", "loud"], "--log-level: must be one of"),
+        (["--loop", "trio"], "--loop: must be one of auto, uvloop, asyncio"),
     ],
 )
 def test_bad_settings_exit_2_with_the_reason(args: list[str], message: str) -> None:
