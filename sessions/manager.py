@@ -114,6 +114,7 @@ class SessionManager:
         self._background = [
             asyncio.create_task(self._upkeep_loop(), name="sessions:upkeep"),
             asyncio.create_task(self.link.run(), name="sessions:redis-link"),
+            asyncio.create_task(self.link.writes.run(), name="sessions:redis-writes"),
             asyncio.create_task(self._watch_redis(), name="sessions:redis-outages"),
         ]
         return self

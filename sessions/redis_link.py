@@ -28,6 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .errors import RedisUnavailableError
+from .write_batcher import WriteBatcher
 
 log = logging.getLogger("parley.sessions.redis")
 
@@ -80,6 +81,9 @@ class RedisLink:
         """How many outages began so far; the number of the current or last one."""
         self.stats = OutageStats()
         self._changed = asyncio.Event()
+        self.writes = WriteBatcher(redis, call_timeout_s)
+        """The process's writes, several sessions' to a pipeline (its `run()` is the
+        owner's to start, next to `run()` here)."""
 
     # --- the verdict ---------------------------------------------------------------------
 

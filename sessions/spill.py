@@ -145,10 +145,7 @@ class Spill:
                 self._metrics.redis_spill_dropped.labels(victim_kind).inc(count)
 
     async def _execute(self, applies: list[Apply], raise_on_error: bool = True) -> list[Any]:
-        pipe = self.link.redis.pipeline(transaction=False)
-        for apply in applies:
-            apply(pipe)
-        return list(await pipe.execute(raise_on_error=raise_on_error))
+        return await self.link.writes.execute(applies, raise_on_error)
 
     async def _drain_locked(self) -> None:
         """Write back the kept entries, buffer by buffer, in order; stops at an outage."""
