@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import logging
 from collections.abc import Iterator
 
 import numpy as np
@@ -37,6 +38,8 @@ from .errors import RedisUnavailableError
 from .keys import DEFAULT_KEY_TTL_S, SessionKeys
 from .redis_link import RedisLink
 from .spill import Spill
+
+log = logging.getLogger("parley.sessions.audio")
 
 FRAMES_PER_SECOND = 1000 // FRAME_MS
 RECENT_SECONDS = 10
@@ -58,6 +61,7 @@ class AudioBuffer:
         batch_frames: int = BATCH_FRAMES,
         spill: Spill | None = None,
         recent_seconds: int = RECENT_SECONDS,
+        write_behind: bool = False,
     ) -> None:
         self._spill = spill if spill is not None else Spill(RedisLink(redis))
         self._key = keys.audio
@@ -69,6 +73,9 @@ class AudioBuffer:
         self._pending: list[tuple[int, bytes]] = []
         self._flushing = asyncio.Lock()
         """One flush at a time: a read waits for the frames another flush is writing."""
+        self.write_behind = write_behind
+        """A full batch is written by a task of its own rather than by `append()`."""
+        self._writer: asyncio.Task[None] | None = None
         self._recent: collections.deque[tuple[int, bytes]] = collections.deque(
             maxlen=recent_seconds * FRAMES_PER_SECOND
         )
@@ -82,8 +89,28 @@ class AudioBuffer:
         timed = [(first_offset_ms + i * FRAME_MS, f) for i, f in enumerate(frames)]
         self._pending += timed
         self._recent.extend(timed)
-        if len(self._pending) >= self.batch_frames:
+        if len(self._pending) < self.batch_frames:
+            return
+        if not self.write_behind:
             await self.flush()
+        elif self._writer is None:
+            self._writer = asyncio.create_task(self._write_behind(), name="sessions:audio-write")
+
+    async def _write_behind(self) -> None:
+        """Write full batches until fewer frames than a batch are pending. The caller (the
+        media path) does not wait for Redis; `flush()` and `aclose()` wait for this."""
+        try:
+            while len(self._pending) >= self.batch_frames:
+                await self.flush()
+        except Exception as exc:  # a bug in the commands (an outage keeps them in the spill)
+            log.warning("%s: audio write failed: %r", self._key, exc)
+        finally:
+            self._writer = None
+
+    async def aclose(self) -> None:
+        """Wait for a batch being written behind (the spill bounds how long). Idempotent."""
+        if self._writer is not None:
+            await asyncio.wait({self._writer})
 
     async def flush(self) -> None:
         """Write the pending frames now (or keep them in the spill while Redis is down)."""

@@ -229,6 +229,7 @@ class Session:
         finally:
             self._started.set()  # nobody waits for a session.created that never comes
             self._tg = None
+            await self.audio.aclose()
             await self._forget_in_pipeline()
             if self.moving:
                 await self.spill.aclose()  # the keys stay for the process that resumes it

@@ -53,7 +53,9 @@ class SessionStore:
         self.link = link
         self.spill = Spill(link, spill_max_bytes, metrics)
         spill = self.spill
-        self.audio = AudioBuffer(redis, self.keys, config.max_audio_seconds, ttl_s, spill=spill)
+        self.audio = AudioBuffer(
+            redis, self.keys, config.max_audio_seconds, ttl_s, spill=spill, write_behind=True
+        )
         self.frames = FrameCache(redis, self.keys, config.video, ttl_s, spill=spill)
         self.history = History(redis, self.keys, ttl_s=ttl_s, spill=spill)
         self.event_log = EventLog(redis, self.keys, ttl_s=ttl_s, spill=spill)
