@@ -40,6 +40,8 @@ from typing import Any
 import numpy as np
 from websockets.asyncio.client import connect
 
+from web import event_loop
+
 from .served import parley_serve
 from .speech import speak, trim_silence
 
@@ -222,7 +224,7 @@ def _self_cpu() -> float:
 
 
 def _generator(plan: Plan, queue: Any) -> None:
-    queue.put(asyncio.run(_generate(plan)))
+    queue.put(event_loop.run(_generate(plan)))  # uvloop where installed, like the server
 
 
 def _tree_cpu(root: int) -> dict[str, float]:
