@@ -37,6 +37,7 @@ from .app import Services, create_app
 from .redis_server import EmbeddedRedis, RedisServerMissing
 from .settings import Settings, SettingsError, parse_settings
 from .workers import WorkerPool, listening_socket
+from .ws_protocol import ReadAheadWebSocketProtocol
 
 log = logging.getLogger("parley")
 GRACEFUL_SHUTDOWN_S = 5
@@ -114,6 +115,7 @@ async def _serve(settings: Settings, redis_url: str) -> None:
         lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         ws_max_size=MAX_MESSAGE_BYTES,
+        ws=ReadAheadWebSocketProtocol,
     )
     server = _Server(config)
     log.info("event loop: %s", event_loop.name(asyncio.get_running_loop()))

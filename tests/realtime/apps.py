@@ -20,6 +20,7 @@ from pipeline.tasks import cancel_and_wait
 from realtime.websocket.connection import MAX_MESSAGE_BYTES as WS_MAX_SIZE
 from web.app import Services, create_app
 from web.settings import Settings
+from web.ws_protocol import ReadAheadWebSocketProtocol
 
 
 @contextlib.asynccontextmanager
@@ -110,7 +111,7 @@ async def served_app(
 
     `settings_port`: the settings name the port it listens on, as `parley serve --port`
     would (a settings port of 0 stays 0: the app then learns its port from the server).
-    `uvicorn_options` go to `uvicorn.Config` over the defaults here (e.g. `ws=...`)."""
+    `uvicorn_options` go to `uvicorn.Config` over the defaults here."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])
@@ -122,6 +123,7 @@ async def served_app(
             "log_config": None,
             "log_level": "warning",
             "ws_max_size": WS_MAX_SIZE,
+            "ws": ReadAheadWebSocketProtocol,  # the server's (web/cli.py)
             **uvicorn_options,
         }
         server = _QuietServer(uvicorn.Config(app, **options))

@@ -100,7 +100,7 @@ def graph(tmp_path: Path) -> str:
 @pytest.fixture
 async def server(graph: str, redis_url: str) -> AsyncIterator[ServedApp]:
     settings = Settings(pipeline=graph, max_sessions=4)
-    async with served_app(settings, redis_url, ws="websockets-sansio") as served:
+    async with served_app(settings, redis_url) as served:
         yield served
 
 

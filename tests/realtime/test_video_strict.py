@@ -103,7 +103,7 @@ OpenStrict = Callable[[Message], AbstractAsyncContextManager[StrictClient]]
 @pytest.fixture
 async def server(tmp_path: Path, redis_url: str) -> AsyncIterator[ServedApp]:
     graph = fake_graph_file(tmp_path, "audio_ms: 600, chunk_ms: 100, realtime_factor: 4.0")
-    async with served_app(Settings(pipeline=graph), redis_url, ws="websockets-sansio") as served:
+    async with served_app(Settings(pipeline=graph), redis_url) as served:
         yield served
 
 
