@@ -20,6 +20,10 @@ Figures per step, over the measured window (after the ramp and a warm-up):
   arrival of the event minus the moment that chunk was sent. An idle server shows the
   VAD's frame granularity here (a few ms); queueing anywhere on the way shows as more;
 - send lag: how far behind its real-time schedule the generator sent (its own lateness).
+
+The generator's clients are bare (`ws_raw_client.py`): it reads one event out of every
+answer's ~40 messages, and a full client's parsing of the rest cost it more than the
+sending.
 """
 
 from __future__ import annotations
@@ -38,12 +42,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from websockets.asyncio.client import connect
 
 from web import event_loop
 
 from .served import parley_serve
 from .speech import speak, trim_silence
+from .ws_raw_client import open_raw
 
 RATE = 24_000
 CHUNK_MS = 20
@@ -173,22 +177,32 @@ class Generator:
             self.tick += 1
 
     async def session(self, index: int) -> None:
-        async with connect(self.plan.url, max_size=None, compression=None) as ws:
+        stream: Stream | None = None
+
+        def on_text(raw: bytes) -> None:
+            if stream is None or b'"input_audio_buffer.speech_stopped"' not in raw[:120]:
+                return
+            at = time.monotonic()
+            point = int(json.loads(raw)["audio_end_ms"]) + SILENCE_MS
+            k = point // CHUNK_MS
+            if k in stream.sent_at and self.measuring(at):
+                self.lag.append((at - stream.sent_at[k]) * 1000)
+
+        client = await open_raw(self.plan.url, on_text)
+        try:
+            assert client.transport is not None
             stream = Stream(
-                ws.transport,
+                client.transport,
                 random.randrange(len(self.frames)),
                 index % SLOTS,
                 self.tick // SLOTS + 1,
                 {},
             )
             self.slots[stream.slot].append(stream)
-            async for raw in ws:
-                if isinstance(raw, str) and '"input_audio_buffer.speech_stopped"' in raw[:120]:
-                    at = time.monotonic()
-                    point = int(json.loads(raw)["audio_end_ms"]) + SILENCE_MS
-                    k = point // CHUNK_MS
-                    if k in stream.sent_at and self.measuring(at):
-                        self.lag.append((at - stream.sent_at[k]) * 1000)
+            await client.closed
+        finally:
+            if client.transport is not None:
+                client.transport.close()
 
 
 async def _generate(plan: Plan) -> dict[str, Any]:
