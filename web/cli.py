@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import logging
 import os
 import signal
@@ -65,6 +66,19 @@ class _Server(uvicorn.Server):
 POLL_S = 0.05
 
 
+def freeze_startup_heap() -> None:
+    """Take what the server made while starting (modules, the app, the pipeline and its
+    models: ~100,000 objects that live as long as the process) out of the garbage
+    collector's sight. A full collection otherwise walks all of them each time, stalling
+    the event loop: 44-78 ms with 150 streaming sessions a process (13-19 ms frozen), and
+    every chunk of every session late by as much."""
+    gc.collect()
+    gc.freeze()
+    log.info(
+        "%d objects made while starting frozen out of the collector's walks", gc.get_freeze_count()
+    )
+
+
 class PipelineFailed(Exception):
     """The pipeline could not start: the server can never be ready."""
 
@@ -88,6 +102,7 @@ async def _announce_when_ready(
     if services.pipeline_error:
         server.should_exit = True
         raise PipelineFailed(services.pipeline_error)
+    freeze_startup_heap()
     print(f"Parley is ready: open {settings.base_url}", flush=True)
 
 
@@ -100,6 +115,7 @@ async def _report_ready(
     if services.pipeline_error:
         server.should_exit = True
         raise PipelineFailed(services.pipeline_error)
+    freeze_startup_heap()
     os.write(ready_fd, f"{process_id}\n".encode())
     os.close(ready_fd)
 

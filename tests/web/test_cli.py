@@ -110,6 +110,8 @@ def test_serve_embedded_redis_and_sigterm_exits_cleanly(servers: list[Server]) -
     )
     servers.append(server)
     server.wait_for_line("event loop: uvloop")  # the default where uvloop is installed
+    frozen = server.wait_for_line("objects made while starting frozen")
+    assert int(frozen.split(" objects made")[0].rsplit(" ", 1)[-1]) > 10_000
     line = server.wait_for_line("Parley is ready")
     assert f"http://127.0.0.1:{port}/" in line
     base = f"http://127.0.0.1:{port}"
