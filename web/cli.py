@@ -149,6 +149,7 @@ async def _serve(settings: Settings, redis_url: str) -> None:
         await server.serve(sockets=sockets)
     finally:
         await cancel_and_wait(announce)
+        gc.unfreeze()  # what exits frees its objects as usual (native modules check)
     if not announce.cancelled() and isinstance(announce.exception(), PipelineFailed):
         print(f"parley: {announce.exception()}", file=sys.stderr, flush=True)
         raise SystemExit(1)
