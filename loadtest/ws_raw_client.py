@@ -77,6 +77,13 @@ class RawWebSocket(asyncio.Protocol):
                 self.write(masked_frame(0xA, payload))
         del buf[:at]
 
+    def close(self) -> None:
+        """Say goodbye (1000) and hang up: a client that just vanished would leave its
+        session waiting for a resume."""
+        self.write(masked_frame(CLOSE, (1000).to_bytes(2, "big")))
+        if self.transport is not None:
+            self.transport.close()
+
     def write(self, frame: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(frame)

@@ -201,8 +201,7 @@ class Generator:
             self.slots[stream.slot].append(stream)
             await client.closed
         finally:
-            if client.transport is not None:
-                client.transport.close()
+            client.close()
 
 
 async def _generate(plan: Plan) -> dict[str, Any]:

@@ -54,7 +54,7 @@ async def test_the_raw_client_reads_every_length_and_answers_pings() -> None:
                 await asyncio.sleep(0.01)
         assert received[:3] == [b"hello" + b"x" * size for size in SIZES]
         assert received[3] == b"still here"  # not closed for want of pongs
-        client.write(masked_frame(TEXT, b"bye"))
+        client.write(masked_frame(TEXT, b"bye"))  # the route returns: uvicorn closes
         # the server's close frame ends the connection here
         async with asyncio.timeout(5):
             with contextlib.suppress(ConnectionError):
