@@ -76,6 +76,26 @@ async def test_audio_read_from_redis_cuts_entries_at_the_range(
     assert list(pcm[::320]) == list(range(11, 63))
 
 
+async def test_audio_written_behind_is_all_there_once_flushed(
+    redis: aioredis.Redis, keys: SessionKeys
+) -> None:
+    """A session's buffer writes full batches by a task of its own: appending never waits
+    for Redis, and a flush (or a read, or the buffer's close) waits for what is on its way."""
+    buf = AudioBuffer(redis, keys, max_seconds=60, recent_seconds=0, write_behind=True)
+    for i in range(25):
+        await buf.append([frame(i)], first_offset_ms=i * 20)
+    # None of the appends waited for Redis: the writer, started at the tenth frame, runs
+    # only now and takes all 25 in one entry
+    await buf.aclose()
+    assert await redis.xlen(keys.audio) == 1
+    for i in range(25, 28):
+        await buf.append([frame(i)], first_offset_ms=i * 20)
+    pcm = await buf.read(0, 1000)  # a read writes the rest first
+    assert list(pcm[::320]) == list(range(28))
+    assert await buf.length() == 28
+    await buf.aclose()  # idempotent
+
+
 async def test_frame_cache_evicts_oldest_and_samples(
     redis: aioredis.Redis, keys: SessionKeys
 ) -> None:
