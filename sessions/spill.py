@@ -19,16 +19,16 @@ import collections
 import functools
 import itertools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from .errors import RedisUnavailableError
 from .metrics import SessionMetrics
 from .redis_link import RedisLink
+from .write_batcher import Apply
 
 log = logging.getLogger("parley.sessions.spill")
 
@@ -40,8 +40,6 @@ DRAIN_BATCH = 256
 DROP_ORDER = ("audio", "frames", "events", "history", "record")
 """Which buffer gives up its oldest entry first when the spill is full: media is a cache,
 the history and the event log are what a resume promises."""
-
-Apply = Callable[[Pipeline], None]
 
 
 @dataclass(slots=True)

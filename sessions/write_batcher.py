@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +32,6 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from .errors import RedisUnavailableError
-
-log = logging.getLogger("parley.sessions.write_batcher")
 
 Apply = Callable[[Pipeline], None]
 
@@ -59,7 +56,7 @@ class WriteBatcher:
         self._wake = asyncio.Event()
         self._running = False
         self.pipelines = 0
-        """Pipelines sent so far (for tests and the benchmark)."""
+        """Pipelines sent so far, and the writes they carried (the tests read both)."""
         self.writes = 0
 
     async def execute(self, applies: list[Apply], raise_on_error: bool = True) -> list[Any]:
@@ -95,11 +92,8 @@ class WriteBatcher:
                     await self._send(batch)
         finally:
             self._running = False
-            stopped = RedisUnavailableError("the session store's writer stopped")
-            while self._queue:
-                write = self._queue.popleft()
-                if not write.done.done():
-                    write.done.set_exception(stopped)
+            _fail(self._queue, _stopped())
+            self._queue.clear()
 
     async def _direct(self, applies: list[Apply], raise_on_error: bool) -> list[Any]:
         pipe = self.redis.pipeline(transaction=False)
@@ -121,15 +115,10 @@ class WriteBatcher:
             async with asyncio.timeout(self.send_timeout_s):
                 results = list(await pipe.execute(raise_on_error=False))
         except asyncio.CancelledError:
-            stopped = RedisUnavailableError("the session store's writer stopped")
-            for write in batch:
-                if not write.done.done():
-                    write.done.set_exception(stopped)
+            _fail(batch, _stopped())
             raise
         except Exception as exc:  # an outage (or a bug): every write of the pipeline failed
-            for write in batch:
-                if not write.done.done():
-                    write.done.set_exception(exc)
+            _fail(batch, exc)
             return
         at = 0
         for write, size in zip(batch, sizes, strict=True):
@@ -141,6 +130,17 @@ class WriteBatcher:
                 write.done.set_exception(failed)
             else:
                 write.done.set_result(mine)
+
+
+def _stopped() -> RedisUnavailableError:
+    return RedisUnavailableError("the session store's writer stopped")
+
+
+def _fail(writes: Iterable[_Write], error: BaseException) -> None:
+    """Fail every write not answered yet with `error`."""
+    for write in writes:
+        if not write.done.done():
+            write.done.set_exception(error)
 
 
 def _retrieve(done: asyncio.Future[list[Any]]) -> None:
