@@ -175,7 +175,7 @@ class AudioBuffer:
         recent = self._recent
         if not recent or self._spill.dropped.get("audio"):
             return None  # (an outage dropped audio the copy still has: Redis says what's left)
-        first = -(-max(start_ms, 0) // FRAME_MS) * FRAME_MS
+        first = _first_frame_at(start_ms)
         count = len(range(first, end_ms, FRAME_MS))
         newest = recent[-1][0]
         back = (newest - first) // FRAME_MS  # frames from `first` to the newest one
@@ -187,7 +187,7 @@ class AudioBuffer:
         return b"".join(frame for _, frame in itertools.islice(recent, i, i + count))
 
     def _read_local(self, start_ms: int, end_ms: int) -> npt.NDArray[np.int16]:
-        wanted = range(-(-max(start_ms, 0) // FRAME_MS) * FRAME_MS, end_ms, FRAME_MS)
+        wanted = range(_first_frame_at(start_ms), end_ms, FRAME_MS)
         local = dict(self._recent)
         local.update(self._spill.pending("audio"))
         if not all(offset in local for offset in wanted):
@@ -210,6 +210,11 @@ class AudioBuffer:
         await self._spill.settle()
         entries = await self._spill.link.call(lambda: self._spill.link.redis.xrange(self._key))
         return sum(1 for _ in _frames(entries))
+
+
+def _first_frame_at(start_ms: int) -> int:
+    """The start of the first frame that starts at or after `start_ms` (and at 0 or later)."""
+    return -(-max(start_ms, 0) // FRAME_MS) * FRAME_MS
 
 
 def _entries(frames: list[tuple[int, bytes]]) -> list[tuple[str, bytes]]:
