@@ -26,9 +26,16 @@ from sessions.ownership import Ownership, Takeover
 from sessions.process_beat import ProcessBeat, process_key
 from sessions.records import event_to_dict
 from sessions.rehydrate import SessionRecord, unfinished_answer
-from sessions.session import SessionLimits
+from sessions.session import Session, SessionLimits
 from tests.fakes.fake_engine import FakeEngine
 from tests.fakes.sink import ClockedSink
+
+
+async def created(manager: SessionManager, sink: ClockedSink) -> Session:
+    """A session on `manager`, once the client has heard `session.created`."""
+    session = await manager.create(sink)
+    await sink.wait_for(lambda e: e.type == "session.created")
+    return session
 
 
 async def test_the_fence_grows_and_an_old_owner_cannot_release_or_delete(
@@ -124,8 +131,7 @@ async def test_a_session_moves_to_another_manager_and_the_old_copy_lets_go(
 ) -> None:
     a, b = two_managers
     async with ClockedSink() as sink:
-        session = await a.create(sink)
-        await sink.wait_for(lambda e: e.type == "session.created")
+        session = await created(a, sink)
         await session.add_text("Remember this.")
         keys = SessionKeys(session.session_id)
         assert await redis.hget(keys.meta, "owner") == b"proc_a"
@@ -154,8 +160,7 @@ async def test_a_copy_that_missed_its_take_over_ends_without_writing(
 ) -> None:
     a, b = two_managers
     async with ClockedSink() as sink:
-        session = await a.create(sink)
-        await sink.wait_for(lambda e: e.type == "session.created")
+        session = await created(a, sink)
         await a.beat.stop()  # "dead": no heartbeat, so nobody asks it to let go
         moved = await b.resume(session.session_id, session.resume_token)
         assert moved is not None and not session.closed  # the zombie still runs
@@ -175,8 +180,7 @@ async def test_a_hand_over_keeps_the_keys_and_frees_the_owner(
 ) -> None:
     a, b = two_managers
     async with ClockedSink() as sink:
-        session = await a.create(sink)
-        await sink.wait_for(lambda e: e.type == "session.created")
+        session = await created(a, sink)
         session.movable = True
         assert await a.hand_over_all() == 1
         assert len(a) == 0
@@ -192,8 +196,7 @@ async def test_two_resumes_at_once_leave_one_owner(
 ) -> None:
     a, b = two_managers
     async with ClockedSink() as sink:
-        session = await a.create(sink)
-        await sink.wait_for(lambda e: e.type == "session.created")
+        session = await created(a, sink)
         token = session.resume_token
         results = await asyncio.gather(
             b.resume(session.session_id, token), b.resume(session.session_id, token)
@@ -210,8 +213,7 @@ async def test_a_resume_that_reaches_a_stale_copy_takes_the_session_back(
 ) -> None:
     a, b = two_managers
     async with ClockedSink() as sink:
-        session = await a.create(sink)
-        await sink.wait_for(lambda e: e.type == "session.created")
+        session = await created(a, sink)
         await a.beat.stop()  # a is not told of the move: its copy goes stale
         assert await b.resume(session.session_id, session.resume_token) is not None
         assert not await b.let_go_if_lost(session.session_id)  # b's is the live one
@@ -230,8 +232,7 @@ async def test_a_resume_that_finds_the_session_ended_meanwhile_frees_the_slot(
 ) -> None:
     a, b = two_managers
     async with ClockedSink() as sink:
-        session = await a.create(sink)
-        await sink.wait_for(lambda e: e.type == "session.created")
+        session = await created(a, sink)
         token = session.resume_token
         await a.close_session(session.session_id)
 
