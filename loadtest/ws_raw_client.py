@@ -19,6 +19,8 @@ from collections.abc import Callable
 from typing import cast
 from urllib.parse import urlsplit
 
+import numpy as np
+
 TEXT, CLOSE, PING = 0x1, 0x8, 0x9
 
 
@@ -96,9 +98,10 @@ class RawWebSocket(asyncio.Protocol):
                 future.set_exception(ConnectionError(why))
 
 
-def masked_frame(opcode: int, payload: bytes) -> bytes:
-    """One final client frame (clients must mask; the key is drawn per frame)."""
-    key = os.urandom(4)
+def masked_frame(opcode: int, payload: bytes, key: bytes | None = None) -> bytes:
+    """One final client frame. Clients must mask; the key is drawn per frame unless given
+    (the bench pre-builds its frames once, under one key: the server unmasks either)."""
+    key = os.urandom(4) if key is None else key
     size = len(payload)
     if size < 126:
         head = bytes([0x80 | opcode, 0x80 | size])
@@ -106,8 +109,8 @@ def masked_frame(opcode: int, payload: bytes) -> bytes:
         head = bytes([0x80 | opcode, 0x80 | 126]) + size.to_bytes(2, "big")
     else:
         head = bytes([0x80 | opcode, 0x80 | 127]) + size.to_bytes(8, "big")
-    masked = bytes(b ^ key[i % 4] for i, b in enumerate(payload))
-    return head + key + masked
+    body = np.frombuffer(payload, np.uint8) ^ np.resize(np.frombuffer(key, np.uint8), size)
+    return head + key + body.tobytes()
 
 
 async def open_raw(url: str, on_text: Callable[[bytes], None]) -> RawWebSocket:

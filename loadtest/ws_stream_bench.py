@@ -47,7 +47,7 @@ from web import event_loop
 
 from .served import parley_serve
 from .speech import speak, trim_silence
-from .ws_raw_client import open_raw
+from .ws_raw_client import TEXT, masked_frame, open_raw
 
 RATE = 24_000
 CHUNK_MS = 20
@@ -98,16 +98,7 @@ clients would, rather than all at once."""
 def client_frame(text: str) -> bytes:
     """`text` as one masked WebSocket text frame, built once and sent as is. The mask key
     is fixed (a real client draws one per frame; the server unmasks either the same)."""
-    payload = np.frombuffer(text.encode(), np.uint8)
-    key = np.resize(np.frombuffer(MASK, np.uint8), len(payload))
-    size = len(payload)
-    if size < 126:
-        head = bytes([0x81, 0x80 | size])
-    elif size < 1 << 16:
-        head = bytes([0x81, 0x80 | 126]) + size.to_bytes(2, "big")
-    else:
-        head = bytes([0x81, 0x80 | 127]) + size.to_bytes(8, "big")
-    return head + MASK + (payload ^ key).tobytes()
+    return masked_frame(TEXT, text.encode(), MASK)
 
 
 @dataclass(frozen=True)
