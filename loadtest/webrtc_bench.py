@@ -47,6 +47,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from .proc_cpu import cpu_seconds, is_redis, tree
 from .served import parley_serve
 from .speech import silence, speak, trim_silence
 from .webrtc_client import Caller
@@ -55,26 +56,10 @@ QUESTION = "What is the weather going to be like tomorrow in Boston?"
 STOP = "Hold on, stop."
 
 
-def cpu_seconds(pid: int, tid: int | None = None) -> float:
-    """CPU time of process `pid`, or of its thread `tid` (the main thread, tid == pid,
-    runs the event loop: what it spends per frame is what late frames depend on)."""
-    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
-    fields = Path(path).read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def server_pids(pid: int) -> list[int]:
     """`pid` and every process under it but Redis: with `--workers` the parent only
     supervises, and the calls are served by its children."""
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        cmdline = Path(f"/proc/{current}/cmdline").read_bytes()
-        if b"redis-server" not in cmdline:
-            found.append(current)
-        for task in Path(f"/proc/{current}/task").iterdir():
-            todo.extend(int(c) for c in (task / "children").read_text().split())
-    return found
+    return [p for p in tree(pid) if not is_redis(p)]
 
 
 def server_cpu(pid: int) -> tuple[float, float]:

@@ -45,6 +45,7 @@ import numpy as np
 
 from web import event_loop
 
+from .proc_cpu import cpu_seconds, is_redis, tree
 from .served import parley_serve
 from .speech import speak, trim_silence
 from .ws_raw_client import TEXT, masked_frame, open_raw
@@ -59,7 +60,6 @@ QUESTIONS = (
     "How far away is the moon?",
     "Tell me a short joke about cats.",
 )
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _append(pcm: np.ndarray[Any, np.dtype[np.int16]]) -> str:
@@ -232,33 +232,14 @@ def _generator(plan: Plan, queue: Any) -> None:
 
 
 def _tree_cpu(root: int) -> dict[str, float]:
-    """CPU seconds of `root` and every descendant, by command name."""
-    parents: dict[int, int] = {}
-    names: dict[int, str] = {}
-    cpu: dict[int, float] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        pid = int(entry)
-        parents[pid], names[pid] = int(fields[1]), name
-        cpu[pid] = (int(fields[11]) + int(fields[12])) / TICKS
-    tree, grew = {root}, True
-    while grew:
-        more = {p for p, pp in parents.items() if pp in tree} - tree
-        grew = bool(more)
-        tree |= more
+    """CPU seconds of `root` and every descendant: the embedded redis-server apart."""
     totals: dict[str, float] = {}
-    for pid in tree:
-        if pid in cpu:
-            kind = "redis" if "redis" in names[pid] else "parley"
-            totals[kind] = totals.get(kind, 0.0) + cpu[pid]
+    for pid in tree(root):
+        kind = "redis" if is_redis(pid) else "parley"
+        try:
+            totals[kind] = totals.get(kind, 0.0) + cpu_seconds(pid)
+        except OSError:
+            continue  # ended meanwhile
     return totals
 
 
