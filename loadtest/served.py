@@ -12,6 +12,7 @@ real deployment would, and the client's timestamps are not delayed by the server
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import subprocess
 import sys
@@ -82,3 +83,10 @@ def _watch_stdout(proc: subprocess.Popen[bytes], ready: threading.Event) -> None
         for line in proc.stdout:
             if line.startswith(b"Parley is ready"):
                 ready.set()
+
+
+def metric_total(exposition: str, name: str) -> float:
+    """The sum over every sample of `name` in a /metrics text (one per worker process with
+    `--workers`, each labelled by its process); 0 when there is none."""
+    found = re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", exposition, re.M)
+    return sum(float(v) for v in found)

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -48,7 +47,7 @@ import httpx
 import numpy as np
 
 from .proc_cpu import cpu_seconds, is_redis, tree
-from .served import parley_serve
+from .served import metric_total, parley_serve
 from .speech import silence, speak, trim_silence
 from .webrtc_client import Caller
 
@@ -106,13 +105,10 @@ def print_profile(n: int, top: int = 12) -> None:
 
 async def late_frames(http: httpx.AsyncClient) -> tuple[float, float]:
     text = (await http.get("/metrics")).text
-
-    def value(name: str) -> float:
-        """The sum over every sample of `name` (one per worker with `--workers`)."""
-        found = re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
-        return sum(float(v) for v in found)
-
-    return value("parley_webrtc_late_frames_total"), value("parley_webrtc_outbound_frames_total")
+    return (
+        metric_total(text, "parley_webrtc_late_frames_total"),
+        metric_total(text, "parley_webrtc_outbound_frames_total"),
+    )
 
 
 def utterance(text: str) -> np.ndarray:

@@ -11,7 +11,6 @@ shared machine that wait, not the code, can be what makes a step slow.
 from __future__ import annotations
 
 import contextlib
-import re
 import shutil
 import subprocess
 import tempfile
@@ -24,7 +23,7 @@ import httpx
 import psutil
 import redis as redis_sync
 
-from ..served import Served, parley_serve
+from ..served import Served, metric_total, parley_serve
 
 SAMPLE_S = 0.5
 
@@ -81,15 +80,9 @@ def redis_key_names(redis_url: str, most: int = 20) -> list[str]:
 def metrics(http_url: str) -> dict[str, float]:
     """The server's WebRTC frame counters and live sessions."""
     text = httpx.get(f"{http_url}/metrics", timeout=10).text
-
-    def value(name: str) -> float:
-        """Summed over every sample (one per worker process with `--workers`)."""
-        found = re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
-        return sum(float(v) for v in found)
-
     return {
-        "late_frames": value("parley_webrtc_late_frames_total"),
-        "outbound_frames": value("parley_webrtc_outbound_frames_total"),
+        "late_frames": metric_total(text, "parley_webrtc_late_frames_total"),
+        "outbound_frames": metric_total(text, "parley_webrtc_outbound_frames_total"),
     }
 
 
