@@ -1,13 +1,15 @@
 """Pipelines by name or path, for `parley serve --pipeline NAME|PATH`.
 
 A name is a graph file shipped in `pipeline/configs/`; anything else is read as a path.
-Stages placed in a worker process are wrapped in a `WorkerEngine`, remote ones in a
+Stages placed in a worker process are wrapped in a `WorkerEngine` (or, where the parent of
+several server processes hosts them once for all, in a `SharedStageEngine`), remote ones in a
 `RemoteEngine`; the engine on the far side is checked against its stage's kind when it starts,
 the others when the `StageGraph` is built.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from .engines.registry import create_engine
@@ -15,6 +17,7 @@ from .graph import StageGraph
 from .graph_config import GraphConfig, load_graph
 from .metrics import PipelineMetrics
 from .remote import RemoteEngine
+from .shared_stage import SharedStageEngine
 from .types import Engine, Pipeline
 from .worker import WorkerEngine
 from .worker_main import WorkerSpec
@@ -49,26 +52,42 @@ def link_name(config: GraphConfig, stage: str) -> str:
     return config.stage(stage).placement.link or f"{config.name}.{stage}"
 
 
-def build_engines(config: GraphConfig, redis_url: str | None = None) -> dict[str, Engine]:
+def worker_spec(config: GraphConfig, stage: str) -> WorkerSpec:
+    """What a process serving `stage` away from the main process needs to build it."""
+    found = config.stage(stage)
+    return WorkerSpec(stage, found.engine, config.stage_kind(stage), dict(found.engine_args))
+
+
+def hosted_stages(config: GraphConfig) -> list[str]:
+    """The stages a stage host can serve to several server processes: those in a worker."""
+    return [stage.name for stage in config.stages if stage.placement.process == "worker"]
+
+
+def build_engines(
+    config: GraphConfig, redis_url: str | None = None, shared: Mapping[str, str] | None = None
+) -> dict[str, Engine]:
+    """`shared`: per stage, the unix socket of the stage host that serves it."""
     engines: dict[str, Engine] = {}
     for stage in config.stages:
-        if stage.placement.process == "remote":
+        if shared and stage.name in shared:
+            engines[stage.name] = SharedStageEngine(stage.name, shared[stage.name])
+        elif stage.placement.process == "remote":
             if redis_url is None:
                 raise PipelineNotFound(f"stage {stage.name} is remote, which needs a Redis URL")
             engines[stage.name] = RemoteEngine(stage.name, link_name(config, stage.name), redis_url)
         elif stage.placement.process == "worker":
-            kind = config.stage_kind(stage.name)
-            engines[stage.name] = WorkerEngine(
-                WorkerSpec(stage.name, stage.engine, kind, dict(stage.engine_args))
-            )
+            engines[stage.name] = WorkerEngine(worker_spec(config, stage.name))
         else:
             engines[stage.name] = create_engine(stage.engine, dict(stage.engine_args))
     return engines
 
 
 def load_pipeline(
-    name_or_path: str, metrics: PipelineMetrics | None = None, redis_url: str | None = None
+    name_or_path: str,
+    metrics: PipelineMetrics | None = None,
+    redis_url: str | None = None,
+    shared: Mapping[str, str] | None = None,
 ) -> Pipeline:
     """Build the named pipeline (not started yet)."""
     config = load_graph(graph_path(name_or_path))
-    return StageGraph(config, build_engines(config, redis_url), metrics=metrics)
+    return StageGraph(config, build_engines(config, redis_url, shared), metrics=metrics)

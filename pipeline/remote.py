@@ -98,13 +98,11 @@ class RemoteEngine(LinkedStage):
 async def serve_remote_stage(graph_file: str, stage: str, redis_url: str) -> None:
     """`parley stage`: serve one stage of a graph for a main process on another host."""
     from .graph_config import load_graph
-    from .registry import graph_path, link_name
-    from .worker_main import WorkerSpec, serve_stage
+    from .registry import graph_path, link_name, worker_spec
+    from .worker_main import serve_stage
 
     config = load_graph(graph_path(graph_file))
-    stage_config = config.stage(stage)
-    kind = config.stage_kind(stage)
-    spec = WorkerSpec(stage, stage_config.engine, kind, dict(stage_config.engine_args))
+    spec = worker_spec(config, stage)
     redis = await _redis(redis_url)
     try:
         link = RedisStreamLink.end(redis, link_name(config, stage), "b")

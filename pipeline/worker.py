@@ -24,21 +24,18 @@ import subprocess
 
 from .connectors.base import LinkClosed
 from .connectors.shm import DEFAULT_CAPACITY, ShmLink
-from .link_messages import Close, Fatal, Ready
-from .stage_client import LinkedStage
-from .tasks import cancel_and_wait
+from .link_messages import Close
+from .reconnecting_stage import ReconnectingStage, StageLinkFailed
 from .worker_main import WorkerSpec, launch_args
 
 log = logging.getLogger("parley.pipeline.worker")
 
-MAX_RESTART_DELAY_S = 10.0
 
-
-class WorkerFailed(RuntimeError):
+class WorkerFailed(StageLinkFailed):
     pass
 
 
-class WorkerEngine(LinkedStage):
+class WorkerEngine(ReconnectingStage):
     def __init__(
         self,
         spec: WorkerSpec,
@@ -48,21 +45,14 @@ class WorkerEngine(LinkedStage):
         super().__init__(spec.stage, start_timeout_s)
         self.spec = spec
         self.ring_capacity = ring_capacity
-        self.restarts = 0
         self._process: subprocess.Popen[bytes] | None = None
-        self._supervisor: asyncio.Task[None] | None = None
-        self._dead = asyncio.Event()
 
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
 
-    async def start(self) -> None:
+    async def _establish(self) -> None:
         """Spawn the child and wait until its engine is loaded."""
-        await self._spawn()
-        self._supervisor = asyncio.create_task(self._supervise(), name=f"worker:{self.name}")
-
-    async def _spawn(self) -> None:
         parent_sock, child_sock = socket.socketpair()
         out, back, rings = ShmLink.create_rings(self.ring_capacity)
         fd = child_sock.fileno()
@@ -74,23 +64,11 @@ class WorkerEngine(LinkedStage):
         child_sock.close()
         link = await ShmLink.open(parent_sock, out, back)
         try:
-            async with asyncio.timeout(self.start_timeout_s):
-                first = await link.recv()
-        except (TimeoutError, LinkClosed) as exc:
-            first = Fatal(f"the worker did not start ({exc!r})")
-        match first:
-            case Ready():
-                problem = None
-            case Fatal(message):
-                problem = message
-            case _:
-                problem = f"the worker said {first!r} before it was ready"
-        if problem is not None:
-            await link.close()
+            await self._first_word(link)
+        except StageLinkFailed as exc:
             await asyncio.to_thread(_stop_process, process)
-            raise WorkerFailed(f"stage {self.name}: {problem}")
+            raise WorkerFailed(str(exc)) from None
         self._process = process
-        self._dead.clear()
         self._attach(link)
         log.info("stage %s: worker pid %s ready", self.name, process.pid)
 
@@ -99,29 +77,11 @@ class WorkerEngine(LinkedStage):
         if self._process is not None:
             process, self._process = self._process, None
             await asyncio.to_thread(_stop_process, process)
-        self._dead.set()
-
-    async def _supervise(self) -> None:
-        """Restart the child whenever it dies, until close()."""
-        delay = 0.5
-        while True:
-            await self._dead.wait()
-            self.restarts += 1
-            while True:
-                try:
-                    await self._spawn()
-                    delay = 0.5
-                    break
-                except WorkerFailed as exc:
-                    log.error("%s; retrying in %.1f s", exc, delay)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, MAX_RESTART_DELAY_S)
+        await super()._on_lost()
 
     async def close(self) -> None:
         """Stop the child (politely, then by force). Idempotent."""
-        self._closing = True
-        supervisor, self._supervisor = self._supervisor, None
-        await cancel_and_wait(supervisor)
+        await self._stop_supervisor()
         if self._link is not None:
             with contextlib.suppress(LinkClosed):
                 await self._link.send(Close())

@@ -116,24 +116,39 @@ async def serve_stage(spec: WorkerSpec, link: Link, heartbeat_s: float | None = 
 
     `heartbeat_s` (a remote stage): say `Alive` that often, and ride out link outages."""
     try:
-        engine = create_engine(spec.engine, spec.engine_args)
-        if not _fits(spec.kind, engine):
-            message = wrong_engine_kind(spec.stage, spec.kind, engine)
-            log.error("%s", message)
-            await _fail(link, message)
-            return
-        await engine.start()
-    except Exception as exc:
-        log.exception("engine %s failed to start", spec.engine)
-        await _fail(link, f"{type(exc).__name__}: {exc}")
+        engine = await start_engine(spec)
+    except StageStartError as exc:
+        await _fail(link, str(exc))
         return
-    server = _Server(spec.stage, engine, link)
+    server = StageServer(spec.stage, engine, link)
     try:
         await _serve_until_closed(server, link, heartbeat_s)
     finally:
         await server.stop()
         await engine.close()
         await link.close()
+
+
+class StageStartError(RuntimeError):
+    """The stage's engine could not be built or started; the message says why."""
+
+
+async def start_engine(spec: WorkerSpec) -> Engine:
+    """Build the stage's engine, check it is the kind the graph makes of the stage (before
+    loading anything), and start it."""
+    try:
+        engine = create_engine(spec.engine, spec.engine_args)
+        if not _fits(spec.kind, engine):
+            message = wrong_engine_kind(spec.stage, spec.kind, engine)
+            log.error("%s", message)
+            raise StageStartError(message)
+        await engine.start()
+    except StageStartError:
+        raise
+    except Exception as exc:
+        log.exception("engine %s failed to start", spec.engine)
+        raise StageStartError(f"{type(exc).__name__}: {exc}") from exc
+    return engine
 
 
 def _fits(kind: StageKind, engine: Engine) -> bool:
@@ -146,7 +161,7 @@ async def _fail(link: Link, message: str) -> None:
     await link.close()
 
 
-async def _serve_until_closed(server: _Server, link: Link, heartbeat_s: float | None) -> None:
+async def _serve_until_closed(server: StageServer, link: Link, heartbeat_s: float | None) -> None:
     retry_s = RETRY_MIN_S
     while True:
         try:
@@ -171,7 +186,7 @@ async def _serve_until_closed(server: _Server, link: Link, heartbeat_s: float | 
             retry_s = min(retry_s * 2, RETRY_MAX_S)
 
 
-async def _serve_with_heartbeat(server: _Server, link: Link, every_s: float) -> None:
+async def _serve_with_heartbeat(server: StageServer, link: Link, every_s: float) -> None:
     # a task and not a TaskGroup: the heartbeat never ends by itself, and a TaskGroup would
     # hand serve()'s LinkUnavailable to the caller inside an ExceptionGroup
     beat = asyncio.create_task(_heartbeat(link, every_s), name="stage:heartbeat")
@@ -189,11 +204,15 @@ async def _heartbeat(link: Link, every_s: float) -> None:
             await link.send(Alive())
 
 
-class _Server:
-    def __init__(self, stage: str, engine: Engine, link: Link) -> None:
+class StageServer:
+    """One link's requests to an engine. `engine_prefix` goes before every request id the
+    engine sees: a stage host serves one engine to several links, whose ids may meet."""
+
+    def __init__(self, stage: str, engine: Engine, link: Link, engine_prefix: str = "") -> None:
         self.stage = stage
         self.engine = engine
         self.link = link
+        self.engine_prefix = engine_prefix
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.inputs: dict[str, Channel[Chunk]] = {}
 
@@ -229,9 +248,11 @@ class _Server:
             case StreamEngine() if streamed:
                 channel: Channel[Chunk] = Channel(INPUT_CHANNEL_SIZE)
                 self.inputs[rid] = channel
-                return self.engine.generate(rid, StageInput(request, aiter(channel)))
+                return self.engine.generate(
+                    self.engine_prefix + rid, StageInput(request, aiter(channel))
+                )
             case EntryEngine() if not streamed:
-                return self.engine.generate(rid, request)
+                return self.engine.generate(self.engine_prefix + rid, request)
         served = "upstream chunks" if streamed else "no upstream"
         return _refuse(
             f"{self.stage} is served here as {'an entry' if streamed else 'a stream'} stage, "
@@ -260,7 +281,7 @@ class _Server:
 
     async def _abort(self, rid: str) -> None:
         await cancel_and_wait(self.tasks.get(rid))
-        await self.engine.abort(rid)
+        await self.engine.abort(self.engine_prefix + rid)
 
     async def stop(self) -> None:
         """Cancel every request in flight and wait until each has ended."""

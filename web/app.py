@@ -102,6 +102,7 @@ async def _serving(app: Starlette, services: Services) -> AsyncIterator[None]:
             services.settings.pipeline,
             PipelineMetrics(services.metrics.registry),
             redis_url=services.redis_url,
+            shared=dict(services.settings.shared_stages),
         )
     except Exception as exc:
         services.pipeline_error = f"pipeline {services.settings.pipeline!r}: {exc}"

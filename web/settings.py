@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -63,6 +64,9 @@ class Settings:
     """Set only in a worker process started by `parley serve --workers N` (hidden flag)."""
     worker_ready_fd: int | None = None
     """The pipe on which a worker tells its parent it is ready (hidden flag)."""
+    shared_stages: tuple[tuple[str, str], ...] = ()
+    """(stage, unix socket) of each stage the parent hosts once for every worker (hidden
+    flag, JSON)."""
 
     @property
     def base_url(self) -> str:
@@ -207,6 +211,7 @@ def parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--worker-index", default=None, help=argparse.SUPPRESS)
     serve.add_argument("--worker-ready-fd", default=None, help=argparse.SUPPRESS)
+    serve.add_argument("--shared-stages", default=None, help=argparse.SUPPRESS)
     stage = sub.add_parser(
         "stage", help="serve one stage of a pipeline for a `parley serve` on another host"
     )
@@ -254,6 +259,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[str, Settings]:
         event_loop=_loop(args.loop),
         worker_index=None if args.worker_index is None else int(args.worker_index),
         worker_ready_fd=None if args.worker_ready_fd is None else int(args.worker_ready_fd),
+        shared_stages=tuple(json.loads(args.shared_stages).items()) if args.shared_stages else (),
         **_sip(args),
     )
 

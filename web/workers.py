@@ -13,6 +13,10 @@ with the parent (PR_SET_PDEATHSIG) and run in their own session, so a Ctrl-C at 
 reaches only the parent, which forwards SIGTERM to each and waits for their drain. A worker
 that exits on its own after the start is logged and started again; one that exits before
 the server was ever ready stops the whole server (the same error would come back each time).
+
+Stages the graph places in a worker process are not started by each worker: the parent
+starts one stage host per stage (`stage_hosts.py`) before the workers, and the workers dial
+it. Hosts are watched, restarted and reported like workers, and stopped after them.
 """
 
 from __future__ import annotations
@@ -25,12 +29,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from types import FrameType
 
 from .redis_server import _die_with_parent, _load_prctl
 from .settings import Settings
+from .stage_hosts import StageHosts
 
 log = logging.getLogger("parley.workers")
 
@@ -39,6 +45,11 @@ RESTART_BACKOFF_S = 1.0
 """A worker that dies within this long of its start is restarted only after this long."""
 STOP_MARGIN_S = 20.0
 """Past the drain deadline: uvicorn's graceful close and the sessions' goodbyes."""
+HOST_STOP_S = 10.0
+"""A stage host's engine closing, once every worker has gone."""
+_STAGE_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+"""As a stage's own worker process gets it (pipeline/worker.py says why); the environment
+wins where it says otherwise."""
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -56,22 +67,25 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 @dataclass
-class _Worker:
-    index: int
+class _Child:
+    """A worker or a stage host: a process that says it is ready with a line on a pipe."""
+
+    label: str
     proc: subprocess.Popen[bytes]
     ready_fd: int
     started: float
-    process_id: str | None = None
+    said: str | None = None
+    """The ready line: a worker's process id, a stage host's "ready"."""
     _buffer: bytes = b""
 
     def poll_ready(self) -> bool:
-        """Read what the worker wrote on its pipe; True once it said it is ready."""
-        if self.process_id is None:
+        """Read what the child wrote on its pipe; True once it said it is ready."""
+        if self.said is None:
             with contextlib.suppress(BlockingIOError):
                 self._buffer += os.read(self.ready_fd, 256)
             if b"\n" in self._buffer:
-                self.process_id = self._buffer.split(b"\n", 1)[0].decode()
-        return self.process_id is not None
+                self.said = self._buffer.split(b"\n", 1)[0].decode()
+        return self.said is not None
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -79,41 +93,45 @@ class _Worker:
 
 
 class WorkerPool:
-    """The parent: starts, watches, restarts and stops the workers."""
+    """The parent: starts, watches, restarts and stops the stage hosts and the workers."""
 
     def __init__(self, argv: Sequence[str], settings: Settings, redis_url: str) -> None:
         self.argv = list(argv)
         self.settings = settings
         self.redis_url = redis_url
-        self.workers: list[_Worker] = []
+        self.children: list[_Child] = []
+        self._respawn: dict[str, Callable[[], _Child]] = {}
         self._stop_signal: int | None = None
         self._prctl = _load_prctl()
 
     def run(self) -> int:
-        """Serve until SIGINT or SIGTERM; the exit status (0, or 1 if a worker never started)."""
+        """Serve until SIGINT or SIGTERM; the exit status (0, or 1 if a child never started)."""
         previous = {
             sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
         }
+        hosts = StageHosts(self.settings.pipeline)
         try:
             with listening_socket(self.settings.host, self.settings.port) as reserved:
                 port = int(reserved.getsockname()[1])
-                self.workers = [self._start(k, port) for k in range(self.settings.workers)]
+                for stage in hosts.stages:
+                    self._add(f"stage host {stage.spec.stage}", stage.command, _STAGE_ENV)
+                for k in range(self.settings.workers):
+                    self._add(f"worker {k}", partial(self._worker_command, k, port, hosts), None)
                 status = self._watch(port)
                 self._stop_all()
                 return status
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            for worker in self.workers:
-                worker.close()
+            for child in self.children:
+                child.close()
+            hosts.close()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._stop_signal = signum
 
-    def _start(self, index: int, port: int) -> _Worker:
-        read_fd, write_fd = os.pipe()
-        os.set_blocking(read_fd, False)
-        cmd = [
+    def _worker_command(self, index: int, port: int, hosts: StageHosts, ready_fd: int) -> list[str]:
+        return [
             sys.executable,
             "-m",
             "web.cli",
@@ -125,13 +143,27 @@ class WorkerPool:
             "--worker-index",
             str(index),
             "--worker-ready-fd",
-            str(write_fd),
+            str(ready_fd),
+            *hosts.worker_option(),
         ]
+
+    def _add(
+        self, label: str, command: Callable[[int], list[str]], env: dict[str, str] | None
+    ) -> None:
+        self._respawn[label] = partial(self._spawn, label, command, env)
+        self.children.append(self._respawn[label]())
+
+    def _spawn(
+        self, label: str, command: Callable[[int], list[str]], env: dict[str, str] | None
+    ) -> _Child:
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
         try:
             proc = subprocess.Popen(
-                cmd,
+                command(write_fd),
                 stdin=subprocess.DEVNULL,
                 pass_fds=(write_fd,),
+                env=None if env is None else {**env, **os.environ},
                 preexec_fn=_die_with_parent(self._prctl, os.getpid()),
                 start_new_session=True,
             )
@@ -140,23 +172,23 @@ class WorkerPool:
             raise
         finally:
             os.close(write_fd)
-        log.info("worker %d started (pid %d)", index, proc.pid)
-        return _Worker(index, proc, read_fd, time.monotonic())
+        log.info("%s started (pid %d)", label, proc.pid)
+        return _Child(label, proc, read_fd, time.monotonic())
 
     def _watch(self, port: int) -> int:
         announced = False
         restart_at: dict[int, float] = {}
         while self._stop_signal is None:
-            for slot, worker in enumerate(self.workers):
-                if announced and not worker.process_id and worker.poll_ready():
-                    log.info("worker %d (pid %d) is ready", worker.index, worker.proc.pid)
-                worker.poll_ready()
-                code = worker.proc.poll()
+            for slot, child in enumerate(self.children):
+                if announced and not child.said and child.poll_ready():
+                    log.info("%s (pid %d) is ready", child.label, child.proc.pid)
+                child.poll_ready()
+                code = child.proc.poll()
                 if code is None:
                     continue
                 if not announced:
                     print(
-                        f"parley: worker {worker.index} exited with status {code} "
+                        f"parley: {child.label} exited with status {code} "
                         "before the server was ready",
                         file=sys.stderr,
                         flush=True,
@@ -165,36 +197,45 @@ class WorkerPool:
                 now = time.monotonic()
                 if slot not in restart_at:
                     log.warning(
-                        "worker %d (pid %d, %s) exited with status %d; starting it again",
-                        worker.index,
-                        worker.proc.pid,
-                        worker.process_id,
+                        "%s (pid %d, %s) exited with status %d; starting it again",
+                        child.label,
+                        child.proc.pid,
+                        child.said,
                         code,
                     )
-                    quick = now - worker.started < RESTART_BACKOFF_S
+                    quick = now - child.started < RESTART_BACKOFF_S
                     restart_at[slot] = now + (RESTART_BACKOFF_S if quick else 0.0)
                 if now >= restart_at[slot]:
                     del restart_at[slot]
-                    worker.close()
-                    self.workers[slot] = self._start(worker.index, port)
-            if not announced and all(w.poll_ready() for w in self.workers):
+                    child.close()
+                    self.children[slot] = self._respawn[child.label]()
+            if not announced and all(c.poll_ready() for c in self.children):
                 announced = True
                 base = self.settings.base_url.replace(f":{self.settings.port}/", f":{port}/")
-                print(f"Parley is ready: open {base} ({len(self.workers)} workers)", flush=True)
+                workers = self.settings.workers
+                print(f"Parley is ready: open {base} ({workers} workers)", flush=True)
             time.sleep(POLL_S)
-        log.info("signal %d: stopping %d worker(s)", self._stop_signal, len(self.workers))
+        log.info("signal %d: stopping %d process(es)", self._stop_signal, len(self.children))
         return 0
 
     def _stop_all(self) -> None:
-        """SIGTERM to every worker, then wait for their drain; SIGKILL past the deadline."""
-        for worker in self.workers:
-            if worker.proc.poll() is None:
-                worker.proc.terminate()
-        deadline = time.monotonic() + self.settings.drain_s + STOP_MARGIN_S
-        for worker in self.workers:
-            try:
-                worker.proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("worker %d did not stop in time: killed", worker.index)
-                worker.proc.kill()
-                worker.proc.wait()
+        """SIGTERM to every worker, then wait for their drain (SIGKILL past the deadline);
+        then the same for the stage hosts, which the workers used until the end."""
+        hosts = [c for c in self.children if c.label.startswith("stage host")]
+        workers = [c for c in self.children if c not in hosts]
+        _terminate(workers, self.settings.drain_s + STOP_MARGIN_S)
+        _terminate(hosts, HOST_STOP_S)
+
+
+def _terminate(children: Sequence[_Child], within_s: float) -> None:
+    for child in children:
+        if child.proc.poll() is None:
+            child.proc.terminate()
+    deadline = time.monotonic() + within_s
+    for child in children:
+        try:
+            child.proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop in time: killed", child.label)
+            child.proc.kill()
+            child.proc.wait()

@@ -297,3 +297,67 @@ def _read(path: Path) -> bytes:
         return path.read_bytes()
     except OSError:
         return b""
+
+
+HOSTED = (
+    "name: hosted\nstages:\n"
+    "  - {name: model, engine: 'tests.fakes.fake_engine:FakeEngine',"
+    " engine_args: {audio_ms: 300}, placement: {process: worker}}\n"
+    "outputs: [model]\n"
+)
+
+
+def cmdline(pid: int) -> str:
+    return _read(Path(f"/proc/{pid}/cmdline")).decode(errors="replace")
+
+
+async def answered(port: int) -> int:
+    """Ask one question in a fresh session; the pid of the worker that answered it."""
+    async with realtime(port) as ws:
+        assert (await first_event(ws))["type"] == "session.created"
+        pid = serving_pid(port, ws)
+        item = {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "Hi"}],
+        }
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+        await ws.send(json.dumps({"type": "response.create"}))
+        audio = 0
+        while (event := await first_event(ws))["type"] != "response.done":
+            assert event["type"] != "error", event
+            audio += event["type"] in ("response.output_audio.delta", "response.audio.delta")
+        assert event["response"]["status"] == "completed", event
+        assert audio > 0
+    return pid
+
+
+async def test_a_worker_placed_stage_is_loaded_once_for_both_workers(
+    servers: list[Server], tmp_path: Path
+) -> None:
+    graph = tmp_path / "hosted.yaml"
+    graph.write_text(HOSTED)
+    server, port = start(servers, pipeline=str(graph))
+    under_parent = children(server.proc.pid)
+    hosts = [pid for pid in under_parent if "pipeline.stage_host" in cmdline(pid)]
+    assert len(hosts) == 1 and '"stage": "model"' in cmdline(hosts[0])
+    for worker in workers_of(server):  # no stage worker of their own
+        assert not [pid for pid in children(worker) if "pipeline.worker_main" in cmdline(pid)]
+    served_by = {await answered(port) for _ in range(6)}
+    for _ in range(20):  # the kernel's spread: both workers answer (1 in 2^26 they don't)
+        if len(served_by) == 2:
+            break
+        served_by.add(await answered(port))
+    assert served_by == set(workers_of(server))
+    os.kill(hosts[0], signal.SIGKILL)  # the parent starts it again; the workers dial again
+    server.wait_for_line("stage host model (pid", timeout=10)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            await answered(port)
+            break
+        except AssertionError:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.5)
+    now = [pid for pid in children(server.proc.pid) if "pipeline.stage_host" in cmdline(pid)]
+    assert len(now) == 1 and now != hosts

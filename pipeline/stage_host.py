@@ -1,0 +1,160 @@
+"""One stage's engine, loaded once and served to every server process of a host.
+
+With `parley serve --workers N`, each server process builds its own pipeline. A stage the
+graph places in a worker process would then be loaded N times (N times the model's memory,
+N batchers that never batch together). Instead, the parent starts one stage host per such
+stage (`python -m pipeline.stage_host`), and each server process dials it
+(`SharedStageEngine`): one shared-memory link per server process, all feeding one engine,
+so requests from every process batch together and a session's kept state (the Thinker's
+KV) is found whichever process serves the session next.
+
+The host starts its engine before it listens, then says ready on the fd its parent gave it.
+Each connection is served as a worker's link is (`StageServer`), with request ids prefixed
+by the connection's number, since two processes may use the same id. A connection that ends
+(its server process stopped or died) ends its requests; the others go on. SIGTERM, or the
+parent's death (PR_SET_PDEATHSIG, set by the parent), stops the host: every connection is
+closed, then the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict
+
+from .connectors.base import LinkClosed
+from .connectors.shm_dial import BadHello, answer
+from .link_messages import Ready
+from .tasks import cancel_all
+from .types import Engine
+from .worker_main import StageServer, StageStartError, WorkerSpec, start_engine
+
+log = logging.getLogger("parley.pipeline.stage_host")
+
+MAX_CONNECTIONS = 256
+"""Server processes a host serves at once; past this a connection is closed at once."""
+HELLO_TIMEOUT_S = 5.0
+
+
+def launch_args(spec: WorkerSpec, path: str, ready_fd: int) -> list[str]:
+    """The command line of a host serving `spec` on the unix socket `path`."""
+    body = {"spec": asdict(spec), "path": path, "ready_fd": ready_fd}
+    return [sys.executable, "-m", "pipeline.stage_host", json.dumps(body)]
+
+
+def main(argv: list[str]) -> None:
+    body = json.loads(argv[1])
+    spec = WorkerSpec(**body["spec"])
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s stage-host[{spec.stage}] %(message)s"
+    )
+    try:
+        asyncio.run(host_stage(spec, body["path"], body["ready_fd"]))
+    except StageStartError as exc:
+        print(f"stage {spec.stage}: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+async def host_stage(spec: WorkerSpec, path: str, ready_fd: int | None) -> None:
+    """Start the engine, listen on `path`, say ready, serve until SIGTERM."""
+    engine = await start_engine(spec)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    try:
+        with _listening(path) as listener:
+            if ready_fd is not None:
+                os.write(ready_fd, b"ready\n")
+                os.close(ready_fd)
+            log.info("stage %s: serving on %s", spec.stage, path)
+            host = _Host(spec.stage, engine)
+            accepting = asyncio.create_task(host.accept(listener), name="stage-host:accept")
+            try:
+                await stop.wait()
+            finally:
+                await cancel_all([accepting])
+                await host.close()
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        await engine.close()
+
+
+@contextlib.contextmanager
+def _listening(path: str) -> Iterator[socket.socket]:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # a socket left by a host that was killed
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(path)
+        os.chmod(path, 0o600)
+        listener.listen(64)
+        listener.setblocking(False)
+        yield listener
+    finally:
+        listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+class _Host:
+    """The connections of one host: each served by a task this owns."""
+
+    def __init__(self, stage: str, engine: Engine) -> None:
+        self.stage = stage
+        self.engine = engine
+        self.connections: set[asyncio.Task[None]] = set()
+        self._count = 0
+
+    async def accept(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            sock, _ = await loop.sock_accept(listener)
+            if len(self.connections) >= MAX_CONNECTIONS:
+                log.warning(
+                    "stage %s: %d connections already; refusing one", self.stage, MAX_CONNECTIONS
+                )
+                sock.close()
+                continue
+            self._count += 1
+            task = asyncio.create_task(
+                self._serve(sock, self._count), name=f"stage-host:c{self._count}"
+            )
+            self.connections.add(task)
+            task.add_done_callback(self.connections.discard)
+
+    async def _serve(self, sock: socket.socket, number: int) -> None:
+        try:
+            async with asyncio.timeout(HELLO_TIMEOUT_S):
+                link = await answer(sock)
+        except (BadHello, OSError, TimeoutError) as exc:
+            log.warning("stage %s: connection %d dropped: %s", self.stage, number, exc)
+            sock.close()
+            return
+        server = StageServer(self.stage, self.engine, link, engine_prefix=f"c{number}/")
+        log.info("stage %s: connection %d opened", self.stage, number)
+        try:
+            await link.send(Ready())
+            await server.serve()
+        except LinkClosed:
+            pass
+        except Exception:
+            log.exception("stage %s: connection %d failed", self.stage, number)
+        finally:
+            await server.stop()
+            await link.close()
+            log.info("stage %s: connection %d closed", self.stage, number)
+
+    async def close(self) -> None:
+        """End every connection (their requests first); idempotent."""
+        await cancel_all(list(self.connections))
+
+
+if __name__ == "__main__":
+    main(sys.argv)

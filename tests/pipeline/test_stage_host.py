@@ -1,0 +1,197 @@
+"""A stage host: one engine served to several server processes' graphs.
+
+Each graph here stands for one server process of `parley serve --workers N`: it dials the
+hosts on its own, as a process of its own would. Both graphs' requests reach the one engine
+of each hosted stage (the same request id from both included), a graph that goes away ends
+only its own requests, a host that dies fails its requests at once and is dialled again when
+it is back, and a connection that is not one of ours is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import struct
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.graph import StageGraph
+from pipeline.graph_config import parse_graph
+from pipeline.registry import build_engines, hosted_stages, worker_spec
+from pipeline.shared_stage import SharedStageEngine
+from pipeline.stage_host import launch_args
+from pipeline.types import AudioChunk, End, ErrorChunk, OutputChunk, PipelineRequest, TextDelta
+from tests.pipeline.test_worker import GRAPH
+
+CONFIG = parse_graph(GRAPH.replace("delay_s: 0.005", "delay_s: 0.05"))
+"""The worker test's graph, its Thinker slower: 40 tokens take 2 s, time to look inside."""
+
+
+class Host:
+    """A stage host process, started and stopped by the test."""
+
+    def __init__(self, stage: str, path: Path) -> None:
+        self.stage = stage
+        self.path = path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        read_fd, write_fd = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                launch_args(worker_spec(CONFIG, self.stage), str(self.path), write_fd),
+                pass_fds=(write_fd,),
+            )
+        finally:
+            os.close(write_fd)
+        with os.fdopen(read_fd, "rb") as ready:
+            assert ready.readline() == b"ready\n"
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            assert self.proc.wait(10) == 0
+
+
+@pytest.fixture
+def hosts(tmp_path: Path) -> Iterator[dict[str, Host]]:
+    started = {name: Host(name, tmp_path / f"{name}.sock") for name in hosted_stages(CONFIG)}
+    try:
+        for host in started.values():
+            host.start()
+        yield started
+    finally:
+        for host in started.values():
+            host.stop()
+
+
+@contextlib.asynccontextmanager
+async def graph_on(hosts: dict[str, Host]) -> AsyncIterator[StageGraph]:
+    shared = {name: str(host.path) for name, host in hosts.items()}
+    graph = StageGraph(CONFIG, build_engines(CONFIG, shared=shared))
+    await graph.start()
+    try:
+        yield graph
+    finally:
+        await graph.close()
+
+
+def shared(graph: StageGraph, stage: str) -> SharedStageEngine:
+    engine = graph.engines[stage]
+    assert isinstance(engine, SharedStageEngine)
+    return engine
+
+
+def request(rid: str) -> PipelineRequest:
+    return PipelineRequest(request_id=rid, audio=np.zeros(1600, dtype=np.int16))
+
+
+async def collect(stream: AsyncIterator[OutputChunk]) -> list[OutputChunk]:
+    return [chunk async for chunk in stream]
+
+
+async def held_by_host(graph: StageGraph, stage: str, count: int) -> None:
+    async with asyncio.timeout(10):
+        while await shared(graph, stage).remote_active_requests() != count:
+            await asyncio.sleep(0.01)
+
+
+async def test_two_processes_graphs_share_one_engine_per_hosted_stage(
+    hosts: dict[str, Host],
+) -> None:
+    assert set(hosts) == {"thinker", "code2wav"}
+    async with graph_on(hosts) as a, graph_on(hosts) as b:
+        first = a.generate(request("resp_same"))
+        second = b.generate(request("resp_same"))  # the same id from another process
+        heads = [await anext(first), await anext(second)]
+        assert all(isinstance(chunk, TextDelta) for chunk in heads)
+        await held_by_host(a, "thinker", 2)  # both requests, in the one engine
+        outs = [heads[:1] + await collect(first), heads[1:] + await collect(second)]
+        for out in outs:
+            assert isinstance(out[-1], End)
+            assert [c.text for c in out if isinstance(c, TextDelta)] == [
+                f"W{i} " for i in range(40)
+            ]
+            assert [int(c.pcm[0]) for c in out if isinstance(c, AudioChunk)] == list(range(40))
+        await held_by_host(b, "code2wav", 0)
+
+
+async def test_a_process_that_goes_away_ends_only_its_own_requests(
+    hosts: dict[str, Host],
+) -> None:
+    async with graph_on(hosts) as staying:
+        kept = staying.generate(request("resp_kept"))
+        await anext(kept)
+        async with graph_on(hosts) as leaving:
+            dropped = leaving.generate(request("resp_dropped"))
+            await anext(dropped)
+            await held_by_host(staying, "thinker", 2)
+            await dropped.aclose()
+        await held_by_host(staying, "thinker", 1)  # the host ended the leaver's
+        out = await collect(kept)
+        assert isinstance(out[-1], End)
+        await held_by_host(staying, "thinker", 0)
+
+
+async def test_a_host_that_dies_fails_its_requests_and_is_dialled_again(
+    hosts: dict[str, Host],
+) -> None:
+    async with graph_on(hosts) as graph:
+        thinker = shared(graph, "thinker")
+        stream = graph.generate(request("resp_cut"))
+        await anext(stream)
+        hosts["thinker"].kill()
+        async with asyncio.timeout(5):
+            out = await collect(stream)
+        assert isinstance(out[-1], ErrorChunk) and out[-1].stage == "thinker"
+        hosts["thinker"].start()  # the parent would start it again
+        async with asyncio.timeout(20):
+            while thinker.restarts < 1 or await thinker.remote_active_requests() != 0:
+                await asyncio.sleep(0.05)
+        again = await collect(graph.generate(request("resp_again")))
+        assert isinstance(again[-1], End)
+
+
+async def test_a_connection_that_is_not_ours_is_dropped_and_serving_goes_on(
+    hosts: dict[str, Host],
+) -> None:
+    path = str(hosts["code2wav"].path)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stranger:
+        stranger.connect(path)
+        stranger.sendall(struct.pack("<I", 1 << 30))  # a hello of a gigabyte
+        stranger.settimeout(5)
+        assert stranger.recv(16) == b""  # hung up on
+    async with graph_on(hosts) as graph:
+        out = await collect(graph.generate(request("resp_after")))
+        assert isinstance(out[-1], End)
+
+
+def test_an_engine_that_cannot_start_stops_the_host_with_its_reason(tmp_path: Path) -> None:
+    spec = worker_spec(CONFIG, "code2wav")
+    wrong = type(spec)(spec.stage, spec.engine, "entry", spec.engine_args)  # a stream engine
+    read_fd, write_fd = os.pipe()
+    try:
+        proc = subprocess.run(
+            launch_args(wrong, str(tmp_path / "x.sock"), write_fd),
+            pass_fds=(write_fd,),
+            capture_output=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as ready:
+        assert ready.read() == b""  # never said ready
+    assert proc.returncode == 1
+    assert b"stage code2wav" in proc.stderr and b"EntryEngine" in proc.stderr
+    assert not (tmp_path / "x.sock").exists()

@@ -1,0 +1,65 @@
+"""The stage hosts of `parley serve --workers N`: each worker-placed stage loaded once.
+
+Without them, every server process would start its own worker for each such stage: N copies
+of each model in memory, and N batchers that never batch together. The parent instead starts
+one stage host per stage (`pipeline/stage_host.py`) before the server processes, on a unix
+socket in a private directory, and hands every server process the sockets
+(`--shared-stages`); each builds those stages as `SharedStageEngine`s. Stages in the main
+process or on another host are unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipeline.graph_config import load_graph
+from pipeline.registry import graph_path, hosted_stages, worker_spec
+from pipeline.stage_host import launch_args
+from pipeline.worker_main import WorkerSpec
+
+
+@dataclass(frozen=True)
+class HostedStage:
+    spec: WorkerSpec
+    path: str
+    """The unix socket the host listens on."""
+
+    def command(self, ready_fd: int) -> list[str]:
+        return launch_args(self.spec, self.path, ready_fd)
+
+
+class StageHosts:
+    """Which stages to host and where; a private directory for their sockets (removed by
+    `close`, idempotent)."""
+
+    def __init__(self, pipeline: str) -> None:
+        config = load_graph(graph_path(pipeline))
+        self.stages: Sequence[HostedStage] = ()
+        self._dir: str | None = None
+        names = hosted_stages(config)
+        if not names:
+            return
+        self._dir = tempfile.mkdtemp(prefix="parley-stages-")  # mode 0700: ours alone
+        self.stages = [
+            HostedStage(worker_spec(config, name), os.path.join(self._dir, f"{name}.sock"))
+            for name in names
+        ]
+
+    def worker_option(self) -> list[str]:
+        """What each server process is started with to use the hosts."""
+        if not self.stages:
+            return []
+        sockets = {stage.spec.stage: stage.path for stage in self.stages}
+        return ["--shared-stages", json.dumps(sockets)]
+
+    def close(self) -> None:
+        directory, self._dir = self._dir, None
+        if directory is not None:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(directory)
