@@ -505,6 +505,12 @@ class Session:
                 ):
                     self.metrics.barge_ins.inc()
                     await self._cancel_response("barge_in", next_state=SessionState.USER_SPEAKING)
+                elif state is SessionState.LISTENING and self._turns.speech_item_id is not None:
+                    # Speech began over the answer's last moments and the answer ended before
+                    # it was long enough to cut: nothing is left to interrupt, and this is
+                    # the user's next turn (not noise, which is how its end would be taken).
+                    self._sink.resume()
+                    self.machine.to(SessionState.USER_SPEAKING, "speech started")
             case SpeechPause(start_ms=start, end_ms=end):
                 speech_id = self._turns.speech_item_id
                 if state is SessionState.USER_SPEAKING and speech_id is not None:

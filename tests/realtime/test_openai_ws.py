@@ -175,6 +175,40 @@ async def test_speaking_over_the_answer_cancels_it_and_truncates_to_what_was_sen
     ]
 
 
+async def test_a_question_begun_in_the_answers_last_moments_is_answered(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """The client says its next question as it finishes playing the answer: the voice
+    begins after all of the answer was sent, and the answer ends before the voice is long
+    enough to interrupt it. The question is still a turn, and gets its answer (it was
+    taken for noise, and lost, in a one-session benchmark)."""
+    answer_ms = 1500
+    graph = fake_graph_file(tmp_path, f"audio_ms: {answer_ms}, realtime_factor: 50.0")
+    settings = Settings(pipeline=graph, api_key=KEY)
+    async with served_app(settings, redis_url) as served, raw(served) as client:
+        await client.wait_type("session.created")
+        detection = {"type": "server_vad", "min_speech_ms": 500}
+        update = {"audio": {"input": {"turn_detection": detection}}}
+        await client.send({"type": "session.update", "session": update})
+        await client.wait_type("session.updated")
+        first = utterance("What is the weather like today?")
+        await client.send({"type": "input_audio_buffer.append", "audio": b64(first.tobytes())})
+        await client.wait_type("response.output_audio.delta")
+        answer_end = time.monotonic() + answer_ms / 1000
+        question = np.concatenate(
+            [trim_silence(speak("And tomorrow?", rate=RATE)), silence(900, RATE)]
+        ).astype("<i2")
+        step = RATE // 50  # 20 ms, sent at the pace of a microphone
+        start = answer_end - 0.15  # the voice begins after the last audio was sent
+        for k, at in enumerate(range(0, len(question), step)):
+            await asyncio.sleep(max(0.0, start + k * 0.02 - time.monotonic()))
+            chunk = question[at : at + step].tobytes()
+            await client.send({"type": "input_audio_buffer.append", "audio": b64(chunk)})
+        done = await client.wait_type("response.done")
+        again = await client.wait_type("response.done", within_s=15)
+        assert again["response"]["status"] == "completed", (done, again)
+
+
 async def test_every_event_of_a_session_is_one_the_openai_sdk_declares(
     server: ServedApp,
 ) -> None:
