@@ -43,9 +43,9 @@ MAX_CONNECTIONS = 256
 HELLO_TIMEOUT_S = 5.0
 
 
-def launch_args(spec: WorkerSpec, path: str, ready_fd: int) -> list[str]:
+def launch_args(spec: WorkerSpec, path: str, ready_fd: int, log_level: str = "info") -> list[str]:
     """The command line of a host serving `spec` on the unix socket `path`."""
-    body = {"spec": asdict(spec), "path": path, "ready_fd": ready_fd}
+    body = {"spec": asdict(spec), "path": path, "ready_fd": ready_fd, "log_level": log_level}
     return [sys.executable, "-m", "pipeline.stage_host", json.dumps(body)]
 
 
@@ -53,7 +53,8 @@ def main(argv: list[str]) -> None:
     body = json.loads(argv[1])
     spec = WorkerSpec(**body["spec"])
     logging.basicConfig(
-        level=logging.INFO, format=f"%(asctime)s stage-host[{spec.stage}] %(message)s"
+        level=str(body.get("log_level", "info")).upper(),
+        format=f"%(asctime)s %(levelname)s stage-host[{spec.stage}] %(name)s: %(message)s",
     )
     try:
         asyncio.run(host_stage(spec, body["path"], body["ready_fd"]))

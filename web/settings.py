@@ -64,6 +64,9 @@ class Settings:
     """Set only in a worker process started by `parley serve --workers N` (hidden flag)."""
     worker_ready_fd: int | None = None
     """The pipe on which a worker tells its parent it is ready (hidden flag)."""
+    stage_hosts: bool = True
+    """`--stage-hosts on|off`: with workers, load each worker-placed stage once for all of
+    them (on), or once per worker (off: N copies, but a stage's crash stays in one worker)."""
     shared_stages: tuple[tuple[str, str], ...] = ()
     """(stage, unix socket) of each stage the parent hosts once for every worker (hidden
     flag, JSON)."""
@@ -92,6 +95,12 @@ def _int(name: str, value: str, lo: int, hi: int) -> int:
             f"--{name.replace('_', '-')}: must be between {lo} and {hi}, got {number}"
         )
     return number
+
+
+def _on_off(name: str, value: str) -> bool:
+    if value not in ("on", "off"):
+        raise SettingsError(f"--{name.replace('_', '-')}: on or off, got {value!r}")
+    return value == "on"
 
 
 def _workers(value: str) -> int:
@@ -209,6 +218,12 @@ def parser() -> argparse.ArgumentParser:
         default=_env("loop", d.event_loop),
         help="the event loop: auto (uvloop where installed), uvloop or asyncio",
     )
+    serve.add_argument(
+        "--stage-hosts",
+        default=_env("stage_hosts", "on"),
+        help="with --workers: on (each stage the graph places in a worker process is loaded "
+        "once and shared by every worker) or off (each worker loads its own)",
+    )
     serve.add_argument("--worker-index", default=None, help=argparse.SUPPRESS)
     serve.add_argument("--worker-ready-fd", default=None, help=argparse.SUPPRESS)
     serve.add_argument("--shared-stages", default=None, help=argparse.SUPPRESS)
@@ -259,6 +274,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[str, Settings]:
         event_loop=_loop(args.loop),
         worker_index=None if args.worker_index is None else int(args.worker_index),
         worker_ready_fd=None if args.worker_ready_fd is None else int(args.worker_ready_fd),
+        stage_hosts=_on_off("stage_hosts", args.stage_hosts),
         shared_stages=tuple(json.loads(args.shared_stages).items()) if args.shared_stages else (),
         **_sip(args),
     )

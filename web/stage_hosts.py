@@ -29,25 +29,30 @@ class HostedStage:
     spec: WorkerSpec
     path: str
     """The unix socket the host listens on."""
+    log_level: str
 
     def command(self, ready_fd: int) -> list[str]:
-        return launch_args(self.spec, self.path, ready_fd)
+        return launch_args(self.spec, self.path, ready_fd, self.log_level)
 
 
 class StageHosts:
     """Which stages to host and where; a private directory for their sockets (removed by
-    `close`, idempotent)."""
+    `close`, idempotent). `pipeline` None: none (`--stage-hosts off`)."""
 
-    def __init__(self, pipeline: str) -> None:
-        config = load_graph(graph_path(pipeline))
+    def __init__(self, pipeline: str | None, log_level: str = "info") -> None:
         self.stages: Sequence[HostedStage] = ()
         self._dir: str | None = None
+        if pipeline is None:
+            return
+        config = load_graph(graph_path(pipeline))
         names = hosted_stages(config)
         if not names:
             return
         self._dir = tempfile.mkdtemp(prefix="parley-stages-")  # mode 0700: ours alone
         self.stages = [
-            HostedStage(worker_spec(config, name), os.path.join(self._dir, f"{name}.sock"))
+            HostedStage(
+                worker_spec(config, name), os.path.join(self._dir, f"{name}.sock"), log_level
+            )
             for name in names
         ]
 

@@ -109,7 +109,9 @@ class WorkerPool:
         previous = {
             sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
         }
-        hosts = StageHosts(self.settings.pipeline)
+        hosts = StageHosts(
+            self.settings.pipeline if self.settings.stage_hosts else None, self.settings.log_level
+        )
         try:
             with listening_socket(self.settings.host, self.settings.port) as reserved:
                 port = int(reserved.getsockname()[1])

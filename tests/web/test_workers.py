@@ -361,3 +361,16 @@ async def test_a_worker_placed_stage_is_loaded_once_for_both_workers(
             await asyncio.sleep(0.5)
     now = [pid for pid in children(server.proc.pid) if "pipeline.stage_host" in cmdline(pid)]
     assert len(now) == 1 and now != hosts
+
+
+def test_with_stage_hosts_off_each_worker_loads_its_own(
+    servers: list[Server], tmp_path: Path
+) -> None:
+    graph = tmp_path / "hosted.yaml"
+    graph.write_text(HOSTED)
+    server, _ = start(servers, "--stage-hosts", "off", pipeline=str(graph))
+    assert not [p for p in children(server.proc.pid) if "pipeline.stage_host" in cmdline(p)]
+    for worker in workers_of(server):
+        assert len([p for p in children(worker) if "pipeline.worker_main" in cmdline(p)]) == 1
+    with pytest.raises(SettingsError, match="--stage-hosts: on or off"):
+        parse_settings(["serve", "--stage-hosts", "maybe"])
