@@ -10,7 +10,7 @@ context), three ways:
 - conversation: the twenty in one conversation, each turn with the history before it, the
   history's KV kept from the turn before (and, to compare, the same prompts prefilled in full).
 
-Per way: time to the first token and to the first four words (the Talker's first clause),
+Per way: time to the first token and to the first clause's words (the Talker's first clause),
 and the decode time per token; for the fresh way also the key-word hit rate of the answers.
 
 Each thread count runs in its own process, started as Parley starts its workers (OpenMP's idle
@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from .questions import QUESTIONS, hits
+from pipeline.engines.cascade.talker import FIRST_CLAUSE_WORDS
 
-FIRST_CLAUSE_WORDS = 4
+from .questions import QUESTIONS, hits
 
 
 def _p50(values: list[float]) -> float:

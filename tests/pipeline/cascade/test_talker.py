@@ -16,7 +16,7 @@ def request(**kwargs: object) -> PipelineRequest:
 
 
 def test_splitter_waits_for_what_follows_a_full_stop() -> None:
-    splitter = ClauseSplitter()
+    splitter = ClauseSplitter(first_clause_words=0)  # punctuation alone
     assert splitter.feed("It is 3") == []
     assert splitter.feed(".") == []
     assert splitter.feed("5 degrees.") == []
@@ -52,13 +52,13 @@ async def test_yields_phoneme_ids_per_clause_before_the_stream_ends(voice: Piper
     await talker.close()
 
     codes = [c for c in chunks if isinstance(c, CodecCodes)]
-    # The first clause is cut after four words (FIRST_CLAUSE_WORDS), to be heard sooner.
+    # The first clause is cut after three words (FIRST_CLAUSE_WORDS), to be heard sooner.
     assert [c.metadata["text"] for c in codes] == [
-        "The capital of France",
-        "is Paris.",
+        "The capital of",
+        "France is Paris.",
         "It is lovely in spring",
     ]
-    assert events.index("codes The capital of France") < events.index("sent  in spring")
+    assert events.index("codes The capital of") < events.index("sent  in spring")
     for c in codes:
         assert c.codes.dtype == np.int32 and len(c.codes) > 10
         assert c.metadata["sample_rate"] == 22_050
