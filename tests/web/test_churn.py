@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis.asyncio as aioredis
@@ -21,6 +23,21 @@ FD_SLACK = 6
 varies a little from run to run; a leak of one descriptor per session would be hundreds."""
 
 
+EXECUTOR_THREADS = 6
+"""asyncio's default executor on this machine's two cores (min(32, cores + 4))."""
+
+
+async def every_executor_thread_started() -> None:
+    """The loop's default executor (getaddrinfo, `to_thread`) starts a thread only when all
+    its threads are busy, and keeps it: a busier stretch of the churn than the warm-up would
+    add threads that are no leak. Start them all before the baseline."""
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(EXECUTOR_THREADS, "churn-executor"))
+    together = threading.Barrier(EXECUTOR_THREADS)
+    waits = [loop.run_in_executor(None, together.wait, 5.0) for _ in range(EXECUTOR_THREADS)]
+    await asyncio.gather(*waits)
+
+
 async def settled(check: object, within_s: float = 10.0) -> None:
     assert callable(check)
     async with asyncio.timeout(within_s):
@@ -30,6 +47,7 @@ async def settled(check: object, within_s: float = 10.0) -> None:
 
 @pytest.mark.slow
 async def test_churn_returns_to_baseline(redis_url: str, redis: aioredis.Redis) -> None:
+    await every_executor_thread_started()
     async with served_app(Settings(pipeline="echo", max_sessions=8), redis_url) as server:
         manager = server.services.manager
         assert manager is not None
