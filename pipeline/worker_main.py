@@ -11,6 +11,9 @@ on cancellation); the end of the link (the parent closed it or died) ends the se
 The messages are the dataclasses of `link_messages.py` (`ToStage` in, `FromStage` out; from
 a remote stage also `Alive` every `heartbeat_s`), dispatched with `match`.
 
+The same pieces (`start_engine`, `StageServer`) serve a stage host's links too
+(`stage_host.py`: one engine, one `StageServer` per server process that dials it).
+
 A remote stage also rides out its link's outages (Redis down or restarting): the requests in
 flight are dropped (the main process has failed them already), and once the link works
 again the stage says `Ready` again.
