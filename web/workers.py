@@ -71,6 +71,8 @@ class _Child:
     """A worker or a stage host: a process that says it is ready with a line on a pipe."""
 
     label: str
+    host: bool
+    """A stage host (stopped after the workers), not a server worker."""
     proc: subprocess.Popen[bytes]
     ready_fd: int
     started: float
@@ -116,9 +118,10 @@ class WorkerPool:
             with listening_socket(self.settings.host, self.settings.port) as reserved:
                 port = int(reserved.getsockname()[1])
                 for stage in hosts.stages:
-                    self._add(f"stage host {stage.spec.stage}", stage.command, _STAGE_ENV)
+                    self._add(f"stage host {stage.spec.stage}", stage.command, host=True)
                 for k in range(self.settings.workers):
-                    self._add(f"worker {k}", partial(self._worker_command, k, port, hosts), None)
+                    command = partial(self._worker_command, k, port, hosts)
+                    self._add(f"worker {k}", command, host=False)
                 status = self._watch(port)
                 self._stop_all()
                 return status
@@ -149,15 +152,11 @@ class WorkerPool:
             *hosts.worker_option(),
         ]
 
-    def _add(
-        self, label: str, command: Callable[[int], list[str]], env: dict[str, str] | None
-    ) -> None:
-        self._respawn[label] = partial(self._spawn, label, command, env)
+    def _add(self, label: str, command: Callable[[int], list[str]], *, host: bool) -> None:
+        self._respawn[label] = partial(self._spawn, label, command, host)
         self.children.append(self._respawn[label]())
 
-    def _spawn(
-        self, label: str, command: Callable[[int], list[str]], env: dict[str, str] | None
-    ) -> _Child:
+    def _spawn(self, label: str, command: Callable[[int], list[str]], host: bool) -> _Child:
         read_fd, write_fd = os.pipe()
         os.set_blocking(read_fd, False)
         try:
@@ -165,7 +164,7 @@ class WorkerPool:
                 command(write_fd),
                 stdin=subprocess.DEVNULL,
                 pass_fds=(write_fd,),
-                env=None if env is None else {**env, **os.environ},
+                env={**_STAGE_ENV, **os.environ} if host else None,
                 preexec_fn=_die_with_parent(self._prctl, os.getpid()),
                 start_new_session=True,
             )
@@ -175,7 +174,7 @@ class WorkerPool:
         finally:
             os.close(write_fd)
         log.info("%s started (pid %d)", label, proc.pid)
-        return _Child(label, proc, read_fd, time.monotonic())
+        return _Child(label, host, proc, read_fd, time.monotonic())
 
     def _watch(self, port: int) -> int:
         announced = False
@@ -223,8 +222,8 @@ class WorkerPool:
     def _stop_all(self) -> None:
         """SIGTERM to every worker, then wait for their drain (SIGKILL past the deadline);
         then the same for the stage hosts, which the workers used until the end."""
-        hosts = [c for c in self.children if c.label.startswith("stage host")]
-        workers = [c for c in self.children if c not in hosts]
+        hosts = [c for c in self.children if c.host]
+        workers = [c for c in self.children if not c.host]
         _terminate(workers, self.settings.drain_s + STOP_MARGIN_S)
         _terminate(hosts, HOST_STOP_S)
 
