@@ -35,8 +35,15 @@ def tree(pid: int) -> list[int]:
     return found
 
 
-def is_redis(pid: int) -> bool:
+def cmdline(pid: int) -> str:
+    """The process's command line, its arguments joined by spaces ("" once it has ended)."""
     try:
-        return b"redis-server" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
     except OSError:
-        return False
+        return ""
+
+
+def is_redis(pid: int) -> bool:
+    return "redis-server" in cmdline(pid)

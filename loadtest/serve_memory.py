@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from .proc_cpu import tree
+from .proc_cpu import cmdline, tree
 from .served import parley_serve
 
 KINDS = (
@@ -41,11 +41,8 @@ def pss_kb(pid: int) -> int:
 def kind_of(pid: int, root: int) -> str:
     if pid == root:
         return "parent"
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return "other"
-    return next((kind for marker, kind in KINDS if marker in cmdline), "other")
+    command = cmdline(pid)
+    return next((kind for marker, kind in KINDS if marker in command), "other")
 
 
 def measure(pipeline: str, workers: int, hosts: str, settle_s: float) -> Counter[str]:

@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from loadtest.proc_cpu import cmdline
 from loadtest.webrtc_client import Caller
 from tests.web.test_cli import Server, alive, children, free_port, servers
 from web.settings import SettingsError, parse_settings
@@ -50,11 +51,7 @@ def start(servers: list[Server], *options: str, pipeline: str = "echo") -> tuple
 
 
 def workers_of(server: Server) -> list[int]:
-    return [
-        pid
-        for pid in children(server.proc.pid)
-        if "web.cli" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    ]
+    return [pid for pid in children(server.proc.pid) if "web.cli" in cmdline(pid)]
 
 
 def sessions_by_process(port: int) -> dict[str, float]:
@@ -305,10 +302,6 @@ HOSTED = (
     " engine_args: {audio_ms: 300}, placement: {process: worker}}\n"
     "outputs: [model]\n"
 )
-
-
-def cmdline(pid: int) -> str:
-    return _read(Path(f"/proc/{pid}/cmdline")).decode(errors="replace")
 
 
 async def answered(port: int) -> int:
