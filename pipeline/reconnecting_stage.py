@@ -53,6 +53,9 @@ class ReconnectingStage(LinkedStage):
                 first = await link.recv()
         except (TimeoutError, LinkClosed) as exc:
             first = Fatal(f"it did not start ({exc!r})")
+        except BaseException:  # cancelled while the far side loads: the link is nobody's
+            await link.close()
+            raise
         match first:
             case Ready():
                 return

@@ -52,22 +52,35 @@ class WorkerEngine(ReconnectingStage):
         return self._process.pid if self._process else None
 
     async def _establish(self) -> None:
-        """Spawn the child and wait until its engine is loaded."""
+        """Spawn the child and wait until its engine is loaded. On any failure, also a
+        cancellation while the child loads (the server stopped while starting), the child
+        is stopped and the link's socket and rings are released."""
         parent_sock, child_sock = socket.socketpair()
         out, back, rings = ShmLink.create_rings(self.ring_capacity)
-        fd = child_sock.fileno()
-        # fork+exec takes milliseconds, and only when a worker (re)starts
-        env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ}
-        process = subprocess.Popen(  # noqa: ASYNC220
-            launch_args(self.spec, fd, rings), pass_fds=(fd,), env=env
-        )
-        child_sock.close()
-        link = await ShmLink.open(parent_sock, out, back)
+        process: subprocess.Popen[bytes] | None = None
+        link: ShmLink | None = None
         try:
+            with child_sock:
+                fd = child_sock.fileno()
+                # fork+exec takes milliseconds, and only when a worker (re)starts
+                env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ}
+                process = subprocess.Popen(  # noqa: ASYNC220
+                    launch_args(self.spec, fd, rings), pass_fds=(fd,), env=env
+                )
+            link = await ShmLink.open(parent_sock, out, back)
             await self._first_word(link)
-        except StageLinkFailed as exc:
-            await asyncio.to_thread(_stop_process, process)
-            raise WorkerFailed(str(exc)) from None
+        except BaseException as exc:
+            if link is not None:
+                await link.close()
+            else:
+                parent_sock.close()
+                out.close()
+                back.close()
+            if process is not None:
+                await asyncio.to_thread(_stop_process, process)
+            if isinstance(exc, StageLinkFailed):
+                raise WorkerFailed(str(exc)) from None
+            raise
         self._process = process
         self._attach(link)
         log.info("stage %s: worker pid %s ready", self.name, process.pid)

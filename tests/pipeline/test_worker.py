@@ -110,3 +110,43 @@ async def test_a_worker_engine_of_the_wrong_kind_fails_to_start_naming_its_stage
         await engine.start()
     assert "must be a StreamEngine" in str(caught.value) and engine.pid is None
     await engine.close()
+
+
+async def test_a_start_cancelled_while_the_worker_loads_leaves_no_process() -> None:
+    """The server stopped while its models load (Ctrl-C at start, or a readiness timeout):
+    the worker that was loading stops with it, and nothing of its link is left open."""
+    args = {"start_delay_s": 60.0}
+    engine = WorkerEngine(
+        WorkerSpec("thinker", "tests.fakes.fake_engine:FakeEngine", "entry", args)
+    )
+    starting = asyncio.create_task(engine.start())
+    async with asyncio.timeout(10):
+        while not workers():
+            await asyncio.sleep(0.05)
+    (pid,) = workers()
+    await asyncio.sleep(0.5)  # it is loading
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    assert not workers() and engine.pid is None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    await engine.close()
+
+
+def workers() -> set[int]:
+    """This process's live stage workers (zombies excluded)."""
+    found = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry.name}/cmdline", "rb") as cmdline:
+                worker = b"pipeline.worker_main" in cmdline.read()
+        except OSError:
+            continue
+        if worker and int(fields[1]) == os.getpid() and fields[0] != "Z":
+            found.add(int(entry.name))
+    return found
