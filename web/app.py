@@ -117,7 +117,10 @@ async def _serving(app: Starlette, services: Services) -> AsyncIterator[None]:
         if services.settings.workers > 1:
             # A worker listens only once it can serve: its socket joins the shared port's
             # group at uvicorn's start, after this, and until then the others get them all.
-            await asyncio.wait({loader})
+            # A stop while it loads ends the wait (uvicorn checks for it only after this).
+            stopping = asyncio.create_task(services.stopping.wait())
+            await asyncio.wait({loader, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            await cancel_and_wait(stopping)
         manager = SessionManager(
             services.redis,
             services.pipeline,

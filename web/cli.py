@@ -21,8 +21,10 @@ import gc
 import logging
 import os
 import signal
+import socket
 import sys
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
+from types import FrameType
 
 import uvicorn
 
@@ -46,11 +48,28 @@ GRACEFUL_SHUTDOWN_S = 5
 
 
 class _Server(uvicorn.Server):
-    """uvicorn, but a signal ends the process with status 0 after a clean shutdown.
+    """uvicorn, but a signal ends the process with status 0 after a clean shutdown, and
+    a signal while the app starts is told to the app (`on_exit`).
 
     uvicorn re-raises a captured SIGTERM once it has shut down, which makes the process die
-    by that signal; we have already shut down in order, so we exit normally instead.
+    by that signal; we have already shut down in order, so we exit normally instead. It
+    looks at a signal only once the app's startup is over, which for a worker is after its
+    pipeline loaded: tens of seconds when a model converts on first use.
     """
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], object]) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if self._loop is not None:  # a signal handler runs between bytecodes: hand it over
+            self._loop.call_soon_threadsafe(self._on_exit)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
@@ -133,7 +152,7 @@ async def _serve(settings: Settings, redis_url: str) -> None:
         ws_max_size=MAX_MESSAGE_BYTES,
         ws=ReadAheadWebSocketProtocol,
     )
-    server = _Server(config)
+    server = _Server(config, on_exit=services.stopping.set)
     log.info("event loop: %s", event_loop.name(asyncio.get_running_loop()))
     # a task and not a TaskGroup: the server's end must stop it rather than wait for it, and
     # its PipelineFailed is read below rather than raised inside an ExceptionGroup

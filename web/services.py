@@ -9,6 +9,7 @@ to re-check. `services_of()` is how a route finds the app's Services.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
@@ -74,6 +75,8 @@ class Services:
     pipeline: Pipeline | None = None
     pipeline_error: str | None = None
     pipeline_ready: bool = False
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set by the server's stop signal; a worker stops waiting for its pipeline then."""
     running: Running | None = None
     """The session manager and the call registry; None while the server starts or stops."""
     auth: Authenticator = field(default_factory=lambda: Authenticator(None))

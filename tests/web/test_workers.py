@@ -367,3 +367,25 @@ def test_with_stage_hosts_off_each_worker_loads_its_own(
         assert len([p for p in children(worker) if "pipeline.worker_main" in cmdline(p)]) == 1
     with pytest.raises(SettingsError, match="--stage-hosts: on or off"):
         parse_settings(["serve", "--stage-hosts", "maybe"])
+
+
+def test_a_stop_while_the_stages_load_is_prompt(servers: list[Server], tmp_path: Path) -> None:
+    """Ctrl-C while a worker-placed stage still loads (a model converting on its first use
+    takes tens of seconds): everything stops within seconds, not once the model is loaded,
+    and exits 0 with no process left."""
+    graph = tmp_path / "loading.yaml"
+    graph.write_text(HOSTED.replace("audio_ms: 300", "start_delay_s: 120"))
+    root = str(Path(__file__).parents[2])  # the fake engine is imported from tests/
+    server = Server(
+        "--port", str(free_port()), "--workers", "2", "--pipeline", str(graph),
+        env={"PYTHONPATH": root},
+    )  # fmt: skip
+    servers.append(server)
+    server.wait_for_line("worker 1 started", timeout=30)
+    time.sleep(2.0)  # the workers wait for the host, which is loading
+    everything = children(server.proc.pid)
+    assert len(everything) == 4  # redis-server, the stage host, two workers
+    server.proc.send_signal(signal.SIGINT)
+    assert server.proc.wait(15) == 0
+    assert not [pid for pid in everything if alive(pid)]
+    assert "Parley is ready" not in "".join(server.output)
