@@ -22,13 +22,17 @@ from web.app import Services, create_app
 from web.settings import Settings
 from web.ws_protocol import ReadAheadWebSocketProtocol
 
+COLD_START_S = 180.0
+"""How long a test waits for a pipeline to load. The cascade's first load on a fresh machine
+converts its language model (`smollm.py`), which took over 30 s on a busy CI machine."""
+
 
 @contextlib.asynccontextmanager
 async def running_app(settings: Settings, redis_url: str) -> AsyncIterator[Starlette]:
     application = create_app(settings, redis_url)
     async with application.router.lifespan_context(application):
         services: Services = application.state.services
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(COLD_START_S):
             while not services.pipeline_ready:
                 await asyncio.sleep(0.01)
         yield application
@@ -131,7 +135,7 @@ async def served_app(
         # async generator cannot span; the `finally` below owns it.
         task = asyncio.create_task(server.serve(sockets=[sock]), name="uvicorn")
         try:
-            async with asyncio.timeout(30):
+            async with asyncio.timeout(COLD_START_S):
                 while not (server.started and app.state.services.pipeline_ready):
                     if task.done():
                         raise RuntimeError("uvicorn stopped while starting")

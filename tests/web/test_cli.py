@@ -17,6 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.realtime.apps import COLD_START_S
+
 PARLEY = str(Path(sys.executable).parent / "parley")
 
 
@@ -203,7 +205,7 @@ def test_serves_the_cascade_by_default_and_stops_its_workers(servers: list[Serve
     port = free_port()
     server = Server("--port", str(port))
     servers.append(server)
-    server.wait_for_line("Parley is ready")
+    server.wait_for_line("Parley is ready", timeout=COLD_START_S)
     deadline = time.monotonic() + 120
     while (ready := httpx.get(f"http://127.0.0.1:{port}/readyz")).status_code != 200:
         assert time.monotonic() < deadline, ready.text
