@@ -36,7 +36,8 @@ __all__ = ["servers"]  # the fixture, used by the tests below
 DRAIN_S = 3.0
 
 
-def start(servers: list[Server], *options: str, pipeline: str = "echo") -> tuple[Server, int]:
+def launch(servers: list[Server], *options: str, pipeline: str = "echo") -> tuple[Server, int]:
+    """`parley serve --workers 2` on a free port, just started (the fixture stops it)."""
     port = free_port()
     root = str(Path(__file__).parents[2])  # a fake engine is imported from tests/
     server = Server(
@@ -45,6 +46,12 @@ def start(servers: list[Server], *options: str, pipeline: str = "echo") -> tuple
         env={"PYTHONPATH": root},
     )  # fmt: skip
     servers.append(server)
+    return server, port
+
+
+def start(servers: list[Server], *options: str, pipeline: str = "echo") -> tuple[Server, int]:
+    """`launch`, then wait until it is ready."""
+    server, port = launch(servers, *options, pipeline=pipeline)
     line = server.wait_for_line("Parley is ready", timeout=60)
     assert f":{port}/ (2 workers)" in line
     return server, port
@@ -269,12 +276,7 @@ def test_a_worker_that_cannot_start_stops_the_server_with_status_1(
         " engine_args: {no_such_argument: 1}}\n"
         "outputs: [model]\n"
     )
-    root = str(Path(__file__).parents[2])  # the fake engine is imported from tests/
-    server = Server(
-        "--port", str(free_port()), "--workers", "2", "--pipeline", str(graph),
-        env={"PYTHONPATH": root},
-    )  # fmt: skip
-    servers.append(server)
+    server, _ = launch(servers, pipeline=str(graph))
     assert server.proc.wait(60) == 1
     server.stop()
     output = "".join(server.output)
@@ -375,12 +377,7 @@ def test_a_stop_while_the_stages_load_is_prompt(servers: list[Server], tmp_path:
     and exits 0 with no process left."""
     graph = tmp_path / "loading.yaml"
     graph.write_text(HOSTED.replace("audio_ms: 300", "start_delay_s: 120"))
-    root = str(Path(__file__).parents[2])  # the fake engine is imported from tests/
-    server = Server(
-        "--port", str(free_port()), "--workers", "2", "--pipeline", str(graph),
-        env={"PYTHONPATH": root},
-    )  # fmt: skip
-    servers.append(server)
+    server, _ = launch(servers, pipeline=str(graph))
     server.wait_for_line("worker 1 started", timeout=30)
     time.sleep(2.0)  # the workers wait for the host, which is loading
     everything = children(server.proc.pid)
