@@ -15,15 +15,14 @@ outage cost (writes spilled, writes dropped); nothing is logged per write.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import redis.asyncio as aioredis
-from redis.exceptions import BusyLoadingError, ClusterDownError, TryAgainError
+from redis.exceptions import BusyLoadingError, ClusterDownError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -44,6 +43,7 @@ OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
     BusyLoadingError,  # a restarted server still loading its dataset
     TryAgainError,
     ClusterDownError,  # a Redis Cluster with slots out of reach (CLUSTERDOWN, MASTERDOWN)
+    SlotNotCoveredError,  # the cluster client's slot map has no node for the key's slot
     TimeoutError,  # our own deadline
     OSError,
 )
@@ -61,6 +61,8 @@ class OutageStats:
     """Spilled writes given up because a session's spill was full (oldest first)."""
     restored: int = 0
     """Spilled writes written to Redis after it came back."""
+    probe_errors: set[str] = field(default_factory=set)
+    """Kinds of error, other than an outage's, that the probe met (each logged once)."""
 
 
 class RedisLink:
@@ -159,17 +161,38 @@ class RedisLink:
 
     async def run(self) -> None:
         """Heartbeat while up (so an outage is noticed even with no call writing), probe
-        while down; runs until cancelled by its owner (the session manager)."""
+        while down; runs until cancelled by its owner (the session manager). An error that
+        is no known outage (redis-py's cluster client raises its own while the slot map is
+        in flux) is logged and the watch goes on: were it to end, an outage would never be
+        seen to end, and sessions would keep their writes locally for good."""
         while True:
             if self.up:
                 await asyncio.sleep(self.heartbeat_interval_s)
-                with contextlib.suppress(RedisUnavailableError):  # went_down() logged it
-                    await self.call(self.redis.ping)
+                await self._heartbeat()
             else:
                 await asyncio.sleep(self.probe_interval_s)
-                try:
-                    async with asyncio.timeout(self.call_timeout_s):
-                        await self.redis.ping()
-                except OUTAGE_ERRORS:
-                    continue
-                self.came_back()
+                if await self._probe():
+                    self.came_back()
+
+    async def _heartbeat(self) -> None:
+        try:
+            await self.call(self.redis.ping)
+        except RedisUnavailableError:
+            pass  # went_down() logged it
+        except Exception as exc:
+            log.warning("Redis heartbeat: %s: %s", type(exc).__name__, exc)
+
+    async def _probe(self) -> bool:
+        """Whether Redis answers again."""
+        try:
+            async with asyncio.timeout(self.call_timeout_s):
+                await self.redis.ping()
+        except OUTAGE_ERRORS:
+            return False
+        except Exception as exc:  # not back, for a reason of its own: said once an outage
+            kind = type(exc).__name__
+            if kind not in self.stats.probe_errors:
+                self.stats.probe_errors.add(kind)
+                log.warning("Redis probe: %s: %s; probing on", kind, exc)
+            return False
+        return True

@@ -80,7 +80,8 @@ class _NodesManager(NodesManager):  # type: ignore[misc]  # redis is untyped her
     failed) with new node objects but keeps the old ones as the known nodes: commands then
     open connections that close() never sees, and each reload orphans more; here every slot
     maps back to the known node of its name. And when no node answers it raises
-    RedisClusterException, which callers cannot tell from misuse; here a ConnectionError."""
+    RedisClusterException, which callers cannot tell from misuse; here a ConnectionError (no
+    node answered) or a ClusterDownError (the answers leave slots unserved)."""
 
     __slots__ = ()
 
@@ -92,6 +93,10 @@ class _NodesManager(NodesManager):  # type: ignore[misc]  # redis is untyped her
             # not the client misuse RedisClusterException otherwise means.
             if isinstance(exc.__cause__, (RedisError, OSError)):
                 raise RedisConnectionError(str(exc)) from exc
+            # The nodes that answered leave slots unserved or disagree on who serves them
+            # (a node failing, or rejoining after a restart): the cluster is down for now.
+            if exc.__cause__ is None and ("not covered" in str(exc) or "agree" in str(exc)):
+                raise ClusterDownError(str(exc)) from exc
             raise
         manager: Any = self  # redis-py's attributes, untyped here
         known = manager.nodes_cache

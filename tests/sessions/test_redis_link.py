@@ -1,4 +1,5 @@
-"""RedisLink.call delivers a cancel that the Redis client swallowed.
+"""RedisLink.call delivers a cancel that the Redis client swallowed; its watch outlives odd
+errors.
 
 On Python 3.11, redis-py wraps each socket write in `asyncio.wait_for`, which returns the
 write's result instead of raising when a cancel lands just as the write completes. A
@@ -11,9 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import cast
 
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, SlotNotCoveredError
 
 from sessions.redis_link import RedisLink
 
@@ -41,3 +45,62 @@ async def test_a_cancel_the_client_swallowed_still_cancels_the_caller(
 async def test_a_call_returns_its_result(redis: aioredis.Redis) -> None:
     link = RedisLink(redis)
     assert await link.call(lambda: redis.ping()) is True
+
+
+class Flaky:
+    """A real client whose `ping` raises the errors given first, one a call."""
+
+    def __init__(self, redis: aioredis.Redis, errors: list[Exception]) -> None:
+        self.redis = redis
+        self.errors = errors
+
+    async def ping(self) -> bool:
+        if self.errors:
+            raise self.errors.pop(0)
+        return bool(await self.redis.ping())
+
+
+def watched(client: Flaky) -> RedisLink:
+    return RedisLink(cast(aioredis.Redis, client), probe_interval_s=0.01, heartbeat_interval_s=0.01)
+
+
+async def test_an_outage_ends_even_when_the_probe_meets_errors_of_its_own(
+    redis: aioredis.Redis,
+) -> None:
+    """redis-py's cluster client raises its own errors, no RedisError, while a node rejoins
+    (its slot map is in flux). The probe counts them as "not back yet" and probes on; the
+    outage ends when Redis answers, so the sessions' kept writes go back to Redis."""
+    client = Flaky(
+        redis,
+        [
+            RedisClusterException("All slots are not covered after query all startup_nodes."),
+            SlotNotCoveredError('Slot "42" not covered by the cluster.'),
+            RedisConnectionError("Connection refused"),
+        ],
+    )
+    link = watched(client)
+    link.went_down(RedisConnectionError("Connection closed by server."))
+    async with asyncio.TaskGroup() as tasks:
+        watch = tasks.create_task(link.run())
+        async with asyncio.timeout(5):
+            await link.wait_up()
+        watch.cancel()
+    assert not client.errors and link.outages == 1
+
+
+async def test_the_heartbeat_outlives_an_error_that_is_no_outage(
+    redis: aioredis.Redis,
+) -> None:
+    """An odd error on one heartbeat is logged, and the next outage is still noticed."""
+    client = Flaky(redis, [RedisClusterException("No targets were found to execute PING")])
+    link = watched(client)
+    async with asyncio.TaskGroup() as tasks:
+        watch = tasks.create_task(link.run())
+        async with asyncio.timeout(5):
+            while client.errors:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)  # heartbeats go on
+            client.errors.append(RedisConnectionError("Connection refused"))
+            assert await link.next_outage(0) == 1
+            await link.wait_up()
+        watch.cancel()
