@@ -11,7 +11,11 @@ every other package can use it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import logging
+from collections.abc import Coroutine, Iterable
+from typing import Any
+
+log = logging.getLogger("parley.tasks")
 
 
 async def cancel_and_wait(*tasks: asyncio.Task[object] | None) -> None:
@@ -45,3 +49,18 @@ def retrieve(task: asyncio.Task[object]) -> None:
     """Mark a finished task's exception as retrieved (asyncio logs one never retrieved)."""
     if task.done() and not task.cancelled():
         task.exception()
+
+
+def background(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    """A task meant to run until its owner cancels it (a watch, an upkeep loop). If it
+    ends with an error instead, the error is logged at once: `cancel_and_wait` would drop
+    it at shutdown, and whatever the task kept going would have stopped without a word."""
+    task = asyncio.create_task(coro, name=name)
+    task.add_done_callback(_log_failure)
+    return task
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if task.cancelled() or task.exception() is None:
+        return
+    log.error("task %s failed", task.get_name(), exc_info=task.exception())

@@ -43,7 +43,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from pipeline.tasks import cancel_all, cancel_and_wait
+from pipeline.tasks import background, cancel_all, cancel_and_wait
 from pipeline.types import Pipeline
 
 from .clock import REAL_CLOCK, Clock
@@ -112,10 +112,10 @@ class SessionManager:
     async def __aenter__(self) -> SessionManager:
         self.beat.start()
         self._background = [
-            asyncio.create_task(self._upkeep_loop(), name="sessions:upkeep"),
-            asyncio.create_task(self.link.run(), name="sessions:redis-link"),
-            asyncio.create_task(self.link.writes.run(), name="sessions:redis-writes"),
-            asyncio.create_task(self._watch_redis(), name="sessions:redis-outages"),
+            background(self._upkeep_loop(), "sessions:upkeep"),
+            background(self.link.run(), "sessions:redis-link"),
+            background(self.link.writes.run(), "sessions:redis-writes"),
+            background(self._watch_redis(), "sessions:redis-outages"),
         ]
         return self
 

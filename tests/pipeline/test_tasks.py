@@ -1,4 +1,5 @@
-"""cancel_and_wait: tasks end before it returns, even when its caller is cancelled."""
+"""cancel_and_wait: tasks end before it returns, even when its caller is cancelled; a
+background task that fails is logged at once."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 
 import pytest
 
-from pipeline.tasks import cancel_and_wait
+from pipeline.tasks import background, cancel_and_wait
 
 
 async def test_every_task_has_ended_and_errors_are_retrieved() -> None:
@@ -54,3 +55,24 @@ async def test_a_cancelled_caller_still_waits_for_its_tasks() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert finished.is_set()
+
+
+async def test_a_background_task_that_fails_is_logged_at_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def watch() -> None:
+        await asyncio.sleep(0.01)
+        raise KeyError("the slot map")
+
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    failing = background(watch(), "redis-link")
+    quiet = background(forever(), "upkeep")
+    await asyncio.wait({failing})
+    await asyncio.sleep(0)  # done callbacks run on the next turn of the loop
+    failures = [r for r in caplog.records if r.name == "parley.tasks"]
+    assert [r.getMessage() for r in failures] == ["task redis-link failed"]
+    assert failures[0].exc_info is not None and "the slot map" in str(failures[0].exc_info[1])
+    await cancel_and_wait(failing, quiet)  # cancelled by its owner: nothing more logged
+    assert len([r for r in caplog.records if r.name == "parley.tasks"]) == 1
