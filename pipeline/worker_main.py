@@ -28,7 +28,7 @@ import logging
 import socket
 import sys
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .channel import Channel, ChannelClosed
@@ -91,23 +91,14 @@ def launch_args(spec: WorkerSpec, fd: int, rings: RingSpec) -> list[str]:
     children: a spawned multiprocessing child re-imports the parent's `__main__`, which runs
     whatever a launcher script does at import time a second time.
     """
-    body = {
-        "stage": spec.stage,
-        "engine": spec.engine,
-        "kind": spec.kind,
-        "engine_args": spec.engine_args,
-        "fd": fd,
-        "rings": {"send": rings.send_ring, "recv": rings.recv_ring, "capacity": rings.capacity},
-    }
+    body = {"spec": asdict(spec), "fd": fd, "rings": rings.to_dict()}
     return [sys.executable, "-m", "pipeline.worker_main", json.dumps(body)]
 
 
 def main(argv: list[str]) -> None:
     body = json.loads(argv[1])
-    spec = WorkerSpec(body["stage"], body["engine"], body["kind"], body["engine_args"])
-    rings = body["rings"]
     sock = socket.socket(fileno=body["fd"])
-    run_worker(spec, sock, RingSpec(rings["send"], rings["recv"], rings["capacity"]))
+    run_worker(WorkerSpec(**body["spec"]), sock, RingSpec.from_dict(body["rings"]))
 
 
 async def _serve(spec: WorkerSpec, sock: socket.socket, rings: RingSpec) -> None:

@@ -70,6 +70,18 @@ class RingSpec:
     recv_ring: str
     capacity: int
 
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as JSON carries it (a worker's command line, a dialled host's hello)."""
+        return {"send": self.send_ring, "recv": self.recv_ring, "capacity": self.capacity}
+
+    @classmethod
+    def from_dict(cls, body: Any) -> RingSpec:
+        """The spec `to_dict` made; ValueError if `body` is not one."""
+        try:
+            return cls(str(body["send"]), str(body["recv"]), int(body["capacity"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a ring spec: {exc!r}") from None
+
 
 class _Ring:
     def __init__(self, shm: shared_memory.SharedMemory, capacity: int, owner: bool) -> None:

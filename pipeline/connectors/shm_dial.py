@@ -38,9 +38,7 @@ async def dial(path: str, capacity: int = DEFAULT_CAPACITY) -> ShmLink:
         await loop.sock_connect(sock, path)
         out, back, spec = ShmLink.create_rings(capacity)
         try:
-            hello = json.dumps(
-                {"send": spec.send_ring, "recv": spec.recv_ring, "capacity": spec.capacity}
-            ).encode()
+            hello = json.dumps(spec.to_dict()).encode()
             await loop.sock_sendall(sock, _LEN.pack(len(hello)) + hello)
             return await ShmLink.open(sock, out, back)
         except BaseException:
@@ -60,10 +58,11 @@ async def answer(sock: socket.socket) -> ShmLink:
     if size > MAX_HELLO:
         raise BadHello(f"a hello of {size} bytes")
     try:
-        body = json.loads(await _read_exactly(loop, sock, size))
-        spec = RingSpec(str(body["send"]), str(body["recv"]), int(body["capacity"]))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise BadHello(f"not a ring spec: {exc}") from None
+        spec = RingSpec.from_dict(json.loads(await _read_exactly(loop, sock, size)))
+    except json.JSONDecodeError as exc:
+        raise BadHello(f"not JSON: {exc}") from None
+    except ValueError as exc:
+        raise BadHello(str(exc)) from None
     return await ShmLink.attach(sock, spec)
 
 
