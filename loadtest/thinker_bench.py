@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.engines.cascade.talker import FIRST_CLAUSE_WORDS
+from pipeline.worker import stage_environment
 
 from .questions import QUESTIONS, hits
 
@@ -136,10 +136,9 @@ def _busy_core(busy: bool) -> Iterator[None]:
 
 
 def _run_child(threads: int) -> dict[str, Any]:
-    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ}
     done = subprocess.run(
         [sys.executable, "-m", "loadtest.thinker_bench", "--child", str(threads)],
-        env=env,
+        env=stage_environment(),
         capture_output=True,
         text=True,
         check=True,

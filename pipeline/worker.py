@@ -31,6 +31,12 @@ from .worker_main import WorkerSpec, launch_args
 log = logging.getLogger("parley.pipeline.worker")
 
 
+def stage_environment() -> dict[str, str]:
+    """The environment of a process that runs a stage's model (a worker, a stage host):
+    OpenMP's waiting threads sleep, unless this environment says otherwise."""
+    return {"OMP_WAIT_POLICY": "PASSIVE", **os.environ}
+
+
 class WorkerFailed(StageLinkFailed):
     pass
 
@@ -63,9 +69,8 @@ class WorkerEngine(ReconnectingStage):
             with child_sock:
                 fd = child_sock.fileno()
                 # fork+exec takes milliseconds, and only when a worker (re)starts
-                env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ}
                 process = subprocess.Popen(  # noqa: ASYNC220
-                    launch_args(self.spec, fd, rings), pass_fds=(fd,), env=env
+                    launch_args(self.spec, fd, rings), pass_fds=(fd,), env=stage_environment()
                 )
             link = await ShmLink.open(parent_sock, out, back)
             await self._first_word(link)

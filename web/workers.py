@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from functools import partial
 from types import FrameType
 
+from pipeline.worker import stage_environment
+
 from .redis_server import _die_with_parent, _load_prctl
 from .settings import Settings
 from .stage_hosts import StageHosts
@@ -47,9 +49,6 @@ STOP_MARGIN_S = 20.0
 """Past the drain deadline: uvicorn's graceful close and the sessions' goodbyes."""
 HOST_STOP_S = 10.0
 """A stage host's engine closing, once every worker has gone."""
-_STAGE_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
-"""As a stage's own worker process gets it (pipeline/worker.py says why); the environment
-wins where it says otherwise."""
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -164,7 +163,7 @@ class WorkerPool:
                 command(write_fd),
                 stdin=subprocess.DEVNULL,
                 pass_fds=(write_fd,),
-                env={**_STAGE_ENV, **os.environ} if host else None,
+                env=stage_environment() if host else None,
                 preexec_fn=_die_with_parent(self._prctl, os.getpid()),
                 start_new_session=True,
             )
