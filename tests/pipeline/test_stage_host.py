@@ -18,7 +18,6 @@ import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from pipeline.graph import StageGraph
@@ -26,8 +25,8 @@ from pipeline.graph_config import parse_graph
 from pipeline.registry import build_engines, hosted_stages, worker_spec
 from pipeline.shared_stage import SharedStageEngine
 from pipeline.stage_host import launch_args
-from pipeline.types import AudioChunk, End, ErrorChunk, OutputChunk, PipelineRequest, TextDelta
-from tests.pipeline.test_worker import GRAPH
+from pipeline.types import AudioChunk, End, ErrorChunk, OutputChunk, TextDelta
+from tests.pipeline.test_worker import GRAPH, request
 
 CONFIG = parse_graph(GRAPH.replace("delay_s: 0.005", "delay_s: 0.05"))
 """The worker test's graph, its Thinker slower: 40 tokens take 2 s, time to look inside."""
@@ -91,10 +90,6 @@ def shared(graph: StageGraph, stage: str) -> SharedStageEngine:
     engine = graph.engines[stage]
     assert isinstance(engine, SharedStageEngine)
     return engine
-
-
-def request(rid: str) -> PipelineRequest:
-    return PipelineRequest(request_id=rid, audio=np.zeros(1600, dtype=np.int16))
 
 
 async def collect(stream: AsyncIterator[OutputChunk]) -> list[OutputChunk]:

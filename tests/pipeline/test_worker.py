@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
+from loadtest.proc_cpu import cmdline, tree
 from pipeline.graph import StageGraph
 from pipeline.graph_config import parse_graph
 from pipeline.registry import build_engines
@@ -134,19 +135,6 @@ async def test_a_start_cancelled_while_the_worker_loads_leaves_no_process() -> N
     await engine.close()
 
 
-def workers() -> set[int]:
-    """This process's live stage workers (zombies excluded)."""
-    found = set()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{entry.name}/cmdline", "rb") as cmdline:
-                worker = b"pipeline.worker_main" in cmdline.read()
-        except OSError:
-            continue
-        if worker and int(fields[1]) == os.getpid() and fields[0] != "Z":
-            found.add(int(entry.name))
-    return found
+def workers() -> list[int]:
+    """This process's stage workers (a zombie has no command line)."""
+    return [pid for pid in tree(os.getpid()) if "pipeline.worker_main" in cmdline(pid)]
