@@ -93,9 +93,10 @@ class _NodesManager(NodesManager):  # type: ignore[misc]  # redis is untyped her
             # not the client misuse RedisClusterException otherwise means.
             if isinstance(exc.__cause__, (RedisError, OSError)):
                 raise RedisConnectionError(str(exc)) from exc
-            # The nodes that answered leave slots unserved or disagree on who serves them
-            # (a node failing, or rejoining after a restart): the cluster is down for now.
-            if exc.__cause__ is None and ("not covered" in str(exc) or "agree" in str(exc)):
+            # Raised without a cause, it is the answers' verdict: the nodes leave slots
+            # unserved or disagree on who serves them (a node failing, or rejoining after a
+            # restart). The cluster is down for now.
+            if exc.__cause__ is None:
                 raise ClusterDownError(str(exc)) from exc
             raise
         manager: Any = self  # redis-py's attributes, untyped here
