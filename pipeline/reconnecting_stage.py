@@ -15,7 +15,7 @@ import logging
 from .connectors.base import Link, LinkClosed
 from .link_messages import Fatal, Ready
 from .stage_client import LinkedStage
-from .tasks import cancel_and_wait
+from .tasks import background, cancel_and_wait
 
 log = logging.getLogger("parley.pipeline.stage")
 
@@ -43,7 +43,7 @@ class ReconnectingStage(LinkedStage):
 
     async def start(self) -> None:
         await self._establish()
-        self._supervisor = asyncio.create_task(self._supervise(), name=f"stage:{self.name}")
+        self._supervisor = background(self._supervise(), f"stage:{self.name}")
 
     async def _first_word(self, link: Link) -> None:
         """Wait for the far side's `Ready`; raise StageLinkFailed (the link closed) if it

@@ -32,7 +32,7 @@ from dataclasses import asdict
 from .connectors.base import LinkClosed
 from .connectors.shm_dial import BadHello, answer
 from .link_messages import Ready
-from .tasks import cancel_all
+from .tasks import background, cancel_all
 from .types import Engine
 from .worker_main import StageServer, StageStartError, WorkerSpec, start_engine
 
@@ -76,7 +76,7 @@ async def host_stage(spec: WorkerSpec, path: str, ready_fd: int | None) -> None:
                 os.close(ready_fd)
             log.info("stage %s: serving on %s", spec.stage, path)
             host = _Host(spec.stage, engine)
-            accepting = asyncio.create_task(host.accept(listener), name="stage-host:accept")
+            accepting = background(host.accept(listener), "stage-host:accept")
             try:
                 await stop.wait()
             finally:

@@ -26,7 +26,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 
-from pipeline.tasks import cancel_all, cancel_and_wait
+from pipeline.tasks import background, cancel_all, cancel_and_wait
 
 from .keys import NAMESPACE
 from .redis_link import RedisLink
@@ -71,8 +71,8 @@ class ProcessBeat:
     def start(self) -> None:
         """Start beating and listening (tasks owned here until `stop`)."""
         self._tasks = [
-            asyncio.create_task(self._beat(), name=f"{self.process_id}:beat"),
-            asyncio.create_task(self._listen(), name=f"{self.process_id}:mailbox"),
+            background(self._beat(), f"{self.process_id}:beat"),
+            background(self._listen(), f"{self.process_id}:mailbox"),
         ]
 
     async def listening(self) -> None:

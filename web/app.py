@@ -25,7 +25,7 @@ from starlette.staticfiles import StaticFiles
 from pipeline.connectors.redis_client import open_redis
 from pipeline.metrics import PipelineMetrics
 from pipeline.registry import load_pipeline
-from pipeline.tasks import cancel_and_wait
+from pipeline.tasks import background, cancel_and_wait
 from pipeline.types import Pipeline
 from realtime.auth import Authenticator
 from realtime.ice import IceSettings, parse_ice_servers
@@ -82,7 +82,7 @@ async def _published_metrics(app: Starlette, redis: aioredis.Redis) -> AsyncIter
         yield
         return
     fanin = MetricsFanIn(redis, app.state.process_id, services.metrics.registry)
-    publisher = asyncio.create_task(fanin.run(), name="metrics:publish")
+    publisher = background(fanin.run(), "metrics:publish")
     app.state.metrics_fanin = fanin
     try:
         yield
