@@ -100,6 +100,10 @@ class SessionManager:
         self._sessions: dict[str, Session] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._background: list[asyncio.Task[None]] = []
+        self._lease_locks: dict[str, asyncio.Lock] = {}
+        """Per live session: its lease's renewal and its release take turns. A renewal
+        (which re-takes a lapsed lease) that reached Redis after the session's release
+        would hold the slot for a session that has ended, until the lease's TTL."""
         self._unreleased: set[str] = set()
         """Sessions that closed during an outage: their lease and keys go when Redis is back
         (rather than at their TTLs)."""
@@ -181,6 +185,7 @@ class SessionManager:
     def _start(self, session: Session) -> None:
         session_id = session.session_id
         self._sessions[session_id] = session
+        self._lease_locks[session_id] = asyncio.Lock()
         self.metrics.active_sessions.inc()
         self._tasks[session_id] = asyncio.create_task(self._own(session), name=session_id)
 
@@ -283,11 +288,13 @@ class SessionManager:
             log.exception("session %s ended with an error", session.session_id)
         finally:
             self._sessions.pop(session.session_id, None)
+            lease_lock = self._lease_locks.pop(session.session_id)
             self.metrics.active_sessions.dec()
-            if session.moving or session.store.lost:  # the lease goes on with the session
-                log.info("session %s left (%s)", session.session_id, session.close_reason)
-            else:
-                await self._release(session)
+            async with lease_lock:  # after a renewal in flight, which would undo the release
+                if session.moving or session.store.lost:  # the lease goes on with it
+                    log.info("session %s left (%s)", session.session_id, session.close_reason)
+                else:
+                    await self._release(session)
 
     async def _release(self, session: Session) -> None:
         try:
@@ -348,6 +355,14 @@ class SessionManager:
                     log.warning("lease renewal failed: %s", exc)
 
     async def _renew(self, session: Session) -> None:
+        lease_lock = self._lease_locks.get(session.session_id)
+        if lease_lock is None:
+            return  # it has ended
+        async with lease_lock:
+            if self._sessions.get(session.session_id) is session:
+                await self._renew_live(session)
+
+    async def _renew_live(self, session: Session) -> None:
         if not await session.store.owns():  # taken over while this process was not told
             log.warning("session %s: another process owns it; it ends here", session.session_id)
             session.request_hand_over(MOVED, flush=False)

@@ -70,3 +70,32 @@ async def test_shutdown_says_goodbye_to_every_session(redis: aioredis.Redis) -> 
     with pytest.raises(SessionLimitError, match="shutting down"):
         await manager.create(ClockedSink())
     assert await redis.keys("*") == []
+
+
+async def test_a_lease_renewed_as_its_session_ends_is_not_left_behind(
+    redis: aioredis.Redis,
+) -> None:
+    """The manager renews every live session's lease now and then. A session that ends
+    while its renewal is on its way to Redis is released after it, not before: a renewal
+    arriving last would take the slot again and hold it for nobody until the lease's TTL
+    (three such slots were left after a churn of 270 sessions)."""
+    manager = SessionManager(redis, EnginePipeline(FakeEngine()))
+    async with manager:
+        session = await manager.create(ClockedSink())
+        renew, sent, answer = manager.leases.renew, asyncio.Event(), asyncio.Event()
+
+        async def slow_renew(session_id: str) -> bool:
+            sent.set()
+            await answer.wait()  # on its way to Redis
+            return await renew(session_id)
+
+        manager.leases.renew = slow_renew  # type: ignore[method-assign]
+        renewing = asyncio.create_task(manager._renew(session))
+        await sent.wait()
+        closing = asyncio.create_task(manager.close_session(session.session_id))
+        await asyncio.sleep(0.2)  # the session has ended; its release waits for the renewal
+        answer.set()
+        await asyncio.gather(renewing, closing)
+        assert await manager.leases.count() == 0
+        await manager._renew(session)  # a later round finds it gone and renews nothing
+        assert await manager.leases.count() == 0
