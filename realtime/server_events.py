@@ -59,10 +59,18 @@ CONVERSATION_ID = "conv_default"
 """Each session has one conversation; OpenAI names it in every in-conversation response."""
 AudioMode = Literal["omit", "base64"]
 
-_CANCEL_REASONS = {"barge_in": "turn_detected"}
-"""The session's cancel reasons in OpenAI's words: speech cut the answer off
-(`turn_detected`); everything else (response.cancel, a new answer superseding it, the
-session closing) is `client_cancelled`. The session's own reason goes under `parley`."""
+_CANCEL_REASONS = {
+    "barge_in": "turn_detected",
+    "superseded": "turn_detected",
+    "client_cancelled": "client_cancelled",
+    "client_closed": "client_cancelled",
+}
+"""The session's cancel reasons that OpenAI's words name: speech cut the answer off or a new
+turn replaced it (`turn_detected`), the client cancelled it or closed the session
+(`client_cancelled`). Any other end (the session's idle timeout or maximum duration, a
+dropped connection, a server shutdown) is nobody's cancel: the response is `incomplete`,
+with the real reason under `parley`, since OpenAI's `reason` names only its own four and
+strict clients (the Agents SDK) validate it."""
 
 PARLEY_EVENTS = (SessionStateChanged, SessionExpiring, SessionClosed)
 """Parley's own server events (no such event in OpenAI's API): sent only to a client that
@@ -332,9 +340,12 @@ def _response(
 
 def _done_response(event: ResponseDone) -> dict[str, Any]:
     details: dict[str, Any] | None = None
+    status: str = event.status
     if event.status == "cancelled":
-        reason = _CANCEL_REASONS.get(event.reason, "client_cancelled")
-        details = {"type": "cancelled", "reason": reason, "parley": {"reason": event.reason}}
+        reason = _CANCEL_REASONS.get(event.reason)
+        if reason is None:  # the server cut it short: say so, and why, in Parley's words
+            status = "incomplete"
+        details = {"type": status, "reason": reason, "parley": {"reason": event.reason}}
     elif event.status == "failed":
         details = {
             "type": "failed",
@@ -342,7 +353,7 @@ def _done_response(event: ResponseDone) -> dict[str, Any]:
         }
     output = [item_object(event.item)] if event.item is not None else []
     output += [item_object(call) for call in event.calls]
-    return _response(event, event.status, details, output, usage_object(event.usage))
+    return _response(event, status, details, output, usage_object(event.usage))
 
 
 def usage_object(usage: ResponseUsage) -> dict[str, Any]:

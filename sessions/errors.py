@@ -63,6 +63,14 @@ class SessionClosedError(InvalidRequestError):
     code = "session_closed"
 
 
+class SessionExpiredError(InvalidRequestError):
+    """The session ended by one of its limits; `codes` maps the close reason to the error's
+    code (OpenAI's own for the maximum duration)."""
+
+    code = "session_expired"
+    codes = {"max_duration": "session_expired", "idle_timeout": "session_idle_timeout"}
+
+
 class SessionNotFoundError(InvalidRequestError):
     """No live session has this id."""
 

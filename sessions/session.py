@@ -35,7 +35,12 @@ from pipeline.types import Pipeline, PipelineRequest
 from .clock import REAL_CLOCK, Clock
 from .config import SessionConfig
 from .conversation import Conversation
-from .errors import InvalidRequestError, RedisUnavailableError, SessionClosedError
+from .errors import (
+    InvalidRequestError,
+    RedisUnavailableError,
+    SessionClosedError,
+    SessionExpiredError,
+)
 from .events import (
     AudioBufferCleared,
     AudioBufferCommitted,
@@ -77,13 +82,18 @@ from .turns import TurnInput, Turns
 log = logging.getLogger("parley.sessions.session")
 
 FORGET_TIMEOUT_S = 5.0
+IDLE_TIMEOUT = "idle_timeout"
+MAX_DURATION = "max_duration"
 
 
 @dataclass(frozen=True, slots=True)
 class SessionLimits:
     idle_timeout_s: float = 60.0
-    """Close after this long without media from the client."""
+    """Close after this long with nothing from the client and nothing from the assistant:
+    no media or command came in, and no answer was generating or playing (the time counts
+    from the end of the last answer's playback). 0: never."""
     max_lifetime_s: float = 3600.0
+    """The maximum session length (OpenAI's is 60 minutes)."""
     lifetime_warning_s: float = 60.0
     """Send session.expiring this long before the maximum lifetime."""
     chunk_timeout_s: float = 30.0
@@ -180,7 +190,8 @@ class Session:
         self._closed = asyncio.Event()
         self.close_reason = ""
         self._created = clock.now()
-        self._last_media = self._created
+        self._last_activity = self._created
+        """When the client last sent something, or the assistant's last answer ended."""
         self._detached_until: float | None = None
         self.movable = False
         """A transport that can resume it elsewhere serves it (a drain hands it over)."""
@@ -277,7 +288,7 @@ class Session:
         await self._turn_transcript.close()
         await self._prefetch.drop()
         async with self._media_lock:  # no media write races the key deletion
-            await self._cancel_response("session closed")
+            await self._cancel_response(self.close_reason or "session_closed")
             self._sink.clear()
             self.machine.to(SessionState.CLOSED, self.close_reason)
             self._emit(SessionClosed(reason=self.close_reason))
@@ -344,15 +355,35 @@ class Session:
             if self._detached_until is not None and now >= self._detached_until:
                 self.request_close("client_gone")
                 return
-            if now - self._last_media >= limits.idle_timeout_s:
-                self.request_close("idle_timeout")
+            if self.responding:  # an answer generating or playing: the session is not idle
+                self._last_activity = now
+            elif 0 < limits.idle_timeout_s <= now - self._last_activity:
+                self._expire(
+                    IDLE_TIMEOUT, f"nothing was sent or said for {limits.idle_timeout_s:g} s"
+                )
                 return
             if age >= limits.max_lifetime_s:
-                self.request_close("max_lifetime")
+                minutes = limits.max_lifetime_s / 60
+                self._expire(
+                    MAX_DURATION, f"it reached its maximum duration of {minutes:g} minutes"
+                )
                 return
             if not warned and age >= limits.max_lifetime_s - limits.lifetime_warning_s:
                 warned = True
                 self._emit(SessionExpiring(seconds_left=round(limits.max_lifetime_s - age)))
+
+    def _expire(self, reason: str, why: str) -> None:
+        """The session ends by its own limit: the client is told why in an `error` (the
+        event every protocol's client reads; OpenAI sends `session_expired` the same way),
+        then the session closes with that reason."""
+        self._emit(
+            ErrorEvent(
+                code=SessionExpiredError.codes[reason],
+                error_type=SessionExpiredError.error_type,
+                message=f"The session has ended: {why}.",
+            )
+        )
+        self.request_close(reason)
 
     # --- connections ---------------------------------------------------------------------
 
@@ -373,7 +404,7 @@ class Session:
         self._check_open()
         self._sink = sink
         self._detached_until = None
-        self._last_media = self.clock.now()
+        self._last_activity = self.clock.now()
 
     # --- events --------------------------------------------------------------------------
 
@@ -401,8 +432,11 @@ class Session:
         self._emit(SessionStateChanged(previous=old.value, state=new.value, reason=reason))
 
     def _check_open(self) -> None:
+        """Every call a client's connection makes starts here: the session must be open,
+        and the call is activity (the idle timeout counts from it)."""
         if self._close_requested.is_set() or self.closed:
             raise SessionClosedError("the session is closed")
+        self._last_activity = self.clock.now()
 
     # --- settings ------------------------------------------------------------------------
 
@@ -445,7 +479,7 @@ class Session:
             tail = resampler.flush() if resampler is not None else []
             resampler = self._resampler = InputResampler(sample_rate, channels)
         frames = tail + resampler.push(pcm)  # validates before changing any state
-        self._last_media = self.clock.now()
+        self._last_activity = self.clock.now()
         async with self._media_lock:
             self._check_open()
             first = self._turns.received(FRAME_MS * len(frames))
@@ -465,13 +499,13 @@ class Session:
     def dtmf(self, digit: str) -> None:
         """A keypad digit from the caller (a phone call): told to the client as an event."""
         self._check_open()
-        self._last_media = self.clock.now()
+        self._last_activity = self.clock.now()
         self._emit(DtmfReceived(digit=digit, received_at=int(time.time())))
 
     async def add_frame(self, image: bytes, timestamp_ms: int | None = None) -> bool:
         """Cache a camera frame (JPEG or PNG); False if the similar-frame filter dropped it."""
         self._check_open()
-        self._last_media = self.clock.now()
+        self._last_activity = self.clock.now()
         ts = round(time.time() * 1000) if timestamp_ms is None else timestamp_ms
         async with self._media_lock:
             self._check_open()
@@ -759,6 +793,7 @@ class Session:
             if self.machine.can(SessionState.LISTENING):
                 self.machine.to(SessionState.LISTENING, "response crashed")
         finally:
+            self._last_activity = self.clock.now()  # idle time counts from the answer's end
             if response.status is not None:
                 self.metrics.responses.labels(response.status).inc()
             if response.redis_unavailable:

@@ -12,6 +12,7 @@ from typing import Any
 from pipeline.registry import DEFAULT_PIPELINE
 from realtime.sip.allow import Allowlist, is_loopback
 from sessions import DEFAULT_MAX_SESSIONS
+from sessions.session import SessionLimits
 
 from .event_loop import LOOPS, LoopUnavailable, loop_factory
 from .origins import ANY_ORIGIN, normalize_origin
@@ -31,6 +32,12 @@ class Settings:
     """None: start a private redis-server (the embedded default)."""
     pipeline: str = DEFAULT_PIPELINE
     max_sessions: int = DEFAULT_MAX_SESSIONS
+    idle_timeout_s: float = 60.0
+    """`--idle-timeout-s`: close a session after this long with nothing from its client and
+    no answer generating or playing (counted from the end of the last answer); 0: never."""
+    max_session_minutes: float = 60.0
+    """`--max-session-minutes`: the longest a session lasts (OpenAI's: 60); its client is
+    warned a minute before (`session.expiring`) and told at the end (`session_expired`)."""
     log_level: str = "info"
     stage: str | None = None
     """`parley stage`: which stage of the pipeline to serve for another host."""
@@ -71,6 +78,11 @@ class Settings:
     """(stage, unix socket) of each stage the parent hosts once for every worker (hidden
     flag, JSON)."""
 
+    def session_limits(self) -> SessionLimits:
+        return SessionLimits(
+            idle_timeout_s=self.idle_timeout_s, max_lifetime_s=self.max_session_minutes * 60
+        )
+
     @property
     def base_url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -107,6 +119,17 @@ def _workers(value: str) -> int:
     if str(value).strip().lower() == "auto":
         return os.cpu_count() or 1
     return _int("workers", value, 1, 1024)
+
+
+def _number(name: str, value: str, lo: float, hi: float) -> float:
+    flag = f"--{name.replace('_', '-')}"
+    try:
+        number = float(value)
+    except ValueError:
+        raise SettingsError(f"{flag}: {value!r} is not a number") from None
+    if not lo <= number <= hi:
+        raise SettingsError(f"{flag}: must be between {lo:g} and {hi:g}, got {number:g}")
+    return number
 
 
 def _drain_s(value: str) -> float:
@@ -169,6 +192,17 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--pipeline", default=_env("pipeline", d.pipeline))
     serve.add_argument("--model-path", default=None, help=MODEL_PATH_HELP)
     serve.add_argument("--max-sessions", default=_env("max_sessions", str(d.max_sessions)))
+    serve.add_argument(
+        "--idle-timeout-s",
+        default=_env("idle_timeout_s", f"{d.idle_timeout_s:g}"),
+        help="close a session after this many seconds with nothing from its client and no "
+        "answer generating or playing; 0: never",
+    )
+    serve.add_argument(
+        "--max-session-minutes",
+        default=_env("max_session_minutes", f"{d.max_session_minutes:g}"),
+        help="the longest a session lasts (warned a minute before, told at the end)",
+    )
     serve.add_argument("--log-level", default=_env("log_level", d.log_level))
     serve.add_argument("--api-key", default=_env("api_key", None))
     serve.add_argument("--ice-servers", default=_env("ice_servers", ""))
@@ -264,6 +298,8 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[str, Settings]:
         redis_url=args.redis_url or None,
         pipeline=args.pipeline,
         max_sessions=_int("max_sessions", args.max_sessions, 1, 100_000),
+        idle_timeout_s=_number("idle_timeout_s", args.idle_timeout_s, 0, 86_400),
+        max_session_minutes=_number("max_session_minutes", args.max_session_minutes, 0.1, 1440),
         log_level=level,
         api_key=api_key,
         ice_servers=args.ice_servers,

@@ -212,8 +212,8 @@ class MessageConnection(PacedSender):
             for message, after_audio in self.messages(event):
                 self.post(message, after_audio=after_audio)
         self.observe(event)
-        if isinstance(event, SessionClosed):
-            self.finish(SESSION_CLOSED)
+        if isinstance(event, SessionClosed):  # the close frame says why it ended
+            self.finish(event.reason or SESSION_CLOSED)
 
     def _moved(self, code: str) -> None:
         """The session went on elsewhere: the client is told to reconnect, then 1012."""

@@ -38,6 +38,7 @@ import base64
 import numpy as np
 import numpy.typing as npt
 
+from sessions.errors import SessionExpiredError
 from sessions.events import (
     ErrorEvent,
     Event,
@@ -65,6 +66,7 @@ from .video_messages import (
 )
 from .wav import wav_bytes
 
+EXPIRY_CODES = frozenset(SessionExpiredError.codes.values())
 CLIENT_REASONS = frozenset({"client", "client_done", "client_closed", "client_gone"})
 """Session close reasons that need no explanation: the client ended it."""
 
@@ -103,6 +105,8 @@ class VideoMessages:
                 group.append((ResponseTextDelta(delta=event.delta), False))
             case ResponseDone():
                 group.extend(self._response_done(event))
+            case ErrorEvent() if event.code in EXPIRY_CODES:
+                pass  # the session's own end: its SessionClosed says why, in this API's words
             case ErrorEvent() if self._texts and event.error_type == "server_error":
                 self._held_error = event
             case ErrorEvent():

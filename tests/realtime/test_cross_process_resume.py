@@ -25,6 +25,7 @@ from websockets.exceptions import ConnectionClosed
 
 from sessions import SessionManager
 from sessions.keys import SessionKeys
+from sessions.rehydrate import MOVED_REASON
 from tests.realtime.apps import ServedApp, fake_graph_file, served_app
 from tests.realtime.clients import RecordingClient
 from web.settings import Settings
@@ -162,7 +163,7 @@ async def test_a_dropped_session_resumes_on_the_other_process(
     assert await no_session_keys(redis_url, session_id)
 
 
-async def test_a_resume_mid_answer_ends_that_answer_as_cancelled_with_its_text(
+async def test_a_resume_mid_answer_ends_that_answer_as_incomplete_with_its_text(
     apps: tuple[ServedApp, ServedApp],
 ) -> None:
     a, b = apps
@@ -185,7 +186,9 @@ async def test_a_resume_mid_answer_ends_that_answer_as_cancelled_with_its_text(
             replayed = second.events
             done = replayed[-1]
             assert done["type"] == "response.done", [e["type"] for e in replayed]
-            assert done["response"]["status"] == "cancelled"
+            # nobody cancelled it: the move cut it short (Parley's reason, OpenAI's none)
+            assert done["response"]["status"] == "incomplete"
+            assert done["response"]["status_details"]["parley"] == {"reason": MOVED_REASON}
             heard += [
                 e["delta"]
                 for e in replayed
@@ -325,7 +328,7 @@ async def test_a_video_chat_stream_resumes_on_the_other_process(
     assert len(manager_of(a)) == len(manager_of(b)) == 0
 
 
-async def test_a_drain_mid_answer_ends_it_as_cancelled_on_the_next_process(
+async def test_a_drain_mid_answer_ends_it_as_incomplete_on_the_next_process(
     apps: tuple[ServedApp, ServedApp],
 ) -> None:
     a, b = apps
@@ -343,7 +346,7 @@ async def test_a_drain_mid_answer_ends_it_as_cancelled_on_the_next_process(
     query = resume_query(session_id, token, error["event_id"])
     async with resumed(b, query, "drain mid-answer") as second:
         (done,) = [e for e in second.events if e["type"] == "response.done"]
-        assert done["response"]["status"] == "cancelled"
+        assert done["response"]["status"] == "incomplete"  # the drain cut it, not the client
         assert done["response"]["output"][0]["content"][0]["transcript"] == heard
         await answered(second, "Go on.")
         await second.ws.close()

@@ -290,8 +290,9 @@ def test_response_done_completed_has_the_item_and_parleys_usage() -> None:
     ("reason", "wire_reason"),
     [
         ("barge_in", "turn_detected"),
+        ("superseded", "turn_detected"),  # a new turn's answer replaced it
         ("client_cancelled", "client_cancelled"),
-        ("superseded", "client_cancelled"),
+        ("client_closed", "client_cancelled"),
     ],
 )
 def test_response_done_cancelled_says_why(reason: str, wire_reason: str) -> None:
@@ -304,6 +305,24 @@ def test_response_done_cancelled_says_why(reason: str, wire_reason: str) -> None
         "parley": {"reason": reason},
     }
     assert response["output"] == []
+
+
+@pytest.mark.parametrize(
+    "reason", ["idle_timeout", "max_duration", "client_disconnected", "server_shutdown"]
+)
+def test_a_response_the_server_cut_short_is_incomplete_never_client_cancelled(
+    reason: str,
+) -> None:
+    """Nobody cancelled it: OpenAI's `reason` has no word for this (and the Agents SDK
+    validates it against its four), so it is left out and Parley's is under `parley`."""
+    event = ev.ResponseDone(response_id="resp_1", status="cancelled", reason=reason)
+    response = wire(event)["response"]
+    assert response["status"] == "incomplete"
+    assert response["status_details"] == {
+        "type": "incomplete",
+        "reason": None,
+        "parley": {"reason": reason},
+    }
 
 
 def test_response_done_failed_carries_the_error() -> None:

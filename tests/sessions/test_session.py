@@ -290,6 +290,25 @@ async def test_idle_timeout_closes_a_silent_session(
     assert len(manager) == 0
 
 
+async def test_an_answer_generating_or_playing_is_not_idle(
+    manager: SessionManager, make_session: MakeSession, engine: FakeEngine
+) -> None:
+    """A client that only listens to an answer longer than the idle timeout hears all of
+    it; the idle time counts from the end of its playback."""
+    manager.limits = type(manager.limits)(idle_timeout_s=0.3, watchdog_interval_s=0.05)
+    engine.realtime_factor = 1.0  # 2 s of audio made and played in real time
+    session, sink = await make_session()
+    await session.add_text("Tell me a story.")
+    await session.create_response()
+    done = await sink.wait_for(is_done, timeout=10)
+    assert isinstance(done, ResponseDone) and done.status == "completed"
+    closed = await sink.wait_for(lambda e: isinstance(e, SessionClosed), timeout=10)
+    assert isinstance(closed, SessionClosed) and closed.reason == "idle_timeout"
+    assert sink.played_ms >= 2000  # every bit of the answer played before the end
+    (told,) = sink.of(ErrorEvent)
+    assert told.code == "session_idle_timeout"
+
+
 async def test_lifetime_warning_then_close(
     manager: SessionManager, make_session: MakeSession
 ) -> None:
@@ -300,7 +319,9 @@ async def test_lifetime_warning_then_close(
     warning = await sink.wait_for(lambda e: isinstance(e, SessionExpiring), timeout=5)
     assert isinstance(warning, SessionExpiring) and warning.seconds_left <= 1
     closed = await sink.wait_for(lambda e: isinstance(e, SessionClosed), timeout=5)
-    assert isinstance(closed, SessionClosed) and closed.reason == "max_lifetime"
+    assert isinstance(closed, SessionClosed) and closed.reason == "max_duration"
+    (told,) = sink.of(ErrorEvent)  # every protocol's client reads why
+    assert told.code == "session_expired" and "maximum duration" in told.message
 
 
 async def test_a_redis_outage_does_not_end_the_call(engine: FakeEngine) -> None:
