@@ -20,7 +20,7 @@ import numpy as np
 import soxr
 
 from pipeline.graph import StageGraph
-from pipeline.metrics import PipelineMetrics
+from pipeline.metrics import PipelineMetrics, RequestKind
 from pipeline.registry import load_pipeline
 from pipeline.types import AudioChunk, ErrorChunk, PipelineRequest, TextDelta
 
@@ -45,9 +45,10 @@ class _RecordingMetrics(PipelineMetrics):
         super().__init__()
         self.ttfc: dict[str, list[float]] = defaultdict(list)
 
-    def first_chunk(self, stage: str, seconds: float) -> None:
-        super().first_chunk(stage, seconds)
-        self.ttfc[stage].append(seconds * 1000)
+    def first_chunk(self, stage: str, kind: RequestKind, seconds: float) -> None:
+        super().first_chunk(stage, kind, seconds)
+        if kind == "answer":
+            self.ttfc[stage].append(seconds * 1000)
 
 
 def spoken(text: str) -> np.ndarray:

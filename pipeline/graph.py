@@ -29,7 +29,7 @@ from .graph_config import (
     resolve_transform,
     wrong_engine_kind,
 )
-from .metrics import PipelineMetrics
+from .metrics import PipelineMetrics, RequestKind
 from .tasks import cancel_all
 from .types import (
     AudioChunk,
@@ -186,6 +186,7 @@ class StageGraph:
         batches: list[list[Chunk]] = [[] for _ in edges]
         started = time.monotonic()
         first = True
+        kind: RequestKind = "transcription" if request.transcribe_only else "answer"
         try:
             if name in self._entry:
                 stream = self._entry[name].generate(request.request_id, request)
@@ -194,8 +195,8 @@ class StageGraph:
                 stream = self._stream[name].generate(request.request_id, upstream)
             try:
                 async for chunk in stream:
-                    if first:
-                        self.metrics.first_chunk(name, time.monotonic() - started)
+                    if first and not isinstance(chunk, End | ErrorChunk):  # output, not a stop
+                        self.metrics.first_chunk(name, kind, time.monotonic() - started)
                         first = False
                     if isinstance(chunk, ErrorChunk):
                         await out.send(ErrorChunk(chunk.message, chunk.stage or name))

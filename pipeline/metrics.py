@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .types import Engine
+
+RequestKind = Literal["answer", "transcription"]
 
 _TTFC_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -15,8 +19,9 @@ class PipelineMetrics:
         r = self.registry
         self._ttfc = Histogram(
             "parley_stage_first_chunk_seconds",
-            "Time from a request reaching a stage to its first chunk",
-            ["stage"],
+            "Time from a request reaching a stage to the first chunk it produced, by kind of "
+            "request (answer, transcription); a request that ends with no output is not counted",
+            ["stage", "kind"],
             buckets=_TTFC_BUCKETS,
             registry=r,
         )
@@ -46,8 +51,11 @@ class PipelineMetrics:
         self._batch.labels(stage).set_function(lambda: float(getattr(engine, "batch_size", 0)))
         self._active.labels(stage).set_function(lambda: float(engine.active_requests()))
 
-    def first_chunk(self, stage: str, seconds: float) -> None:
-        self._ttfc.labels(stage).observe(seconds)
+    def first_chunk(self, stage: str, kind: RequestKind, seconds: float) -> None:
+        """Once per request that a stage produced output for: a transcription-only
+        request (a user turn no answer follows yet) is its own kind, and one that ended
+        without output (the Talker's share of a transcription) is none."""
+        self._ttfc.labels(stage, kind).observe(seconds)
 
     def chunk(self, stage: str) -> None:
         self._chunks.labels(stage).inc()
