@@ -19,6 +19,10 @@ from typing import Any
 
 from transformers import Qwen3OmniMoeConfig
 
+from .rope_warning import drop_mrope_keys_warning
+
+drop_mrope_keys_warning()  # transformers 5.x warns about keys the Talker uses (see there)
+
 TOKENS = {
     "im_start": 151644,
     "im_end": 151645,
