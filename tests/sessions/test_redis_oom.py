@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Iterator
 import numpy as np
 import pytest
 import redis.asyncio as aioredis
-from redis.exceptions import OutOfMemoryError
 
 from pipeline.engine_pipeline import EnginePipeline
 from pipeline.tasks import cancel_and_wait
@@ -30,7 +29,7 @@ from sessions.spill import Spill
 from tests.fakes.fake_engine import FakeEngine
 from tests.fakes.sink import ClockedSink
 from tests.metrics import metric_value
-from tests.redis_process import RedisProcess
+from tests.redis_process import RedisProcess, fill, free
 
 from .conftest import feed
 from .test_redis_outage import (
@@ -41,10 +40,6 @@ from .test_redis_outage import (
     speech,
     wait_after,
 )
-
-FILLER = "test:filler"
-ROOM = 4 * 1024 * 1024
-"""What `maxmemory` leaves above the memory in use when the test begins."""
 
 
 @pytest.fixture
@@ -61,28 +56,9 @@ def own_redis() -> Iterator[RedisProcess]:
 async def client(own_redis: RedisProcess) -> AsyncIterator[aioredis.Redis]:
     redis = aioredis.Redis(unix_socket_path=str(own_redis.socket), socket_timeout=1.0)
     try:
-        await redis.config_set("maxmemory-policy", "noeviction")
         yield redis
     finally:
         await redis.aclose()
-
-
-async def fill(redis: aioredis.Redis) -> None:
-    """Redis at its limit: `maxmemory` a little above what it uses, then a key grown until
-    Redis refuses to grow it further."""
-    used = int((await redis.info("memory"))["used_memory"])
-    await redis.config_set("maxmemory", used + ROOM)
-    chunk = b"\0" * (256 * 1024)
-    for _ in range(4 * ROOM // len(chunk)):
-        try:
-            await redis.append(FILLER, chunk)
-        except OutOfMemoryError:
-            return
-    raise AssertionError("Redis took more than its maxmemory")
-
-
-async def free(redis: aioredis.Redis) -> None:
-    await redis.delete(FILLER)
 
 
 def frame(value: int) -> bytes:
