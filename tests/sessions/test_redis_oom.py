@@ -29,7 +29,7 @@ from sessions.spill import Spill
 from tests.fakes.fake_engine import FakeEngine
 from tests.fakes.sink import ClockedSink
 from tests.metrics import metric_value
-from tests.redis_process import RedisProcess, fill, free
+from tests.redis_process import FILLER, RedisProcess, fill, free
 
 from .conftest import feed
 from .test_redis_outage import (
@@ -253,3 +253,28 @@ async def test_a_session_is_refused_with_the_reason_while_redis_is_full(
                 await asyncio.sleep(0.05)
         assert not manager.link.refusing
     assert await client.keys("*") == []
+
+
+async def test_sessions_that_end_while_redis_is_full_leave_no_keys_and_no_lease(
+    client: aioredis.Redis,
+) -> None:
+    """Deleting is no write Redis refuses at its limit: the keys and leases go at once, and
+    what was kept is dropped with them."""
+    manager = SessionManager(client, EnginePipeline(FakeEngine()), link=fast_link(client))
+    async with manager:
+        sink = await ClockedSink().__aenter__()
+        try:
+            session = await manager.create(sink, {"turn_detection": None})
+            await sink.wait_for(lambda e: e.type == "session.created")
+            await fill(client)
+            await feed(session, speech("Goodbye."))
+            await session.add_text("typed while Redis was full")
+            assert len(session.spill) > 0
+            await manager.close_session(session.session_id)
+            assert await manager.leases.count() == 0
+            assert await client.keys(f"*{session.session_id}*") == []
+        finally:
+            await manager.close()
+            await sink.__aexit__(None, None, None)
+    assert await client.keys("*") == [FILLER.encode()]
+    await free(client)
