@@ -93,6 +93,11 @@ class Spill:
     def holds(self, kind: str) -> bool:
         return bool(self._queues[kind])
 
+    def adds_only(self, kind: str) -> bool:
+        """Whether every kept write of `kind` adds values (none deletes or trims), so what
+        Redis holds plus `pending(kind)` is what it will hold once they are written."""
+        return all(write.values for write in self._queues[kind])
+
     async def write(
         self, kind: str, apply: Apply, *, size: int = 0, values: Sequence[Any] = ()
     ) -> list[Any] | None:

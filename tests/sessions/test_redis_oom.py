@@ -17,8 +17,10 @@ import redis.asyncio as aioredis
 from pipeline.engine_pipeline import EnginePipeline
 from pipeline.tasks import cancel_and_wait
 from sessions.audio_buffer import AudioBuffer
+from sessions.config import VideoConfig
 from sessions.errors import SessionLimitError
 from sessions.events import ConversationItem, ErrorEvent, ResponseDone
+from sessions.frame_cache import FrameCache
 from sessions.history import History
 from sessions.keys import SessionKeys
 from sessions.manager import SessionManager
@@ -32,6 +34,7 @@ from tests.metrics import metric_value
 from tests.redis_process import FILLER, RedisProcess, fill, free
 
 from .conftest import feed
+from .test_buffers import jpeg
 from .test_redis_outage import (
     check_replay_holds,
     fast_link,
@@ -121,6 +124,31 @@ async def test_refused_writes_are_kept_readable_and_written_back_once_redis_take
     assert link.stats.restored == 3 and link.stats.dropped == 0
     await client.delete(*keys.all())
     assert await client.keys("*") == []  # the write probe wrote nothing
+
+
+async def test_a_turn_samples_the_stored_frames_and_those_kept_while_redis_is_full(
+    client: aioredis.Redis,
+) -> None:
+    keys = SessionKeys("sess_oom_frames")
+    link = RedisLink(client)
+    spill = Spill(link)
+    cache = FrameCache(client, keys, VideoConfig(max_frames=3, frame_filter=False), spill=spill)
+    try:
+        for t in (0, 1):
+            await cache.add(jpeg((t * 100, 0, 0)), t)
+        await fill(client)
+        for t in (2, 3):
+            await cache.add(jpeg((t * 60, 0, 0)), t)
+        assert link.refusing and len(spill) == 2
+        # Redis holds 0 and 1, 2 and 3 are kept: the newest three are 1, 2, 3.
+        assert await cache.count() == 3
+        assert [f.timestamp_ms for f in await cache.sample(3, "uniform")] == [1, 2, 3]
+        assert [f.timestamp_ms for f in await cache.sample(1, "latest")] == [3]
+        await cache.clear()  # kept too: Redis cannot say what is left until it is written
+        assert await cache.count() == 0 and await cache.sample(2) == []
+    finally:
+        await free(client)
+        await client.delete(*keys.all())
 
 
 async def test_a_call_goes_on_while_redis_is_full_and_its_writes_land_when_memory_is_freed(
