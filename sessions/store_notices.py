@@ -65,13 +65,13 @@ class StoreNotices:
         if episode == self._loss:
             return None
         self._loss = episode
-        store = "is unreachable" if not self._link.up else "refuses writes"
+        store = "is still unreachable" if not self._link.up else "still refuses writes"
         return _notice(
             RedisWritesDroppedError,
-            f"The session store (Redis) still {store}, and this session's writes kept on "
-            f"this server reached their {self._mib:g} MiB bound: the oldest kept "
-            f"{_WHAT.get(kind, kind)} (then other media, then events and items) are being "
-            "dropped and will not be stored. The conversation goes on.",
+            f"The session store (Redis) {store}, and this session's writes kept on "
+            f"this server reached their {self._mib:g} MiB bound: the oldest are being "
+            f"dropped and will never be stored, media first (now: {_WHAT.get(kind, kind)}), "
+            "events and conversation items last. The conversation goes on.",
         )
 
 
