@@ -150,7 +150,8 @@ class AudioBuffer:
         recent = self._recent_range(start_ms, end_ms)
         if recent is not None:
             return np.frombuffer(recent, dtype=np.int16).copy()
-        if self._spill.link.up and not self._spill.holds("audio"):
+        spill = self._spill
+        if spill.link.up and spill.adds_only("audio"):  # (also while Redis refuses writes)
             try:
                 first = max(start_ms - (MAX_ENTRY_FRAMES - 1) * FRAME_MS, 0)
                 entries = await self._spill.link.call(
@@ -161,9 +162,12 @@ class AudioBuffer:
             except RedisUnavailableError:
                 pass
             else:
-                pcm = b"".join(
-                    frame for offset, frame in _frames(entries) if start_ms <= offset < end_ms
-                )
+                frames = _frames(entries)
+                if spill.holds("audio"):  # Redis refuses writes: the newest are kept here
+                    timed = dict(frames)
+                    timed.update(spill.pending("audio"))
+                    frames = iter(sorted(timed.items()))
+                pcm = b"".join(frame for offset, frame in frames if start_ms <= offset < end_ms)
                 return np.frombuffer(pcm, dtype=np.int16).copy()
         return self._read_local(start_ms, end_ms)
 

@@ -85,3 +85,18 @@ class RedisUnavailableError(ParleyError, ConnectionError):
 
     code = "redis_unavailable"
     error_type = "server_error"
+
+
+class RedisFullError(RedisUnavailableError):
+    """The session store (Redis) answers but refuses writes: it is at its memory limit
+    (`maxmemory` with the `noeviction` policy). Reads still work; writes are kept locally
+    and written once it accepts them again, as in an outage."""
+
+    code = "redis_full"
+
+
+class RedisWritesDroppedError(RedisUnavailableError):
+    """Writes kept locally while the session store could not take them passed the
+    session's bound: the oldest were dropped and will never be stored."""
+
+    code = "redis_writes_dropped"

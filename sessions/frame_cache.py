@@ -7,7 +7,8 @@ turn fetches only the frames it picks.
 
 Writes go through the session's spill: while Redis is unreachable the frames are kept
 locally (bounded), a turn samples from the frames kept since, and they are written back
-when Redis answers.
+when Redis answers. While Redis refuses writes (at its memory limit) it still answers
+reads: a turn samples from the frames it holds followed by those kept locally.
 """
 
 from __future__ import annotations
@@ -129,15 +130,23 @@ class FrameCache:
     async def count(self) -> int:
         """Frames held; during a Redis outage, those kept locally since it began."""
         try:
-            return await self._redis_count()
+            stored, kept = await self._stored()
         except RedisUnavailableError:
             return len(self._local())
+        return min(stored + len(kept), self.config.max_frames)
 
-    async def _redis_count(self) -> int:
+    async def _stored(self) -> tuple[int, list[bytes]]:
+        """How many frames Redis holds, and the frames kept locally to follow them (while
+        Redis refuses writes). RedisUnavailableError when Redis cannot say (an outage, or
+        a clear or trim kept locally that Redis has not seen)."""
         await self._spill.settle()
+        kept: list[bytes] = []
         if self._spill.holds("frames"):
-            raise self._link.unavailable()
-        return int(await self._link.call(lambda: self._link.redis.llen(self._key)))
+            if not self._link.up or not self._spill.adds_only("frames"):
+                raise self._link.unavailable()
+            kept = self._spill.pending("frames")
+        stored = int(await self._link.call(lambda: self._link.redis.llen(self._key)))
+        return stored, kept
 
     def _local(self) -> list[bytes]:
         return self._spill.pending("frames")[-self.config.max_frames :]
@@ -160,18 +169,21 @@ class FrameCache:
         return frames
 
     async def _sample_redis(self, n: int, strategy: str) -> list[bytes | None]:
-        picks = sample_indices(await self._redis_count(), n, strategy)
-        if not picks:
-            return []
+        stored, kept = await self._stored()
+        held = min(stored + len(kept), self.config.max_frames)
+        skip = stored + len(kept) - held  # the oldest, which the write back trims
+        picks = [skip + i for i in dict.fromkeys(sample_indices(held, n, strategy))]
+        in_redis = [index for index in picks if index < stored]
         key = self._key
 
         async def fetch() -> list[bytes | None]:
             pipe = self._link.redis.pipeline(transaction=False)
-            for index in dict.fromkeys(picks):
+            for index in in_redis:
                 pipe.lindex(key, index)
             return list(await pipe.execute())
 
-        return await self._link.call(fetch)
+        fetched = dict(zip(in_redis, await self._link.call(fetch), strict=True)) if in_redis else {}
+        return [fetched[i] if i < stored else kept[i - stored] for i in picks]
 
     async def clear(self) -> None:
         self._spill.discard("frames")

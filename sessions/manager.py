@@ -13,6 +13,13 @@ kept locally; new sessions are refused (the cap cannot be checked). When Redis a
 again, every live session takes its lease again (a restarted Redis has none), rewrites what
 a restart lost, and writes back what it kept, at once rather than at the next upkeep tick.
 
+A Redis at its memory limit (`maxmemory`, `noeviction`) that refuses writes (`OOM`) is the
+same for the writes, not for the reads: every live session's client is told once
+(`redis_full`), sessions go on with their writes kept locally, new sessions (and resumes
+here) are refused with that reason, since a session that cannot store even its record
+could be resumed nowhere. When a probe write is taken again, every session writes back
+what it kept.
+
 Any process can take over any session (several processes or hosts on one Redis). Each
 manager is a process (`process_id`, `proc_<hex>`) with a heartbeat key and a mailbox
 (process_beat.py); each session has an owner and a fence in its record (ownership.py).
@@ -36,6 +43,7 @@ teardown after losing the fence writes nothing (store.py, session.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -48,7 +56,7 @@ from pipeline.types import Pipeline
 
 from .clock import REAL_CLOCK, Clock
 from .config import SessionConfig
-from .errors import RedisUnavailableError, SessionLimitError, SessionNotFoundError
+from .errors import RedisFullError, RedisUnavailableError, SessionLimitError, SessionNotFoundError
 from .events import new_id
 from .keys import SessionKeys
 from .leases import LeaseRegistry
@@ -68,6 +76,10 @@ LET_GO_TIMEOUT_S = 0.5
 """How long a resume waits for a live old owner to let its session go."""
 MOVED = "session_moved"
 DRAINING = "server_draining"
+FULL = (
+    "the session store (Redis) is full (out of memory) and refuses writes, so no new "
+    "session can be stored; try again shortly"
+)
 
 
 class SessionManager:
@@ -120,6 +132,7 @@ class SessionManager:
             background(self.link.run(), "sessions:redis-link"),
             background(self.link.writes.run(), "sessions:redis-writes"),
             background(self._watch_redis(), "sessions:redis-outages"),
+            background(self._watch_refusals(), "sessions:redis-refusals"),
         ]
         return self
 
@@ -142,10 +155,15 @@ class SessionManager:
         if not isinstance(config, SessionConfig):
             config = SessionConfig.parse(config)
         session_id = session_id or new_id("sess")
+        if self.link.up and self.link.refusing:
+            self.metrics.session_limit_rejections.inc()
+            raise SessionLimitError(FULL)
         try:
             admitted = await self.link.call(lambda: self.leases.acquire(session_id))
-        except RedisUnavailableError:
+        except RedisUnavailableError as exc:
             self.metrics.session_limit_rejections.inc()
+            if isinstance(exc, RedisFullError):
+                raise SessionLimitError(FULL) from None
             raise SessionLimitError(
                 "the session store (Redis) is unreachable, so no new session can be counted; "
                 "try again shortly"
@@ -159,6 +177,12 @@ class SessionManager:
             fence = await self.link.call(
                 lambda: self.ownership.claim(session_id, self.limits.key_ttl_s)
             )
+        except RedisFullError:  # the lease script got in (it deletes first), the claim not
+            self.metrics.redis_write_refusals.labels("oom").inc()
+            self.metrics.session_limit_rejections.inc()
+            with contextlib.suppress(RedisError, OSError):  # else it lapses at its TTL
+                await self.link.call(lambda: self.leases.release(session_id))
+            raise SessionLimitError(FULL) from None
         except (RedisError, OSError) as exc:  # admitted a moment ago: it goes on unfenced
             log.warning("session %s: ownership not recorded: %s", session_id, exc)
             fence = 0
@@ -201,6 +225,8 @@ class SessionManager:
             return None
         if not self._accepting:
             raise SessionLimitError("this server is shutting down; reconnect to resume")
+        if self.link.refusing:
+            raise SessionLimitError(FULL)
         if not await self.link.call(lambda: self.leases.acquire(session_id)):
             raise SessionLimitError(f"all {self.leases.cap} session slots are in use")
         taken = await self.link.call(lambda: self.ownership.take_over(session_id))
@@ -398,6 +424,44 @@ class SessionManager:
                 self.link.summary(),
                 restored,
             )
+
+    async def _watch_refusals(self) -> None:
+        """Tell every session once that Redis refuses writes; when a probe write is taken
+        again, every session writes back what it kept. A write back that meets the limit
+        again belongs to the same refusal: it is tried again at the next accepted probe."""
+        refusal = 0
+        while True:
+            refusal = await self.link.next_refusal(refusal)
+            self.metrics.redis_accepts_writes.set(0)
+            for session in list(self._sessions.values()):
+                session.redis_full(refusal)
+            while True:
+                await self.link.wait_writable()
+                try:
+                    written = await self._write_back_kept()
+                except RedisUnavailableError:  # refused again (or down): the next probe
+                    await asyncio.sleep(self.link.probe_interval_s)
+                    continue
+                except RedisError as exc:
+                    log.error("Redis accepts writes again but writing back failed: %s", exc)
+                    written = -1
+                break
+            self.link.refusal_over()
+            self.metrics.redis_accepts_writes.set(1)
+            if written >= 0:
+                log.info(
+                    "Redis accepts writes again %s; %d live sessions wrote back what they kept",
+                    self.link.summary(),
+                    written,
+                )
+
+    async def _write_back_kept(self) -> int:
+        """After a refusal: leases renewed (the upkeep may have met it), spills written back."""
+        sessions = list(self._sessions.values())
+        for session in sessions:
+            await self._renew(session)
+            await session.write_back_after_refusal()
+        return len(sessions)
 
     async def _restore(self) -> int:
         """After an outage: leases taken again, records rewritten, spills written back."""

@@ -53,12 +53,14 @@ class SessionMetrics:
         )
         self.redis_spilled_writes = Counter(
             "parley_redis_spilled_writes",
-            "Session writes kept in memory because Redis was unreachable (written back later)",
+            "Session writes kept in memory because Redis was unreachable or refused writes "
+            "(written back later)",
             registry=r,
         )
         self.redis_spill_dropped = Counter(
             "parley_redis_spill_dropped",
-            "Values dropped from a full spill during a Redis outage (oldest first), by buffer",
+            "Values dropped from a full spill during a Redis outage or write refusal (oldest "
+            "first), by buffer",
             ["kind"],
             registry=r,
         )
@@ -67,3 +69,16 @@ class SessionMetrics:
             "Spilled writes written back to Redis after an outage",
             registry=r,
         )
+        self.redis_write_refusals = Counter(
+            "parley_redis_write_refusals",
+            "Session writes Redis refused, by reason (oom: at its maxmemory with noeviction); "
+            "each was kept in memory and retried",
+            ["reason"],
+            registry=r,
+        )
+        self.redis_accepts_writes = Gauge(
+            "parley_redis_accepts_writes",
+            "1 while this process's Redis takes writes, 0 while it refuses them (out of memory)",
+            registry=r,
+        )
+        self.redis_accepts_writes.set(1)

@@ -8,8 +8,17 @@ link down; from then on nobody on a media path waits for Redis: writes go to the
 spill (spill.py) and reads use local copies or fail at once with `RedisUnavailableError`.
 Only the link's own probe talks to Redis until it answers again.
 
-One warning says the link went down and one info line says it is back, with what the
-outage cost (writes spilled, writes dropped); nothing is logged per write.
+A Redis at its memory limit (`maxmemory` with `noeviction`) answers, reads included, but
+refuses writes with `OOM`. For a session's writes that is an outage too: the first refused
+write begins a *refusal* (`refused()`), from then on writes go to the spills while reads
+still go to Redis, and a probe write (`SET` of a key that never exists, with `XX`: refused
+at the limit, a no-op otherwise; a PING would answer all along) says when Redis takes
+writes again. The refusal ends when the session manager has written back what was kept
+(`refusal_over()`); a write back that meets the limit again belongs to the same refusal.
+
+One warning says the link went down (or that Redis refuses writes) and one info line says
+it is back, with what the episode cost (writes spilled, writes dropped); nothing is logged
+per write.
 """
 
 from __future__ import annotations
@@ -22,11 +31,18 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import redis.asyncio as aioredis
-from redis.exceptions import BusyLoadingError, ClusterDownError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import (
+    BusyLoadingError,
+    ClusterDownError,
+    OutOfMemoryError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .errors import RedisUnavailableError
+from .errors import RedisFullError, RedisUnavailableError
+from .keys import NAMESPACE
 from .write_batcher import WriteBatcher
 
 log = logging.getLogger("parley.sessions.redis")
@@ -49,10 +65,14 @@ OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
 )
 """Failures that mean "no server to talk to", as opposed to a command we got wrong."""
 
+WRITE_PROBE_KEY = f"{NAMESPACE}:write-probe"
+"""The key the write probe sets only if it exists: it never does, so nothing is written."""
+
 
 @dataclass(slots=True)
 class OutageStats:
-    """What one outage cost, summed over the process; reset when the next one begins."""
+    """What one outage (or refusal) cost, summed over the process; reset when the next
+    one begins."""
 
     started: float = 0.0
     spilled: int = 0
@@ -61,6 +81,8 @@ class OutageStats:
     """Spilled writes given up because a session's spill was full (oldest first)."""
     restored: int = 0
     """Spilled writes written to Redis after it came back."""
+    refused: int = 0
+    """Writes Redis refused for want of memory (each was kept)."""
     probe_errors: set[str] = field(default_factory=set)
     """Kinds of error, other than an outage's, that the probe met (each logged once)."""
 
@@ -81,6 +103,12 @@ class RedisLink:
         self.up = True
         self.outages = 0
         """How many outages began so far; the number of the current or last one."""
+        self.refusing = False
+        """Redis answers but refuses writes (OOM): writes are kept, reads go on."""
+        self.refusals = 0
+        """How many refusals began so far; the number of the current or last one."""
+        self._refusal_open = False
+        """A refusal began and its kept writes are not all written back yet."""
         self.stats = OutageStats()
         self._changed = asyncio.Event()
         self.writes = WriteBatcher(redis, call_timeout_s)
@@ -89,10 +117,17 @@ class RedisLink:
 
     # --- the verdict ---------------------------------------------------------------------
 
+    @property
+    def writable(self) -> bool:
+        """Whether a write may go to Redis now (it answers and does not refuse writes)."""
+        return self.up and not self.refusing
+
     async def call(self, make: Callable[[], Awaitable[T]]) -> T:
         """Run one Redis call under the call deadline; raises RedisUnavailableError (and
-        marks the link down) when the server cannot be reached. Other Redis errors (a bad
-        command, a wrong type) pass through: they are bugs, not outages."""
+        marks the link down) when the server cannot be reached, RedisFullError (a
+        RedisUnavailableError; a refusal begins) when it refused a write for want of
+        memory. Other Redis errors (a bad command, a wrong type) pass through: they are
+        bugs, not outages."""
         if not self.up:
             raise self.unavailable()
         task = asyncio.current_task()
@@ -103,6 +138,9 @@ class RedisLink:
         except OUTAGE_ERRORS as exc:
             self.went_down(exc)
             raise self.unavailable() from exc
+        except OutOfMemoryError as exc:
+            self.refused(exc)
+            raise self.full() from exc
         if task is not None and task.cancelling() > cancels:
             # On Python 3.11, redis-py's `asyncio.wait_for` around a socket write swallows
             # a cancel that lands as the write completes; the owner's cancel (a session
@@ -113,6 +151,13 @@ class RedisLink:
 
     def unavailable(self) -> RedisUnavailableError:
         return RedisUnavailableError("the session store (Redis) is unreachable")
+
+    def full(self) -> RedisFullError:
+        return RedisFullError("the session store (Redis) is full and refuses writes")
+
+    def unwritable(self) -> RedisUnavailableError:
+        """The error for a write that cannot go to Redis now, whichever the reason."""
+        return self.unavailable() if not self.up else self.full()
 
     def went_down(self, exc: BaseException) -> None:
         """A call found no server. Idempotent within one outage."""
@@ -135,12 +180,42 @@ class RedisLink:
         self.up = True
         self._wake_waiters()
 
+    def refused(self, exc: BaseException) -> None:
+        """Redis refused a write for want of memory (the caller keeps the write). Begins a
+        refusal unless one is open: a write back that meets the limit again is part of it."""
+        if not self._refusal_open:
+            self._refusal_open = True
+            self.refusals += 1
+            self.stats = OutageStats(started=time.monotonic())
+            log.warning(
+                "Redis refuses writes, out of memory (%s); sessions go on, their writes "
+                "are kept locally until it takes writes again",
+                str(exc) or type(exc).__name__,
+            )
+        self.stats.refused += 1
+        if not self.refusing:
+            self.refusing = True
+            self._wake_waiters()
+
+    def accepts_writes(self) -> None:
+        """The write probe was accepted: the spills may write back."""
+        if not self.refusing:
+            return
+        self.refusing = False
+        self._wake_waiters()
+
+    def refusal_over(self) -> None:
+        """What was kept during the refusal is written back (the session manager's word):
+        a later refused write begins a new one."""
+        self._refusal_open = False
+
     def summary(self) -> str:
-        """The outage in one line, for the log line that says Redis is back."""
+        """The outage (or refusal) in one line, for the log line that says it is over."""
         s = self.stats
+        refused = f"{s.refused} writes refused (out of memory), " if s.refused else ""
         return (
-            f"after {time.monotonic() - s.started:.1f} s: {s.spilled} writes kept locally, "
-            f"{s.restored} written back, {s.dropped} dropped (spill full)"
+            f"after {time.monotonic() - s.started:.1f} s: {refused}{s.spilled} writes kept "
+            f"locally, {s.restored} written back, {s.dropped} dropped (spill full)"
         )
 
     def _wake_waiters(self) -> None:
@@ -157,22 +232,37 @@ class RedisLink:
         while not self.up:
             await self._changed.wait()
 
+    async def next_refusal(self, after: int) -> int:
+        """Wait until a refusal later than number `after` has begun; returns its number."""
+        while self.refusals <= after:
+            await self._changed.wait()
+        return self.refusals
+
+    async def wait_writable(self) -> None:
+        while not self.writable:
+            await self._changed.wait()
+
     # --- the watch -------------------------------------------------------------------------
 
     async def run(self) -> None:
         """Heartbeat while up (so an outage is noticed even with no call writing), probe
-        while down; runs until cancelled by its owner (the session manager). An error that
-        is no known outage (redis-py's cluster client raises its own while the slot map is
-        in flux) is logged and the watch goes on: were it to end, an outage would never be
-        seen to end, and sessions would keep their writes locally for good."""
+        while down, probe with a write while Redis refuses writes; runs until cancelled by
+        its owner (the session manager). An error that is no known outage (redis-py's
+        cluster client raises its own while the slot map is in flux) is logged and the
+        watch goes on: were it to end, an outage would never be seen to end, and sessions
+        would keep their writes locally for good."""
         while True:
-            if self.up:
-                await asyncio.sleep(self.heartbeat_interval_s)
-                await self._heartbeat()
-            else:
+            if not self.up:
                 await asyncio.sleep(self.probe_interval_s)
                 if await self._probe():
                     self.came_back()
+            elif self.refusing:
+                await asyncio.sleep(self.probe_interval_s)
+                if await self._write_probe():
+                    self.accepts_writes()
+            else:
+                await asyncio.sleep(self.heartbeat_interval_s)
+                await self._heartbeat()
 
     async def _heartbeat(self) -> None:
         try:
@@ -190,9 +280,28 @@ class RedisLink:
         except OUTAGE_ERRORS:
             return False
         except Exception as exc:  # not back, for a reason of its own: said once an outage
-            kind = type(exc).__name__
-            if kind not in self.stats.probe_errors:
-                self.stats.probe_errors.add(kind)
-                log.warning("Redis probe: %s: %s; probing on", kind, exc)
+            self._probe_failed(exc)
             return False
         return True
+
+    async def _write_probe(self) -> bool:
+        """Whether Redis takes a write again: `SET ... XX` of a key that does not exist is
+        refused at the memory limit like any write, and writes nothing otherwise."""
+        try:
+            async with asyncio.timeout(self.call_timeout_s):
+                await self.redis.set(WRITE_PROBE_KEY, b"", xx=True)
+        except OutOfMemoryError:
+            return False
+        except OUTAGE_ERRORS as exc:
+            self.went_down(exc)  # the down probe takes over
+            return False
+        except Exception as exc:
+            self._probe_failed(exc)
+            return False
+        return True
+
+    def _probe_failed(self, exc: BaseException) -> None:
+        kind = type(exc).__name__
+        if kind not in self.stats.probe_errors:  # said once an outage (or refusal)
+            self.stats.probe_errors.add(kind)
+            log.warning("Redis probe: %s: %s; probing on", kind, exc)

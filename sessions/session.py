@@ -72,6 +72,7 @@ from .sink import DetachedSink, OutputSink
 from .spill import DEFAULT_MAX_BYTES
 from .state import SessionState, StateMachine
 from .store import SessionStore
+from .store_notices import StoreNotices
 from .transcription import Heard, ItemTranscriber, store_transcript
 from .turn_detection import SpeechConfirmed, SpeechEnd, SpeechPause, SpeechStart, TurnDetector
 from .turn_end import sounds_finished
@@ -145,13 +146,14 @@ class Session:
             ttl_s=self.limits.key_ttl_s,
             spill_max_bytes=self.limits.spill_max_bytes,
             metrics=self.metrics,
+            on_drop=self._spill_dropped,
         )
         store.fence = fence
         self.keys, self.spill = store.keys, store.spill
         self.audio, self.frames = store.audio, store.frames
         self.history, self.event_log = store.history, store.event_log
-        self._told_of_outage = 0
-        """The number of the last Redis outage this session's client was told about."""
+        self._notices = StoreNotices(self.link, self.limits.spill_max_bytes)
+        """What the client is told, once an episode, when Redis cannot take writes."""
         self.machine = StateMachine(session_id, self._on_transition)
         self._detector = TurnDetector(config.turn_detection) if config.turn_detection else None
         self._resampler: InputResampler | None = None
@@ -322,28 +324,40 @@ class Session:
 
     def redis_unavailable(self, outage: int) -> None:
         """Tell the client, once per outage, that the session store is unreachable."""
-        if outage <= self._told_of_outage or self._close_requested.is_set():
-            return
-        self._told_of_outage = outage
-        mib = self.limits.spill_max_bytes / (1024 * 1024)
-        self._emit(
-            ErrorEvent(
-                code=RedisUnavailableError.code,
-                error_type=RedisUnavailableError.error_type,
-                message=(
-                    "The session store (Redis) is unreachable. The conversation goes on: "
-                    f"new audio, items and events are kept on this server (up to {mib:g} MiB) "
-                    "and stored when it is back. Until then a dropped connection cannot be "
-                    "resumed, and a turn whose audio was stored before the outage cannot be "
-                    "answered."
-                ),
-            )
-        )
+        if not self._close_requested.is_set():
+            self._notify(self._notices.outage(outage))
+
+    def redis_full(self, refusal: int) -> None:
+        """Tell the client, once per refusal, that the session store refuses writes (it is
+        at its memory limit)."""
+        if not self._close_requested.is_set():
+            self._notify(self._notices.refusal(refusal))
+
+    def _store_trouble(self) -> None:
+        """A call failed for want of the session store: the client hears why, once."""
+        if self.link.up and self.link.refusing:
+            self.redis_full(self.link.refusals)
+        else:
+            self.redis_unavailable(self.link.outages)
+
+    def _spill_dropped(self, kind: str, count: int) -> None:
+        """The spill gave up kept writes: the client hears of it once an episode."""
+        if not self._close_requested.is_set():
+            self._notify(self._notices.dropped(kind))
+
+    def _notify(self, notice: ErrorEvent | None) -> None:
+        if notice is not None:
+            self._emit(notice)
 
     async def restore_after_outage(self) -> None:
         """Redis answers again: the store puts back what it lost (see SessionStore.restore)."""
         if not self._close_requested.is_set():
             await self.store.restore(self.config, self.resume_token)
+
+    async def write_back_after_refusal(self) -> None:
+        """Redis takes writes again: what was kept is written (see SessionStore.write_back)."""
+        if not self._close_requested.is_set():
+            await self.store.write_back()
 
     async def _watchdog(self) -> None:
         limits = self.limits
@@ -784,7 +798,7 @@ class Session:
         except asyncio.CancelledError:
             raise
         except RedisUnavailableError:  # not a bug: the client hears of the outage once
-            self.redis_unavailable(self.link.outages)
+            self._store_trouble()
             if self.machine.can(SessionState.LISTENING):
                 self.machine.to(SessionState.LISTENING, "session store unreachable")
         except Exception:
@@ -797,7 +811,7 @@ class Session:
             if response.status is not None:
                 self.metrics.responses.labels(response.status).inc()
             if response.redis_unavailable:
-                self.redis_unavailable(self.link.outages)
+                self._store_trouble()
 
     async def _cancel_response(
         self, reason: str, next_state: SessionState = SessionState.LISTENING

@@ -9,7 +9,12 @@ first. The kept values stay readable, so a turn can still be built from the loca
 Order matters only within a buffer (an audio stream's ids must grow, the event log must
 replay in order), so each buffer has its own queue. The bound is on bytes for the whole
 session: past it, the oldest entry of the most expendable buffer goes (audio, then frames,
-then events, then history), and is counted.
+then events, then history), and is counted, and the session is told (`on_drop`).
+
+A Redis at its memory limit refuses writes (`OOM`) but answers reads: a refused write is
+kept like one made during an outage, and so is every later one (order) until the link says
+Redis takes writes again (redis_link.py). A write back that meets the limit again stops
+at the refused write; it and those after it stay kept, to be sent again.
 """
 
 from __future__ import annotations
@@ -19,13 +24,14 @@ import collections
 import functools
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.asyncio.client import Pipeline
+from redis.exceptions import OutOfMemoryError, RedisError
 
-from .errors import RedisUnavailableError
+from .errors import RedisFullError, RedisUnavailableError
 from .metrics import SessionMetrics
 from .redis_link import RedisLink
 from .write_batcher import Apply
@@ -40,6 +46,9 @@ DRAIN_BATCH = 256
 DROP_ORDER = ("audio", "frames", "events", "history", "record")
 """Which buffer gives up its oldest entry first when the spill is full: media is a cache,
 the history and the event log are what a resume promises."""
+
+OnDrop = Callable[[str, int], None]
+"""Told the buffer and how many values a full spill just gave up."""
 
 
 @dataclass(slots=True)
@@ -57,10 +66,12 @@ class Spill:
         link: RedisLink,
         max_bytes: int = DEFAULT_MAX_BYTES,
         metrics: SessionMetrics | None = None,
+        on_drop: OnDrop | None = None,
     ) -> None:
         self.link = link
         self.max_bytes = max_bytes
         self._metrics = metrics
+        self._on_drop = on_drop
         self._queues: dict[str, collections.deque[SpilledWrite]] = {
             kind: collections.deque() for kind in DROP_ORDER
         }
@@ -82,6 +93,11 @@ class Spill:
     def holds(self, kind: str) -> bool:
         return bool(self._queues[kind])
 
+    def adds_only(self, kind: str) -> bool:
+        """Whether every kept write of `kind` adds values (none deletes or trims), so what
+        Redis holds plus `pending(kind)` is what it will hold once they are written."""
+        return all(write.values for write in self._queues[kind])
+
     async def write(
         self, kind: str, apply: Apply, *, size: int = 0, values: Sequence[Any] = ()
     ) -> list[Any] | None:
@@ -93,11 +109,13 @@ class Spill:
         async with self._lock:
             if self._closed:
                 return None
-            if self.link.up and len(self):
+            if self.link.writable and len(self):
                 await self._drain_locked()
-            if self.link.up and not len(self):
+            if self.link.writable and not len(self):
                 try:
                     return await self.link.call(lambda: self._execute([apply]))
+                except RedisFullError:
+                    self._count_refusal()
                 except RedisUnavailableError:
                     pass
             self._keep(kind, SpilledWrite(apply, size, values))
@@ -110,8 +128,8 @@ class Spill:
         queue.clear()
 
     async def settle(self) -> None:
-        """If Redis answers, write back everything kept, so a read from Redis sees it."""
-        if self.link.up and len(self) and not self._closed:
+        """If Redis takes writes, write back everything kept, so a read from Redis sees it."""
+        if self.link.writable and len(self) and not self._closed:
             async with self._lock:
                 await self._drain_locked()
 
@@ -141,30 +159,59 @@ class Spill:
             self.link.stats.dropped += 1
             if self._metrics is not None:
                 self._metrics.redis_spill_dropped.labels(victim_kind).inc(count)
+            if self._on_drop is not None:
+                self._on_drop(victim_kind, count)
+
+    def _count_refusal(self) -> None:
+        if self._metrics is not None:
+            self._metrics.redis_write_refusals.labels("oom").inc()
 
     async def _execute(self, applies: list[Apply], raise_on_error: bool = True) -> list[Any]:
         return await self.link.writes.execute(applies, raise_on_error)
 
     async def _drain_locked(self) -> None:
-        """Write back the kept entries, buffer by buffer, in order; stops at an outage."""
+        """Write back the kept entries, buffer by buffer, in order; stops at an outage, or
+        at the first write Redis refuses for want of memory."""
         for kind in reversed(DROP_ORDER):
             queue = self._queues[kind]
             while queue:
-                if not self.link.up:
+                if not self.link.writable:
                     return
-                batch = [w.apply for w in itertools.islice(queue, DRAIN_BATCH)]
+                batch = _Counted([w.apply for w in itertools.islice(queue, DRAIN_BATCH)])
                 try:
                     results = await self.link.call(
-                        functools.partial(self._execute, batch, raise_on_error=False)
+                        functools.partial(self._execute, batch.applies, raise_on_error=False)
                     )
+                except RedisFullError:
+                    self._count_refusal()
+                    return
                 except RedisUnavailableError:
                     return
-                for _ in batch:
+                per_write = batch.split(results)
+                refused = next(
+                    (
+                        (i, r)
+                        for i, mine in enumerate(per_write)
+                        for r in mine
+                        if isinstance(r, OutOfMemoryError)
+                    ),
+                    None,
+                )
+                landed = len(per_write) if refused is None else refused[0]
+                for _ in range(landed):
                     self.bytes -= queue.popleft().size
-                self.link.stats.restored += len(batch)
+                self.link.stats.restored += landed
                 if self._metrics is not None:
-                    self._metrics.redis_restored_writes.inc(len(batch))
-                failed = [r for r in results if isinstance(r, RedisError) and not _landed(r)]
+                    self._metrics.redis_restored_writes.inc(landed)
+                failed = [
+                    r
+                    for mine in per_write[:landed]
+                    for r in mine
+                    if isinstance(r, RedisError) and not _landed(r)
+                ]
+                if refused is not None:  # kept, from the refused write on, for the next try
+                    self._count_refusal()
+                    self.link.refused(refused[1])
                 if failed:  # a command Redis refused: writing it again would not help
                     log.error(
                         "%d spilled %s writes were refused by Redis: %s",
@@ -172,6 +219,31 @@ class Spill:
                         kind,
                         failed[0],
                     )
+
+
+class _Counted:
+    """Writes for one pipeline that note how many commands each adds, so the pipeline's
+    results can be told apart per write (other sessions' writes may share the pipeline)."""
+
+    def __init__(self, applies: list[Apply]) -> None:
+        self.counts = [0] * len(applies)
+        self.applies = [self._counting(i, apply) for i, apply in enumerate(applies)]
+
+    def _counting(self, index: int, apply: Apply) -> Apply:
+        def counted(pipe: Pipeline) -> None:
+            before = len(pipe)
+            apply(pipe)
+            self.counts[index] = len(pipe) - before
+
+        return counted
+
+    def split(self, results: list[Any]) -> list[list[Any]]:
+        """The results of each write, in order."""
+        out, at = [], 0
+        for count in self.counts:
+            out.append(results[at : at + count])
+            at += count
+        return out
 
 
 def _landed(error: RedisError) -> bool:

@@ -29,7 +29,7 @@ from .keys import SessionKeys
 from .metrics import SessionMetrics
 from .ownership import delete_script
 from .redis_link import RedisLink
-from .spill import Spill
+from .spill import OnDrop, Spill
 
 log = logging.getLogger("parley.sessions.store")
 
@@ -47,11 +47,13 @@ class SessionStore:
         ttl_s: int,
         spill_max_bytes: int,
         metrics: SessionMetrics,
+        on_drop: OnDrop | None = None,
     ) -> None:
+        """`on_drop`: told when the spill gives up kept writes (spill.py)."""
         self.session_id = session_id
         self.keys = SessionKeys(session_id)
         self.link = link
-        self.spill = Spill(link, spill_max_bytes, metrics)
+        self.spill = Spill(link, spill_max_bytes, metrics, on_drop)
         spill = self.spill
         self.audio = AudioBuffer(
             redis, self.keys, config.max_audio_seconds, ttl_s, spill=spill, write_behind=True
@@ -121,8 +123,16 @@ class SessionStore:
         await self.history.rewrite()  # also undoes a write that reached a stalled server twice
         await self.spill.settle()
         if len(self.spill):  # the write-back stopped: Redis went away again
-            raise self.link.unavailable()
+            raise self.link.unwritable()
         await self.refresh_keys()
+
+    async def write_back(self) -> None:
+        """Redis takes writes again (after a refusal: nothing in it was lost, so this is
+        all there is to do): write back what was kept locally. Raises
+        RedisUnavailableError (RedisFullError) if Redis goes away (or refuses) again."""
+        await self.spill.settle()
+        if len(self.spill) and not self.link.writable:  # the write back stopped short
+            raise self.link.unwritable()
 
     async def delete(self) -> None:
         """The session has ended: drop what is kept locally and delete the keys. Never

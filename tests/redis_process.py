@@ -2,6 +2,8 @@
 
 It listens on a unix socket in a private directory, keeps nothing on disk, and comes back
 on the same socket after `kill()` + `start()` as an empty server, like a real restart.
+`fill()` takes a server to its memory limit (`maxmemory`, `noeviction`), where it answers
+reads and refuses writes with OOM, and `free()` takes it back.
 """
 
 from __future__ import annotations
@@ -13,8 +15,13 @@ import time
 from pathlib import Path
 
 import redis as redis_sync
+import redis.asyncio as aioredis
+from redis.exceptions import OutOfMemoryError
 
 START_TIMEOUT_S = 10.0
+FILLER = "test:filler"
+ROOM = 4 * 1024 * 1024
+"""What `fill()` sets `maxmemory` to above the memory in use."""
 
 
 class RedisProcess:
@@ -60,3 +67,24 @@ class RedisProcess:
     def close(self) -> None:
         self.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+async def fill(redis: aioredis.Redis) -> None:
+    """The server at its memory limit: `maxmemory` a little above what it uses (with
+    `noeviction`), then a key grown until Redis refuses to grow it further. Only for a
+    server of the test's own: the shared one would refuse the other tests' writes."""
+    await redis.config_set("maxmemory-policy", "noeviction")
+    used = int((await redis.info("memory"))["used_memory"])
+    await redis.config_set("maxmemory", used + ROOM)
+    chunk = b"\0" * (256 * 1024)
+    for _ in range(4 * ROOM // len(chunk)):
+        try:
+            await redis.append(FILLER, chunk)
+        except OutOfMemoryError:
+            return
+    raise AssertionError("Redis took more than its maxmemory")
+
+
+async def free(redis: aioredis.Redis) -> None:
+    """Memory freed: the filler goes (the limit stays)."""
+    await redis.delete(FILLER)

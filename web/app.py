@@ -33,6 +33,7 @@ from realtime.metrics import TransportMetrics
 from realtime.webrtc.registry import CallRegistry
 from sessions import SessionManager
 from sessions.process_beat import new_process_id
+from sessions.redis_link import WRITE_PROBE_KEY
 
 from .metrics_fanin import MetricsFanIn
 from .origins import OriginAllowlist, OriginPolicy
@@ -199,6 +200,9 @@ async def readyz(request: Request) -> Response:
         try:
             async with asyncio.timeout(READY_TIMEOUT_S):
                 await services.redis.ping()
+                # At its memory limit Redis answers PING but refuses writes (OOM), and a
+                # new session with it: a write that writes nothing tells (redis_link.py).
+                await services.redis.set(WRITE_PROBE_KEY, b"", xx=True)
         except Exception as exc:
             services.metrics.redis_errors.inc()
             reasons.append(f"redis: {type(exc).__name__}: {exc}".rstrip(": "))

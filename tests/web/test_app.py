@@ -7,8 +7,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 from starlette.applications import Starlette
 
+from tests.redis_process import RedisProcess, fill, free
 from web.app import create_app
 from web.settings import Settings
 
@@ -64,6 +66,28 @@ async def test_not_ready_without_redis_but_still_healthy(
         assert body["status"] == "unavailable"
         assert any(reason.startswith("redis:") for reason in body["reasons"])
         assert "parley_redis_errors_total 1.0" in (await client.get("/metrics")).text
+
+
+async def test_not_ready_while_redis_refuses_writes(settings: Settings) -> None:
+    """At its memory limit Redis answers PING but refuses writes, and new sessions with
+    them: /readyz says so, and is ready again once memory is freed."""
+    server = RedisProcess()
+    server.start()
+    redis = aioredis.Redis(unix_socket_path=str(server.socket))
+    try:
+        app = create_app(settings, server.url)
+        async with app.router.lifespan_context(app), await _client(app) as client:
+            await fill(redis)
+            ready = await client.get("/readyz")
+            assert ready.status_code == 503
+            (reason,) = ready.json()["reasons"]
+            assert reason.startswith("redis: OutOfMemoryError")
+            await free(redis)
+            assert (await client.get("/readyz")).status_code == 200
+        assert await redis.keys("*") == []
+    finally:
+        await redis.aclose()
+        server.close()
 
 
 async def test_not_ready_when_the_pipeline_does_not_load(redis_url: str) -> None:
