@@ -17,6 +17,7 @@ for an open server, where the web layer counts by the client's address (`address
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -52,6 +53,14 @@ def key_caller(api_key: str) -> str:
 def address_caller(host: str | None) -> str:
     """The caller id of a client with no key (an open server): its address."""
     return f"addr:{host or 'unknown'}"
+
+
+def with_caller(grant: Grant, host: str | None) -> Grant:
+    """`grant` with its caller named: its own, or (an open server) the client's address
+    `host`, so that one place cannot take every session slot."""
+    if grant.caller is not None:
+        return grant
+    return dataclasses.replace(grant, caller=address_caller(host))
 
 
 def parse_keys(api_key: str | None) -> tuple[str, ...]:

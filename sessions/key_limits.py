@@ -32,8 +32,9 @@ local t = tonumber(now[1]) + tonumber(now[2]) / 1000000
 local ttl = tonumber(ARGV[3])
 local mode = ARGV[6]
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', t)
+local cap = tonumber(ARGV[2])
 if mode ~= 'renew' and not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  if cap > 0 and redis.call('ZCARD', KEYS[1]) >= cap then
     return {-1, 0}
   end
   local interval = tonumber(ARGV[4])
@@ -51,7 +52,7 @@ if mode ~= 'renew' and not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
     end
   end
 end
-if mode == 'peek' then
+if mode == 'peek' or cap == 0 then
   return {1, 0}
 end
 redis.call('ZADD', KEYS[1], t + ttl, ARGV[1])
@@ -62,17 +63,26 @@ return {1, 0}
 
 @dataclass(frozen=True, slots=True)
 class KeyLimits:
-    max_sessions: int
-    """Sessions one caller may hold at once."""
+    """Both limits are off by default: an open server serves loopback only (every client
+    is one address) and a server with one key has one caller, so per-key limits below the
+    session cap would only shrink it; they matter where several keys share a server."""
+
+    max_sessions: int | None = None
+    """Sessions one caller may hold at once; None: no limit but the session cap (and no
+    slots kept in Redis)."""
     per_minute: int = 0
     """Sessions one caller may start per minute (all of them at once, then evenly); 0: no
     rate limit."""
 
     def __post_init__(self) -> None:
-        if self.max_sessions < 1:
+        if self.max_sessions is not None and self.max_sessions < 1:
             raise ValueError("the per-key session limit must be at least 1")
         if self.per_minute < 0:
             raise ValueError("the per-key session rate must be 0 (none) or more")
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_sessions is not None or self.per_minute > 0
 
 
 class KeyLimiter:
@@ -106,15 +116,19 @@ class KeyLimiter:
         await self._run(caller, session_id, "renew")
 
     async def release(self, caller: str, session_id: str) -> None:
-        await self._redis.zrem(caller_keys(caller, self.namespace)[0], session_id)
+        if self.limits.max_sessions is not None:
+            await self._redis.zrem(caller_keys(caller, self.namespace)[0], session_id)
 
     async def count(self, caller: str) -> int:
         return int(await self._redis.zcard(caller_keys(caller, self.namespace)[0]))
 
     async def _run(self, caller: str, session_id: str, mode: str) -> None:
+        if not self.limits.enabled or (mode == "renew" and self.limits.max_sessions is None):
+            return
         per_minute = self.limits.per_minute
         interval = 60.0 / per_minute if per_minute else 0.0
-        args = [session_id, self.limits.max_sessions, self.ttl_s, interval, per_minute, mode]
+        cap = self.limits.max_sessions or 0
+        args = [session_id, cap, self.ttl_s, interval, per_minute, mode]
         verdict, retry_ms = await self._script(
             keys=list(caller_keys(caller, self.namespace)), args=args
         )

@@ -92,8 +92,7 @@ class SessionManager:
         """`clock`: the time its sessions live by (tests compress it); the upkeep that
         renews leases and key expiries stays on wall time, as Redis expires them in its own.
         `process_id`: this process among those sharing the Redis (random by default).
-        `key_limits`: what one caller may hold and start (by default: the whole cap, and
-        no rate limit)."""
+        `key_limits`: what one caller may hold and start (by default, nothing counted)."""
         self.redis = redis
         self.process_id = process_id or new_process_id()
         self.ownership = Ownership(redis, self.process_id)
@@ -104,9 +103,7 @@ class SessionManager:
         self.limits = limits or SessionLimits()
         self.metrics = metrics or SessionMetrics()
         self.leases = LeaseRegistry(redis, max_sessions, ttl_s=lease_ttl_s)
-        self.key_limits = KeyLimiter(
-            redis, key_limits or KeyLimits(max_sessions), ttl_s=lease_ttl_s
-        )
+        self.key_limits = KeyLimiter(redis, key_limits or KeyLimits(), ttl_s=lease_ttl_s)
         self._callers: dict[str, str] = {}
         """Per live session started for a caller: the caller its slot counts against."""
         self._sessions: dict[str, Session] = {}
@@ -169,7 +166,7 @@ class SessionManager:
             raise SessionLimitError(
                 f"all {self.leases.cap} session slots are in use; try again shortly"
             )
-        if caller is not None:
+        if caller is not None and self.key_limits.limits.enabled:
             await self._count_against(caller, session_id)
         try:
             fence = await self.link.call(
@@ -179,10 +176,25 @@ class SessionManager:
             log.warning("session %s: ownership not recorded: %s", session_id, exc)
             fence = 0
         session = self._new_session(session_id, config, sink, fence=fence)
-        if caller is not None:
+        if caller is not None and self.key_limits.limits.enabled:
             self._callers[session_id] = caller
         self._start(session)
         return session
+
+    async def check_caller(self, caller: str) -> None:
+        """KeyLimitError if `caller` could not start a session now. It takes nothing (a
+        refusal before a WebSocket upgrade; `create` decides for good), and says nothing
+        when Redis cannot answer (`create` will)."""
+        if not self.key_limits.limits.enabled:
+            return
+        try:
+            await self.link.call(lambda: self.key_limits.check(caller))
+        except KeyLimitError as exc:
+            self.metrics.key_limit_rejections.inc()
+            log.warning("caller %s refused a session: %s", caller, exc)
+            raise
+        except (RedisError, OSError):
+            pass
 
     async def _count_against(self, caller: str, session_id: str) -> None:
         """Take a slot of `caller`'s for a session that has just taken its lease; the lease
@@ -266,7 +278,7 @@ class SessionManager:
             return None  # another resume (here or elsewhere) took it meanwhile
         ended = await end_unfinished(session.history, await session.event_log.replay())
         session.recover(offset, ended)
-        if caller is not None:
+        if caller is not None and self.key_limits.limits.enabled:
             self._callers[session_id] = caller
             await self._renew_key_slot(caller, session_id)
         self._start(session)

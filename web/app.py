@@ -125,6 +125,7 @@ async def _serving(app: Starlette, services: Services) -> AsyncIterator[None]:
             services.redis,
             services.pipeline,
             max_sessions=services.settings.max_sessions,
+            key_limits=services.settings.key_limits,
             metrics=services.metrics,
             process_id=app.state.process_id,
         )
