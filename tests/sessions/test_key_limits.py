@@ -11,8 +11,9 @@ import redis.asyncio as aioredis
 from pipeline.engine_pipeline import EnginePipeline
 from sessions.errors import KeyLimitError, SessionLimitError
 from sessions.key_limits import KeyLimiter, KeyLimits
-from sessions.keys import caller_keys
+from sessions.keys import SessionKeys, caller_keys
 from sessions.manager import SessionManager
+from sessions.session import SessionLimits
 from tests.fakes.fake_engine import FakeEngine
 from tests.fakes.sink import ClockedSink
 
@@ -135,4 +136,53 @@ async def test_the_cap_still_refuses_first_with_a_session_limit(redis: aioredis.
         with pytest.raises(SessionLimitError) as refused:
             await manager.create(ClockedSink(), caller=BOB)
         assert not isinstance(refused.value, KeyLimitError)
+    assert await redis.keys("*") == []
+
+
+async def test_a_resumed_session_counts_against_its_caller_on_the_new_manager(
+    redis: aioredis.Redis,
+) -> None:
+    limits, quick = KeyLimits(max_sessions=1), SessionLimits(watchdog_interval_s=0.05)
+
+    def manager(process_id: str) -> SessionManager:
+        pipeline = EnginePipeline(FakeEngine())
+        return SessionManager(
+            redis, pipeline, key_limits=limits, limits=quick, process_id=process_id
+        )
+
+    async with manager("proc_a") as a, manager("proc_b") as b, ClockedSink() as sink:
+        await a.beat.listening()
+        await b.beat.listening()
+        session = await a.create(sink, caller=ALICE)
+        await sink.wait_for(lambda e: e.type == "session.created")
+        async with asyncio.timeout(5):  # its record is written behind session.created
+            while not await redis.exists(SessionKeys(session.session_id).meta):
+                await asyncio.sleep(0.02)
+        moved = await b.resume(session.session_id, session.resume_token, caller=ALICE)
+        assert moved is not None and len(a) == 0
+        # the old copy freed its slot as it let go; the new one took it again
+        assert await b.key_limits.count(ALICE) == 1
+        with pytest.raises(KeyLimitError):
+            await a.create(ClockedSink(), caller=ALICE)
+        await b.close_session(moved.session_id)
+        assert await b.key_limits.count(ALICE) == 0
+    assert await redis.keys("*") == []
+
+
+async def test_a_rate_limit_alone_keeps_no_session_slots(redis: aioredis.Redis) -> None:
+    limiter = KeyLimiter(redis, KeyLimits(per_minute=1200))  # one every 0.05 s
+    await limiter.acquire(ALICE, "sess_1")
+    await limiter.renew(ALICE, "sess_1")
+    assert await redis.keys("*") == [caller_keys(ALICE)[1].encode()]
+    await limiter.release(ALICE, "sess_1")
+    await asyncio.sleep(0.1)
+    assert await redis.keys("*") == []
+
+
+async def test_with_no_limits_a_caller_costs_nothing_in_redis(redis: aioredis.Redis) -> None:
+    async with SessionManager(redis, EnginePipeline(FakeEngine())) as manager:
+        for _ in range(3):
+            await manager.create(ClockedSink(), caller=ALICE)
+        await manager.check_caller(ALICE)
+        assert not any(b"caller" in key for key in await redis.keys("*"))
     assert await redis.keys("*") == []
