@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.registry import DEFAULT_PIPELINE
+from realtime.auth import parse_keys
 from realtime.sip.allow import Allowlist, is_loopback
 from sessions import DEFAULT_MAX_SESSIONS
 from sessions.key_limits import KeyLimits
@@ -287,7 +288,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[str, Settings]:
         return args.command, Settings(
             redis_url=args.redis_url, pipeline=args.pipeline, stage=args.stage, log_level=level
         )
-    api_key = args.api_key or None
+    api_key = ",".join(parse_keys(args.api_key)) or None  # "," alone is no key
     return args.command, Settings(
         host=args.host,
         port=_int("port", args.port, 0, 65535),

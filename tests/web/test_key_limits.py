@@ -18,10 +18,11 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from realtime.auth import address_caller, key_caller
+from sessions.key_limits import KeyLimits
 from sessions.keys import caller_keys
 from tests.realtime.apps import ServedApp, fake_graph_file, served_app
 from tests.realtime.clients import RecordingClient
-from web.settings import Settings
+from web.settings import Settings, SettingsError, parse_settings
 
 KEY_A, KEY_B = "sk-tenant-a", "sk-tenant-b"
 
@@ -173,3 +174,23 @@ async def test_a_video_stream_over_the_limit_is_told_after_the_upgrade(
                     while True:
                         await ws.recv()
             assert ws.close_code == 1013
+
+
+def test_the_per_key_settings_from_flags_and_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, settings = parse_settings(["serve"])
+    assert settings.key_limits == KeyLimits() and not settings.key_limits.enabled
+    _, settings = parse_settings(
+        ["serve", "--max-sessions-per-key", "4", "--sessions-per-minute-per-key", "30"]
+    )
+    assert settings.key_limits == KeyLimits(4, 30)
+    monkeypatch.setenv("PARLEY_MAX_SESSIONS_PER_KEY", "2")
+    monkeypatch.setenv("PARLEY_API_KEY", f"{KEY_A},,{KEY_B}")
+    _, settings = parse_settings(["serve"])
+    assert settings.key_limits == KeyLimits(2) and settings.api_key == f"{KEY_A},{KEY_B}"
+    monkeypatch.setenv("PARLEY_API_KEY", " , ")
+    assert parse_settings(["serve"])[1].api_key is None  # no key: loopback only
+    for flag in ("--max-sessions-per-key", "--sessions-per-minute-per-key"):
+        with pytest.raises(SettingsError, match=f"{flag}: must be between"):
+            parse_settings(["serve", flag, "-1" if "minute" in flag else "0"])
