@@ -2,8 +2,8 @@
 start them, shared by every server process through Redis.
 
 A *caller* is an opaque id the web layer derives (realtime/auth.py): a hash of the API key
-a request came with (a secret counts against the key that minted it), or of the client's
-address where the server has no key. It is never a key in clear.
+a request came with (a secret counts against the key that minted it; never the key in
+clear), or the client's address where the server has no key.
 
 Each caller has two Redis keys under one hash tag (sessions/keys.py `caller_keys`):
 - a sorted set of its session ids scored by lease expiry, as the global `LeaseRegistry`
