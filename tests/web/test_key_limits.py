@@ -22,6 +22,7 @@ from sessions.key_limits import KeyLimits
 from sessions.keys import caller_keys
 from tests.realtime.apps import ServedApp, fake_graph_file, served_app
 from tests.realtime.clients import RecordingClient
+from tests.realtime.twilio_caller import TwilioCaller
 from web.settings import Settings, SettingsError, parse_settings
 
 KEY_A, KEY_B = "sk-tenant-a", "sk-tenant-b"
@@ -194,3 +195,25 @@ def test_the_per_key_settings_from_flags_and_environment(
     for flag in ("--max-sessions-per-key", "--sessions-per-minute-per-key"):
         with pytest.raises(SettingsError, match=f"{flag}: must be between"):
             parse_settings(["serve", flag, "-1" if "minute" in flag else "0"])
+
+
+async def test_a_twilio_stream_of_a_key_at_its_limit_is_refused(graph: str, redis_url: str) -> None:
+    """A token in the query is checked before the upgrade (429); one in `start`'s custom
+    parameters only at `start`, where the stream is closed with 1013."""
+    settings = Settings(pipeline=graph, api_key=KEY_A, max_sessions=4, max_sessions_per_key=1)
+    async with served_app(settings, redis_url) as server, session(server, KEY_A):
+        url = f"{server.ws_url}/v1/twilio/media"
+        with pytest.raises(InvalidStatus) as refusal:
+            async with connect(f"{url}?token={KEY_A}", proxy=None):
+                pass
+        assert refusal.value.response.status_code == 429
+        assert error_of(refusal.value)["code"] == "rate_limit_exceeded"
+        async with connect(url, proxy=None) as ws:
+            twilio = TwilioCaller(ws)
+            try:
+                await twilio.connect(token=KEY_A)
+                await twilio.closed()
+            finally:
+                await twilio.aclose()
+        assert ws.close_code == 1013
+        assert server.services.manager is not None and len(server.services.manager) == 1
