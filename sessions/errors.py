@@ -57,6 +57,20 @@ class SessionLimitError(ParleyError):
     error_type = "server_error"
 
 
+class KeyLimitError(SessionLimitError):
+    """The caller's key has as many sessions as it may hold at once, or has started them
+    faster than it may (sessions/key_limits.py); other keys still get in. An HTTP 429.
+    `retry_after_s`: when a rate-limited caller may try again (None for the concurrency
+    limit: a slot frees when one of its sessions ends)."""
+
+    code = "rate_limit_exceeded"
+    error_type = "rate_limit_error"
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class SessionClosedError(InvalidRequestError):
     """The session has ended; it takes no more media or commands."""
 

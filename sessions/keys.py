@@ -58,3 +58,11 @@ class SessionKeys:
 def leases_key(namespace: str = NAMESPACE) -> str:
     """Sorted set of session ids scored by lease expiry, shared by every server process."""
     return f"{namespace}:leases"
+
+
+def caller_keys(caller: str, namespace: str = NAMESPACE) -> tuple[str, str]:
+    """A caller's (an API key's, or an address's) per-key limits: the sorted set of its
+    session ids scored by lease expiry, and its session-creation rate state. One hash tag
+    `{caller:<id>}`, so one script may touch both on a Redis Cluster."""
+    tag = f"{namespace}:{{caller:{caller}}}"
+    return f"{tag}:sessions", f"{tag}:rate"

@@ -6,7 +6,9 @@ link's heartbeat/probe and the reaction to an outage). These tasks outlive the c
 start them (`create`, `__aenter__`), so no TaskGroup can hold them (it would have to span
 `__aenter__` and `__aexit__`, or a server's whole life): the manager keeps them and ends
 them with `cancel_and_wait`. Admission goes through `LeaseRegistry`, so the session cap
-holds across every process sharing the Redis.
+holds across every process sharing the Redis, and, for a session started on behalf of a
+caller (an API key or an address: `create(..., caller=)`), through `KeyLimiter`, so one
+caller cannot take every slot: its sessions' slots are renewed and freed with their leases.
 
 A Redis outage: every live session's client is told once; sessions go on with their writes
 kept locally; new sessions are refused (the cap cannot be checked). When Redis answers
@@ -56,8 +58,15 @@ from pipeline.types import Pipeline
 
 from .clock import REAL_CLOCK, Clock
 from .config import SessionConfig
-from .errors import RedisFullError, RedisUnavailableError, SessionLimitError, SessionNotFoundError
+from .errors import (
+    KeyLimitError,
+    RedisFullError,
+    RedisUnavailableError,
+    SessionLimitError,
+    SessionNotFoundError,
+)
 from .events import new_id
+from .key_limits import KeyLimiter, KeyLimits
 from .keys import SessionKeys
 from .leases import LeaseRegistry
 from .metrics import SessionMetrics
@@ -89,6 +98,7 @@ class SessionManager:
         pipeline: Pipeline,
         *,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
+        key_limits: KeyLimits | None = None,
         limits: SessionLimits | None = None,
         lease_ttl_s: float = 30.0,
         metrics: SessionMetrics | None = None,
@@ -98,7 +108,8 @@ class SessionManager:
     ) -> None:
         """`clock`: the time its sessions live by (tests compress it); the upkeep that
         renews leases and key expiries stays on wall time, as Redis expires them in its own.
-        `process_id`: this process among those sharing the Redis (random by default)."""
+        `process_id`: this process among those sharing the Redis (random by default).
+        `key_limits`: what one caller may hold and start (by default, nothing counted)."""
         self.redis = redis
         self.process_id = process_id or new_process_id()
         self.ownership = Ownership(redis, self.process_id)
@@ -109,6 +120,9 @@ class SessionManager:
         self.limits = limits or SessionLimits()
         self.metrics = metrics or SessionMetrics()
         self.leases = LeaseRegistry(redis, max_sessions, ttl_s=lease_ttl_s)
+        self.key_limits = KeyLimiter(redis, key_limits or KeyLimits(), ttl_s=lease_ttl_s)
+        self._callers: dict[str, str] = {}
+        """Per live session started for a caller: the caller its slot counts against."""
         self._sessions: dict[str, Session] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._background: list[asyncio.Task[None]] = []
@@ -147,9 +161,11 @@ class SessionManager:
         sink: OutputSink,
         config: SessionConfig | Mapping[str, Any] | None = None,
         session_id: str | None = None,
+        *,
+        caller: str | None = None,
     ) -> Session:
-        """Admit and start a session; raises SessionLimitError at the cap, ConfigError on
-        bad settings."""
+        """Admit and start a session; raises SessionLimitError at the cap, KeyLimitError
+        (a SessionLimitError) at `caller`'s limits, ConfigError on bad settings."""
         if not self._accepting:
             raise SessionLimitError("the server is shutting down")
         if not isinstance(config, SessionConfig):
@@ -173,6 +189,8 @@ class SessionManager:
             raise SessionLimitError(
                 f"all {self.leases.cap} session slots are in use; try again shortly"
             )
+        if caller is not None and self.key_limits.limits.enabled:
+            await self._count_against(caller, session_id)
         try:
             fence = await self.link.call(
                 lambda: self.ownership.claim(session_id, self.limits.key_ttl_s)
@@ -187,8 +205,43 @@ class SessionManager:
             log.warning("session %s: ownership not recorded: %s", session_id, exc)
             fence = 0
         session = self._new_session(session_id, config, sink, fence=fence)
+        if caller is not None and self.key_limits.limits.enabled:
+            self._callers[session_id] = caller
         self._start(session)
         return session
+
+    async def check_caller(self, caller: str) -> None:
+        """KeyLimitError if `caller` could not start a session now. It takes nothing (a
+        refusal before a WebSocket upgrade; `create` decides for good), and says nothing
+        when Redis cannot answer (`create` will)."""
+        if not self.key_limits.limits.enabled:
+            return
+        try:
+            await self.link.call(lambda: self.key_limits.check(caller))
+        except KeyLimitError as exc:
+            self.metrics.key_limit_rejections.inc()
+            log.warning("caller %s refused a session: %s", caller, exc)
+            raise
+        except (RedisError, OSError):
+            pass
+
+    async def _count_against(self, caller: str, session_id: str) -> None:
+        """Take a slot of `caller`'s for a session that has just taken its lease; the lease
+        goes back if the caller is at its limit (KeyLimitError) or Redis is unreachable."""
+        try:
+            await self.link.call(lambda: self.key_limits.acquire(caller, session_id))
+        except (KeyLimitError, RedisUnavailableError) as exc:
+            with contextlib.suppress(RedisError, OSError):  # else it lapses after its TTL
+                await self.link.call(lambda: self.leases.release(session_id))
+            if isinstance(exc, KeyLimitError):
+                self.metrics.key_limit_rejections.inc()
+                log.warning("caller %s refused a session: %s", caller, exc)
+                raise
+            self.metrics.session_limit_rejections.inc()
+            raise SessionLimitError(
+                "the session store (Redis) is unreachable, so no new session can be counted; "
+                "try again shortly"
+            ) from None
 
     def _new_session(
         self, session_id: str, config: SessionConfig, sink: OutputSink, **resumed: Any
@@ -213,11 +266,14 @@ class SessionManager:
         self.metrics.active_sessions.inc()
         self._tasks[session_id] = asyncio.create_task(self._own(session), name=session_id)
 
-    async def resume(self, session_id: str, token: str | None) -> Session | None:
+    async def resume(
+        self, session_id: str, token: str | None, *, caller: str | None = None
+    ) -> Session | None:
         """A session that another process created (or held), resumed here with its resume
         token: built from Redis and owned here from now on. None when there is no such
         session or the token is wrong; SessionLimitError when this process admits nothing
-        (draining) or the cap is full and its lease has lapsed."""
+        (draining) or the cap is full and its lease has lapsed. `caller`: whom it counts
+        against from now on (it was admitted once: its limit does not refuse it)."""
         if session_id in self._sessions or token is None:
             return None
         record = await self.link.call(lambda: read_record(self.redis, session_id))
@@ -253,6 +309,9 @@ class SessionManager:
             return None  # another resume (here or elsewhere) took it meanwhile
         ended = await end_unfinished(session.history, await session.event_log.replay())
         session.recover(offset, ended)
+        if caller is not None and self.key_limits.limits.enabled:
+            self._callers[session_id] = caller
+            await self._renew_key_slot(caller, session_id)
         self._start(session)
         log.info("session %s resumed here from %s", session_id, previous or "nobody")
         return session
@@ -315,12 +374,15 @@ class SessionManager:
         finally:
             self._sessions.pop(session.session_id, None)
             lease_lock = self._lease_locks.pop(session.session_id)
+            caller = self._callers.pop(session.session_id, None)
             self.metrics.active_sessions.dec()
             async with lease_lock:  # after a renewal in flight, which would undo the release
                 if session.moving or session.store.lost:  # the lease goes on with it
                     log.info("session %s left (%s)", session.session_id, session.close_reason)
                 else:
                     await self._release(session)
+                if caller is not None:  # a resume elsewhere counts it again
+                    await self._release_key_slot(caller, session.session_id)
 
     async def _release(self, session: Session) -> None:
         try:
@@ -328,6 +390,18 @@ class SessionManager:
         except (RedisError, OSError):  # RedisUnavailableError is an OSError
             self._unreleased.add(session.session_id)
         log.info("session %s closed (%s)", session.session_id, session.close_reason)
+
+    async def _release_key_slot(self, caller: str, session_id: str) -> None:
+        try:
+            await self.link.call(lambda: self.key_limits.release(caller, session_id))
+        except (RedisError, OSError) as exc:  # it lapses after its TTL
+            log.warning("session %s: its key's slot not freed: %s", session_id, exc)
+
+    async def _renew_key_slot(self, caller: str, session_id: str) -> None:
+        try:
+            await self.link.call(lambda: self.key_limits.renew(caller, session_id))
+        except (RedisError, OSError) as exc:  # the upkeep takes it again
+            log.warning("session %s: its key's slot not renewed: %s", session_id, exc)
 
     def get(self, session_id: str) -> Session:
         try:
@@ -398,6 +472,9 @@ class SessionManager:
                 "session %s lost its lease and the cap is full; it goes on uncounted",
                 session.session_id,
             )
+        caller = self._callers.get(session.session_id)
+        if caller is not None:
+            await self.link.call(lambda: self.key_limits.renew(caller, session.session_id))
         await session.store.refresh_keys()
 
     async def _watch_redis(self) -> None:

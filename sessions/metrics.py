@@ -42,6 +42,11 @@ class SessionMetrics:
         self.session_limit_rejections = Counter(
             "parley_session_limit_rejections", "Sessions refused at the cap", registry=r
         )
+        self.key_limit_rejections = Counter(
+            "parley_key_limit_rejections",
+            "Sessions refused at their key's limit (sessions held at once, or started per minute)",
+            registry=r,
+        )
         self.redis_up = Gauge(
             "parley_redis_up",
             "1 while this process reaches its Redis, 0 during an outage",

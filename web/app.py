@@ -127,6 +127,7 @@ async def _serving(app: Starlette, services: Services) -> AsyncIterator[None]:
             services.pipeline,
             max_sessions=services.settings.max_sessions,
             limits=services.settings.session_limits(),
+            key_limits=services.settings.key_limits,
             metrics=services.metrics,
             process_id=app.state.process_id,
         )

@@ -18,7 +18,9 @@ A call that cannot be made is refused with a JSON error, never a 5xx unless the 
 at fault: 415 for any other Content-Type (a missing one included), 413 for an offer over
 64 KiB (or a form over 1 MiB), 400 for an offer that is not UTF-8, not SDP, or one that
 Parley or aiortc cannot answer, 503 at the session cap or when the server cannot set the
-call up.
+call up, 429 (`rate_limit_exceeded`, with `Retry-After` for the rate limit) when the
+caller's key (or, with no key, its address) holds as many sessions as it may or started
+them too fast (sessions/key_limits.py). A secret counts against the key that minted it.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
-from realtime.auth import DEFAULT_TTL_S, AuthError
+from realtime.auth import DEFAULT_TTL_S, AuthError, with_caller
 from realtime.client_events import ProtocolError, SessionUpdate, session_patch
 from realtime.sdp import MAX_OFFER_BYTES, OfferError, OfferTooLarge
 from realtime.server_events import session_object
@@ -49,7 +51,9 @@ from realtime.sip.pending_calls import (
 )
 from realtime.webrtc.call import CallOptions
 from realtime.webrtc.registry import CallNotFound, CallSetupError
+from realtime.websocket.denial import TOO_MANY_REQUESTS, retry_after
 from sessions import ConfigError, SessionConfig, SessionLimitError
+from sessions.errors import KeyLimitError
 
 from .realtime_ws import openai_realtime
 from .services import services_of
@@ -67,8 +71,20 @@ class UnsupportedMediaType(ValueError):
     pass
 
 
-def error(status: int, code: str, message: str, kind: str = "invalid_request_error") -> Response:
-    return JSONResponse({"error": {"type": kind, "code": code, "message": message}}, status)
+def error(
+    status: int,
+    code: str,
+    message: str,
+    kind: str = "invalid_request_error",
+    headers: dict[str, str] | None = None,
+) -> Response:
+    return JSONResponse(
+        {"error": {"type": kind, "code": code, "message": message}}, status, headers
+    )
+
+
+def limited(exc: KeyLimitError) -> Response:
+    return error(TOO_MANY_REQUESTS, exc.code, str(exc), exc.error_type, retry_after(exc))
 
 
 def _settings(session: dict[str, Any] | None) -> tuple[SessionConfig, CallOptions]:
@@ -93,7 +109,7 @@ def _settings(session: dict[str, Any] | None) -> tuple[SessionConfig, CallOption
 async def client_secrets(request: Request) -> Response:
     auth = services_of(request).auth
     try:
-        auth.check_key(request.headers.get("authorization"))
+        minter = auth.check_key(request.headers.get("authorization"))
     except AuthError as exc:
         return error(401, "invalid_api_key", str(exc))
     try:
@@ -109,7 +125,7 @@ async def client_secrets(request: Request) -> Response:
         return error(400, "invalid_request", "expires_after.seconds and session must be given")
     try:
         config, _ = _settings(session)
-        value, expires_at = auth.mint(session, ttl)
+        value, expires_at = auth.mint(session, ttl, minter.caller)
     except (ConfigError, ProtocolError, ValueError) as exc:
         return error(400, getattr(exc, "code", "invalid_value"), str(exc))
     return JSONResponse(
@@ -181,13 +197,16 @@ async def create_call(request: Request) -> Response:
         return error(503, "not_ready", "the server is not ready yet", "server_error")
     registry = services.running.calls
     try:
-        grant = services.auth.check(request.headers.get("authorization"))
+        host = request.client.host if request.client is not None else None
+        grant = with_caller(services.auth.check(request.headers.get("authorization")), host)
     except AuthError as exc:
         return error(401, "invalid_api_key", str(exc))
     try:
+        if grant.caller is not None:  # before the offer's (costly) answer
+            await services.running.manager.check_caller(grant.caller)
         offer, form_session = await _offer_and_session(request)
         config, options = _settings({**(grant.session or {}), **(form_session or {})})
-        call, answer = await registry.create(offer, config, options)
+        call, answer = await registry.create(offer, config, options, caller=grant.caller)
     except UnsupportedMediaType as exc:
         return error(415, "unsupported_media_type", str(exc))
     except OfferTooLarge as exc:
@@ -198,6 +217,8 @@ async def create_call(request: Request) -> Response:
         return error(400, getattr(exc, "code", "invalid_value"), str(exc))
     except ValueError as exc:  # pydantic's ValidationError on a malformed session object
         return error(400, "invalid_session", f"the session object is not valid: {exc}")
+    except KeyLimitError as exc:
+        return limited(exc)
     except SessionLimitError as exc:
         return error(503, "session_limit", str(exc), "server_error")
     except CallSetupError as exc:

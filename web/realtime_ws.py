@@ -8,7 +8,8 @@ else a close with 1008. `model` is accepted and ignored (the pipeline is the ser
 `session_id`, `resume_token` and `last_event_id` resume a session after a dropped
 connection (see realtime.websocket.openai_ws). `call_id` attaches to a running WebRTC call
 instead (a sideband: realtime.websocket.sideband); an unknown call is refused before the
-upgrade with HTTP 404 (`call_not_found`).
+upgrade with HTTP 404 (`call_not_found`). A new session's key (or, with no key, address)
+at its limits is refused before the upgrade with HTTP 429 (`rate_limit_exceeded`).
 """
 
 from __future__ import annotations
@@ -38,12 +39,14 @@ async def openai_realtime(websocket: WebSocket) -> None:
     for protocol in offered:
         if protocol.startswith(KEY_PROTOCOL):
             authorization = f"Bearer {protocol[len(KEY_PROTOCOL) :]}"
-    admitted = await admit(websocket, authorization)
+    query = websocket.query_params
+    call_id = query.get("call_id")
+    resuming = call_id is not None or bool(query.get("session_id"))
+    admitted = await admit(websocket, authorization, new_session=not resuming)
     if admitted is None:
         return
     grant, manager = admitted
     subprotocol = "realtime" if "realtime" in offered else None
-    call_id = websocket.query_params.get("call_id")
     if call_id is not None:
         await _sideband(websocket, manager, call_id, subprotocol)
         return
@@ -54,7 +57,6 @@ async def openai_realtime(websocket: WebSocket) -> None:
     except (ConfigError, ProtocolError) as exc:  # a secret minted with bad settings
         await deny(websocket, 400, getattr(exc, "code", "invalid_value"), str(exc))
         return
-    query = websocket.query_params
     beta = "realtime=v1" in websocket.headers.get("openai-beta", "") or BETA_PROTOCOL in offered
     request = ConnectRequest(
         config=config,
@@ -65,6 +67,7 @@ async def openai_realtime(websocket: WebSocket) -> None:
         resume_token=query.get("resume_token") or None,
         last_event_id=query.get("last_event_id") or None,
         grace_s=services.resume_grace_s,
+        caller=grant.caller,
     )
     await serve_openai_realtime(websocket, manager, services.websockets, request)
 

@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.registry import DEFAULT_PIPELINE
+from realtime.auth import parse_keys
 from realtime.sip.allow import Allowlist, is_loopback
 from sessions import DEFAULT_MAX_SESSIONS
+from sessions.key_limits import KeyLimits
 from sessions.session import SessionLimits
 
 from .event_loop import LOOPS, LoopUnavailable, loop_factory
@@ -41,8 +43,15 @@ class Settings:
     log_level: str = "info"
     stage: str | None = None
     """`parley stage`: which stage of the pipeline to serve for another host."""
+    max_sessions_per_key: int | None = None
+    """`--max-sessions-per-key`: sessions one API key (or, with no key, one client address)
+    may hold at once, across every process; None: no limit of its own (the cap's)."""
+    sessions_per_minute_per_key: int = 0
+    """`--sessions-per-minute-per-key`: sessions one key may start per minute (that many at
+    once, then evenly); 0: no rate limit."""
     api_key: str | None = None
-    """Required on every signaling request when set; without it only loopback is served."""
+    """Required on every signaling request when set (one key, or several separated by
+    commas, each with its own per-key limits); without it only loopback is served."""
     ice_servers: str = ""
     """`stun:host:port,turn:user:pass@host:port`; empty: host candidates only."""
     ice_host_addresses: str = ""
@@ -82,6 +91,11 @@ class Settings:
         return SessionLimits(
             idle_timeout_s=self.idle_timeout_s, max_lifetime_s=self.max_session_minutes * 60
         )
+
+    @property
+    def key_limits(self) -> KeyLimits:
+        """What one API key (or address) may hold and start (sessions/key_limits.py)."""
+        return KeyLimits(self.max_sessions_per_key, self.sessions_per_minute_per_key)
 
     @property
     def base_url(self) -> str:
@@ -203,8 +217,25 @@ def parser() -> argparse.ArgumentParser:
         default=_env("max_session_minutes", f"{d.max_session_minutes:g}"),
         help="the longest a session lasts (warned a minute before, told at the end)",
     )
+    serve.add_argument(
+        "--max-sessions-per-key",
+        default=_env("max_sessions_per_key", ""),
+        help="sessions one API key (with no key: one client address) may hold at once, "
+        "across every process; off by default (only --max-sessions counts)",
+    )
+    serve.add_argument(
+        "--sessions-per-minute-per-key",
+        default=_env("sessions_per_minute_per_key", str(d.sessions_per_minute_per_key)),
+        help="sessions one API key (or address) may start per minute (that many at once, "
+        "then evenly); 0 (the default): no rate limit",
+    )
     serve.add_argument("--log-level", default=_env("log_level", d.log_level))
-    serve.add_argument("--api-key", default=_env("api_key", None))
+    serve.add_argument(
+        "--api-key",
+        default=_env("api_key", None),
+        help="the key every request needs (Authorization: Bearer), or several separated by "
+        "commas, one per client, each with its own limits; without one only loopback is served",
+    )
     serve.add_argument("--ice-servers", default=_env("ice_servers", ""))
     serve.add_argument("--ice-host-addresses", default=_env("ice_host_addresses", ""))
     serve.add_argument(
@@ -291,7 +322,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[str, Settings]:
         return args.command, Settings(
             redis_url=args.redis_url, pipeline=args.pipeline, stage=args.stage, log_level=level
         )
-    api_key = args.api_key or None
+    api_key = ",".join(parse_keys(args.api_key)) or None  # "," alone is no key
     return args.command, Settings(
         host=args.host,
         port=_int("port", args.port, 0, 65535),
@@ -300,6 +331,14 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[str, Settings]:
         max_sessions=_int("max_sessions", args.max_sessions, 1, 100_000),
         idle_timeout_s=_number("idle_timeout_s", args.idle_timeout_s, 0, 86_400),
         max_session_minutes=_number("max_session_minutes", args.max_session_minutes, 0.1, 1440),
+        max_sessions_per_key=(
+            _int("max_sessions_per_key", args.max_sessions_per_key, 1, 100_000)
+            if args.max_sessions_per_key
+            else None
+        ),
+        sessions_per_minute_per_key=_int(
+            "sessions_per_minute_per_key", args.sessions_per_minute_per_key, 0, 1_000_000
+        ),
         log_level=level,
         api_key=api_key,
         ice_servers=args.ice_servers,

@@ -2,7 +2,9 @@
 
 Auth is the signaling's (`Authorization: Bearer <API key or ephemeral secret>`); a bad key is
 refused before the upgrade with HTTP 401, and a server still starting with 503. The
-connection itself is realtime.websocket.video_stream's.
+connection itself is realtime.websocket.video_stream's. Whether it starts a session or
+resumes one says its first message, after the upgrade: so a key (or address) at its limits
+is refused then, with an `error` message `rate_limit_exceeded` (and close 1013), not 429.
 """
 
 from __future__ import annotations
@@ -17,13 +19,17 @@ from .ws_admission import admit
 
 async def video_chat_stream(websocket: WebSocket) -> None:
     """Authenticate, then one VideoChatStream for the connection."""
-    admitted = await admit(websocket, websocket.headers.get("authorization"))
+    admitted = await admit(websocket, websocket.headers.get("authorization"), new_session=False)
     if admitted is None:
         return
-    _, manager = admitted
+    grant, manager = admitted
     services = services_of(websocket)
     await websocket.accept()
     stream = VideoChatStream(
-        websocket, manager, services.video_streams, grace_s=services.resume_grace_s
+        websocket,
+        manager,
+        services.video_streams,
+        grace_s=services.resume_grace_s,
+        caller=grant.caller,
     )
     await stream.run_connection()

@@ -67,11 +67,16 @@ class CallRegistry:
         return len(self._calls)
 
     async def create(
-        self, offer: bytes, config: SessionConfig, options: CallOptions | None = None
+        self,
+        offer: bytes,
+        config: SessionConfig,
+        options: CallOptions | None = None,
+        *,
+        caller: str | None = None,
     ) -> tuple[WebRTCCall, str]:
         """Answer `offer`: (the call, the answer SDP). OfferError for a bad offer;
         CallSetupError when the server cannot answer; SessionLimitError at the session
-        cap. Nothing is left behind on failure."""
+        cap, KeyLimitError at `caller`'s limits. Nothing is left behind on failure."""
         try:
             sdp = check_offer(offer)
         except OfferError:
@@ -82,7 +87,9 @@ class CallRegistry:
         call = WebRTCCall(call_id, pc, options or CallOptions(), self.metrics)
         try:
             answer = await self._answer(call, sdp)
-            session = await self.manager.create(call, config, session_id=new_id("sess"))
+            session = await self.manager.create(
+                call, config, session_id=new_id("sess"), caller=caller
+            )
             call.attach(session)
         except BaseException:
             await self._discard(call)

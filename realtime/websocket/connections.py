@@ -115,19 +115,25 @@ class ConnectionRegistry(Generic[C]):
 
 
 async def claim_session(
-    manager: SessionManager, registry: ConnectionRegistry[C], session_id: str, token: str | None
+    manager: SessionManager,
+    registry: ConnectionRegistry[C],
+    session_id: str,
+    token: str | None,
+    *,
+    caller: str | None = None,
 ) -> tuple[Session, C | None] | None:
     """For a resume: the live session `session_id` if `token` is its resume token, and the
     connection that last served it, which has handed the session over by now (a half-open
     socket the server had not noticed yet); None when there is nothing to resume. A
     session another process holds (or held, if it died) is taken over from Redis, with no
-    old connection. Raises SessionLimitError when this process takes no session now."""
+    old connection, counted against `caller` from now on. Raises SessionLimitError when this
+    process takes no session now."""
     session = resumable_session(manager, session_id, token)
     if session is not None and await manager.let_go_if_lost(session_id):
         session = None  # a stale copy: the session lives on elsewhere, taken back below
     if session is None:
         try:
-            resumed = await manager.resume(session_id, token)
+            resumed = await manager.resume(session_id, token, caller=caller)
         except (RedisError, OSError):  # RedisUnavailableError is an OSError
             return None
         return (resumed, None) if resumed is not None else None

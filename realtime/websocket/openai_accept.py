@@ -3,8 +3,10 @@
 The web route authenticates and reads the upgrade request into a `ConnectRequest`; this
 accepts the socket and binds it to its session. Refusals after the upgrade are an
 `error` event and a close: `session_limit` (1013, try again later: also a resume that
-reaches a draining process), `session_not_found` (1008: unknown session or wrong resume
-token). A resume may reach any process (connections.py).
+reaches a draining process), `rate_limit_exceeded` (1013: the caller's key at its limits,
+found by the session's creation after the route's check let it through),
+`session_not_found` (1008: unknown session or wrong resume token). A resume may reach any
+process (connections.py).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class ConnectRequest:
     resume_token: str | None = None
     last_event_id: str | None = None
     grace_s: float = DEFAULT_GRACE_S
+    caller: str | None = None
+    """Whom its session counts against (sessions/key_limits.py)."""
 
 
 class OpenAIConnections(ConnectionRegistry[OpenAIRealtimeConnection]):
@@ -72,9 +76,9 @@ async def serve_openai_realtime(
 
 async def _start(connection: OpenAIRealtimeConnection, request: ConnectRequest) -> bool:
     try:
-        session = await connection.manager.create(connection, request.config)
-    except SessionLimitError as exc:
-        await connection.refuse("session_limit", str(exc), CLOSE_TRY_AGAIN, "server_error")
+        session = await connection.manager.create(connection, request.config, caller=request.caller)
+    except SessionLimitError as exc:  # or KeyLimitError: `rate_limit_exceeded`
+        await connection.refuse(exc.code, str(exc), CLOSE_TRY_AGAIN, exc.error_type)
         return False
     connection.bind(session)
     return True
@@ -86,7 +90,11 @@ async def _resume(
     assert request.session_id is not None
     try:
         claimed = await claim_session(
-            connection.manager, connections, request.session_id, request.resume_token
+            connection.manager,
+            connections,
+            request.session_id,
+            request.resume_token,
+            caller=request.caller,
         )
     except SessionLimitError as exc:
         await connection.refuse("session_limit", str(exc), CLOSE_TRY_AGAIN, "server_error")

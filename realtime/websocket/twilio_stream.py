@@ -52,8 +52,9 @@ SESSION_CLOSE_TIMEOUT_S = 10.0
 LOGGED_BAD_MESSAGES = 10
 """Bad messages logged as warnings per stream; the rest are only counted."""
 
-ConfigFor = Callable[[Start], SessionConfig | None]
-"""The session settings for a stream's `start` (auth included); None refuses it."""
+ConfigFor = Callable[[Start], tuple[SessionConfig, str | None] | None]
+"""The session settings for a stream's `start` (auth included) and whom the session counts
+against (sessions/key_limits.py); None refuses it."""
 
 
 class TwilioStream(TwilioPlayout):
@@ -169,14 +170,16 @@ class TwilioStream(TwilioPlayout):
             log.warning("stream %s: unsupported media format %s", start.stream_sid, start)
             self.finish("unsupported_media_format", CLOSE_POLICY)
             return
-        config = self._config_for(start)
-        if config is None:
+        admitted = self._config_for(start)
+        if admitted is None:
             self.finish("unauthorized", CLOSE_POLICY)
             return
+        config, caller = admitted
         try:
-            session = await self.manager.create(self, config)
-        except SessionLimitError:
-            self.finish("session_limit", CLOSE_TRY_AGAIN)
+            session = await self.manager.create(self, config, caller=caller)
+        except SessionLimitError as exc:  # or KeyLimitError: `rate_limit_exceeded`
+            log.warning("stream %s refused: %s", start.stream_sid, exc)
+            self.finish(exc.code, CLOSE_TRY_AGAIN)
             return
         self.session, self.stream_sid, self.call_sid = session, start.stream_sid, start.call_sid
         self._sender = asyncio.create_task(self.send_answer(), name="twilio:send")

@@ -177,9 +177,12 @@ class VideoChatStream(MessageConnection):
         streams: VideoStreams,
         *,
         grace_s: float = DEFAULT_GRACE_S,
+        caller: str | None = None,
     ) -> None:
+        """`caller`: whom its session counts against (sessions/key_limits.py)."""
         super().__init__(websocket, manager, wav_delta, grace_s=grace_s)
         self._streams = streams
+        self._caller = caller
         self.state = VideoChatState()
         self._mapping = VideoMessages(audio_output=True)
         self._idle = asyncio.Event()
@@ -229,7 +232,9 @@ class VideoChatStream(MessageConnection):
         self.state.config = config
         self._mapping = VideoMessages(audio_output=config.audio_output)
         try:
-            self.session = await self.manager.create(self, session_settings(config))
+            self.session = await self.manager.create(
+                self, session_settings(config), caller=self._caller
+            )
         except ParleyError as exc:
             await self._report(str(exc), exc.code)
             limited = isinstance(exc, SessionLimitError)
@@ -246,7 +251,11 @@ class VideoChatStream(MessageConnection):
         """Take over the session of a dropped connection; False when refused."""
         try:
             claimed = await claim_session(
-                self.manager, self._streams, message.session_id, message.resume_token
+                self.manager,
+                self._streams,
+                message.session_id,
+                message.resume_token,
+                caller=self._caller,
             )
         except SessionLimitError as exc:
             await self._report(str(exc), exc.code)

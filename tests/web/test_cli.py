@@ -177,6 +177,8 @@ def test_missing_redis_server_is_a_one_line_error(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["--host", "0.0.0.0"], "refusing to listen on 0.0.0.0 without an API key"),
+        (["--host", "0.0.0.0", "--api-key", ","], "refusing to listen on 0.0.0.0 without"),
+        (["--max-sessions-per-key", "0"], "--max-sessions-per-key: must be between 1 and"),
         (["--port", "http"], "--port: 'http' is not a whole number"),
         (["--max-sessions", "0"], "--max-sessions: must be between 1 and 100000"),
         (["--log-level", "loud"], "--log-level: must be one of"),
