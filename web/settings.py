@@ -11,6 +11,7 @@ from typing import Any
 
 from pipeline.registry import DEFAULT_PIPELINE
 from realtime.sip.allow import Allowlist, is_loopback
+from realtime.websocket.sender import DEFAULT_STALL_S
 from sessions import DEFAULT_MAX_SESSIONS
 
 from .event_loop import LOOPS, LoopUnavailable, loop_factory
@@ -58,6 +59,9 @@ class Settings:
     """`--workers N|auto`: server processes behind one port (SO_REUSEPORT); 1: this process."""
     drain_s: float = 30.0
     """`--drain-s`: with workers, how long a SIGTERM lets WebRTC and SIP calls go on."""
+    slow_client_s: float = DEFAULT_STALL_S
+    """`--slow-client-s`: how long a client may leave the server's output unread (a write
+    blocked, its outbound queue full) before it is closed (1008) and its session ends."""
     event_loop: str = "auto"
     """`--loop auto|uvloop|asyncio`: the event loop (auto: uvloop where installed)."""
     worker_index: int | None = None
@@ -107,6 +111,16 @@ def _workers(value: str) -> int:
     if str(value).strip().lower() == "auto":
         return os.cpu_count() or 1
     return _int("workers", value, 1, 1024)
+
+
+def _slow_client_s(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise SettingsError(f"--slow-client-s: {value!r} is not a number of seconds") from None
+    if not 0.1 <= seconds <= 600:
+        raise SettingsError(f"--slow-client-s: must be between 0.1 and 600, got {seconds:g}")
+    return seconds
 
 
 def _drain_s(value: str) -> float:
@@ -214,6 +228,12 @@ def parser() -> argparse.ArgumentParser:
         "WebSockets (clients resume elsewhere) and lets calls go on this long",
     )
     serve.add_argument(
+        "--slow-client-s",
+        default=_env("slow_client_s", f"{d.slow_client_s:g}"),
+        help="close a client that leaves the server's output unread this long (a WebSocket "
+        "with 1008 client_too_slow, a WebRTC data channel with the call); its session ends",
+    )
+    serve.add_argument(
         "--loop",
         default=_env("loop", d.event_loop),
         help="the event loop: auto (uvloop where installed), uvloop or asyncio",
@@ -271,6 +291,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[str, Settings]:
         allowed_origins=_origins(args.allowed_origins, api_key),
         workers=_workers(args.workers),
         drain_s=_drain_s(args.drain_s),
+        slow_client_s=_slow_client_s(args.slow_client_s),
         event_loop=_loop(args.loop),
         worker_index=None if args.worker_index is None else int(args.worker_index),
         worker_ready_fd=None if args.worker_ready_fd is None else int(args.worker_ready_fd),

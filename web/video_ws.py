@@ -24,6 +24,10 @@ async def video_chat_stream(websocket: WebSocket) -> None:
     services = services_of(websocket)
     await websocket.accept()
     stream = VideoChatStream(
-        websocket, manager, services.video_streams, grace_s=services.resume_grace_s
+        websocket,
+        manager,
+        services.video_streams,
+        grace_s=services.resume_grace_s,
+        slow=services.slow_clients,
     )
     await stream.run_connection()

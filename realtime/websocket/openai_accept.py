@@ -21,6 +21,7 @@ from ..client_events import AudioFormats
 from .connection import CLOSE_POLICY, CLOSE_TRY_AGAIN
 from .connections import DEFAULT_GRACE_S, ConnectionRegistry, claim_session
 from .openai_ws import OpenAIRealtimeConnection
+from .slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 
 log = logging.getLogger("parley.realtime.websocket.accept")
 
@@ -38,6 +39,7 @@ class ConnectRequest:
     resume_token: str | None = None
     last_event_id: str | None = None
     grace_s: float = DEFAULT_GRACE_S
+    slow: SlowClients = DEFAULT_SLOW_CLIENTS
 
 
 class OpenAIConnections(ConnectionRegistry[OpenAIRealtimeConnection]):
@@ -57,7 +59,12 @@ async def serve_openai_realtime(
     """Serve one accepted-to-be WebSocket until it closes."""
     await websocket.accept(subprotocol=request.subprotocol)
     connection = OpenAIRealtimeConnection(
-        websocket, manager, formats=request.formats, beta=request.beta, grace_s=request.grace_s
+        websocket,
+        manager,
+        formats=request.formats,
+        beta=request.beta,
+        grace_s=request.grace_s,
+        slow=request.slow,
     )
     try:
         if request.session_id is not None:

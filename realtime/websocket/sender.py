@@ -61,6 +61,7 @@ DEFAULT_PIECE_MS = 100
 DEFAULT_MAX_ITEMS = 512
 DEFAULT_MAX_QUEUED_MS = 2_000
 DEFAULT_STALL_S = 10.0
+"""How long a client may leave our output unread before it is closed (slow_clients.py)."""
 
 
 class SlowClientError(Exception):

@@ -24,6 +24,7 @@ from sessions import ConfigError, SessionConfig, SessionManager
 
 from ..client_events import ProtocolError, SessionUpdate, session_patch
 from .denial import deny
+from .slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 from .twilio_messages import Start
 from .twilio_stream import TwilioStream
 
@@ -46,7 +47,10 @@ def _bearer(token: str | None) -> str | None:
 
 
 async def serve_twilio(
-    websocket: WebSocket, auth: Authenticator, manager: SessionManager | None
+    websocket: WebSocket,
+    auth: Authenticator,
+    manager: SessionManager | None,
+    slow: SlowClients = DEFAULT_SLOW_CLIENTS,
 ) -> None:
     """Serve one Twilio Media Stream until it ends."""
     authorization = websocket.headers.get("authorization") or _bearer(
@@ -74,4 +78,4 @@ async def serve_twilio(
         return None
 
     await websocket.accept()
-    await TwilioStream(websocket, manager, config_for).serve()
+    await TwilioStream(websocket, manager, config_for, slow).serve()

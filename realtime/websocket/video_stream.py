@@ -108,6 +108,7 @@ from .connection import (
 )
 from .connections import DEFAULT_GRACE_S, ConnectionRegistry, claim_session
 from .sender import Message
+from .slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 from .video_input import (
     MAX_AUDIO_BYTES,
     bad_image,
@@ -163,10 +164,10 @@ class VideoChatState:
 class VideoChatStream(MessageConnection):
     """One connection: the video chat mapping on the shared connection lifecycle."""
 
-    TOO_SLOW = "slow_client"
-    RESUMABLE = frozenset({CLIENT_GONE, TOO_SLOW, TAKEN_OVER})
-    """A drop, a client too slow to read, a take-over; every other end closes the session
-    (a message over the size limit too)."""
+    TRANSPORT = "video_stream"
+    RESUMABLE = frozenset({CLIENT_GONE, TAKEN_OVER})
+    """A drop, a take-over; every other end closes the session (a message over the size
+    limit, a client closed for not reading: slow_clients.py)."""
     SAYS_WHY = False
     """vLLM-Omni's clients get a bare close code."""
 
@@ -177,8 +178,9 @@ class VideoChatStream(MessageConnection):
         streams: VideoStreams,
         *,
         grace_s: float = DEFAULT_GRACE_S,
+        slow: SlowClients = DEFAULT_SLOW_CLIENTS,
     ) -> None:
-        super().__init__(websocket, manager, wav_delta, grace_s=grace_s)
+        super().__init__(websocket, manager, wav_delta, grace_s=grace_s, slow=slow)
         self._streams = streams
         self.state = VideoChatState()
         self._mapping = VideoMessages(audio_output=True)
