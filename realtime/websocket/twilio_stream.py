@@ -233,13 +233,12 @@ class TwilioStream(TwilioPlayout):
         """Send one message; False once the caller has gone or has not read for
         `stall_s` (the stream then ends)."""
         try:
-            async with asyncio.timeout(self.slow.stall_s):
+            async with asyncio.timeout(self.slow.stall_s) as deadline:
                 await self.websocket.send_text(json.dumps(message))
-        except SOCKET_ERRORS:
-            self.finish("caller_gone", None)
-            return False
-        except TimeoutError:
-            if not self.stopped.is_set():
+        except SOCKET_ERRORS:  # (TimeoutError is an OSError)
+            if not deadline.expired():
+                self.finish("caller_gone", None)
+            elif not self.stopped.is_set():
                 self.finish(TOO_SLOW, CLOSE_TOO_SLOW)
                 why = f"one message could not be written for {self.slow.stall_s:g} s"
                 session_id = self.session.session_id if self.session is not None else None
