@@ -19,11 +19,11 @@ from pipeline.types import Pipeline
 from realtime.auth import Authenticator
 from realtime.metrics import TransportMetrics
 from realtime.sip.media_calls import SipCallNotFound, SipMediaCalls
+from realtime.slow_clients import SlowClients
 from realtime.webrtc.registry import CallNotFound, CallRegistry
 from realtime.websocket.connections import DEFAULT_GRACE_S
 from realtime.websocket.openai_accept import OpenAIConnections
 from realtime.websocket.sideband import SidebandCall
-from realtime.websocket.slow_clients import SlowClients
 from realtime.websocket.video_stream import VideoStreams
 from sessions import SessionManager, SessionMetrics
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from pipeline.registry import DEFAULT_PIPELINE
 from realtime.sip.allow import Allowlist, is_loopback
-from realtime.websocket.sender import DEFAULT_STALL_S
+from realtime.slow_clients import DEFAULT_STALL_S
 from sessions import DEFAULT_MAX_SESSIONS
 
 from .event_loop import LOOPS, LoopUnavailable, loop_factory

@@ -54,6 +54,7 @@ from pipeline.tasks import cancel_and_wait
 from sessions import Session, SessionClosedError, SessionManager
 from sessions.events import Event, SessionClosed
 
+from ..slow_clients import CLOSE_TOO_SLOW, DEFAULT_SLOW_CLIENTS, TOO_SLOW, SlowClients
 from .connections import (
     CLOSE_SERVICE_RESTART,
     CLOSE_VERDICT_S,
@@ -65,7 +66,6 @@ from .connections import (
 )
 from .resume import HELD_EVENTS, read_log, replay_messages
 from .sender import AudioMessageFn, Message, PacedSender, SlowClientError
-from .slow_clients import CLOSE_TOO_SLOW, DEFAULT_SLOW_CLIENTS, TOO_SLOW, SlowClients
 
 log = logging.getLogger("parley.realtime.websocket.connection")
 

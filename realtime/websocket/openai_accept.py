@@ -18,10 +18,10 @@ from starlette.websockets import WebSocket
 from sessions import SessionClosedError, SessionConfig, SessionLimitError, SessionManager
 
 from ..client_events import AudioFormats
+from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 from .connection import CLOSE_POLICY, CLOSE_TRY_AGAIN
 from .connections import DEFAULT_GRACE_S, ConnectionRegistry, claim_session
 from .openai_ws import OpenAIRealtimeConnection
-from .slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 
 log = logging.getLogger("parley.realtime.websocket.accept")
 

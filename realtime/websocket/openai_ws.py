@@ -50,10 +50,10 @@ from ..dispatch import ClientEventDispatcher
 from ..g711 import G711, PCMA, PCMU
 from ..ga_events import AFTER_AUDIO, GAExpander
 from ..server_events import to_wire
+from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 from .connection import CLIENT_GONE, MESSAGE_TOO_BIG, TAKEN_OVER, MessageConnection
 from .connections import DEFAULT_GRACE_S
 from .sender import Message
-from .slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 
 ERROR_LIMIT = 20
 """`error` events about the client's own messages per second; the rest are summarised."""

@@ -33,10 +33,10 @@ from sessions.events import Event, SessionClosed
 
 from ..client_events import AudioFormats
 from ..dispatch import ClientEventDispatcher
+from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 from ..webrtc.call_events import CallEvents, CallListener
 from .connection import CLOSE_NORMAL
 from .openai_ws import ERROR_LIMIT, OpenAIRealtimeConnection
-from .slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 
 log = logging.getLogger("parley.realtime.websocket.sideband")
 

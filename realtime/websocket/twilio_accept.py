@@ -23,8 +23,8 @@ from realtime.auth import Authenticator, AuthError, Grant
 from sessions import ConfigError, SessionConfig, SessionManager
 
 from ..client_events import ProtocolError, SessionUpdate, session_patch
+from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 from .denial import deny
-from .slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 from .twilio_messages import Start
 from .twilio_stream import TwilioStream
 

@@ -34,6 +34,7 @@ from sessions.errors import InvalidRequestError
 from sessions.events import Event, SessionClosed
 
 from ..g711 import ulaw_decode
+from ..slow_clients import CLOSE_TOO_SLOW, DEFAULT_SLOW_CLIENTS, TOO_SLOW, SlowClients
 from .connection import (
     CLOSE_NORMAL,
     CLOSE_POLICY,
@@ -41,7 +42,6 @@ from .connection import (
     FLUSH_TIMEOUT_S,
     SOCKET_ERRORS,
 )
-from .slow_clients import CLOSE_TOO_SLOW, DEFAULT_SLOW_CLIENTS, TOO_SLOW, SlowClients
 from .twilio_messages import (
     SAMPLE_RATE,
     BadMessage,

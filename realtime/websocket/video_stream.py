@@ -96,6 +96,7 @@ from sessions import (
 from sessions.events import Event, SessionClosed, SessionStateChanged
 
 from ..error_throttle import ErrorThrottle, summary_text
+from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 from .audio_window import BYTES_PER_MS, AudioWindow, ms_of
 from .connection import (
     CLIENT_GONE,
@@ -108,7 +109,6 @@ from .connection import (
 )
 from .connections import DEFAULT_GRACE_S, ConnectionRegistry, claim_session
 from .sender import Message
-from .slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 from .video_input import (
     MAX_AUDIO_BYTES,
     bad_image,

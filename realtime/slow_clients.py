@@ -1,18 +1,21 @@
 """A client that stops reading: how long it may, what it is told, where it shows.
 
-Every message transport keeps its outbound buffer bounded (sender.py: audio pieces and
-events in one queue of `max_items`, audio at most `max_queued_ms` ahead, and the model
-held back past that), so a client that does not read costs a bounded amount of memory.
-It would still hold its session, its slot and a stalled answer for ever, so it is closed
-once its sender has been blocked for `stall_s` (one write that does not complete, or a
-queue that stays too full to take more):
+Every transport keeps what it sends bounded. On a WebSocket (websocket/sender.py) audio
+pieces and events share one queue of `max_items`, audio at most `max_queued_ms` ahead
+(the model waits past that), and the socket's own buffers are fixed (web/ws_protocol.py);
+the WebRTC data channel drops events past its buffer bound (webrtc/call_events.py). A
+client that does not read so costs a bounded amount of memory, but it would still hold
+its session, its slot and a stalled answer for ever. So once its output has made no
+progress for `stall_s` (a WebSocket write that does not complete, a queue that stays too
+full to take more, a data channel whose unsent bytes do not go down), it is closed:
 
-- close code 1008 (policy violation) with the reason `client_too_slow` where the protocol
-  carries reasons. Not 1013 (try again later: the server is not overloaded, and a retry
-  would stall the same way), not 1011 (no server error), not a 4xxx code (SDKs know the
-  standard codes only). The close frame joins the output the client has not read
-  (web/ws_protocol.py), so a client that reads again sees it after that output; one that
-  never does has its TCP connection dropped soon after.
+- WebSockets: close code 1008 (policy violation) with the reason `client_too_slow` where
+  the protocol carries reasons. Not 1013 (try again later: the server is not overloaded,
+  and a retry would stall the same way), not 1011 (no server error), not a 4xxx code
+  (SDKs know the standard codes only). The close frame joins the output the client has
+  not read (web/ws_protocol.py), so a client that reads again sees it after that output;
+  one that never does has its TCP connection dropped soon after. A WebRTC call is hung
+  up (its data channel carries its events; there is no close code to give).
 - its session ends with the reason `client_too_slow`, not detached for a resume: the
   server chose to close it, and a resume would replay the backlog into the same stalled
   pipe. (A network outage long enough to fill the socket buffers and stall the sender
@@ -31,12 +34,13 @@ from dataclasses import dataclass
 
 from starlette import status
 
-from ..metrics import TransportMetrics
-from .sender import DEFAULT_STALL_S
+from .metrics import TransportMetrics
 
 log = logging.getLogger("parley.realtime.slow_clients")
 
 CLOSE_TOO_SLOW = status.WS_1008_POLICY_VIOLATION
+DEFAULT_STALL_S = 10.0
+"""How long a client may leave the server's output unread before it is closed."""
 TOO_SLOW = "client_too_slow"
 """The session's close reason, and the close frame's (where the protocol says why)."""
 
