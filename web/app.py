@@ -133,6 +133,7 @@ async def _serving(app: Starlette, services: Services) -> AsyncIterator[None]:
                     manager,
                     _ice_settings(services.settings),
                     services.transport_metrics,
+                    slow=services.slow_clients,
                 )
                 try:
                     async with contextlib.AsyncExitStack() as stack:
