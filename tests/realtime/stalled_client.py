@@ -101,6 +101,10 @@ class StalledClient:
                     return received
                 await asyncio.sleep(0.02)
 
+    async def lost(self) -> None:
+        """Return once the connection is gone (the server closed or aborted it)."""
+        await self._protocol.lost.wait()
+
     def abort(self) -> None:
         if self._protocol.transport is not None:
             self._protocol.transport.abort()
