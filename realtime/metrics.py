@@ -1,5 +1,5 @@
 """Transport instruments: calls, outbound audio frames sent on time or late, offers
-refused, and inbound media that could not be used."""
+refused, inbound media that could not be used, and clients closed for not reading."""
 
 from __future__ import annotations
 
@@ -36,6 +36,13 @@ class TransportMetrics:
             "decode (decode), decoded frames that could not be converted (frame) or that "
             "the session refused (refused)",
             ["kind"],
+            registry=r,
+        )
+        self.slow_clients = Counter(
+            "parley_slow_clients_closed",
+            "Connections closed because the client stopped reading what the server sent, by "
+            "transport (openai_ws, video_stream, sideband, twilio, webrtc_events)",
+            ["transport"],
             registry=r,
         )
 

@@ -29,7 +29,6 @@ from pipeline.tasks import background, cancel_and_wait
 from pipeline.types import Pipeline
 from realtime.auth import Authenticator
 from realtime.ice import IceSettings, parse_ice_servers
-from realtime.metrics import TransportMetrics
 from realtime.webrtc.registry import CallRegistry
 from sessions import SessionManager
 from sessions.process_beat import new_process_id
@@ -136,7 +135,8 @@ async def _serving(app: Starlette, services: Services) -> AsyncIterator[None]:
                 calls = CallRegistry(
                     manager,
                     _ice_settings(services.settings),
-                    TransportMetrics(services.metrics.registry),
+                    services.transport_metrics,
+                    slow=services.slow_clients,
                 )
                 try:
                     async with contextlib.AsyncExitStack() as stack:

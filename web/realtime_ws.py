@@ -68,6 +68,7 @@ async def openai_realtime(websocket: WebSocket) -> None:
         last_event_id=query.get("last_event_id") or None,
         grace_s=services.resume_grace_s,
         caller=grant.caller,
+        slow=services.slow_clients,
     )
     await serve_openai_realtime(websocket, manager, services.websockets, request)
 
@@ -85,4 +86,4 @@ async def _sideband(
     except CallNotFound:
         await deny(websocket, 404, "call_not_found", f"no live call {call_id!r}")
         return
-    await serve_sideband(websocket, manager, call, subprotocol)
+    await serve_sideband(websocket, manager, call, subprotocol, services_of(websocket).slow_clients)

@@ -17,7 +17,9 @@ from starlette.requests import HTTPConnection
 
 from pipeline.types import Pipeline
 from realtime.auth import Authenticator
+from realtime.metrics import TransportMetrics
 from realtime.sip.media_calls import SipCallNotFound, SipMediaCalls
+from realtime.slow_clients import SlowClients
 from realtime.webrtc.registry import CallNotFound, CallRegistry
 from realtime.websocket.connections import DEFAULT_GRACE_S
 from realtime.websocket.openai_accept import OpenAIConnections
@@ -86,6 +88,16 @@ class Services:
     """Video chat streams by session, for resumes."""
     resume_grace_s: float = DEFAULT_GRACE_S
     """How long a WebSocket session outlives its dropped connection, for a resume."""
+    transport_metrics: TransportMetrics = field(init=False)
+    """The transports' instruments, in `metrics`' registry."""
+
+    def __post_init__(self) -> None:
+        self.transport_metrics = TransportMetrics(self.metrics.registry)
+
+    @property
+    def slow_clients(self) -> SlowClients:
+        """What the transports do about a client that stops reading (`--slow-client-s`)."""
+        return SlowClients(self.settings.slow_client_s, self.transport_metrics)
 
     @property
     def manager(self) -> SessionManager | None:

@@ -12,6 +12,7 @@ from typing import Any
 from pipeline.registry import DEFAULT_PIPELINE
 from realtime.auth import parse_keys
 from realtime.sip.allow import Allowlist, is_loopback
+from realtime.slow_clients import DEFAULT_STALL_S
 from sessions import DEFAULT_MAX_SESSIONS
 from sessions.key_limits import KeyLimits
 from sessions.session import SessionLimits
@@ -74,6 +75,9 @@ class Settings:
     """`--workers N|auto`: server processes behind one port (SO_REUSEPORT); 1: this process."""
     drain_s: float = 30.0
     """`--drain-s`: with workers, how long a SIGTERM lets WebRTC and SIP calls go on."""
+    slow_client_s: float = DEFAULT_STALL_S
+    """`--slow-client-s`: how long a client may leave the server's output unread (a write
+    blocked, its outbound queue full) before it is closed (1008) and its session ends."""
     event_loop: str = "auto"
     """`--loop auto|uvloop|asyncio`: the event loop (auto: uvloop where installed)."""
     worker_index: int | None = None
@@ -279,6 +283,12 @@ def parser() -> argparse.ArgumentParser:
         "WebSockets (clients resume elsewhere) and lets calls go on this long",
     )
     serve.add_argument(
+        "--slow-client-s",
+        default=_env("slow_client_s", f"{d.slow_client_s:g}"),
+        help="close a client that leaves the server's output unread this long (a WebSocket "
+        "with 1008 client_too_slow, a WebRTC data channel with the call); its session ends",
+    )
+    serve.add_argument(
         "--loop",
         default=_env("loop", d.event_loop),
         help="the event loop: auto (uvloop where installed), uvloop or asyncio",
@@ -346,6 +356,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[str, Settings]:
         allowed_origins=_origins(args.allowed_origins, api_key),
         workers=_workers(args.workers),
         drain_s=_drain_s(args.drain_s),
+        slow_client_s=_number("slow_client_s", args.slow_client_s, 0.1, 600),
         event_loop=_loop(args.loop),
         worker_index=None if args.worker_index is None else int(args.worker_index),
         worker_ready_fd=None if args.worker_ready_fd is None else int(args.worker_ready_fd),

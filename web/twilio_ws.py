@@ -12,4 +12,4 @@ from .services import services_of
 
 async def twilio_media(websocket: WebSocket) -> None:
     services = services_of(websocket)
-    await serve_twilio(websocket, services.auth, services.manager)
+    await serve_twilio(websocket, services.auth, services.manager, services.slow_clients)

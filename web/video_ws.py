@@ -31,5 +31,6 @@ async def video_chat_stream(websocket: WebSocket) -> None:
         services.video_streams,
         grace_s=services.resume_grace_s,
         caller=grant.caller,
+        slow=services.slow_clients,
     )
     await stream.run_connection()

@@ -6,7 +6,9 @@ buffer, events go out on the `oai-events` data channel as OpenAI Realtime's GA s
 empties the playout at the next frame. It owns every task it starts (the track drains, the
 data-channel reader) and `close()` ends them, the session and the peer connection, once.
 `watch()` is the call's life: it returns when the call should end (hang-up, a peer that
-never connects or stays disconnected, the session closing itself).
+never connects or stays disconnected or leaves its data channel unread for the
+slow-client bound (`client_too_slow`: realtime/slow_clients.py), the session closing
+itself).
 
 The caller's audio is decoded on the event loop (inline_decode.py), not in a thread of
 aiortc's per call.
@@ -37,6 +39,7 @@ from ..client_events import ProtocolError
 from ..dispatch import ClientEventDispatcher
 from ..metrics import TransportMetrics
 from ..session_call import SessionCall
+from ..slow_clients import DEFAULT_SLOW_CLIENTS, TOO_SLOW, SlowClients
 from .inbound import drain_audio, drain_video
 from .inline_decode import decode_inline
 from .jitter_prefetch import release_at_once
@@ -84,11 +87,13 @@ class WebRTCCall(SessionCall):
         pc: RTCPeerConnection,
         options: CallOptions,
         metrics: TransportMetrics | None = None,
+        slow: SlowClients = DEFAULT_SLOW_CLIENTS,
     ) -> None:
         super().__init__(call_id, PlayoutBuffer(OUTPUT_RATE, options.playout_ms))
         self.pc = pc
         self.options = options
         self.metrics = metrics or TransportMetrics()
+        self.slow = slow
         self.track = OutboundAudioTrack(
             self.playout, self._audio_started, self._audio_stopped, self.metrics.frame
         )
@@ -207,6 +212,12 @@ class WebRTCCall(SessionCall):
                     self.request_close("peer disconnected")
             if not connected and now - self._created >= self.options.connect_timeout_s:
                 self.request_close("peer never connected")
+            stalled_s = self.events.stalled_s(now)
+            if stalled_s >= self.slow.stall_s and not self._end.is_set():
+                self.request_close(TOO_SLOW)
+                why = f"its data channel sent nothing for {stalled_s:.1f} s"
+                session_id = self.session.session_id if self.session is not None else None
+                self.slow.closed("webrtc_events", session_id, why)
             try:
                 async with asyncio.timeout(0.25):
                     await self._end.wait()

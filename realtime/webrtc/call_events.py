@@ -10,10 +10,13 @@ and audio with no response behind it has no id to give.
 
 The data channel gets every message, in order: held until it opens (the oldest dropped
 past `PENDING_EVENTS`), and dropped, counted, while more than `MAX_CHANNEL_BUFFER` is
-unsent (a peer that stopped reading). Listeners (sideband WebSockets, `?call_id=`) get the
-session's events and the playout news from the moment they attach, and map them with
-expanders of their own; when the call ends each is told once. A listener that fails is
-detached (and told the call has ended for it): the call and its data channel go on.
+unsent (a peer that stopped reading). `stalled_s()` says how long its unsent bytes have
+not gone down (aiortc hands the next message to SCTP only once the peer has taken the
+last): the call hangs up on a peer stalled for the slow-client bound (call.py).
+Listeners (sideband WebSockets, `?call_id=`) get the session's events and the playout
+news from the moment they attach, and map them with expanders of their own; when the
+call ends each is told once. A listener that fails is detached (and told the call has
+ended for it): the call and its data channel go on.
 """
 
 from __future__ import annotations
@@ -64,6 +67,9 @@ class CallEvents:
         self._pending: collections.deque[str] = collections.deque(maxlen=PENDING_EVENTS)
         self._listeners: list[CallListener] = []
         self._response_id: str | None = None
+        self._stall: tuple[float, int] | None = None
+        """(since when, the unsent bytes last seen) while the channel's backlog has not
+        gone down."""
 
     def open(self, channel: RTCDataChannel) -> None:
         """The `oai-events` channel: what waited goes out once it is open."""
@@ -72,6 +78,21 @@ class CallEvents:
             self._flush_pending()
         else:
             channel.on("open", self._flush_pending)
+
+    def stalled_s(self, now: float) -> float:
+        """How long the data channel has had unsent bytes without sending any of them: 0
+        while it is closed, empty, or sending."""
+        channel = self._channel
+        unsent = channel.bufferedAmount if channel is not None else 0
+        if unsent == 0 or channel is None or channel.readyState != "open":
+            self._stall = None
+            return 0.0
+        if self._stall is None or unsent < self._stall[1]:
+            self._stall = (now, unsent)  # some went out: a stall starts from here
+            return 0.0
+        since = self._stall[0]
+        self._stall = (since, unsent)
+        return now - since
 
     def session_event(self, event: Event, *, extra_events: bool) -> None:
         if isinstance(event, ResponseCreated):

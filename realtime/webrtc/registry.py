@@ -25,6 +25,7 @@ from sessions.events import new_id
 from ..ice import IceSettings
 from ..metrics import TransportMetrics
 from ..sdp import OfferError, check_offer
+from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 from . import guards
 from .call import CallOptions, WebRTCCall
 
@@ -52,8 +53,11 @@ class CallRegistry:
         ice: IceSettings,
         metrics: TransportMetrics | None = None,
         setup_timeout_s: float = SETUP_TIMEOUT_S,
+        slow: SlowClients = DEFAULT_SLOW_CLIENTS,
     ) -> None:
         self.manager = manager
+        self.slow = slow
+        """What a call does about a peer that stops reading its data channel."""
         self.ice = ice
         self.metrics = metrics or TransportMetrics()
         self.setup_timeout_s = setup_timeout_s
@@ -84,7 +88,7 @@ class CallRegistry:
             raise
         call_id = new_id("rtc")
         pc = RTCPeerConnection(self.ice.rtc_configuration())
-        call = WebRTCCall(call_id, pc, options or CallOptions(), self.metrics)
+        call = WebRTCCall(call_id, pc, options or CallOptions(), self.metrics, self.slow)
         try:
             answer = await self._answer(call, sdp)
             session = await self.manager.create(

@@ -8,9 +8,10 @@ messages only. Everything else is here, once:
   messages that each get a reply cannot fill it; a message over `MAX_MESSAGE_BYTES`
   closes the connection with 1009; the client's close frame with 1000 or 1001 is a clean
   close (connections.py), anything else a drop.
-- The sender: the PacedSender's one ordered, paced queue. A client that stops reading is
-  closed with 1008; a send that fails means the client has gone, unless the reader is
-  about to see its close frame (`CLOSE_VERDICT_S`).
+- The sender: the PacedSender's one ordered, paced queue. A client that stops reading for
+  `SlowClients.stall_s` is closed with 1008 and its session ends (slow_clients.py); a send
+  that fails means the client has gone, unless the reader is about to see its close frame
+  (`CLOSE_VERDICT_S`).
 - `finish(reason, code)`: the one way a connection ends; the first reason wins. `code` is
   the close frame we send, None when there is nobody to send it to.
 - Teardown, in order: the reader stops; an end that is not resumable closes the session,
@@ -53,6 +54,7 @@ from pipeline.tasks import cancel_and_wait
 from sessions import Session, SessionClosedError, SessionManager
 from sessions.events import Event, SessionClosed
 
+from ..slow_clients import CLOSE_TOO_SLOW, DEFAULT_SLOW_CLIENTS, TOO_SLOW, SlowClients
 from .connections import (
     CLOSE_SERVICE_RESTART,
     CLOSE_VERDICT_S,
@@ -105,8 +107,8 @@ class MessageConnection(PacedSender):
     RESUMABLE: ClassVar[frozenset[str]] = frozenset({CLIENT_GONE, TAKEN_OVER})
     """Why a connection ended that leaves its session waiting for a resume; any other end
     closes the session with that reason."""
-    TOO_SLOW: ClassVar[str] = "client_too_slow"
-    """The reason for a client that stopped reading (closed with 1008)."""
+    TRANSPORT: ClassVar[str] = "websocket"
+    """The transport's name in logs and metrics."""
     SAYS_WHY: ClassVar[bool] = True
     """Whether the close frame carries the reason."""
     OWNS_SESSION: ClassVar[bool] = True
@@ -120,8 +122,10 @@ class MessageConnection(PacedSender):
         audio_message: AudioMessageFn,
         *,
         grace_s: float = DEFAULT_GRACE_S,
+        slow: SlowClients = DEFAULT_SLOW_CLIENTS,
     ) -> None:
-        super().__init__(self._send_message, audio_message)
+        super().__init__(self._send_message, audio_message, stall_s=slow.stall_s)
+        self.slow = slow
         self.websocket = websocket
         self.manager = manager
         self.grace_s = grace_s
@@ -418,8 +422,12 @@ class MessageConnection(PacedSender):
             self.finish(SERVER_ERROR, CLOSE_INTERNAL_ERROR)
 
     def _too_slow(self, exc: SlowClientError) -> None:
-        log.warning("session %s: %s", self._session_id, exc)
-        self.finish(self.TOO_SLOW, CLOSE_POLICY)
+        """The client stopped reading: closed, logged and counted once (the reader and
+        the sender may both notice)."""
+        if self._end.is_set():
+            return
+        self.finish(TOO_SLOW, CLOSE_TOO_SLOW)
+        self.slow.closed(self.TRANSPORT, self._session_id, str(exc))
 
     @property
     def _session_id(self) -> str | None:

@@ -20,6 +20,7 @@ from starlette.websockets import WebSocket
 from sessions import SessionClosedError, SessionConfig, SessionLimitError, SessionManager
 
 from ..client_events import AudioFormats
+from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 from .connection import CLOSE_POLICY, CLOSE_TRY_AGAIN
 from .connections import DEFAULT_GRACE_S, ConnectionRegistry, claim_session
 from .openai_ws import OpenAIRealtimeConnection
@@ -42,6 +43,7 @@ class ConnectRequest:
     grace_s: float = DEFAULT_GRACE_S
     caller: str | None = None
     """Whom its session counts against (sessions/key_limits.py)."""
+    slow: SlowClients = DEFAULT_SLOW_CLIENTS
 
 
 class OpenAIConnections(ConnectionRegistry[OpenAIRealtimeConnection]):
@@ -61,7 +63,12 @@ async def serve_openai_realtime(
     """Serve one accepted-to-be WebSocket until it closes."""
     await websocket.accept(subprotocol=request.subprotocol)
     connection = OpenAIRealtimeConnection(
-        websocket, manager, formats=request.formats, beta=request.beta, grace_s=request.grace_s
+        websocket,
+        manager,
+        formats=request.formats,
+        beta=request.beta,
+        grace_s=request.grace_s,
+        slow=request.slow,
     )
     try:
         if request.session_id is not None:

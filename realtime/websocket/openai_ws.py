@@ -12,7 +12,8 @@ Client messages are applied in order by a ClientEventDispatcher; a malformed one
 second, the rest summarised in one `errors_suppressed` error), so a burst of bad messages
 neither fills the outbound queue of a client that reads (which would close it as too slow)
 nor floods the session's resume log. A message over 16 MiB closes the connection with 1009
-(and the session waits for a resume, as after a drop).
+(and the session waits for a resume, as after a drop). A client that stops reading is
+closed with 1008 `client_too_slow` and its session ends (slow_clients.py).
 
 Close. The client's close frame with 1000 or 1001 ends the session at once (its slot,
 lease and keys freed).
@@ -49,6 +50,7 @@ from ..dispatch import ClientEventDispatcher
 from ..g711 import G711, PCMA, PCMU
 from ..ga_events import AFTER_AUDIO, GAExpander
 from ..server_events import to_wire
+from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 from .connection import CLIENT_GONE, MESSAGE_TOO_BIG, TAKEN_OVER, MessageConnection
 from .connections import DEFAULT_GRACE_S
 from .sender import Message
@@ -84,9 +86,11 @@ def ga_messages(
 
 
 class OpenAIRealtimeConnection(MessageConnection):
-    RESUMABLE = frozenset({CLIENT_GONE, TAKEN_OVER, MessageConnection.TOO_SLOW, MESSAGE_TOO_BIG})
-    """Every end but the client's clean close and the session's own leaves the session
-    waiting for a resume (a server error is no drop: it ends the session)."""
+    TRANSPORT = "openai_ws"
+    RESUMABLE = frozenset({CLIENT_GONE, TAKEN_OVER, MESSAGE_TOO_BIG})
+    """A drop, a take-over and a message over the size limit leave the session waiting for
+    a resume. The client's clean close, the session's own end, a server error (no drop)
+    and a client closed for not reading (slow_clients.py) end it."""
 
     def __init__(
         self,
@@ -96,8 +100,9 @@ class OpenAIRealtimeConnection(MessageConnection):
         formats: AudioFormats,
         beta: bool = False,
         grace_s: float = DEFAULT_GRACE_S,
+        slow: SlowClients = DEFAULT_SLOW_CLIENTS,
     ) -> None:
-        super().__init__(websocket, manager, self._audio_message, grace_s=grace_s)
+        super().__init__(websocket, manager, self._audio_message, grace_s=grace_s, slow=slow)
         self.expander = GAExpander(beta=beta)
         self.dispatcher: ClientEventDispatcher | None = None
         self._formats = formats

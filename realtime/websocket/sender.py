@@ -50,6 +50,8 @@ import numpy.typing as npt
 from sessions import PlayoutBuffer, PlayoutSink
 from sessions.events import Event
 
+from ..slow_clients import DEFAULT_STALL_S
+
 log = logging.getLogger("parley.realtime.websocket.sender")
 
 Message = dict[str, Any]
@@ -60,7 +62,6 @@ DEFAULT_LEAD_MS = 300
 DEFAULT_PIECE_MS = 100
 DEFAULT_MAX_ITEMS = 512
 DEFAULT_MAX_QUEUED_MS = 2_000
-DEFAULT_STALL_S = 10.0
 
 
 class SlowClientError(Exception):

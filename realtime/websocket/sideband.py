@@ -33,6 +33,7 @@ from sessions.events import Event, SessionClosed
 
 from ..client_events import AudioFormats
 from ..dispatch import ClientEventDispatcher
+from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 from ..webrtc.call_events import CallEvents, CallListener
 from .connection import CLOSE_NORMAL
 from .openai_ws import ERROR_LIMIT, OpenAIRealtimeConnection
@@ -61,12 +62,20 @@ class SidebandCall(Protocol):
 
 
 class SidebandConnection(OpenAIRealtimeConnection):
+    TRANSPORT = "sideband"
     OWNS_SESSION = False
 
-    def __init__(self, websocket: WebSocket, manager: SessionManager, call: SidebandCall) -> None:
+    def __init__(
+        self,
+        websocket: WebSocket,
+        manager: SessionManager,
+        call: SidebandCall,
+        slow: SlowClients = DEFAULT_SLOW_CLIENTS,
+    ) -> None:
         session = call.session
         assert session is not None  # a registered call is attached to its session
-        super().__init__(websocket, manager, formats=AudioFormats.for_config(session.config))
+        formats = AudioFormats.for_config(session.config)
+        super().__init__(websocket, manager, formats=formats, slow=slow)
         self.call = call
         self.bind(session)
 
@@ -87,11 +96,16 @@ class SidebandConnection(OpenAIRealtimeConnection):
 
 
 async def serve_sideband(
-    websocket: WebSocket, manager: SessionManager, call: SidebandCall, subprotocol: str | None
+    websocket: WebSocket,
+    manager: SessionManager,
+    call: SidebandCall,
+    subprotocol: str | None,
+    slow: SlowClients = DEFAULT_SLOW_CLIENTS,
 ) -> None:
     """Serve one sideband WebSocket on `call` until either ends. The route has checked the
-    caller's key and that the call exists."""
-    connection = SidebandConnection(websocket, manager, call)
+    caller's key and that the call exists. A sideband client that stops reading is closed
+    (1008); the call goes on."""
+    connection = SidebandConnection(websocket, manager, call, slow)
     # Listening before the upgrade completes: an event the client's first message causes
     # cannot come before the connection hears it.
     attached = call.listen(connection)

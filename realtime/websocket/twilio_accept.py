@@ -25,6 +25,7 @@ from sessions import ConfigError, SessionConfig, SessionManager
 from sessions.errors import KeyLimitError
 
 from ..client_events import ProtocolError, SessionUpdate, session_patch
+from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 from .denial import deny, deny_limited
 from .twilio_messages import Start
 from .twilio_stream import TwilioStream
@@ -48,7 +49,10 @@ def _bearer(token: str | None) -> str | None:
 
 
 async def serve_twilio(
-    websocket: WebSocket, auth: Authenticator, manager: SessionManager | None
+    websocket: WebSocket,
+    auth: Authenticator,
+    manager: SessionManager | None,
+    slow: SlowClients = DEFAULT_SLOW_CLIENTS,
 ) -> None:
     """Serve one Twilio Media Stream until it ends."""
     authorization = websocket.headers.get("authorization") or _bearer(
@@ -85,4 +89,4 @@ async def serve_twilio(
         return None
 
     await websocket.accept()
-    await TwilioStream(websocket, manager, config_for).serve()
+    await TwilioStream(websocket, manager, config_for, slow).serve()

@@ -10,6 +10,11 @@ its settings (and the caller's token) are known.
 The stream owns its session and its two tasks (the reader and the sender): `stop`, the
 caller's close, or the session's own end ends all three, once (`close()`). Bad JSON, a
 message that is not Twilio's and unknown events are logged and counted, never fatal.
+
+What goes out is bounded by the playout (2 s of audio; the session waits past that) and
+one message in flight. A peer that stops reading blocks that message: after
+`SlowClients.stall_s` the stream ends with 1008 `client_too_slow` and so does its session
+(slow_clients.py); the close frame cannot hold up the teardown either.
 """
 
 from __future__ import annotations
@@ -29,7 +34,14 @@ from sessions.errors import InvalidRequestError
 from sessions.events import Event, SessionClosed
 
 from ..g711 import ulaw_decode
-from .connection import CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TRY_AGAIN, SOCKET_ERRORS
+from ..slow_clients import CLOSE_TOO_SLOW, DEFAULT_SLOW_CLIENTS, TOO_SLOW, SlowClients
+from .connection import (
+    CLOSE_NORMAL,
+    CLOSE_POLICY,
+    CLOSE_TRY_AGAIN,
+    FLUSH_TIMEOUT_S,
+    SOCKET_ERRORS,
+)
 from .twilio_messages import (
     SAMPLE_RATE,
     BadMessage,
@@ -58,8 +70,17 @@ against (sessions/key_limits.py); None refuses it."""
 
 
 class TwilioStream(TwilioPlayout):
-    def __init__(self, websocket: WebSocket, manager: SessionManager, config_for: ConfigFor):
+    TRANSPORT = "twilio"
+
+    def __init__(
+        self,
+        websocket: WebSocket,
+        manager: SessionManager,
+        config_for: ConfigFor,
+        slow: SlowClients = DEFAULT_SLOW_CLIENTS,
+    ):
         super().__init__()
+        self.slow = slow
         self.websocket = websocket
         self.manager = manager
         self._config_for = config_for
@@ -110,8 +131,9 @@ class TwilioStream(TwilioPlayout):
         self.playout.close()
         await cancel_and_wait(self._sender)
         if self.close_code is not None:
-            with contextlib.suppress(*SOCKET_ERRORS):
-                await self.websocket.close(self.close_code, self.close_reason[:120])
+            with contextlib.suppress(*SOCKET_ERRORS, TimeoutError):
+                async with asyncio.timeout(FLUSH_TIMEOUT_S):  # a peer that does not read
+                    await self.websocket.close(self.close_code, self.close_reason[:120])
         log.info(
             "stream %s (call %s) ended: %s; %d ms played, %d clears, %d bad messages",
             self.stream_sid,
@@ -211,11 +233,19 @@ class TwilioStream(TwilioPlayout):
     # --- the answer's way out ------------------------------------------------------------
 
     async def send(self, message: dict[str, Any]) -> bool:
-        """Send one message; False once the caller has gone (the stream then ends)."""
+        """Send one message; False once the caller has gone or has not read for
+        `stall_s` (the stream then ends)."""
         try:
-            await self.websocket.send_text(json.dumps(message))
-        except SOCKET_ERRORS:
-            self.finish("caller_gone", None)
+            async with asyncio.timeout(self.slow.stall_s) as deadline:
+                await self.websocket.send_text(json.dumps(message))
+        except SOCKET_ERRORS:  # (TimeoutError is an OSError)
+            if not deadline.expired():
+                self.finish("caller_gone", None)
+            elif not self.stopped.is_set():
+                self.finish(TOO_SLOW, CLOSE_TOO_SLOW)
+                why = f"one message could not be written for {self.slow.stall_s:g} s"
+                session_id = self.session.session_id if self.session is not None else None
+                self.slow.closed(self.TRANSPORT, session_id, why)
             return False
         return True
 

@@ -96,6 +96,7 @@ from sessions import (
 from sessions.events import Event, SessionClosed, SessionStateChanged
 
 from ..error_throttle import ErrorThrottle, summary_text
+from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 from .audio_window import BYTES_PER_MS, AudioWindow, ms_of
 from .connection import (
     CLIENT_GONE,
@@ -163,10 +164,10 @@ class VideoChatState:
 class VideoChatStream(MessageConnection):
     """One connection: the video chat mapping on the shared connection lifecycle."""
 
-    TOO_SLOW = "slow_client"
-    RESUMABLE = frozenset({CLIENT_GONE, TOO_SLOW, TAKEN_OVER})
-    """A drop, a client too slow to read, a take-over; every other end closes the session
-    (a message over the size limit too)."""
+    TRANSPORT = "video_stream"
+    RESUMABLE = frozenset({CLIENT_GONE, TAKEN_OVER})
+    """A drop, a take-over; every other end closes the session (a message over the size
+    limit, a client closed for not reading: slow_clients.py)."""
     SAYS_WHY = False
     """vLLM-Omni's clients get a bare close code."""
 
@@ -178,9 +179,10 @@ class VideoChatStream(MessageConnection):
         *,
         grace_s: float = DEFAULT_GRACE_S,
         caller: str | None = None,
+        slow: SlowClients = DEFAULT_SLOW_CLIENTS,
     ) -> None:
         """`caller`: whom its session counts against (sessions/key_limits.py)."""
-        super().__init__(websocket, manager, wav_delta, grace_s=grace_s)
+        super().__init__(websocket, manager, wav_delta, grace_s=grace_s, slow=slow)
         self._streams = streams
         self._caller = caller
         self.state = VideoChatState()

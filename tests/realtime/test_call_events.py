@@ -12,7 +12,7 @@ import pytest
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
-from realtime.webrtc.call_events import CallEvents
+from realtime.webrtc.call_events import MAX_CHANNEL_BUFFER, CallEvents
 from sessions import events as ev
 from sessions.config import SessionConfig
 from sessions.events import ConversationItem, Event
@@ -158,3 +158,28 @@ def test_a_failing_listener_is_detached_and_the_call_goes_on(
     assert broken.ended == ["server_error"] and events.listeners == 1
     assert fine.events == [created]
     assert [m["type"] for m in channel.sent] == ["response.created", "rate_limits.updated"]
+
+
+def test_a_backlog_that_does_not_go_down_is_a_stall_and_one_that_drains_is_not() -> None:
+    events, channel = opened()
+    assert events.stalled_s(0.0) == 0.0  # nothing unsent
+    channel.bufferedAmount = 1_000
+    assert events.stalled_s(1.0) == 0.0  # a backlog starts
+    channel.bufferedAmount = 5_000  # more queued, none sent
+    assert events.stalled_s(3.0) == 2.0
+    channel.bufferedAmount = 4_000  # some went out: the peer reads
+    assert events.stalled_s(4.0) == 0.0
+    assert events.stalled_s(4.5) == 0.5
+    channel.bufferedAmount = 0
+    assert events.stalled_s(9.0) == 0.0
+    channel.bufferedAmount, channel.readyState = 9_000, "closed"
+    assert events.stalled_s(20.0) == 0.0
+
+
+def test_a_channel_that_is_not_read_costs_at_most_its_bound() -> None:
+    events, channel = opened()
+    channel.bufferedAmount = MAX_CHANNEL_BUFFER + 1  # the peer stopped reading
+    updated = ev.SessionUpdated(session_id="sess_1", config=SessionConfig())
+    for _ in range(100):
+        events.session_event(updated, extra_events=False)
+    assert channel.sent == [] and events.dropped == 100

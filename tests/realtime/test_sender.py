@@ -231,3 +231,43 @@ async def test_clear_drops_the_rest_of_a_write_it_interrupted() -> None:
     async with running(sender):
         await asyncio.wait_for(sender.drained(), 1)
     assert wire.messages == [] and sender.played_ms == 0
+
+
+KINDS: dict[str, tuple[dict[str, Any], bool]] = {
+    "text delta": ({"type": "response.output_text.delta", "delta": "word "}, False),
+    "transcript delta": ({"type": "response.output_audio_transcript.delta", "delta": "w"}, False),
+    "control": ({"type": "response.done", "response": {"status": "completed"}}, True),
+    "error": ({"type": "error", "error": {"code": "invalid_value"}}, False),
+    "session event": ({"type": "session.updated", "session": {}}, False),
+}
+
+
+@pytest.mark.parametrize("kind", [*KINDS, "audio delta"])
+async def test_every_kind_of_message_stays_bounded_while_the_client_does_not_read(
+    kind: str,
+) -> None:
+    """Whatever the answer is made of, a client that never reads costs at most the queue's
+    bound (events: `max_items`; audio: `max_queued_ms`, the model waiting past it), and
+    its sender gives up after `stall_s`."""
+    wire = Wire()
+    wire.gate.clear()  # the first write blocks for ever: the socket's buffers are full
+    sender = PacedSender(wire.send, audio_message, max_items=16, max_queued_ms=500, stall_s=0.3)
+    async with running(sender) as task:
+        if kind == "audio delta":
+            writer = asyncio.create_task(sender.audio(pcm(5_000), RATE))
+            await asyncio.sleep(0.1)
+            assert not writer.done()  # the model is held back...
+            assert sender.queued_ms <= 500 and sender.queued_items <= 16  # ...at the bound
+        else:
+            writer = None
+            message, after_audio = KINDS[kind]
+            for _ in range(1_000):
+                sender.post(dict(message), after_audio=after_audio)
+                assert sender.queued_items <= 16
+            assert sender.dropped_events > 0  # counted, and fatal to the connection
+        with pytest.raises(SlowClientError):
+            await asyncio.wait_for(task, 2)
+        sender.close()
+        if writer is not None:
+            await asyncio.wait_for(writer, 1)  # closing releases the model
+    assert len(wire.messages) == 0

@@ -10,16 +10,19 @@ import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
+from starlette.websockets import WebSocket
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from loadtest.speech import silence, speak, trim_silence
+from realtime.metrics import TransportMetrics
+from realtime.slow_clients import TOO_SLOW, SlowClients
 from realtime.websocket import twilio_stream
-from sessions import Session
+from sessions import Session, SessionManager
 from tests.realtime.apps import ServedApp, fake_graph_file, served_app
 from tests.realtime.twilio_caller import RATE, TwilioCaller
 from web.settings import Settings
@@ -202,3 +205,41 @@ async def test_a_caller_that_never_echoes_marks_still_ends_the_answer(
     assert done["status"] == "completed"
     # Taken as played MARK_GRACE_S after its audio should have ended.
     assert 1.5 <= waited <= 3.5
+
+
+class _StuckSocket:
+    """A Twilio peer that stopped reading: every write, the close frame included, waits
+    for room that never comes."""
+
+    def __init__(self) -> None:
+        self.closes = 0
+
+    async def send_text(self, text: str) -> None:
+        await asyncio.Event().wait()
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        self.closes += 1
+        await asyncio.Event().wait()
+
+
+async def test_a_peer_that_stops_reading_ends_the_stream_within_the_bound(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(twilio_stream, "FLUSH_TIMEOUT_S", 0.2)
+    metrics = TransportMetrics()
+    socket = _StuckSocket()
+    stream = twilio_stream.TwilioStream(
+        cast(WebSocket, socket),
+        cast(SessionManager, None),
+        lambda start: None,
+        SlowClients(stall_s=0.2, metrics=metrics),
+    )
+    started = time.monotonic()
+    assert not await stream.send({"event": "media", "streamSid": "MZ1", "media": {}})
+    assert 0.2 <= time.monotonic() - started < 1.0
+    assert (stream.close_reason, stream.close_code) == (TOO_SLOW, 1008)
+    async with asyncio.timeout(2):
+        await stream.close()  # the close frame cannot hang it either
+    assert socket.closes == 1
+    assert metrics.slow_clients.labels("twilio")._value.get() == 1
+    assert [r.name for r in caplog.records].count("parley.realtime.slow_clients") == 1

@@ -32,12 +32,13 @@ from loadtest.speech import silence, speak, trim_silence
 from loadtest.webrtc_client import Caller
 from realtime.error_throttle import DEFAULT_LIMIT
 from realtime.ice import IceSettings
+from realtime.slow_clients import TOO_SLOW
 from realtime.webrtc.call import MAX_MESSAGE_BYTES
 from realtime.webrtc.registry import CallRegistry, CallSetupError
 from sessions.config import SessionConfig
 from web.app import Services
 
-from .apps import fake_app
+from .apps import asgi_client, fake_app
 
 UNDECODABLE_OPUS = b"\x03\x00"
 """A code-3 Opus packet that says it holds zero frames: libopus refuses it."""
@@ -267,3 +268,47 @@ async def test_an_offer_aiortc_cannot_answer_in_time_leaves_nothing(app: Starlet
         await registry.close()
         await caller.close()
         await caller.http.aclose()
+
+
+async def test_a_peer_that_stops_reading_its_data_channel_is_hung_up(
+    tmp_path: Path, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The peer's SCTP stops taking data (no acknowledgements, as from a peer whose
+    receive window stays shut): once the channel's unsent bytes have not gone down for
+    the bound, the call ends `client_too_slow`, counted; a neighbouring call goes on."""
+    settings: dict[str, Any] = {"max_sessions": 4, "slow_client_s": 0.5}
+    async with (
+        fake_app(tmp_path, redis_url, "audio_ms: 1000, realtime_factor: 4.0", **settings) as app,
+        asgi_client(app) as http,
+    ):
+        services: Services = app.state.services
+        caller, neighbour = Caller(http), Caller(http)
+        try:
+            for c in (caller, neighbour):
+                assert (await c.connect()).status_code == 201
+                await c.wait_for(lambda e: e["type"] == "session.created")
+            assert services.calls is not None and caller.call_id is not None
+            call = services.calls.get(caller.call_id)
+            session = call.session
+            assert session is not None
+
+            async def take_nothing(chunk: Any) -> None:  # (aiortc's own, replaced)
+                return None
+
+            caller.pc.sctp._receive_data_chunk = take_nothing  # type: ignore[union-attr,method-assign]
+            caller.send({"type": "session.update", "session": {"type": "realtime"}})
+            caller.send({"type": "response.create"})
+            await answers_a_question(neighbour)
+            async with asyncio.timeout(10):
+                while not session.closed:
+                    await asyncio.sleep(0.02)
+            assert call.close_reason == session.close_reason == TOO_SLOW
+            await still_talks(neighbour, "after")
+        finally:
+            await caller.close()
+            await neighbour.close()
+        value = services.metrics.registry.get_sample_value(
+            "parley_slow_clients_closed_total", {"transport": "webrtc_events"}
+        )
+        assert value == 1
+    assert len(warnings_from(caplog, "parley.realtime.slow_clients")) == 1
