@@ -276,3 +276,12 @@ class Pipeline(Protocol):
     async def forget_session(self, session_id: str) -> None:
         """The session has ended: every stage drops what it kept for it between turns."""
         ...
+
+
+@runtime_checkable
+class ReportsStages(Protocol):
+    """A pipeline that can say which of its stages cannot serve now (for `/readyz`)."""
+
+    def stalled_stages(self) -> dict[str, str]:
+        """Per stage that is down or stuck: why (see `Engine.stalled`)."""
+        ...
