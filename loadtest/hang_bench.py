@@ -73,8 +73,9 @@ async def main(pipeline: str, stage_name: str, n: int) -> None:
         await graph.close()
     print(f"{pipeline}, stage {stage_name} (hang_s {hang_s:g} s), SIGSTOP mid-answer, {n} trials")
     print(f"  the client was told: {results[0][2]}")
-    for label, index in (("request failed after", 0), ("new worker serving after", 1)):
-        times = [r[index] for r in results]
+    failed = [r[0] for r in results]
+    replaced = [r[1] for r in results]
+    for label, times in (("request failed after", failed), ("new worker serving after", replaced)):
         print(
             f"  {label}: median {statistics.median(times):.2f} s, "
             f"min {min(times):.2f} s, max {max(times):.2f} s"

@@ -166,7 +166,8 @@ class LinkedStage(EntryEngine, StreamEngine):
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(min(WATCH_S, liveness_s / 4))
-            if self.down_reason is None and loop.time() - self._heard > liveness_s:
+            silent = loop.time() - self._heard > liveness_s
+            if silent and self.down_reason is None and not self._closing:
                 self._hung(f"hung: no word from it for {liveness_s:g} s")
 
     def _hung(self, reason: str) -> None:

@@ -29,11 +29,11 @@ from pipeline.registry import build_engines, hosted_stages, worker_spec
 from pipeline.shared_stage import SharedStageEngine
 from pipeline.stage_host import launch_args
 from pipeline.types import AudioChunk, End, ErrorChunk, OutputChunk, TextDelta
-from tests.pipeline.test_worker import GRAPH, request
+from tests.pipeline.test_worker import GRAPH, HANGING, request
 
 CONFIG = parse_graph(GRAPH.replace("delay_s: 0.005", "delay_s: 0.05"))
 """The worker test's graph, its Thinker slower: 40 tokens take 2 s, time to look inside."""
-HANGING = parse_graph(
+STOPPING = parse_graph(
     GRAPH.replace("delay_s: 0.005", "delay_s: 0.05").replace(
         "placement: {process: worker}\n", "placement: {process: worker}\n    hang_s: 2\n"
     )
@@ -114,7 +114,16 @@ def hosts(tmp_path: Path) -> Iterator[dict[str, Host]]:
 
 @pytest.fixture
 def hanging_hosts(tmp_path: Path) -> Iterator[dict[str, Host]]:
-    yield from started_hosts(HANGING, tmp_path)
+    yield from started_hosts(STOPPING, tmp_path)
+
+
+STICKING = parse_graph(HANGING)
+"""The worker test's hanging graph: one stage, whose engine's step sticks when asked."""
+
+
+@pytest.fixture
+def sticking_host(tmp_path: Path) -> Iterator[dict[str, Host]]:
+    yield from started_hosts(STICKING, tmp_path)
 
 
 @contextlib.asynccontextmanager
@@ -206,7 +215,7 @@ async def test_a_stopped_host_fails_its_requests_within_seconds_and_goes_quiet_t
     hanging_hosts: dict[str, Host],
 ) -> None:
     host = hanging_hosts["thinker"]
-    async with graph_on(hanging_hosts, HANGING) as graph:
+    async with graph_on(hanging_hosts, STOPPING) as graph:
         thinker = shared(graph, "thinker")
         stream = graph.generate(request("resp_stopped"))
         await anext(stream)
@@ -234,6 +243,25 @@ async def test_a_stopped_host_fails_its_requests_within_seconds_and_goes_quiet_t
                 await asyncio.sleep(0.05)
         again = await collect(graph.generate(request("resp_again")))
         assert isinstance(again[-1], End) and graph.stalled_stages() == {}
+
+
+async def test_a_host_whose_engine_is_stuck_says_so_and_goes_quiet_to_its_parent(
+    sticking_host: dict[str, Host],
+) -> None:
+    host = sticking_host["thinker"]
+    async with graph_on(sticking_host, STICKING) as graph:
+        stream = graph.generate(request("resp_stuck", text="stick"))
+        await anext(stream)
+        async with asyncio.timeout(10):
+            out = await collect(stream)
+        error = out[-1]
+        assert isinstance(error, ErrorChunk) and error.stage == "thinker"
+        assert "(hung: the sticking thread has made no progress for" in error.message
+        host.beats()
+        await asyncio.sleep(1.0)
+        assert host.beats() == b""  # its loop lives, but it no longer vouches for the engine
+        assert host.proc is not None and host.proc.poll() is None
+        host.kill()
 
 
 async def test_a_connection_that_is_not_ours_is_dropped_and_serving_goes_on(
