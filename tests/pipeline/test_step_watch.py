@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+from pipeline.engines.cascade.batching import BatchWorker
 from pipeline.step_watch import StepWatch, first_stall, long_step, step_done
 
 
@@ -61,3 +62,30 @@ def test_a_declared_long_step_is_allowed_its_own_bound_and_ends_in_progress() ->
 def test_declaring_outside_any_watch_does_nothing() -> None:
     with long_step(1.0):
         step_done()
+
+
+def test_the_cascade_batch_thread_is_watched_and_its_runner_stamps_steps() -> None:
+    release = threading.Event()
+    stamped = threading.Event()
+
+    class Item:
+        cancelled = False
+
+    def run_batch(items: list[Item]) -> None:
+        step_done()  # a step inside the batch (a decoding step)
+        stamped.set()
+        release.wait(5)
+
+    worker: BatchWorker[Item] = BatchWorker("parley-test", run_batch, window_s=0.0)
+    worker.start()
+    try:
+        assert worker.watch.stalled(0.0) is None  # idle
+        worker.submit(Item())
+        assert stamped.wait(5)
+        time.sleep(0.1)
+        reason = worker.watch.stalled(0.05)
+        assert reason is not None and reason.startswith("the parley-test thread")
+    finally:
+        release.set()
+        worker.close()
+        worker.join(5)
