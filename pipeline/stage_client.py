@@ -199,9 +199,8 @@ class LinkedStage(EntryEngine, StreamEngine):
         for key, channel in list(self._requests.items()):
             rid = key.rpartition("#")[0]
             if not channel.closed:  # a hung stage's requests have their reason already
-                channel.close_with(
-                    ErrorChunk(f"the {self.name} worker stopped while serving {rid}", self.name)
-                )
+                message = f"the {self.name} stage stopped while serving {rid} ({self.lost_reason})"
+                channel.close_with(ErrorChunk(message, self.name))
         for future in self._stats.values():
             if not future.done():
                 future.set_exception(LinkClosed("the stage is gone"))
@@ -297,7 +296,7 @@ class LinkedStage(EntryEngine, StreamEngine):
             finished = True
         except LinkClosed:
             finished = True
-            yield ErrorChunk(f"the {self.name} worker stopped", self.name)
+            yield ErrorChunk(f"the {self.name} stage stopped ({self.lost_reason})", self.name)
         except LinkUnavailable as exc:
             finished = True
             self._mark_down(str(exc))

@@ -93,7 +93,7 @@ class WorkerEngine(ReconnectingStage):
         self._attach(link)
         log.info("stage %s: worker pid %s ready", self.name, process.pid)
 
-    lost_reason = "its worker process stopped; a new one is starting"
+    lost_reason = "its worker stopped; a new one is starting"
 
     def _on_hung(self, reason: str) -> None:
         process = self._process
