@@ -406,8 +406,10 @@ async def test_a_stopped_stage_host_fails_the_turn_is_named_by_readyz_and_replac
     (new,) = [p for p in children(server.proc.pid) if "pipeline.stage_host" in cmdline(p)]
     assert new != host
     await answered(port)
-    print(f"--workers 2, SIGSTOP on the stage host: the turn failed after {failed_after:.2f} s, ")
-    print(f"/readyz 200 again after {replaced_after:.2f} s")
+    print(
+        f"--workers 2, SIGSTOP on the stage host: the turn failed after {failed_after:.2f} s, "
+        f"/readyz 200 again after {replaced_after:.2f} s"
+    )
 
 
 def test_with_stage_hosts_off_each_worker_loads_its_own(
