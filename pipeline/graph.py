@@ -130,6 +130,14 @@ class StageGraph:
     def active_requests(self) -> int:
         return sum(engine.active_requests() for engine in self.engines.values())
 
+    def stalled_stages(self) -> dict[str, str]:
+        """Per stage that cannot serve now (hung, or its process restarting): why."""
+        found: dict[str, str] = {}
+        for stage in self.config.stages:
+            if (reason := self.engines[stage.name].stalled(stage.hang_s)) is not None:
+                found[stage.name] = reason
+        return found
+
     async def forget_session(self, session_id: str) -> None:
         """Every stage drops what it kept for the session (all at once, like close)."""
         results = await asyncio.gather(

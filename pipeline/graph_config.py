@@ -14,6 +14,7 @@ takes the upstream chunks); the runtime checks each engine against its stage's k
         engine: cascade.thinker
         engine_args: {max_new_tokens: 96}
         placement: {process: worker}
+        hang_s: 5          # no progress for this long: hung (killed and started again)
     edges:
       - {from: thinker, to: talker, transform: pipeline.transforms:clauses, chunk: 1}
     outputs: [thinker, code2wav]
@@ -58,11 +59,19 @@ class Placement(_Model):
     link: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
 
 
+DEFAULT_HANG_S = 5.0
+
+
 class StageConfig(_Model):
     name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
     engine: str = Field(min_length=1)
     engine_args: dict[str, Any] = Field(default_factory=dict)
     placement: Placement = Placement()
+    hang_s: float = Field(default=DEFAULT_HANG_S, gt=0, le=3600)
+    """A stage that shows no progress for this long is hung: its process sent no heartbeat
+    (stopped, or its loop blocked), or its engine's model thread spent longer than this in
+    one step (a step known to be longer, a CUDA graph capture, declares its own bound). A
+    hung worker or stage host is killed and started again, like one that died."""
 
 
 class EdgeConfig(_Model):

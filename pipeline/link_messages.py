@@ -9,8 +9,9 @@ of band (`connectors/base.py`) over either link, shared memory or Redis streams.
 A request's life: `Generate`, then for a stream stage its upstream chunks as `Input` and an
 `InputEnd`; back come `ChunkMessage`s and one `Done` once the engine's stream has ended
 (normally, by an error, or aborted by `Abort`). A serving side says `Ready` when it can
-serve (again, after riding out a link outage) or `Fatal` when its engine cannot start; a
-remote stage says `Alive` every heartbeat. `Stats` asks how many requests the engine holds;
+serve (again, after riding out a link outage) or `Fatal` when its engine cannot start; at
+every heartbeat it says `Alive` while its engine makes progress, or `Stuck` (with why)
+while its engine's model thread is stuck in a step. `Stats` asks how many requests the engine holds;
 `ForgetSession` passes on `Engine.forget_session` when a session ends.
 """
 
@@ -84,7 +85,17 @@ class Ready:
 
 @dataclass(frozen=True, slots=True)
 class Alive:
-    """A remote stage's heartbeat: a Redis link cannot tell that its other side died."""
+    """The heartbeat: the serving side's loop runs and its engine makes progress. Its
+    absence tells what no link can: the other side is stopped (SIGSTOP, a hung host) or,
+    over Redis, gone."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stuck:
+    """The heartbeat of a stage whose loop runs but whose engine has made no progress
+    within its bound (`Engine.stalled`); the main process treats the stage as hung."""
+
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,4 +126,4 @@ class StatsReply:
     active_requests: int
 
 
-FromStage = Ready | Alive | Fatal | ChunkMessage | Done | StatsReply
+FromStage = Ready | Alive | Stuck | Fatal | ChunkMessage | Done | StatsReply

@@ -5,6 +5,10 @@ link is made by spawning the worker) and a stage shared by the server processes 
 (`SharedStageEngine`: made by dialling the stage host). Either way the far side says `Ready`
 (or `Fatal`) first; once the link is lost, every request in flight has failed (`LinkedStage`)
 and a supervisor task makes the link again, with a growing pause while that keeps failing.
+Meanwhile the stage is down (`LinkedStage.down_reason`): new requests fail at once. A stage
+silent for `liveness_s` (its `hang_s`), or one that says it is stuck, is hung: its requests
+fail at once, and its process is killed by whoever owns it (`WorkerEngine`: this process;
+a stage host: the parent of the server processes), which ends the link like a death.
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ class ReconnectingStage(LinkedStage):
     """Subclasses make the link in `_establish` (which ends by `_attach`ing it, or raises
     StageLinkFailed) and may add to `_on_lost` and `close`."""
 
-    def __init__(self, name: str, start_timeout_s: float) -> None:
-        super().__init__(name, start_timeout_s)
+    def __init__(self, name: str, start_timeout_s: float, liveness_s: float | None) -> None:
+        super().__init__(name, start_timeout_s, liveness_s)
         self.restarts = 0
         """How many times the link was made again after it was lost."""
         self._supervisor: asyncio.Task[None] | None = None

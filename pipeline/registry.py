@@ -55,7 +55,9 @@ def link_name(config: GraphConfig, stage: str) -> str:
 def worker_spec(config: GraphConfig, stage: str) -> WorkerSpec:
     """What a process serving `stage` away from the main process needs to build it."""
     found = config.stage(stage)
-    return WorkerSpec(stage, found.engine, config.stage_kind(stage), dict(found.engine_args))
+    return WorkerSpec(
+        stage, found.engine, config.stage_kind(stage), dict(found.engine_args), found.hang_s
+    )
 
 
 def hosted_stages(config: GraphConfig) -> list[str]:
@@ -70,7 +72,9 @@ def build_engines(
     engines: dict[str, Engine] = {}
     for stage in config.stages:
         if shared and stage.name in shared:
-            engines[stage.name] = SharedStageEngine(stage.name, shared[stage.name])
+            engines[stage.name] = SharedStageEngine(
+                stage.name, shared[stage.name], hang_s=stage.hang_s
+            )
         elif stage.placement.process == "remote":
             if redis_url is None:
                 raise PipelineNotFound(f"stage {stage.name} is remote, which needs a Redis URL")

@@ -107,6 +107,6 @@ async def serve_remote_stage(graph_file: str, stage: str, redis_url: str) -> Non
     try:
         link = RedisStreamLink.end(redis, link_name(config, stage), "b")
         log.info("serving stage %s of %s on link %s", stage, config.name, link_name(config, stage))
-        await serve_stage(spec, link, heartbeat_s=HEARTBEAT_S)
+        await serve_stage(spec, link, heartbeat_s=HEARTBEAT_S, ride_outages=True)
     finally:
         await redis.aclose()

@@ -6,7 +6,9 @@ dials the host's unix socket and speaks the same link a worker process of its ow
 (shared memory for arrays, the socket for headers). The host may still be loading when a
 server process starts, so `start` keeps dialling until the host answers or the start timeout
 passes. If the host goes away (it died and the parent is starting it again), the requests
-in flight fail at once and the link is dialled again, as a dead worker is restarted.
+in flight fail at once and the link is dialled again, as a dead worker is restarted. A host
+that hangs is found here as a hung worker is (its requests fail at once, the stage is down),
+but killed by the parent, which watches the hosts' own heartbeats (`web/workers.py`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import logging
 import time
 
 from .connectors.shm_dial import dial
+from .graph_config import DEFAULT_HANG_S
 from .reconnecting_stage import ReconnectingStage, StageLinkFailed
 
 log = logging.getLogger("parley.pipeline.shared_stage")
@@ -24,8 +27,16 @@ DIAL_RETRY_S = 0.1
 
 
 class SharedStageEngine(ReconnectingStage):
-    def __init__(self, stage: str, path: str, start_timeout_s: float = 300.0) -> None:
-        super().__init__(stage, start_timeout_s)
+    lost_reason = "its stage host went away; dialling it again"
+
+    def __init__(
+        self,
+        stage: str,
+        path: str,
+        start_timeout_s: float = 300.0,
+        hang_s: float = DEFAULT_HANG_S,
+    ) -> None:
+        super().__init__(stage, start_timeout_s, liveness_s=hang_s)
         self.path = path
 
     async def start(self) -> None:

@@ -15,11 +15,15 @@ next), and the serving side's `Done`, or any chunk, for the last use can still b
 then. Keyed by the bare id, that late `Done` closed the new request's stream: it ended with
 no End and no output, which a graph takes as finished.
 
-A stage whose link cannot see it die (a remote stage over Redis) says `Alive` every
-second; with `liveness_s` set, a stage silent that long, or a link whose transport is down,
-is marked down: its requests in flight fail at once, new ones fail fast instead of waiting
-for a deadline, and the first message it sends again (it says `Ready` after riding out an
-outage) marks it up.
+Hangs. The serving side says `Alive` every heartbeat while its engine makes progress, and
+`Stuck` (with why) while its model thread is stuck in a step. With `liveness_s` set, a stage
+silent that long (a stopped process, a blocked loop, or over Redis a stage gone), one that
+says `Stuck`, or one whose link's transport is down, is marked down: its requests in flight
+fail at once with the stage and the reason, new ones fail fast instead of waiting for a
+deadline, `stalled` (hence `/readyz`) names it, and `_on_hung` lets a subclass that owns
+the process kill it (then it is restarted like one that died). A link lost keeps the stage
+down until a new one is attached; a stage that speaks again (`Alive`, or `Ready` after
+riding out an outage) is up.
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ import contextlib
 import itertools
 import logging
 from collections.abc import AsyncGenerator
-from typing import Any
 
 from .channel import Channel, ChannelClosed
 from .connectors.base import Link, LinkClosed, LinkUnavailable
@@ -43,6 +46,7 @@ from .link_messages import (
     InputEnd,
     Stats,
     StatsReply,
+    Stuck,
 )
 from .tasks import cancel_and_wait
 from .types import Chunk, End, EntryEngine, ErrorChunk, PipelineRequest, StageInput, StreamEngine
@@ -52,6 +56,8 @@ log = logging.getLogger("parley.pipeline.stage_client")
 REQUEST_CHANNEL_SIZE = 64
 RETRY_S = 0.5
 """How long the reader waits before reading again from a link whose transport is down."""
+WATCH_S = 0.25
+"""How often the watchdog looks at how long the stage has been silent (at most)."""
 
 
 class LinkedStage(EntryEngine, StreamEngine):
@@ -60,9 +66,12 @@ class LinkedStage(EntryEngine, StreamEngine):
         self.start_timeout_s = start_timeout_s
         self.liveness_s = liveness_s
         self.down_reason: str | None = None
-        """Why the stage is down (silent, or its link unavailable); None while it answers."""
+        """Why the stage is down (hung, its link lost or unavailable); None while it answers."""
         self._link: Link | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self._heard = 0.0
+        """When the stage last said anything (the event loop's clock)."""
         self._ready = asyncio.Event()
         self._closing = False
         self._requests: dict[str, Channel[Chunk]] = {}
@@ -78,17 +87,32 @@ class LinkedStage(EntryEngine, StreamEngine):
     def _attach(self, link: Link) -> None:
         """Start serving requests over `link` (the stage said it is ready)."""
         self._link = link
+        self._heard = asyncio.get_running_loop().time()
+        self._mark_up()
         self._reader = asyncio.create_task(self._read(link), name=f"stage:{self.name}:reader")
+        if self.liveness_s is not None and self._watchdog is None:
+            self._watchdog = asyncio.create_task(
+                self._watch(self.liveness_s), name=f"stage:{self.name}:watchdog"
+            )
         self._ready.set()
 
     async def _on_lost(self) -> None:
         """Called (in the reader task) once the link is lost and requests were failed."""
+
+    def _on_hung(self, reason: str) -> None:
+        """Called once the stage is found hung (its requests were failed): a subclass that
+        owns the stage's process kills it here."""
+
+    lost_reason = "its link was lost"
+    """What `down_reason` says from a lost link until a new one is attached."""
 
     async def _detach(self) -> None:
         """Stop reading and close the link (for close()); idempotent."""
         self._closing = True
         reader, self._reader = self._reader, None
         link, self._link = self._link, None
+        watchdog, self._watchdog = self._watchdog, None
+        await cancel_and_wait(watchdog)
         if reader is not None:
             reader.cancel()
         # The link closes before the reader is awaited: redis-py can swallow a cancellation
@@ -102,16 +126,19 @@ class LinkedStage(EntryEngine, StreamEngine):
     # --- the reader ----------------------------------------------------------------------
 
     async def _read(self, link: Link) -> None:
+        loop = asyncio.get_running_loop()
         try:
             while True:
                 try:
-                    message = await self._next_message(link)
-                except TimeoutError:
-                    self._mark_down(f"no word from it for {self.liveness_s:g} s")
-                    continue
+                    message = await link.recv()
                 except LinkUnavailable as exc:
                     self._mark_down(str(exc))
                     await asyncio.sleep(RETRY_S)
+                    continue
+                self._heard = loop.time()
+                if isinstance(message, Stuck):
+                    if self.down_reason is None:
+                        self._hung(f"hung: {message.reason}")
                     continue
                 self._mark_up()
                 match message:
@@ -133,11 +160,19 @@ class LinkedStage(EntryEngine, StreamEngine):
         finally:
             await self._lost(link)
 
-    async def _next_message(self, link: Link) -> Any:
-        if self.liveness_s is None:
-            return await link.recv()
-        async with asyncio.timeout(self.liveness_s):
-            return await link.recv()
+    async def _watch(self, liveness_s: float) -> None:
+        """Find the stage hung once it has been silent for `liveness_s` (a watchdog beside
+        the reader, whose receive must not be cut in the middle of a message)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(WATCH_S, liveness_s / 4))
+            silent = loop.time() - self._heard > liveness_s
+            if silent and self.down_reason is None and not self._closing:
+                self._hung(f"hung: no word from it for {liveness_s:g} s")
+
+    def _hung(self, reason: str) -> None:
+        self._mark_down(reason)
+        self._on_hung(reason)
 
     def _mark_down(self, reason: str) -> None:
         """Fail every request in flight; log once per outage, not once per retry."""
@@ -145,22 +180,27 @@ class LinkedStage(EntryEngine, StreamEngine):
             log.warning("stage %s is not answering: %s", self.name, reason)
         self.down_reason = reason
         for channel in list(self._requests.values()):
-            channel.close_with(
-                ErrorChunk(f"the {self.name} stage stopped answering ({reason})", self.name)
-            )
+            if not channel.closed:
+                channel.close_with(
+                    ErrorChunk(f"the {self.name} stage stopped answering ({reason})", self.name)
+                )
 
     def _mark_up(self) -> None:
         if self.down_reason is not None:
             log.info("stage %s is answering again", self.name)
             self.down_reason = None
 
+    def stalled(self, bound_s: float) -> str | None:
+        """The stage as seen from here: why it is down, or None while it answers."""
+        return self.down_reason
+
     async def _lost(self, link: Link) -> None:
         self._ready.clear()
         for key, channel in list(self._requests.items()):
             rid = key.rpartition("#")[0]
-            channel.close_with(
-                ErrorChunk(f"the {self.name} worker stopped while serving {rid}", self.name)
-            )
+            if not channel.closed:  # a hung stage's requests have their reason already
+                message = f"the {self.name} stage stopped while serving {rid} ({self.lost_reason})"
+                channel.close_with(ErrorChunk(message, self.name))
         for future in self._stats.values():
             if not future.done():
                 future.set_exception(LinkClosed("the stage is gone"))
@@ -169,6 +209,8 @@ class LinkedStage(EntryEngine, StreamEngine):
             self._link = None
             await link.close()
         if not self._closing:
+            if self.down_reason is None:
+                self._mark_down(self.lost_reason)
             await self._on_lost()
 
     # --- the engine contract -------------------------------------------------------------
@@ -254,7 +296,7 @@ class LinkedStage(EntryEngine, StreamEngine):
             finished = True
         except LinkClosed:
             finished = True
-            yield ErrorChunk(f"the {self.name} worker stopped", self.name)
+            yield ErrorChunk(f"the {self.name} stage stopped ({self.lost_reason})", self.name)
         except LinkUnavailable as exc:
             finished = True
             self._mark_down(str(exc))

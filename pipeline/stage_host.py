@@ -8,7 +8,10 @@ stage (`python -m pipeline.stage_host`), and each server process dials it
 so requests from every process batch together and a session's kept state (the Thinker's
 KV) is found whichever process serves the session next.
 
-The host starts its engine before it listens, then says ready on the fd its parent gave it.
+The host starts its engine before it listens, then says ready on the fd its parent gave it,
+and from then on beats there (a byte every `BEAT_S`) while its engine makes progress: the
+parent kills a host that has been silent for the stage's `hang_s` (stopped, its loop
+blocked, or its engine stuck in a step) and starts it again, as it does one that died.
 Each connection is served as a worker's link is (`StageServer`), with request ids prefixed
 by the connection's number, since two processes may use the same id. A connection that ends
 (its server process stopped or died) ends its requests; the others go on. SIGTERM, or the
@@ -34,7 +37,7 @@ from .connectors.shm_dial import BadHello, answer
 from .link_messages import Ready
 from .tasks import background, cancel_all
 from .types import Engine
-from .worker_main import StageServer, StageStartError, WorkerSpec, start_engine
+from .worker_main import BEAT_S, StageServer, StageStartError, WorkerSpec, start_engine
 
 log = logging.getLogger("parley.pipeline.stage_host")
 
@@ -71,20 +74,46 @@ async def host_stage(spec: WorkerSpec, path: str, ready_fd: int | None) -> None:
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     try:
         with _listening(path) as listener:
+            tasks: list[asyncio.Task[None]] = []
             if ready_fd is not None:
                 os.write(ready_fd, b"ready\n")
-                os.close(ready_fd)
+                os.set_blocking(ready_fd, False)
+                beat = _beat(ready_fd, spec.stage, engine, spec.hang_s)
+                tasks.append(background(beat, "stage-host:beat"))
             log.info("stage %s: serving on %s", spec.stage, path)
-            host = _Host(spec.stage, engine)
-            accepting = background(host.accept(listener), "stage-host:accept")
+            host = _Host(spec.stage, engine, spec.hang_s)
+            tasks.append(background(host.accept(listener), "stage-host:accept"))
             try:
                 await stop.wait()
             finally:
-                await cancel_all([accepting])
+                await cancel_all(tasks)
                 await host.close()
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
         await engine.close()
+
+
+async def _beat(fd: int, stage: str, engine: Engine, hang_s: float) -> None:
+    """Tell the parent the host lives and its engine makes progress: a byte every BEAT_S
+    on the ready pipe, none while the engine is stuck. Owns `fd` (closed at the end). A
+    parent that stopped reading (gone, or a test that only waited for ready) ends it."""
+    stuck: str | None = None
+    try:
+        while True:
+            await asyncio.sleep(BEAT_S)
+            reason = engine.stalled(hang_s)
+            if reason is not None:
+                if reason != stuck:
+                    log.error("stage %s is stuck: %s; no heartbeat to the parent", stage, reason)
+                stuck = reason
+                continue
+            stuck = None
+            with contextlib.suppress(BlockingIOError):  # a full pipe: the parent is behind
+                os.write(fd, b".")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -107,9 +136,10 @@ def _listening(path: str) -> Iterator[socket.socket]:
 class _Host:
     """The connections of one host: each served by a task this owns."""
 
-    def __init__(self, stage: str, engine: Engine) -> None:
+    def __init__(self, stage: str, engine: Engine, hang_s: float) -> None:
         self.stage = stage
         self.engine = engine
+        self.hang_s = hang_s
         self.connections: set[asyncio.Task[None]] = set()
         self._count = 0
 
@@ -138,7 +168,9 @@ class _Host:
             log.warning("stage %s: connection %d dropped: %s", self.stage, number, exc)
             sock.close()
             return
-        server = StageServer(self.stage, self.engine, link, engine_prefix=f"c{number}/")
+        server = StageServer(
+            self.stage, self.engine, link, engine_prefix=f"c{number}/", hang_s=self.hang_s
+        )
         log.info("stage %s: connection %d opened", self.stage, number)
         try:
             await link.send(Ready())

@@ -228,6 +228,14 @@ class Engine(ABC):
         """The session has ended: drop whatever the engine kept for it between its requests.
         Most engines keep nothing per session, hence this default."""
 
+    def stalled(self, bound_s: float) -> str | None:
+        """Why the engine has made no progress for longer than `bound_s` while it has work
+        (its model thread stuck in a step), or None. The process serving a stage asks this
+        at every heartbeat and stops vouching for the stage while it answers a reason; an
+        engine keeps a `step_watch.StepWatch` to answer. This default (no thread of its
+        own to watch) is never stalled."""
+        return None
+
 
 class EntryEngine(Engine):
     """An entry stage's engine: one request in, a stream of chunks out."""
@@ -267,4 +275,13 @@ class Pipeline(Protocol):
 
     async def forget_session(self, session_id: str) -> None:
         """The session has ended: every stage drops what it kept for it between turns."""
+        ...
+
+
+@runtime_checkable
+class ReportsStages(Protocol):
+    """A pipeline that can say which of its stages cannot serve now (for `/readyz`)."""
+
+    def stalled_stages(self) -> dict[str, str]:
+        """Per stage that is down or stuck: why (see `Engine.stalled`)."""
         ...

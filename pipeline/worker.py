@@ -4,6 +4,9 @@
 talks to it over a shared-memory link, so model compute never runs on the media event loop
 and arrays cross with one copy. If the child dies, every request it was serving gets an
 ErrorChunk (see `LinkedStage`) and a new child is started, with backoff if it keeps dying.
+A child that hangs (no heartbeat for the stage's `hang_s`, or its engine stuck in a step)
+has its requests failed with that reason at once, and is killed with SIGKILL: from there it
+is a child that died.
 
 Children start with OpenMP's waiting threads sleeping (`OMP_WAIT_POLICY=PASSIVE`, unless the
 environment says otherwise). By default a thread that finished its share of a parallel op
@@ -48,7 +51,7 @@ class WorkerEngine(ReconnectingStage):
         start_timeout_s: float = 300.0,
         ring_capacity: int = DEFAULT_CAPACITY,
     ) -> None:
-        super().__init__(spec.stage, start_timeout_s)
+        super().__init__(spec.stage, start_timeout_s, liveness_s=spec.hang_s)
         self.spec = spec
         self.ring_capacity = ring_capacity
         self._process: subprocess.Popen[bytes] | None = None
@@ -89,6 +92,15 @@ class WorkerEngine(ReconnectingStage):
         self._process = process
         self._attach(link)
         log.info("stage %s: worker pid %s ready", self.name, process.pid)
+
+    lost_reason = "its worker stopped; a new one is starting"
+
+    def _on_hung(self, reason: str) -> None:
+        process = self._process
+        if process is not None and process.poll() is None:
+            log.error("stage %s: worker pid %s is %s; killing it", self.name, process.pid, reason)
+            process.kill()  # SIGKILL ends a stopped process too; the link then closes
+            self.down_reason = f"{reason}; its worker was killed and a new one is starting"
 
     async def _on_lost(self) -> None:
         log.error("stage %s: worker pid %s died; restarting", self.name, self.pid)

@@ -8,8 +8,12 @@ stops before loading anything), says `Ready`, then serves requests concurrently:
 `Generate` becomes a task streaming chunks back; `Abort` cancels that task (the engine aborts
 on cancellation); the end of the link (the parent closed it or died) ends the serving.
 
-The messages are the dataclasses of `link_messages.py` (`ToStage` in, `FromStage` out; from
-a remote stage also `Alive` every `heartbeat_s`), dispatched with `match`.
+The messages are the dataclasses of `link_messages.py` (`ToStage` in, `FromStage` out),
+dispatched with `match`. Every `heartbeat_s` (`BEAT_S` for a worker or a stage host) the
+server says `Alive` while its engine makes progress (`Engine.stalled(spec.hang_s)` is None),
+or `Stuck` with the engine's reason: a heartbeat from the event loop alone would vouch for
+an engine whose model thread is stuck. A process stopped outright says nothing, which the
+main process notices after `hang_s` (`stage_client`).
 
 The same pieces (`start_engine`, `StageServer`) serve a stage host's links too
 (`stage_host.py`: one engine, one `StageServer` per server process that dials it).
@@ -35,7 +39,7 @@ from .channel import Channel, ChannelClosed
 from .connectors.base import Link, LinkClosed, LinkUnavailable
 from .connectors.shm import RingSpec, ShmLink
 from .engines.registry import create_engine
-from .graph_config import StageKind, wrong_engine_kind
+from .graph_config import DEFAULT_HANG_S, StageKind, wrong_engine_kind
 from .link_messages import (
     Abort,
     Alive,
@@ -50,6 +54,7 @@ from .link_messages import (
     Ready,
     Stats,
     StatsReply,
+    Stuck,
 )
 from .tasks import cancel_all, cancel_and_wait
 from .types import (
@@ -68,6 +73,8 @@ log = logging.getLogger("parley.pipeline.worker")
 INPUT_CHANNEL_SIZE = 256
 RETRY_MIN_S = 0.25
 RETRY_MAX_S = 5.0
+BEAT_S = 0.5
+"""How often a worker or a stage host says it is alive: a tenth of the default hang bound."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +84,8 @@ class WorkerSpec:
     kind: StageKind
     """What the graph makes of the stage; the engine built is checked against it."""
     engine_args: dict[str, Any] = field(default_factory=dict)
+    hang_s: float = DEFAULT_HANG_S
+    """No progress for this long: the stage is hung (`StageConfig.hang_s`)."""
 
 
 def run_worker(spec: WorkerSpec, sock: socket.socket, rings: RingSpec) -> None:
@@ -105,18 +114,20 @@ async def _serve(spec: WorkerSpec, sock: socket.socket, rings: RingSpec) -> None
     await serve_stage(spec, await ShmLink.attach(sock, rings))
 
 
-async def serve_stage(spec: WorkerSpec, link: Link, heartbeat_s: float | None = None) -> None:
-    """Build the engine and serve it over `link` until the link ends or says close.
-
-    `heartbeat_s` (a remote stage): say `Alive` that often, and ride out link outages."""
+async def serve_stage(
+    spec: WorkerSpec, link: Link, heartbeat_s: float = BEAT_S, ride_outages: bool = False
+) -> None:
+    """Build the engine and serve it over `link` until the link ends or says close, saying
+    `Alive` (or `Stuck`) every `heartbeat_s`. `ride_outages` (a remote stage): a link that
+    is unavailable for a while is waited for instead of ending the serving."""
     try:
         engine = await start_engine(spec)
     except StageStartError as exc:
         await _fail(link, str(exc))
         return
-    server = StageServer(spec.stage, engine, link)
+    server = StageServer(spec.stage, engine, link, hang_s=spec.hang_s, heartbeat_s=heartbeat_s)
     try:
-        await _serve_until_closed(server, link, heartbeat_s)
+        await _serve_until_closed(server, link, ride_outages)
     finally:
         await server.stop()
         await engine.close()
@@ -155,7 +166,7 @@ async def _fail(link: Link, message: str) -> None:
     await link.close()
 
 
-async def _serve_until_closed(server: StageServer, link: Link, heartbeat_s: float | None) -> None:
+async def _serve_until_closed(server: StageServer, link: Link, ride_outages: bool) -> None:
     retry_s = RETRY_MIN_S
     while True:
         try:
@@ -163,15 +174,12 @@ async def _serve_until_closed(server: StageServer, link: Link, heartbeat_s: floa
             if retry_s > RETRY_MIN_S:
                 log.info("the link works again; serving")
                 retry_s = RETRY_MIN_S
-            if heartbeat_s is None:
-                await server.serve()
-            else:
-                await _serve_with_heartbeat(server, link, heartbeat_s)
+            await server.serve()
             return
         except LinkClosed:
             return
         except LinkUnavailable as exc:
-            if heartbeat_s is None:
+            if not ride_outages:
                 raise
             if retry_s == RETRY_MIN_S:
                 log.warning("the link is unavailable (%s); dropping requests in flight", exc)
@@ -180,37 +188,53 @@ async def _serve_until_closed(server: StageServer, link: Link, heartbeat_s: floa
             retry_s = min(retry_s * 2, RETRY_MAX_S)
 
 
-async def _serve_with_heartbeat(server: StageServer, link: Link, every_s: float) -> None:
-    # a task and not a TaskGroup: the heartbeat never ends by itself, and a TaskGroup would
-    # hand serve()'s LinkUnavailable to the caller inside an ExceptionGroup
-    beat = asyncio.create_task(_heartbeat(link, every_s), name="stage:heartbeat")
-    try:
-        await server.serve()
-    finally:
-        await cancel_and_wait(beat)
-
-
-async def _heartbeat(link: Link, every_s: float) -> None:
-    """Say `Alive` every `every_s`: a Redis link cannot tell the other side we died."""
-    with contextlib.suppress(LinkClosed, LinkUnavailable):  # serve() sees the same failure
-        while True:
-            await asyncio.sleep(every_s)
-            await link.send(Alive())
-
-
 class StageServer:
-    """One link's requests to an engine. `engine_prefix` goes before every request id the
-    engine sees: a stage host serves one engine to several links, whose ids may meet."""
+    """One link's requests to an engine, and its heartbeat. `engine_prefix` goes before
+    every request id the engine sees: a stage host serves one engine to several links,
+    whose ids may meet."""
 
-    def __init__(self, stage: str, engine: Engine, link: Link, engine_prefix: str = "") -> None:
+    def __init__(
+        self,
+        stage: str,
+        engine: Engine,
+        link: Link,
+        engine_prefix: str = "",
+        *,
+        hang_s: float = DEFAULT_HANG_S,
+        heartbeat_s: float = BEAT_S,
+    ) -> None:
         self.stage = stage
         self.engine = engine
         self.link = link
         self.engine_prefix = engine_prefix
+        self.hang_s = hang_s
+        self.heartbeat_s = heartbeat_s
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.inputs: dict[str, Channel[Chunk]] = {}
 
     async def serve(self) -> None:
+        """Serve the link's requests until it ends or says close, beating meanwhile."""
+        # a task and not a TaskGroup: the heartbeat never ends by itself, and a TaskGroup
+        # would hand the link's LinkUnavailable to the caller inside an ExceptionGroup
+        beat = asyncio.create_task(self._heartbeat(), name=f"stage:{self.stage}:heartbeat")
+        try:
+            await self._serve()
+        finally:
+            await cancel_and_wait(beat)
+
+    async def _heartbeat(self) -> None:
+        """`Alive` while the engine makes progress, `Stuck` while it does not."""
+        said: str | None = None
+        with contextlib.suppress(LinkClosed, LinkUnavailable):  # serve() sees the same
+            while True:
+                await asyncio.sleep(self.heartbeat_s)
+                reason = self.engine.stalled(self.hang_s)
+                if reason != said and reason is not None:
+                    log.error("stage %s is stuck: %s", self.stage, reason)
+                said = reason
+                await self.link.send(Alive() if reason is None else Stuck(reason))
+
+    async def _serve(self) -> None:
         while True:
             match await self.link.recv():
                 case Generate(rid, request, streamed):

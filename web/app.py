@@ -26,7 +26,7 @@ from pipeline.connectors.redis_client import open_redis
 from pipeline.metrics import PipelineMetrics
 from pipeline.registry import load_pipeline
 from pipeline.tasks import background, cancel_and_wait
-from pipeline.types import Pipeline
+from pipeline.types import Pipeline, ReportsStages
 from realtime.auth import Authenticator
 from realtime.ice import IceSettings, parse_ice_servers
 from realtime.webrtc.registry import CallRegistry
@@ -195,6 +195,7 @@ async def healthz(request: Request) -> Response:
 async def readyz(request: Request) -> Response:
     services = services_of(request)
     reasons: list[str] = []
+    down: dict[str, str] = {}
     if services.redis is None:
         reasons.append("redis: not connected yet")
     else:
@@ -211,8 +212,14 @@ async def readyz(request: Request) -> Response:
         reasons.append(services.pipeline_error)
     elif not services.pipeline_ready:
         reasons.append(f"pipeline {services.settings.pipeline!r}: still loading")
+    elif isinstance(services.pipeline, ReportsStages):
+        down = services.pipeline.stalled_stages()  # a stage hung, or its process restarting
+        reasons.extend(f"stage {stage}: {why}" for stage, why in down.items())
     if reasons:
-        return JSONResponse({"status": "unavailable", "reasons": reasons}, status_code=503)
+        body: dict[str, object] = {"status": "unavailable", "reasons": reasons}
+        if down:
+            body["down_stages"] = down
+        return JSONResponse(body, status_code=503)
     manager = services.running.manager if services.running is not None else None
     return JSONResponse(
         {

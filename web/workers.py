@@ -16,7 +16,12 @@ the server was ever ready stops the whole server (the same error would come back
 
 Stages the graph places in a worker process are not started by each worker: the parent
 starts one stage host per stage (`stage_hosts.py`) before the workers, and the workers dial
-it. Hosts are watched, restarted and reported like workers, and stopped after them.
+it. Hosts are watched, restarted and reported like workers, and stopped after them. A host
+also beats on its ready pipe while its engine makes progress; one silent for its stage's
+`hang_s` (stopped, or its engine stuck in a step) is hung: it is killed (SIGKILL) and so
+started again like one that died. The workers find it hung first (they see the same silence
+on their links at `hang_s`; the parent waits `HANG_MARGIN_S` more), so its requests fail
+with that reason rather than as a death, and /readyz names the stage until it is back.
 """
 
 from __future__ import annotations
@@ -49,6 +54,9 @@ STOP_MARGIN_S = 20.0
 """Past the drain deadline: uvicorn's graceful close and the sessions' goodbyes."""
 HOST_STOP_S = 10.0
 """A stage host's engine closing, once every worker has gone."""
+HANG_MARGIN_S = 1.0
+"""A stage host silent for its hang_s and this long is killed: the workers, which find it
+hung at hang_s, have failed its requests with that reason by then."""
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -75,18 +83,38 @@ class _Child:
     proc: subprocess.Popen[bytes]
     ready_fd: int
     started: float
+    hang_s: float | None = None
+    """A stage host's: silent this long after it said ready, it is hung."""
     said: str | None = None
     """The ready line: a worker's process id, a stage host's "ready"."""
+    heard: float = 0.0
+    """When it last wrote on its pipe (a stage host beats there once ready)."""
+    killed: bool = False
     _buffer: bytes = b""
 
     def poll_ready(self) -> bool:
         """Read what the child wrote on its pipe; True once it said it is ready."""
+        try:
+            data = os.read(self.ready_fd, 256)
+        except (BlockingIOError, OSError):
+            data = b""
+        if data:
+            self.heard = time.monotonic()
         if self.said is None:
-            with contextlib.suppress(BlockingIOError):
-                self._buffer += os.read(self.ready_fd, 256)
+            self._buffer += data
             if b"\n" in self._buffer:
                 self.said = self._buffer.split(b"\n", 1)[0].decode()
+                self._buffer = b""
         return self.said is not None
+
+    def hung(self, now: float) -> bool:
+        """A ready stage host that has not beaten for its hang_s (and was not killed yet)."""
+        return (
+            self.hang_s is not None
+            and self.said is not None
+            and not self.killed
+            and now - self.heard > self.hang_s + HANG_MARGIN_S
+        )
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -117,7 +145,8 @@ class WorkerPool:
             with listening_socket(self.settings.host, self.settings.port) as reserved:
                 port = int(reserved.getsockname()[1])
                 for stage in hosts.stages:
-                    self._add(f"stage host {stage.spec.stage}", stage.command, host=True)
+                    label = f"stage host {stage.spec.stage}"
+                    self._add(label, stage.command, host=True, hang_s=stage.spec.hang_s)
                 for k in range(self.settings.workers):
                     command = partial(self._worker_command, k, port, hosts)
                     self._add(f"worker {k}", command, host=False)
@@ -151,11 +180,20 @@ class WorkerPool:
             *hosts.worker_option(),
         ]
 
-    def _add(self, label: str, command: Callable[[int], list[str]], *, host: bool) -> None:
-        self._respawn[label] = partial(self._spawn, label, command, host)
+    def _add(
+        self,
+        label: str,
+        command: Callable[[int], list[str]],
+        *,
+        host: bool,
+        hang_s: float | None = None,
+    ) -> None:
+        self._respawn[label] = partial(self._spawn, label, command, host, hang_s)
         self.children.append(self._respawn[label]())
 
-    def _spawn(self, label: str, command: Callable[[int], list[str]], host: bool) -> _Child:
+    def _spawn(
+        self, label: str, command: Callable[[int], list[str]], host: bool, hang_s: float | None
+    ) -> _Child:
         read_fd, write_fd = os.pipe()
         os.set_blocking(read_fd, False)
         try:
@@ -173,7 +211,7 @@ class WorkerPool:
         finally:
             os.close(write_fd)
         log.info("%s started (pid %d)", label, proc.pid)
-        return _Child(label, host, proc, read_fd, time.monotonic())
+        return _Child(label, host, proc, read_fd, time.monotonic(), hang_s)
 
     def _watch(self, port: int) -> int:
         announced = False
@@ -185,6 +223,15 @@ class WorkerPool:
                 child.poll_ready()
                 code = child.proc.poll()
                 if code is None:
+                    if announced and child.hung(time.monotonic()):
+                        log.error(
+                            "%s (pid %d) sent no heartbeat for %g s: hung; killing it",
+                            child.label,
+                            child.proc.pid,
+                            (child.hang_s or 0.0) + HANG_MARGIN_S,
+                        )
+                        child.killed = True
+                        child.proc.kill()  # the next round starts it again
                     continue
                 if not announced:
                     print(

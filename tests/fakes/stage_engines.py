@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import AsyncGenerator, Iterator
 
 import numpy as np
 
 from pipeline.requests import RequestTracker, TracksRequests
+from pipeline.step_watch import StepWatch
 from pipeline.types import (
     AudioChunk,
     Chunk,
@@ -123,3 +125,43 @@ class Relay(TracksRequests, StreamEngine):
                     await asyncio.sleep(self.delay_s)
                 self.relayed += 1
                 yield chunk
+
+
+class Sticking(TracksRequests, EntryEngine):
+    """An entry stage whose steps run on a model thread of its own, as a real engine's do:
+    `count` steps of `step_s` each, a text delta after each. For a request whose text is
+    "stick" the `stick_at`-th step never returns (a kernel that hangs), while the event
+    loop lives on; `close` lets it go."""
+
+    name = "sticking"
+
+    def __init__(self, count: int = 20, step_s: float = 0.02, stick_at: int = 3) -> None:
+        self.count = count
+        self.step_s = step_s
+        self.stick_at = stick_at
+        self.watch = StepWatch("the sticking thread")
+        self._release = threading.Event()
+        self._requests: RequestTracker[None] = RequestTracker()
+
+    def stalled(self, bound_s: float) -> str | None:
+        return self.watch.stalled(bound_s)
+
+    async def close(self) -> None:
+        self._release.set()
+        self._requests.clear()
+
+    def _step(self, stick: bool) -> None:
+        with self.watch.busy():
+            if stick:
+                self._release.wait()
+            else:
+                time.sleep(self.step_s)
+
+    async def generate(
+        self, request_id: str, request: PipelineRequest
+    ) -> AsyncGenerator[Chunk, None]:
+        with self._requests.track(request_id):
+            for i in range(self.count):
+                await asyncio.to_thread(self._step, request.text == "stick" and i == self.stick_at)
+                yield TextDelta(text=f"S{i} ")
+            yield End()

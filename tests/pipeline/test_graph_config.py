@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.graph_config import GraphConfigError, load_graph, parse_graph
+from pipeline.graph_config import DEFAULT_HANG_S, GraphConfigError, load_graph, parse_graph
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -31,6 +31,11 @@ def test_a_good_graph_loads() -> None:
     assert graph.upstream("talker")[0].chunk == 4
     assert graph.entry_stages() == ["thinker"]
     assert graph.outputs == ("thinker", "code2wav")
+    assert graph.stage("thinker").hang_s == DEFAULT_HANG_S == 5.0
+    slow = parse_graph(
+        BASE.replace("engine: fake\n  - name: b", "engine: fake\n    hang_s: 30\n  - name: b")
+    )
+    assert slow.stage("a").hang_s == 30.0
 
 
 @pytest.mark.parametrize(
@@ -86,6 +91,12 @@ def test_a_good_graph_loads() -> None:
             "cycle: a -> b -> a",
         ),
         (BASE.replace("outputs: [b]", "outputs: []"), 9, "outputs", "at least 1"),
+        (
+            BASE.replace("engine: fake\n  - name: b", "engine: fake\n    hang_s: 0\n  - name: b"),
+            5,
+            "stages.0.hang_s",
+            "greater than 0",
+        ),
     ],
 )
 def test_bad_graphs_name_line_and_field(text: str, line: int, field: str, message: str) -> None:

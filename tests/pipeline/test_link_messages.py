@@ -26,6 +26,7 @@ from pipeline.link_messages import (
     Ready,
     Stats,
     StatsReply,
+    Stuck,
 )
 from pipeline.types import CodecCodes, End, HiddenStates, PipelineRequest, TextDelta
 
@@ -45,6 +46,7 @@ def messages() -> list[Any]:
         Close(),
         Ready(),
         Alive(),
+        Stuck("the model thread has made no progress for 6.0 s (bound 5 s)"),
         Fatal("RuntimeError: no GPU"),
         ChunkMessage("resp_1", CodecCodes(np.arange(16, dtype=np.int32))),
         ChunkMessage("resp_1", TextDelta("Hello")),

@@ -4,7 +4,8 @@ Each graph here stands for one server process of `parley serve --workers N`: it 
 hosts on its own, as a process of its own would. Both graphs' requests reach the one engine
 of each hosted stage (the same request id from both included), a graph that goes away ends
 only its own requests, a host that dies fails its requests at once and is dialled again when
-it is back, and a connection that is not one of ours is dropped.
+it is back, a host that hangs fails them within its hang_s and stops beating to its parent,
+and a connection that is not one of ours is dropped.
 """
 
 from __future__ import annotations
@@ -12,45 +13,74 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import socket
 import struct
 import subprocess
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from pipeline.graph import StageGraph
-from pipeline.graph_config import parse_graph
+from pipeline.graph_config import GraphConfig, parse_graph
 from pipeline.registry import build_engines, hosted_stages, worker_spec
 from pipeline.shared_stage import SharedStageEngine
 from pipeline.stage_host import launch_args
 from pipeline.types import AudioChunk, End, ErrorChunk, OutputChunk, TextDelta
-from tests.pipeline.test_worker import GRAPH, request
+from tests.pipeline.test_worker import GRAPH, HANGING, request
 
 CONFIG = parse_graph(GRAPH.replace("delay_s: 0.005", "delay_s: 0.05"))
 """The worker test's graph, its Thinker slower: 40 tokens take 2 s, time to look inside."""
+STOPPING = parse_graph(
+    GRAPH.replace("delay_s: 0.005", "delay_s: 0.05").replace(
+        "placement: {process: worker}\n", "placement: {process: worker}\n    hang_s: 2\n"
+    )
+)
+"""The same, its hosted stages hung after 2 s without progress."""
 
 
 class Host:
-    """A stage host process, started and stopped by the test."""
+    """A stage host process, started and stopped by the test (its parent)."""
 
-    def __init__(self, stage: str, path: Path) -> None:
+    def __init__(self, stage: str, path: Path, config: GraphConfig = CONFIG) -> None:
         self.stage = stage
         self.path = path
+        self.config = config
         self.proc: subprocess.Popen[bytes] | None = None
+        self.pipe: int | None = None
+        """The read end of its ready pipe, where it beats once ready."""
 
     def start(self) -> None:
         read_fd, write_fd = os.pipe()
         try:
             self.proc = subprocess.Popen(
-                launch_args(worker_spec(CONFIG, self.stage), str(self.path), write_fd),
+                launch_args(worker_spec(self.config, self.stage), str(self.path), write_fd),
                 pass_fds=(write_fd,),
             )
         finally:
             os.close(write_fd)
-        with os.fdopen(read_fd, "rb") as ready:
-            assert ready.readline() == b"ready\n"
+        said = b""
+        while not said.endswith(b"\n"):
+            said += os.read(read_fd, 1)
+        assert said == b"ready\n"
+        os.set_blocking(read_fd, False)
+        self.close_pipe()
+        self.pipe = read_fd
+
+    def beats(self) -> bytes:
+        """What it wrote on its pipe since the last look."""
+        assert self.pipe is not None
+        try:
+            return os.read(self.pipe, 4096)
+        except BlockingIOError:
+            return b""
+
+    def close_pipe(self) -> None:
+        if self.pipe is not None:
+            os.close(self.pipe)
+            self.pipe = None
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -58,14 +88,16 @@ class Host:
         self.proc.wait()
 
     def stop(self) -> None:
+        self.close_pipe()
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             assert self.proc.wait(10) == 0
 
 
-@pytest.fixture
-def hosts(tmp_path: Path) -> Iterator[dict[str, Host]]:
-    started = {name: Host(name, tmp_path / f"{name}.sock") for name in hosted_stages(CONFIG)}
+def started_hosts(config: GraphConfig, directory: Path) -> Iterator[dict[str, Host]]:
+    started = {
+        name: Host(name, directory / f"{name}.sock", config) for name in hosted_stages(config)
+    }
     try:
         for host in started.values():
             host.start()
@@ -75,10 +107,31 @@ def hosts(tmp_path: Path) -> Iterator[dict[str, Host]]:
             host.stop()
 
 
+@pytest.fixture
+def hosts(tmp_path: Path) -> Iterator[dict[str, Host]]:
+    yield from started_hosts(CONFIG, tmp_path)
+
+
+@pytest.fixture
+def hanging_hosts(tmp_path: Path) -> Iterator[dict[str, Host]]:
+    yield from started_hosts(STOPPING, tmp_path)
+
+
+STICKING = parse_graph(HANGING)
+"""The worker test's hanging graph: one stage, whose engine's step sticks when asked."""
+
+
+@pytest.fixture
+def sticking_host(tmp_path: Path) -> Iterator[dict[str, Host]]:
+    yield from started_hosts(STICKING, tmp_path)
+
+
 @contextlib.asynccontextmanager
-async def graph_on(hosts: dict[str, Host]) -> AsyncIterator[StageGraph]:
+async def graph_on(
+    hosts: dict[str, Host], config: GraphConfig = CONFIG
+) -> AsyncIterator[StageGraph]:
     shared = {name: str(host.path) for name, host in hosts.items()}
-    graph = StageGraph(CONFIG, build_engines(CONFIG, shared=shared))
+    graph = StageGraph(config, build_engines(config, shared=shared))
     await graph.start()
     try:
         yield graph
@@ -156,6 +209,59 @@ async def test_a_host_that_dies_fails_its_requests_and_is_dialled_again(
                 await asyncio.sleep(0.05)
         again = await collect(graph.generate(request("resp_again")))
         assert isinstance(again[-1], End)
+
+
+async def test_a_stopped_host_fails_its_requests_within_seconds_and_goes_quiet_to_its_parent(
+    hanging_hosts: dict[str, Host],
+) -> None:
+    host = hanging_hosts["thinker"]
+    async with graph_on(hanging_hosts, STOPPING) as graph:
+        thinker = shared(graph, "thinker")
+        stream = graph.generate(request("resp_stopped"))
+        await anext(stream)
+        await asyncio.sleep(1.0)
+        assert host.beats()  # a byte every half second while it serves
+        assert host.proc is not None
+        host.proc.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        async with asyncio.timeout(10):
+            out = await collect(stream)
+        assert time.monotonic() - stopped < 2 + 3
+        error = out[-1]
+        assert isinstance(error, ErrorChunk) and error.stage == "thinker"
+        assert "stopped answering (hung: no word from it for 2 s)" in error.message
+        assert "hung: no word" in graph.stalled_stages()["thinker"]
+        down = await collect(graph.generate(request("resp_down")))
+        assert isinstance(down[-1], ErrorChunk) and "not answering" in down[-1].message
+        host.beats()
+        await asyncio.sleep(1.0)
+        assert host.beats() == b""  # silent: its parent kills it (web/workers.py)
+        host.kill()
+        host.start()
+        async with asyncio.timeout(30):
+            while thinker.restarts < 1 or thinker.down_reason is not None:
+                await asyncio.sleep(0.05)
+        again = await collect(graph.generate(request("resp_again")))
+        assert isinstance(again[-1], End) and graph.stalled_stages() == {}
+
+
+async def test_a_host_whose_engine_is_stuck_says_so_and_goes_quiet_to_its_parent(
+    sticking_host: dict[str, Host],
+) -> None:
+    host = sticking_host["thinker"]
+    async with graph_on(sticking_host, STICKING) as graph:
+        stream = graph.generate(request("resp_stuck", text="stick"))
+        await anext(stream)
+        async with asyncio.timeout(10):
+            out = await collect(stream)
+        error = out[-1]
+        assert isinstance(error, ErrorChunk) and error.stage == "thinker"
+        assert "(hung: the sticking thread has made no progress for" in error.message
+        host.beats()
+        await asyncio.sleep(1.0)
+        assert host.beats() == b""  # its loop lives, but it no longer vouches for the engine
+        assert host.proc is not None and host.proc.poll() is None
+        host.kill()
 
 
 async def test_a_connection_that_is_not_ours_is_dropped_and_serving_goes_on(

@@ -1,10 +1,12 @@
-"""Stages in worker processes: same results, abort across the process, restart on death."""
+"""Stages in worker processes: same results, abort across the process, restart on death,
+and on a hang (the process stopped, or its engine stuck in a step with its loop alive)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import time
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -41,6 +43,18 @@ outputs: [thinker, code2wav]
 """
 
 
+HANGING = """\
+name: hangs
+stages:
+  - name: thinker
+    engine: "tests.fakes.stage_engines:Sticking"
+    engine_args: {count: 100, step_s: 0.02}
+    placement: {process: worker}
+    hang_s: 2
+outputs: [thinker]
+"""
+
+
 @pytest.fixture
 async def graph() -> AsyncIterator[StageGraph]:
     config = parse_graph(GRAPH)
@@ -50,8 +64,8 @@ async def graph() -> AsyncIterator[StageGraph]:
     await g.close()
 
 
-def request(rid: str) -> PipelineRequest:
-    return PipelineRequest(request_id=rid, audio=np.zeros(1600, dtype=np.int16))
+def request(rid: str, text: str | None = None) -> PipelineRequest:
+    return PipelineRequest(request_id=rid, audio=np.zeros(1600, dtype=np.int16), text=text)
 
 
 def worker(graph: StageGraph, stage: str) -> WorkerEngine:
@@ -103,6 +117,76 @@ async def test_a_killed_worker_fails_its_requests_and_comes_back(graph: StageGra
     again = [c async for c in graph.generate(request("resp_d"))]
     assert isinstance(again[-1], End)
     assert graph.active_requests() == 0
+
+
+@pytest.fixture
+async def hanging() -> AsyncIterator[StageGraph]:
+    config = parse_graph(HANGING)
+    g = StageGraph(config, build_engines(config))
+    await g.start()
+    yield g
+    await g.close()
+
+
+async def fail_and_replace(
+    graph: StageGraph, stream: AsyncIterator[OutputChunk], old_pid: int, since: float
+) -> tuple[ErrorChunk, float, float]:
+    """The rest of a hung request (its ErrorChunk), then the stage down until a new worker
+    serves: new requests fail at once and `stalled_stages` names the stage meanwhile.
+    Returns the error and the seconds from `since` to it and to the new worker's start."""
+    async with asyncio.timeout(15):  # the bound is 2 s; never the 30 s chunk deadline
+        rest = [chunk async for chunk in stream]
+    failed = time.monotonic() - since
+    error = rest[-1]
+    assert isinstance(error, ErrorChunk) and error.stage == "thinker"
+    assert "thinker stage stopped answering (hung: " in error.message
+    thinker = worker(graph, "thinker")
+    assert "thinker" in graph.stalled_stages()
+    started = time.monotonic()
+    down = [c async for c in graph.generate(request("resp_while_down"))]
+    assert isinstance(down[-1], ErrorChunk) and "not answering (hung: " in down[-1].message
+    assert time.monotonic() - started < 1.0  # fast, not silence
+    async with asyncio.timeout(30):
+        while thinker.pid in (None, old_pid) or thinker.down_reason is not None:
+            await asyncio.sleep(0.05)
+    replaced = time.monotonic() - since
+    with pytest.raises(ProcessLookupError):
+        os.kill(old_pid, 0)  # killed and reaped, not left stopped
+    assert graph.stalled_stages() == {}
+    again = [c async for c in graph.generate(request("resp_after"))]
+    assert isinstance(again[-1], End)
+    return error, failed, replaced
+
+
+async def test_a_stopped_worker_fails_its_requests_within_seconds_and_is_replaced(
+    hanging: StageGraph,
+) -> None:
+    old_pid = worker(hanging, "thinker").pid
+    assert old_pid is not None
+    stream = hanging.generate(request("resp_stopped"))
+    for _ in range(3):
+        assert isinstance(await anext(stream), TextDelta)
+    os.kill(old_pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    error, failed, replaced = await fail_and_replace(hanging, stream, old_pid, stopped)
+    assert "no word from it for 2 s" in error.message
+    assert failed < 2 + 3
+    print(f"SIGSTOP: failed after {failed:.2f} s, replacement serving after {replaced:.2f} s")
+
+
+async def test_an_engine_stuck_in_a_step_while_its_loop_lives_is_found_and_replaced(
+    hanging: StageGraph,
+) -> None:
+    old_pid = worker(hanging, "thinker").pid
+    assert old_pid is not None
+    stream = hanging.generate(request("resp_stuck", text="stick"))
+    for _ in range(3):
+        assert isinstance(await anext(stream), TextDelta)
+    stuck = time.monotonic()  # within one step (20 ms) of the stuck one's start
+    error, failed, replaced = await fail_and_replace(hanging, stream, old_pid, stuck)
+    assert "the sticking thread has made no progress for" in error.message
+    assert failed < 2 + 3
+    print(f"stuck step: failed after {failed:.2f} s, replacement serving after {replaced:.2f} s")
 
 
 async def test_a_worker_engine_of_the_wrong_kind_fails_to_start_naming_its_stage() -> None:

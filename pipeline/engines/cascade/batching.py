@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
+from ...step_watch import StepWatch
+
 log = logging.getLogger("parley.pipeline.cascade")
 
 
@@ -50,6 +52,9 @@ class BatchWorker(Generic[ItemT]):
         self.window_s = window_s
         self.max_batch = max_batch
         self.last_batch_size = 0
+        self.watch = StepWatch(f"the {name} thread")
+        """Busy while a batch runs; `run_batch` may stamp progress within a long batch
+        (`step_watch.step_done`), else the whole batch is one step."""
         """How many items the most recent batch ran (cancelled items not counted)."""
         self._run_batch = run_batch
         self._pending: list[tuple[float, ItemT]] = []
@@ -112,6 +117,7 @@ class BatchWorker(Generic[ItemT]):
     def _loop(self) -> None:
         while (batch := self._next_batch()) is not None:
             try:
-                self._run_batch(batch)
+                with self.watch.busy():
+                    self._run_batch(batch)
             except Exception:
                 log.exception("%s: a batch of %d failed", self.name, len(batch))

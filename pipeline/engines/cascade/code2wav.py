@@ -32,6 +32,7 @@ import numpy.typing as npt
 import soxr
 
 from ...requests import RequestTracker
+from ...step_watch import step_done
 from ...types import AudioChunk, Chunk, CodecCodes, End, ErrorChunk, StageInput, StreamEngine
 from ...voices import CATALOGUE, VoiceCatalogue, clamp_speed
 from .batching import BatchWorker
@@ -90,6 +91,9 @@ class Code2WavEngine(StreamEngine):
     def batch_size(self) -> int:
         """How many clauses the most recent batch rendered."""
         return self._worker.last_batch_size if self._worker else 0
+
+    def stalled(self, bound_s: float) -> str | None:
+        return self._worker.watch.stalled(bound_s) if self._worker else None
 
     async def start(self) -> None:
         if self._worker is not None:
@@ -197,6 +201,7 @@ class Code2WavEngine(StreamEngine):
         self.last_runs = [len(group) for group in groups]
         for group in groups:
             self._render_run(group)
+            step_done()
 
     def _render_run(self, clauses: list[_Clause]) -> None:
         """One ONNX call for clauses of one voice and one length_scale."""

@@ -49,6 +49,7 @@ from transformers import (
 )
 from transformers.generation.streamers import BaseStreamer
 
+from ...step_watch import StepWatch, step_done
 from .batching import BatchWorker
 from .prefix_cache import PrefixCache
 from .smollm import LanguageModel
@@ -111,6 +112,7 @@ class _RowStreamer(BaseStreamer):
         self._prompt_seen = False
 
     def put(self, value: torch.Tensor) -> None:
+        step_done()  # a prefill or a decoding step has finished
         if not self._prompt_seen:  # generate first echoes the prompt ids
             self._prompt_seen = True
             return
@@ -194,6 +196,11 @@ class TextGenerator:
     @property
     def last_batch_size(self) -> int:
         return self._worker.last_batch_size
+
+    @property
+    def watch(self) -> StepWatch:
+        """The model thread's progress (a step: a prefill or one decoding step)."""
+        return self._worker.watch
 
     def request_ids(self) -> set[str]:
         with self._lock:

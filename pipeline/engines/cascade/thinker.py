@@ -163,6 +163,9 @@ class ThinkerEngine(EntryEngine):
         prepare(lm)
         return lm
 
+    def stalled(self, bound_s: float) -> str | None:
+        return self._generator.watch.stalled(bound_s) if self._generator else None
+
     async def close(self) -> None:
         self._requests.clear()
         generator, self._generator = self._generator, None

@@ -5,18 +5,22 @@ threads at once, so each engine submits its work (a prefill, a decode step, a fr
 chunk) to this thread. Work runs in submission order, so concurrent requests interleave at
 step granularity: a long reply does not hold back another session's first audio for longer
 than one step. Cancelling a waiting call drops it before it runs; a call already running
-finishes and its result is discarded (steps are milliseconds long).
+finishes and its result is discarded (steps are milliseconds long). Each call is one step
+of the thread's `watch` (a call known to be long declares so: `step_watch.long_step`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 import torch
+
+from ...step_watch import StepWatch
 
 log = logging.getLogger("parley.pipeline.qwen3_omni")
 
@@ -29,6 +33,11 @@ class ModelThread:
         self.name = name
         self.threads = threads
         self._executor: ThreadPoolExecutor | None = None
+        self.watch = StepWatch(f"the {name} thread")
+
+    def _step(self, job: Callable[[], T]) -> T:
+        with self.watch.busy():
+            return job()
 
     def start(self) -> None:
         if self._executor is None:
@@ -39,14 +48,16 @@ class ModelThread:
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         if self._executor is None:
             raise RuntimeError(f"{self.name}: the model thread is not running")
-        return await asyncio.wrap_future(self._executor.submit(fn, *args, **kwargs))
+        job = functools.partial(fn, *args, **kwargs)
+        return await asyncio.wrap_future(self._executor.submit(self._step, job))
 
     def post(self, fn: Callable[P, object], *args: P.args, **kwargs: P.kwargs) -> None:
         """Queue `fn` without waiting for it (a request's clean-up from a `finally` that may
         be cancelled: it still runs, after everything queued before it). Its error is logged.
         Nothing happens once the thread is closed (the model and its state are gone)."""
         if self._executor is not None:
-            self._executor.submit(fn, *args, **kwargs).add_done_callback(self._log_failure)
+            job = functools.partial(fn, *args, **kwargs)
+            self._executor.submit(self._step, job).add_done_callback(self._log_failure)
 
     def _log_failure(self, done: Future[object]) -> None:
         if not done.cancelled() and (error := done.exception()) is not None:

@@ -107,5 +107,8 @@ class ModelStage(Engine, Generic[StateT]):
     def active_requests(self) -> int:
         return len(self._requests)
 
+    def stalled(self, bound_s: float) -> str | None:
+        return self.thread.watch.stalled(bound_s)
+
     async def abort(self, request_id: str) -> None:
         self._requests.abort(request_id)

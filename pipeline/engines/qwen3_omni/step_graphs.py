@@ -19,7 +19,13 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
+from ...step_watch import long_step
+
 OutputT = TypeVar("OutputT")
+
+CAPTURE_S = 120.0
+"""How long one bucket's capture may take before its stage counts as hung: a capture of a
+large MoE step records thousands of kernels, far longer than the stage's bound for a step."""
 
 
 def buckets_up_to(largest: int) -> list[int]:
@@ -74,6 +80,10 @@ class StepGraphs(Generic[OutputT]):
                         self._graphs[size] = self._record(size)
 
     def _record(self, size: int) -> tuple[torch.cuda.CUDAGraph, OutputT]:
+        with long_step(CAPTURE_S):  # a step of its own, however long: not a hang
+            return self._capture(size)
+
+    def _capture(self, size: int) -> tuple[torch.cuda.CUDAGraph, OutputT]:
         # Warm-up runs on a side stream first (cuBLAS workspaces, lazy inits), as the CUDA
         # graph docs ask; the step's writes are idempotent for the same inputs.
         side = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
