@@ -39,6 +39,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -162,6 +163,9 @@ def out_of_time(args: argparse.Namespace, needed_s: float = 0.0) -> bool:
 
 
 def graph_yaml(args: argparse.Namespace) -> str:
+    """The bench's graph: each stage in a worker process (`worker`), all in the bench's own
+    process (`main`), or all in one worker process as a `subgraph` (what a server would run
+    to have the stages share one GPU's time without a process boundary between them)."""
     model = f"device: '{args.device}', dtype: {args.dtype}, tiny: {str(args.tiny).lower()}"
     if args.model_path:
         model += f", model_path: '{args.model_path}'"
@@ -169,28 +173,41 @@ def graph_yaml(args: argparse.Namespace) -> str:
     think = args.think_tokens
     batch = args.max_batch or max(args.concurrency)
     rows = f"decode_rows: {args.decode_rows}, max_context: {args.max_context}"
-    return f"""\
-name: omni_bench
-stages:
+    inner = "main" if args.placement == "subgraph" else args.placement
+    stages = f"""\
   - name: thinker
     engine: qwen3_omni.thinker
     engine_args: {{{model}, max_new_tokens: {think}, min_new_tokens: {think}, max_batch: {batch},
                   prefix_cache_tokens: 65536, {rows}}}
-    placement: {{process: {args.placement}}}
+    placement: {{process: {inner}}}
   - name: talker
     engine: qwen3_omni.talker
     engine_args: {{{model}, max_frames: {frames}, min_frames: {frames}, max_batch: {batch},
                   {rows}}}
-    placement: {{process: {args.placement}}}
+    placement: {{process: {inner}}}
   - name: code2wav
     engine: qwen3_omni.code2wav
     engine_args: {{{model}, first_chunk: {args.first_chunk}, chunk: {args.chunk},
                   left_context: {args.left_context}, max_batch: {batch}}}
-    placement: {{process: {args.placement}}}
+    placement: {{process: {inner}}}
+"""
+    wiring = """\
 edges:
-  - {{from: thinker, to: talker}}
-  - {{from: talker, to: code2wav}}
+  - {from: thinker, to: talker}
+  - {from: talker, to: code2wav}
 outputs: [thinker, code2wav]
+"""
+    if args.placement != "subgraph":
+        return f"name: omni_bench\nstages:\n{stages}{wiring}"
+    nested = textwrap.indent(f"stages:\n{stages}{wiring}", " " * 6)
+    return f"""\
+name: omni_bench
+stages:
+  - name: omni
+    engine: subgraph
+    engine_args:
+{nested}    placement: {{process: worker}}
+outputs: [omni]
 """
 
 
@@ -457,9 +474,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-context", type=int, default=4096, help="positions per cache row")
     p.add_argument(
         "--placement",
-        choices=["worker", "main"],
+        choices=["worker", "main", "subgraph"],
         default="worker",
-        help="each stage in its own worker process, or all in the bench's process",
+        help="each stage in its own worker process, all in the bench's process, or all in "
+        "one worker process (a subgraph: the stages overlap on the GPU, each on its stream)",
     )
     p.add_argument("--baseline-reps", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1)

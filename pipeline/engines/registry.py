@@ -9,6 +9,7 @@ from ..types import Engine, EntryEngine, StreamEngine
 
 ENGINES: dict[str, str] = {
     "echo": "pipeline.engines.echo:EchoEngine",
+    "subgraph": "pipeline.engines.subgraph:SubgraphEngine",
     "cascade.thinker": "pipeline.engines.cascade.thinker:ThinkerEngine",
     "cascade.talker": "pipeline.engines.cascade.talker:TalkerEngine",
     "cascade.code2wav": "pipeline.engines.cascade.code2wav:Code2WavEngine",

@@ -16,6 +16,7 @@ import pytest
 
 from pipeline.engine_pipeline import EnginePipeline
 from pipeline.engines.echo import EchoEngine
+from pipeline.engines.subgraph import SubgraphEngine
 from pipeline.types import (
     AudioChunk,
     Chunk,
@@ -27,9 +28,14 @@ from pipeline.types import (
 )
 from tests.fakes.fake_engine import FakeEngine
 
+FAKE = "tests.fakes.fake_engine:FakeEngine"
 ENGINES: dict[str, Callable[[], EntryEngine]] = {
     "fake": lambda: FakeEngine(audio_ms=1_000, realtime_factor=20),
     "echo": EchoEngine,
+    "subgraph": lambda: SubgraphEngine(  # the fake inside a group of its own
+        stages=[{"name": "model", "engine": FAKE, "engine_args": {"audio_ms": 1_000}}],
+        outputs=["model"],
+    ),
 }
 
 

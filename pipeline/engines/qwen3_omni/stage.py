@@ -28,6 +28,18 @@ MODEL_PATH_ENV = "PARLEY_MODEL_PATH"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def use_own_stream(device: str) -> None:
+    """On a stage's model thread: all its GPU work goes to a CUDA stream of its own.
+
+    Stages that share a process (a `subgraph`) then overlap on the GPU: a Thinker step and a
+    Talker step are in flight at once, where stages in separate processes time-slice the
+    device. The stream is the thread's current one (torch keeps one per thread), so every
+    kernel, copy and graph replay the stage issues goes there; a copy to the host waits for
+    this stream alone. Nothing else uses it, so no other stage's tensors cross it."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.set_stream(torch.cuda.Stream(device))  # type: ignore[no-untyped-call]
+
+
 class ModelStage(Engine, Generic[StateT]):
     name = "qwen3_omni"
     part: Part
@@ -75,6 +87,7 @@ class ModelStage(Engine, Generic[StateT]):
         if self.model is not None:
             return
         self.thread.start()
+        await self.thread.call(use_own_stream, self.device)
         self.model, self.config = await self.thread.call(
             build_part,
             self.part,

@@ -1,0 +1,109 @@
+"""The `subgraph` engine: several stages run together as one, in whatever process holds it.
+
+A graph file places each stage in the main process, a worker process or another host. Stages
+that share one GPU gain from sharing one process too: each keeps its own model thread (and,
+on a GPU, its own CUDA stream, `stage.py`), so a Thinker step and a Talker step run at the
+same time instead of time-slicing the device between processes, and their hand-offs are
+references in memory instead of copies through a shared-memory link. This engine holds such a
+group: its `engine_args` are a graph of their own (`stages`, `edges`, `outputs`, every stage in
+`process: main`), built and started here, and the group answers as one entry stage whose
+output is the inner graph's (text, tool calls and audio). Placed `process: worker`, the whole
+group lives in one worker process, which a crash or a hang takes down and restarts as one.
+
+    - name: omni
+      engine: subgraph
+      engine_args:
+        stages: [{name: thinker, engine: qwen3_omni.thinker}, ...]
+        edges: [{from: thinker, to: talker}, ...]
+        outputs: [thinker, code2wav]
+      placement: {process: worker}
+
+The inner stages' own metrics (time to first chunk, batch sizes) are kept where they run;
+the outer graph sees the group as one stage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import yaml
+
+from ..graph import StageGraph
+from ..graph_config import GraphConfig, GraphConfigError, parse_graph
+from ..requests import RequestTracker
+from ..types import Chunk, End, EntryEngine, ErrorChunk, PipelineRequest
+from .registry import create_engine
+
+
+class SubgraphEngine(EntryEngine):
+    name = "subgraph"
+
+    def __init__(
+        self,
+        *,
+        stages: list[dict[str, Any]],
+        edges: list[dict[str, Any]] | None = None,
+        outputs: list[str],
+        name: str = "subgraph",
+    ) -> None:
+        body = {"name": name, "stages": stages, "edges": edges or [], "outputs": outputs}
+        self.config: GraphConfig = parse_graph(yaml.safe_dump(body), f"subgraph {name}")
+        away = [s.name for s in self.config.stages if s.placement.process != "main"]
+        if away:
+            raise GraphConfigError(
+                f"subgraph {name}",
+                None,
+                "stages",
+                f"{', '.join(away)}: a subgraph's stages run where the subgraph runs "
+                "(placement process: main); place the subgraph itself instead",
+            )
+        self.graph: StageGraph | None = None
+        self._requests: RequestTracker[None] = RequestTracker()
+
+    async def start(self) -> None:
+        if self.graph is not None:
+            return
+        engines = {s.name: create_engine(s.engine, dict(s.engine_args)) for s in self.config.stages}
+        graph = StageGraph(self.config, engines)
+        await graph.start()
+        self.graph = graph
+
+    async def close(self) -> None:
+        graph, self.graph = self.graph, None
+        self._requests.clear()
+        if graph is not None:
+            await graph.close()
+
+    def active_requests(self) -> int:
+        return len(self._requests)
+
+    async def abort(self, request_id: str) -> None:
+        """The request's stream ends at its next chunk; closing it ends every inner stage."""
+        self._requests.abort(request_id)
+
+    async def forget_session(self, session_id: str) -> None:
+        if self.graph is not None:
+            await self.graph.forget_session(session_id)
+
+    async def generate(
+        self, request_id: str, request: PipelineRequest, /
+    ) -> AsyncGenerator[Chunk, None]:
+        graph = self.graph
+        if graph is None:
+            yield ErrorChunk(message="the subgraph was not started", stage=self.name)
+            return
+        # the inner stages know the request by the id it has here (a stage host prefixes it)
+        stream = graph.generate(dataclasses.replace(request, request_id=request_id))
+        self._requests.begin(request_id)
+        try:
+            async for chunk in stream:
+                yield chunk
+                if isinstance(chunk, End | ErrorChunk) or self._requests.aborted(request_id):
+                    return
+        finally:
+            # let go first (at once, as every engine does when its stream is closed), then
+            # wait while the inner graph cancels and awaits its stages' tasks
+            self._requests.end(request_id)
+            await stream.aclose()
