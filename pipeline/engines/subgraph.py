@@ -83,6 +83,18 @@ class SubgraphEngine(EntryEngine):
         """The request's stream ends at its next chunk; closing it ends every inner stage."""
         self._requests.abort(request_id)
 
+    def stalled(self, bound_s: float) -> str | None:
+        """An inner stage stuck in a step stalls the group (whose process the watch then
+        kills and restarts whole); each inner stage is judged by its own `hang_s`, the
+        group's bound only where that is longer."""
+        if self.graph is None:
+            return None
+        for stage in self.config.stages:
+            reason = self.graph.engines[stage.name].stalled(max(bound_s, stage.hang_s))
+            if reason is not None:
+                return f"{stage.name}: {reason}"
+        return None
+
     async def forget_session(self, session_id: str) -> None:
         if self.graph is not None:
             await self.graph.forget_session(session_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator
 from pathlib import Path
 
@@ -183,3 +184,29 @@ async def test_qwen3_omni_grouped_in_one_worker_says_what_the_flat_graph_says(
             await graph.close()
     assert heard["flat"][0] == heard["grouped"][0] and len(heard["flat"][0]) == 6
     np.testing.assert_array_equal(heard["flat"][1], heard["grouped"][1])
+
+
+async def test_an_inner_stage_stuck_in_a_step_stalls_the_group() -> None:
+    """The hung-stage watch asks the group: a stuck inner stage answers for it, by name."""
+    group = SubgraphEngine(
+        stages=[
+            {
+                "name": "model",
+                "engine": "tests.fakes.stage_engines:Sticking",
+                "hang_s": 0.2,
+            }
+        ],
+        outputs=["model"],
+    )
+    await group.start()
+    stream = group.generate("r1", request("r1", "stick"))
+    try:
+        assert group.stalled(0.2) is None
+        await anext(stream)  # the first steps go, then one never returns
+        async with asyncio.timeout(10):
+            while (reason := group.stalled(0.2)) is None:
+                await asyncio.sleep(0.05)
+        assert reason.startswith("model: ")
+    finally:
+        await group.close()  # lets the stuck step go
+        await stream.aclose()
