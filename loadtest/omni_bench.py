@@ -63,6 +63,9 @@ QUESTION = "What is going on in this video, and what did I just say?"
 PHASES = ("parley", "kv_reuse", "code2wav", "baseline")
 STOP_GRACE_S = 60.0
 """How long a phase stopped at the time limit gets to close its stages."""
+HANG_S = 60.0
+"""Each stage's hang bound: a GPU step that meets a new shape may compile kernels (Triton)
+for seconds, which is no hang."""
 CLOSE_RESERVE_S = 20.0
 """A phase starts no round that would end later than this before the time limit."""
 
@@ -180,16 +183,19 @@ def graph_yaml(args: argparse.Namespace) -> str:
     engine_args: {{{model}, max_new_tokens: {think}, min_new_tokens: {think}, max_batch: {batch},
                   prefix_cache_tokens: 65536, {rows}}}
     placement: {{process: {inner}}}
+    hang_s: {HANG_S:g}
   - name: talker
     engine: qwen3_omni.talker
     engine_args: {{{model}, max_frames: {frames}, min_frames: {frames}, max_batch: {batch},
                   {rows}}}
     placement: {{process: {inner}}}
+    hang_s: {HANG_S:g}
   - name: code2wav
     engine: qwen3_omni.code2wav
     engine_args: {{{model}, first_chunk: {args.first_chunk}, chunk: {args.chunk},
                   left_context: {args.left_context}, max_batch: {batch}}}
     placement: {{process: {inner}}}
+    hang_s: {HANG_S:g}
 """
     wiring = """\
 edges:
@@ -207,6 +213,7 @@ stages:
     engine: subgraph
     engine_args:
 {nested}    placement: {{process: worker}}
+    hang_s: {HANG_S:g}
 outputs: [omni]
 """
 
