@@ -109,6 +109,7 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
         "warmup_requests": args.warmup,
         "decode": {"rows": args.decode_rows, "max_context": args.max_context},
         "placement": args.placement,
+        "audio_priority": args.audio_priority,
         "concurrency": args.concurrency,
         "reps_per_level": args.reps,
         "baseline_reps": args.baseline_reps,
@@ -187,13 +188,14 @@ def graph_yaml(args: argparse.Namespace) -> str:
   - name: talker
     engine: qwen3_omni.talker
     engine_args: {{{model}, max_frames: {frames}, min_frames: {frames}, max_batch: {batch},
-                  {rows}}}
+                  {rows}, stream_priority: {args.audio_priority}}}
     placement: {{process: {inner}}}
     hang_s: {HANG_S:g}
   - name: code2wav
     engine: qwen3_omni.code2wav
     engine_args: {{{model}, first_chunk: {args.first_chunk}, chunk: {args.chunk},
-                  left_context: {args.left_context}, max_batch: {batch}}}
+                  left_context: {args.left_context}, max_batch: {batch},
+                  stream_priority: {args.audio_priority}}}
     placement: {{process: {inner}}}
     hang_s: {HANG_S:g}
 """
@@ -485,6 +487,13 @@ def parser() -> argparse.ArgumentParser:
         default="worker",
         help="each stage in its own worker process, all in the bench's process, or all in "
         "one worker process (a subgraph: the stages overlap on the GPU, each on its stream)",
+    )
+    p.add_argument(
+        "--audio-priority",
+        choices=["normal", "high"],
+        default="normal",
+        help="the CUDA stream priority of the Talker and Code2Wav (high: their kernels go "
+        "ahead of the Thinker's where the stages share a process)",
     )
     p.add_argument("--baseline-reps", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1)

@@ -28,16 +28,29 @@ MODEL_PATH_ENV = "PARLEY_MODEL_PATH"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def use_own_stream(device: str) -> None:
+STREAM_PRIORITIES = ("normal", "high")
+HIGHEST_PRIORITY = -100
+"""Lower is more urgent; torch clamps it to the device's most urgent level."""
+
+
+def use_own_stream(device: str, priority: str = "normal") -> None:
     """On a stage's model thread: all its GPU work goes to a CUDA stream of its own.
 
     Stages that share a process (a `subgraph`) then overlap on the GPU: a Thinker step and a
     Talker step are in flight at once, where stages in separate processes time-slice the
     device. The stream is the thread's current one (torch keeps one per thread), so every
     kernel, copy and graph replay the stage issues goes there; a copy to the host waits for
-    this stream alone. Nothing else uses it, so no other stage's tensors cross it."""
+    this stream alone. Nothing else uses it, so no other stage's tensors cross it.
+
+    `priority` "high": the GPU schedules this stream's waiting kernels before those of
+    normal streams. The stages that make the audio (Talker, Code2Wav) run ahead of the Thinker
+    so: their steps are what a listener waits for, and the Thinker, whose text is seconds ahead
+    of the speech, loses little by waiting a kernel."""
     if torch.device(device).type == "cuda":
-        torch.cuda.set_stream(torch.cuda.Stream(device))  # type: ignore[no-untyped-call]
+        # torch maps a priority past the device's range to its nearest end: the highest
+        level = HIGHEST_PRIORITY if priority == "high" else 0
+        stream = torch.cuda.Stream(device, priority=level)  # type: ignore[no-untyped-call]
+        torch.cuda.set_stream(stream)
 
 
 class ModelStage(Engine, Generic[StateT]):
@@ -57,6 +70,7 @@ class ModelStage(Engine, Generic[StateT]):
         decode_rows: int = 0,
         max_context: int = 4096,
         capture_graphs: bool | None = None,
+        stream_priority: str = "normal",
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
@@ -77,6 +91,10 @@ class ModelStage(Engine, Generic[StateT]):
         self.max_context = max_context
         """Positions one cache row holds (prompt plus reply); longer requests go plainly."""
         self.capture_graphs = capture_graphs
+        if stream_priority not in STREAM_PRIORITIES:
+            raise ValueError(f"stream_priority must be one of {', '.join(STREAM_PRIORITIES)}")
+        self.stream_priority = stream_priority
+        """On a GPU: "high" puts the stage's kernels ahead of normal streams' (use_own_stream)."""
         """Capture decode steps as CUDA graphs (None: on a CUDA device)."""
         self.batcher: StepBatcher[Any, Any] | None = None
         self.model: Any = None
@@ -87,7 +105,7 @@ class ModelStage(Engine, Generic[StateT]):
         if self.model is not None:
             return
         self.thread.start()
-        await self.thread.call(use_own_stream, self.device)
+        await self.thread.call(use_own_stream, self.device, self.stream_priority)
         self.model, self.config = await self.thread.call(
             build_part,
             self.part,
