@@ -110,6 +110,7 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
         "decode": {"rows": args.decode_rows, "max_context": args.max_context},
         "placement": args.placement,
         "audio_priority": args.audio_priority,
+        "switch_interval_ms": args.switch_interval_ms,
         "concurrency": args.concurrency,
         "reps_per_level": args.reps,
         "baseline_reps": args.baseline_reps,
@@ -208,13 +209,16 @@ outputs: [thinker, code2wav]
     if args.placement != "subgraph":
         return f"name: omni_bench\nstages:\n{stages}{wiring}"
     nested = textwrap.indent(f"stages:\n{stages}{wiring}", " " * 6)
+    switch = ""
+    if args.switch_interval_ms is not None:
+        switch = f"      switch_interval_ms: {args.switch_interval_ms:g}\n"
     return f"""\
 name: omni_bench
 stages:
   - name: omni
     engine: subgraph
     engine_args:
-{nested}    placement: {{process: worker}}
+{nested}{switch}    placement: {{process: worker}}
     hang_s: {HANG_S:g}
 outputs: [omni]
 """
@@ -494,6 +498,12 @@ def parser() -> argparse.ArgumentParser:
         default="normal",
         help="the CUDA stream priority of the Talker and Code2Wav (high: their kernels go "
         "ahead of the Thinker's where the stages share a process)",
+    )
+    p.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=None,
+        help="with --placement subgraph: the GIL switch interval of the group's process",
     )
     p.add_argument("--baseline-reps", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1)

@@ -25,6 +25,7 @@ the outer graph sees the group as one stage.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -47,7 +48,16 @@ class SubgraphEngine(EntryEngine):
         edges: list[dict[str, Any]] | None = None,
         outputs: list[str],
         name: str = "subgraph",
+        switch_interval_ms: float | None = None,
     ) -> None:
+        """`switch_interval_ms`: how long a thread of this process may keep the GIL while
+        another waits for it (Python's default is 5 ms). The group's model threads and its
+        event loop share one GIL; a step that must wait for a stage busy in Python for the
+        whole interval waits that long. Set only where the group has its process to itself
+        (placed in a worker): it is process-wide."""
+        if switch_interval_ms is not None and not 0.05 <= switch_interval_ms <= 100:
+            raise ValueError("switch_interval_ms must be between 0.05 and 100")
+        self.switch_interval_ms = switch_interval_ms
         body = {"name": name, "stages": stages, "edges": edges or [], "outputs": outputs}
         self.config: GraphConfig = parse_graph(yaml.safe_dump(body), f"subgraph {name}")
         away = [s.name for s in self.config.stages if s.placement.process != "main"]
@@ -65,6 +75,8 @@ class SubgraphEngine(EntryEngine):
     async def start(self) -> None:
         if self.graph is not None:
             return
+        if self.switch_interval_ms is not None:
+            sys.setswitchinterval(self.switch_interval_ms / 1000)
         engines = {s.name: create_engine(s.engine, dict(s.engine_args)) for s in self.config.stages}
         graph = StageGraph(self.config, engines)
         await graph.start()
