@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from loadtest.omni_bench import graph_yaml
+from loadtest.omni_bench import parser as bench_parser
 from pipeline.engines.subgraph import SubgraphEngine
 from pipeline.graph import StageGraph
 from pipeline.graph_config import GraphConfigError
@@ -128,36 +130,14 @@ async def test_a_failing_request_fails_alone_in_a_worker(tmp_path: Path) -> None
 
 
 def tiny_omni(placement: str) -> str:
-    """The tiny Qwen3-Omni graph, its stages as they ship, or grouped in one worker process."""
-    stages = """\
-  - name: thinker
-    engine: qwen3_omni.thinker
-    engine_args: {tiny: true, max_new_tokens: 6, min_new_tokens: 6, threads: 1, decode_rows: 2,
-                  max_context: 1024}
-    placement: {process: main}
-  - name: talker
-    engine: qwen3_omni.talker
-    engine_args: {tiny: true, max_frames: 12, min_frames: 12, threads: 1, decode_rows: 2,
-                  max_context: 1024}
-    placement: {process: main}
-  - name: code2wav
-    engine: qwen3_omni.code2wav
-    engine_args: {tiny: true, first_chunk: 5, chunk: 25, left_context: 25}
-    placement: {process: main}
-"""
-    wiring = """\
-edges:
-  - {from: thinker, to: talker}
-  - {from: talker, to: code2wav}
-outputs: [thinker, code2wav]
-"""
-    if placement == "flat":
-        return f"name: flat\nstages:\n{stages}{wiring}"
-    nested = "".join(f"      {line}\n" for line in f"stages:\n{stages}{wiring}".splitlines())
-    return (
-        "name: grouped\nstages:\n  - name: omni\n    engine: subgraph\n    engine_args:\n"
-        f"{nested}    placement: {{process: worker}}\noutputs: [omni]\n"
-    )
+    """The omni bench's graph of the tiny Qwen3-Omni: its three stages in this process
+    (`main`), or grouped in one worker process (`subgraph`)."""
+    args = bench_parser().parse_args(
+        ["--tiny", "--device", "cpu", "--dtype", "float32", "--placement", placement,
+         "--think-tokens", "6", "--speech-s", "1", "--concurrency", "1",
+         "--decode-rows", "2", "--max-context", "1024"]
+    )  # fmt: skip
+    return graph_yaml(args)
 
 
 @pytest.mark.slow
@@ -167,7 +147,7 @@ async def test_qwen3_omni_grouped_in_one_worker_says_what_the_flat_graph_says(
     """The same tiny model (seeded weights, greedy), its three stages in this process or
     grouped in one worker process: the same words and the same audio."""
     heard: dict[str, tuple[list[str], np.ndarray]] = {}
-    for placement in ("flat", "grouped"):
+    for placement in ("main", "subgraph"):
         path = tmp_path / f"{placement}.yaml"
         path.write_text(tiny_omni(placement))
         graph = load_pipeline(str(path))
@@ -182,8 +162,8 @@ async def test_qwen3_omni_grouped_in_one_worker_says_what_the_flat_graph_says(
             heard[placement] = (words, pcm)
         finally:
             await graph.close()
-    assert heard["flat"][0] == heard["grouped"][0] and len(heard["flat"][0]) == 6
-    np.testing.assert_array_equal(heard["flat"][1], heard["grouped"][1])
+    assert heard["main"][0] == heard["subgraph"][0] and len(heard["main"][0]) == 6
+    np.testing.assert_array_equal(heard["main"][1], heard["subgraph"][1])
 
 
 async def test_an_inner_stage_stuck_in_a_step_stalls_the_group() -> None:

@@ -4,6 +4,7 @@ and on a hang (the process stopped, or its engine stuck in a step with its loop 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -55,13 +56,22 @@ outputs: [thinker]
 """
 
 
-@pytest.fixture
-async def graph() -> AsyncIterator[StageGraph]:
-    config = parse_graph(GRAPH)
+@contextlib.asynccontextmanager
+async def started(text: str) -> AsyncIterator[StageGraph]:
+    """The graph file `text`, built and started; closed at the end."""
+    config = parse_graph(text)
     g = StageGraph(config, build_engines(config))
     await g.start()
-    yield g
-    await g.close()
+    try:
+        yield g
+    finally:
+        await g.close()
+
+
+@pytest.fixture
+async def graph() -> AsyncIterator[StageGraph]:
+    async with started(GRAPH) as g:
+        yield g
 
 
 def request(rid: str, text: str | None = None) -> PipelineRequest:
@@ -121,11 +131,8 @@ async def test_a_killed_worker_fails_its_requests_and_comes_back(graph: StageGra
 
 @pytest.fixture
 async def hanging() -> AsyncIterator[StageGraph]:
-    config = parse_graph(HANGING)
-    g = StageGraph(config, build_engines(config))
-    await g.start()
-    yield g
-    await g.close()
+    async with started(HANGING) as g:
+        yield g
 
 
 async def fail_and_replace(

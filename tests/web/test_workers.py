@@ -308,18 +308,19 @@ HOSTED = (
 )
 
 
+async def say_hi(ws: ClientConnection) -> None:
+    """A typed "Hi", and an answer asked for."""
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}
+    await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+    await ws.send(json.dumps({"type": "response.create"}))
+
+
 async def answered(port: int) -> int:
     """Ask one question in a fresh session; the pid of the worker that answered it."""
     async with realtime(port) as ws:
         assert (await first_event(ws))["type"] == "session.created"
         pid = serving_pid(port, ws)
-        item = {
-            "type": "message",
-            "role": "user",
-            "content": [{"type": "input_text", "text": "Hi"}],
-        }
-        await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
-        await ws.send(json.dumps({"type": "response.create"}))
+        await say_hi(ws)
         audio = 0
         while (event := await first_event(ws))["type"] != "response.done":
             assert event["type"] != "error", event
@@ -373,13 +374,7 @@ async def test_a_stopped_stage_host_fails_the_turn_is_named_by_readyz_and_replac
     (host,) = [p for p in children(server.proc.pid) if "pipeline.stage_host" in cmdline(p)]
     async with realtime(port) as ws:
         assert (await first_event(ws))["type"] == "session.created"
-        item = {
-            "type": "message",
-            "role": "user",
-            "content": [{"type": "input_text", "text": "Hi"}],
-        }
-        await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
-        await ws.send(json.dumps({"type": "response.create"}))
+        await say_hi(ws)
         while (await first_event(ws))["type"] not in ("response.output_audio.delta",):
             pass
         os.kill(host, signal.SIGSTOP)
