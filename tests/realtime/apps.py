@@ -18,6 +18,7 @@ from starlette.applications import Starlette
 
 from pipeline.tasks import cancel_and_wait
 from realtime.websocket.connection import MAX_MESSAGE_BYTES as WS_MAX_SIZE
+from sessions import SessionManager
 from web.app import Services, create_app
 from web.settings import Settings
 from web.ws_protocol import ReadAheadWebSocketProtocol
@@ -92,6 +93,13 @@ class ServedApp:
     def services(self) -> Services:
         services: Services = self.app.state.services
         return services
+
+    @property
+    def manager(self) -> SessionManager:
+        """The running server's session manager."""
+        manager = self.services.manager
+        assert manager is not None
+        return manager
 
     @property
     def http_url(self) -> str:

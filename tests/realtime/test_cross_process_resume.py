@@ -23,7 +23,6 @@ from PIL import Image
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from sessions import SessionManager
 from sessions.keys import SessionKeys
 from sessions.rehydrate import MOVED_REASON
 from tests.realtime.apps import ServedApp, fake_graph_file, served_app
@@ -47,12 +46,6 @@ async def apps(graph: str, redis_url: str) -> AsyncIterator[tuple[ServedApp, Ser
     settings = Settings(pipeline=graph, api_key=KEY, max_sessions=4)
     async with served_app(settings, redis_url) as a, served_app(settings, redis_url) as b:
         yield a, b
-
-
-def manager_of(app: ServedApp) -> SessionManager:
-    manager = app.services.manager
-    assert manager is not None
-    return manager
 
 
 @contextlib.asynccontextmanager
@@ -128,7 +121,7 @@ async def test_a_dropped_session_resumes_on_the_other_process(
         await ask(first, "And tomorrow?")  # the answer to this one is missed
         await first.wait_type("response.done")
         first.ws.transport.abort()  # the network drops: no close frame
-    local = manager_of(a).get(session_id)
+    local = a.manager.get(session_id)
     async with asyncio.timeout(5):
         while local.responding:
             await asyncio.sleep(0.02)
@@ -145,8 +138,8 @@ async def test_a_dropped_session_resumes_on_the_other_process(
         seen = set(sent_before[: sent_before.index(last) + 1])
         assert not seen & {e["event_id"] for e in replayed}
         # A has let go: no live session there; the session is B's, history intact.
-        assert len(manager_of(a)) == 0
-        session = manager_of(b).get(session_id)
+        assert len(a.manager) == 0
+        session = b.manager.get(session_id)
         assert session.config.instructions == "Be brief."  # the settings as last updated
         items = await session.history.items()
         assert [i.text for i in items][0::2] == ["What is the weather like?", "And tomorrow?"]
@@ -158,7 +151,7 @@ async def test_a_dropped_session_resumes_on_the_other_process(
         assert len(await session.history.items()) == 6
         await second.ws.close()
     async with asyncio.timeout(5):
-        while len(manager_of(b)):
+        while len(b.manager):
             await asyncio.sleep(0.02)
     assert await no_session_keys(redis_url, session_id)
 
@@ -199,7 +192,7 @@ async def test_a_resume_mid_answer_ends_that_answer_as_incomplete_with_its_text(
             output = done["response"]["output"][0]
             assert output["status"] == "incomplete", output
             assert output["content"][0]["transcript"] == said, output
-            session = manager_of(b).get(session_id)
+            session = b.manager.get(session_id)
             items = await session.history.items()
             assert [i.text for i in items] == ["Tell me a story.", said]
             await answered(second, "Go on.")  # the next turn is answered normally
@@ -215,7 +208,7 @@ async def test_the_owner_dies_and_the_session_goes_on_elsewhere(
         session_id, token = await opened(first)
         await answered(first, "Hello?")
         last = first.events[-1]["event_id"]
-        beat = manager_of(a).beat
+        beat = a.manager.beat
         if how == "dead":  # no heartbeat: taken over at once
             await beat.stop()
         else:  # alive but it never answers: waited for at most 500 ms
@@ -229,15 +222,15 @@ async def test_the_owner_dies_and_the_session_goes_on_elsewhere(
             if how == "silent":
                 assert time.perf_counter() - start > 0.45
             await answered(second, "Are you there?")
-            items = await manager_of(b).get(session_id).history.items()
+            items = await b.manager.get(session_id).history.items()
             assert [i.text for i in items][0::2] == ["Hello?", "Are you there?"]
             # The old owner's copy ends without touching the new owner's state.
-            await manager_of(a).close_session(session_id)
+            await a.manager.close_session(session_id)
             assert not await no_session_keys(redis_url, session_id)
             await answered(second, "Still there?")
             await second.ws.close()
     async with asyncio.timeout(5):
-        while len(manager_of(b)):
+        while len(b.manager):
             await asyncio.sleep(0.02)
     assert await no_session_keys(redis_url, session_id)
 
@@ -251,20 +244,20 @@ async def test_a_hand_over_tells_the_client_to_reconnect_elsewhere(
         session_id, token = await opened(first)
         await answered(first, "Hello?")
         if drain:
-            assert await manager_of(a).hand_over_all() == 1
+            assert await a.manager.hand_over_all() == 1
         else:
-            assert await manager_of(a).hand_over(session_id)
+            assert await a.manager.hand_over(session_id)
         error = await first.wait_type("error")
         assert error["error"]["type"] == "server_error"
         assert error["error"]["code"] == ("server_draining" if drain else "session_moved")
         assert "resume_token" in error["error"]["message"]
         assert await closed_with(first) == 1012
-    assert len(manager_of(a)) == 0
+    assert len(a.manager) == 0
     query = resume_query(session_id, token, error["event_id"])
     async with resumed(b, query, "hand-over") as second:
         assert second.events == []  # nothing was missed (no gap either)
         await answered(second, "Hello again?")
-        items = await manager_of(b).get(session_id).history.items()
+        items = await b.manager.get(session_id).history.items()
         assert [i.text for i in items][0::2] == ["Hello?", "Hello again?"]
         await second.ws.close()
 
@@ -325,7 +318,7 @@ async def test_a_video_chat_stream_resumes_on_the_other_process(
             assert done["text"].startswith("Hello there")
             await second.send({"type": "video.done"})
             assert await closed_with(second) == 1000
-    assert len(manager_of(a)) == len(manager_of(b)) == 0
+    assert len(a.manager) == len(b.manager) == 0
 
 
 async def test_a_drain_mid_answer_ends_it_as_incomplete_on_the_next_process(
@@ -336,7 +329,7 @@ async def test_a_drain_mid_answer_ends_it_as_incomplete_on_the_next_process(
         session_id, token = await opened(first)
         await ask(first, "Tell me a story.")
         await first.wait_type("response.output_audio_transcript.delta")
-        await manager_of(a).hand_over_all()
+        await a.manager.hand_over_all()
         error = await first.wait_type("error")
         assert error["error"]["code"] == "server_draining"
         assert await closed_with(first) == 1012

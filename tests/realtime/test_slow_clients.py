@@ -68,12 +68,6 @@ async def server(tmp_path: Path, redis_url: str) -> AsyncIterator[ServedApp]:
         yield app
 
 
-def manager_of(server: ServedApp) -> SessionManager:
-    manager = server.services.manager
-    assert manager is not None
-    return manager
-
-
 async def only_session(manager: SessionManager) -> Session:
     async with asyncio.timeout(5):
         while not manager.sessions():
@@ -84,7 +78,7 @@ async def only_session(manager: SessionManager) -> Session:
 
 async def all_gone(server: ServedApp, redis: aioredis.Redis, within_s: float = 5.0) -> None:
     """No session left: none in the manager, no lease, no session key in Redis."""
-    manager = manager_of(server)
+    manager = server.manager
     async with asyncio.timeout(within_s):
         while len(manager) or await manager.leases.count() or await session_keys(redis):
             await asyncio.sleep(0.02)
@@ -152,7 +146,7 @@ async def test_a_client_that_never_reads_is_closed_and_others_go_on(
     endpoint: str,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="parley.realtime.slow_clients")
-    manager = manager_of(server)
+    manager = server.manager
     if endpoint == "openai":
         path, transport = "/v1/realtime?model=parley", "openai_ws"
         first: list[dict[str, Any]] = [TEXT_ITEM, {"type": "response.create"}]

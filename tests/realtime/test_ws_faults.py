@@ -25,7 +25,6 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from realtime.error_throttle import DEFAULT_LIMIT
-from sessions.manager import SessionManager
 from tests.realtime.apps import ServedApp, fake_graph_file, served_app
 from tests.realtime.clients import RecordingClient
 from web.settings import Settings
@@ -51,12 +50,6 @@ async def server(tmp_path: Path, redis_url: str) -> AsyncIterator[ServedApp]:
     settings = Settings(pipeline=graph, api_key=KEY, max_sessions=CAP)
     async with served_app(settings, redis_url) as app:
         yield app
-
-
-def manager_of(server: ServedApp) -> SessionManager:
-    manager = server.services.manager
-    assert manager is not None
-    return manager
 
 
 @contextlib.asynccontextmanager
@@ -104,7 +97,7 @@ async def session_keys(redis: aioredis.Redis) -> list[bytes]:
 
 async def all_gone(server: ServedApp, redis: aioredis.Redis, within_s: float = 5.0) -> None:
     """No session left: none in the manager, no lease, no session key in Redis."""
-    manager = manager_of(server)
+    manager = server.manager
     async with asyncio.timeout(within_s):
         while len(manager) or await manager.leases.count() or await session_keys(redis):
             await asyncio.sleep(0.02)
@@ -133,7 +126,7 @@ async def test_the_openai_sdk_closing_mid_answer_ends_the_session_at_once(
         async with asyncio.timeout(10):
             while (await conn.recv()).type != "response.output_audio.delta":
                 pass
-        assert len(manager_of(server)) == 1
+        assert len(server.manager) == 1
     # The SDK's exit sends a close frame (1000) while the answer is still going out.
     await all_gone(server, redis)
 
@@ -146,13 +139,13 @@ async def test_a_clean_close_ends_the_session_at_once(
         async with openai_peer(server) as peer:
             await peer.wait_type("session.created")
             await openai_turn(peer)
-            assert len(manager_of(server)) == 1
+            assert len(server.manager) == 1
     else:
         async with video_peer(server) as peer:
             await peer.send(VIDEO_CONFIG)
             await peer.wait_type("session.created")
             await video_turn(peer)
-            assert len(manager_of(server)) == 1
+            assert len(server.manager) == 1
             await peer.ws.close(1001)  # "going away", as a browser leaving the page
     await all_gone(server, redis)
 
@@ -161,7 +154,7 @@ async def test_a_clean_close_ends_the_session_at_once(
 async def test_an_abrupt_drop_keeps_the_session_for_a_resume(
     server: ServedApp, redis: aioredis.Redis, endpoint: str
 ) -> None:
-    manager = manager_of(server)
+    manager = server.manager
     if endpoint == "openai":
         async with openai_peer(server) as first:
             created = await first.wait_type("session.created")
