@@ -51,6 +51,12 @@ T = TypeVar("T")
 
 CALL_TIMEOUT_S = 2.0
 PROBE_INTERVAL_S = 0.25
+REDIAL_AFTER_S = 5.0
+"""While down: after this long of failed probes, and as often again, the client's connections
+are dropped and dialled afresh (a client that has one, `reset_connections`: the cluster
+client). A CI run once saw a cluster's probe fail for 20 s after every node said
+`cluster_state:ok` again, a client wedged by the node's death; a fresh dial costs nothing
+during an outage."""
 HEARTBEAT_INTERVAL_S = 1.0
 
 OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
@@ -244,6 +250,15 @@ class RedisLink:
 
     # --- the watch -------------------------------------------------------------------------
 
+    async def _redial(self) -> None:
+        reset = getattr(self.redis, "reset_connections", None)
+        if reset is None:
+            return
+        try:
+            await reset()
+        except Exception as exc:
+            self._probe_failed(exc)
+
     async def run(self) -> None:
         """Heartbeat while up (so an outage is noticed even with no call writing), probe
         while down, probe with a write while Redis refuses writes; runs until cancelled by
@@ -251,11 +266,20 @@ class RedisLink:
         cluster client raises its own while the slot map is in flux) is logged and the
         watch goes on: were it to end, an outage would never be seen to end, and sessions
         would keep their writes locally for good."""
+        failing_since: float | None = None
         while True:
             if not self.up:
                 await asyncio.sleep(self.probe_interval_s)
                 if await self._probe():
+                    failing_since = None
                     self.came_back()
+                    continue
+                now = time.monotonic()
+                if failing_since is None:
+                    failing_since = now
+                elif now - failing_since >= REDIAL_AFTER_S:
+                    failing_since = now
+                    await self._redial()
             elif self.refusing:
                 await asyncio.sleep(self.probe_interval_s)
                 if await self._write_probe():

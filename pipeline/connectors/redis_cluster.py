@@ -64,6 +64,14 @@ class ClusterClient(RedisCluster):  # type: ignore[misc]  # redis is untyped her
             raise ClusterDownError(f"cluster_state is not ok on {', '.join(down)}")
         return True
 
+    async def reset_connections(self) -> None:
+        """Drop every node's connections and load the slot map afresh at the next command
+        (the pub/sub connections stay). For an outage that outlasts its nodes' return: a
+        client can be left wedged by a node's death (see sessions/redis_link.py)."""
+        self._initialize = True
+        await self.nodes_manager.aclose()
+        await self.nodes_manager.aclose("startup_nodes")
+
     async def aclose(self) -> None:
         pools, self._pubsub_pools = list(self._pubsub_pools.values()), {}
         for pool in pools:

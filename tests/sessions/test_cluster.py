@@ -286,6 +286,8 @@ async def test_nodes_that_die_and_come_back_are_an_outage_sessions_ride_out(
                     await asyncio.sleep(0.05)
             assert [i.role for i in await kept.history.items()] == ["user", "assistant"]
             assert nodes_holding(own_cluster, f"*{{{ended.session_id}}}*") == {}
+            await client.reset_connections()  # dialled afresh, as a long outage does
+            assert await client.ping()
             await manager.close_session(kept.session_id)
     finally:
         for sink in sinks:

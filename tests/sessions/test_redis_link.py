@@ -104,3 +104,37 @@ async def test_the_heartbeat_outlives_an_error_that_is_no_outage(
             assert await link.next_outage(0) == 1
             await link.wait_up()
         watch.cancel()
+
+
+class Wedged(Flaky):
+    """A client whose every probe fails until its connections are dialled afresh."""
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        super().__init__(redis, [])
+        self.redials = 0
+
+    async def ping(self) -> bool:
+        if not self.redials:
+            raise RedisConnectionError("Connection closed by server.")
+        return await super().ping()
+
+    async def reset_connections(self) -> None:
+        self.redials += 1
+
+
+async def test_a_client_wedged_past_the_outage_is_dialled_afresh(
+    redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe that fails on and on (a cluster client left wedged by a node's death, once
+    seen in CI after every node was back) has the client drop its connections, and the
+    outage ends at the next probe."""
+    monkeypatch.setattr("sessions.redis_link.REDIAL_AFTER_S", 0.1)
+    client = Wedged(redis)
+    link = watched(client)
+    link.went_down(RedisConnectionError("Connection closed by server."))
+    async with asyncio.TaskGroup() as tasks:
+        watch = tasks.create_task(link.run())
+        async with asyncio.timeout(5):
+            await link.wait_up()
+        watch.cancel()
+    assert client.redials == 1 and link.outages == 1
