@@ -64,8 +64,8 @@ PHASES = ("parley", "kv_reuse", "code2wav", "baseline")
 STOP_GRACE_S = 60.0
 """How long a phase stopped at the time limit gets to close its stages."""
 HANG_S = 60.0
-"""Each stage's hang bound: a GPU step that meets a new shape may compile kernels (Triton)
-for seconds, which is no hang."""
+"""Each stage's hang bound: a GPU step that meets a new shape may take seconds (kernel
+choices, lazy set-up), which is no hang."""
 CLOSE_RESERVE_S = 20.0
 """A phase starts no round that would end later than this before the time limit."""
 
