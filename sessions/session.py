@@ -369,9 +369,9 @@ class Session:
             if self._detached_until is not None and now >= self._detached_until:
                 self.request_close("client_gone")
                 return
-            if self.responding:  # an answer generating or playing: the session is not idle
-                self._last_activity = now
-            elif 0 < limits.idle_timeout_s <= now - self._last_activity:
+            # an answer generating or playing is no idleness (its end stamps the activity)
+            quiet_s = now - self._last_activity
+            if not self.responding and 0 < limits.idle_timeout_s <= quiet_s:
                 self._expire(
                     IDLE_TIMEOUT, f"nothing was sent or said for {limits.idle_timeout_s:g} s"
                 )
@@ -418,7 +418,6 @@ class Session:
         self._check_open()
         self._sink = sink
         self._detached_until = None
-        self._last_activity = self.clock.now()
 
     # --- events --------------------------------------------------------------------------
 
@@ -493,7 +492,6 @@ class Session:
             tail = resampler.flush() if resampler is not None else []
             resampler = self._resampler = InputResampler(sample_rate, channels)
         frames = tail + resampler.push(pcm)  # validates before changing any state
-        self._last_activity = self.clock.now()
         async with self._media_lock:
             self._check_open()
             first = self._turns.received(FRAME_MS * len(frames))
@@ -513,13 +511,11 @@ class Session:
     def dtmf(self, digit: str) -> None:
         """A keypad digit from the caller (a phone call): told to the client as an event."""
         self._check_open()
-        self._last_activity = self.clock.now()
         self._emit(DtmfReceived(digit=digit, received_at=int(time.time())))
 
     async def add_frame(self, image: bytes, timestamp_ms: int | None = None) -> bool:
         """Cache a camera frame (JPEG or PNG); False if the similar-frame filter dropped it."""
         self._check_open()
-        self._last_activity = self.clock.now()
         ts = round(time.time() * 1000) if timestamp_ms is None else timestamp_ms
         async with self._media_lock:
             self._check_open()
