@@ -225,7 +225,17 @@ def parse_graph(text: str, source: str = "<graph>") -> GraphConfig:
         raise GraphConfigError(source, line, "", f"not valid YAML: {exc}") from None
     if node is None or not isinstance(data, dict):
         raise GraphConfigError(source, 1, "", "a graph file is a mapping with stages and outputs")
-    lines = _lines(node)
+    return validate_graph(data, source, _lines(node))
+
+
+def validate_graph(
+    data: dict[str, Any],
+    source: str = "<graph>",
+    lines: dict[tuple[str | int, ...], int] | None = None,
+) -> GraphConfig:
+    """A graph given as data (a graph file's, or one nested in another's engine args):
+    validated, every error naming the field (and the line, when `lines` maps them)."""
+    lines = lines or {}
     try:
         return GraphConfig.model_validate(data)
     except ValidationError as exc:

@@ -29,10 +29,8 @@ import sys
 from collections.abc import AsyncGenerator
 from typing import Any
 
-import yaml
-
 from ..graph import StageGraph
-from ..graph_config import GraphConfig, GraphConfigError, parse_graph
+from ..graph_config import GraphConfig, GraphConfigError, validate_graph
 from ..requests import RequestTracker
 from ..types import Chunk, End, EntryEngine, ErrorChunk, PipelineRequest
 from .registry import create_engine
@@ -59,7 +57,7 @@ class SubgraphEngine(EntryEngine):
             raise ValueError("switch_interval_ms must be between 0.05 and 100")
         self.switch_interval_ms = switch_interval_ms
         body = {"name": name, "stages": stages, "edges": edges or [], "outputs": outputs}
-        self.config: GraphConfig = parse_graph(yaml.safe_dump(body), f"subgraph {name}")
+        self.config: GraphConfig = validate_graph(body, f"subgraph {name}")
         away = [s.name for s in self.config.stages if s.placement.process != "main"]
         if away:
             raise GraphConfigError(
