@@ -48,7 +48,7 @@ from .link_messages import (
     StatsReply,
     Stuck,
 )
-from .tasks import cancel_and_wait
+from .tasks import background, cancel_and_wait
 from .types import Chunk, End, EntryEngine, ErrorChunk, PipelineRequest, StageInput, StreamEngine
 
 log = logging.getLogger("parley.pipeline.stage_client")
@@ -91,7 +91,8 @@ class LinkedStage(EntryEngine, StreamEngine):
         self._mark_up()
         self._reader = asyncio.create_task(self._read(link), name=f"stage:{self.name}:reader")
         if self.liveness_s is not None and self._watchdog is None:
-            self._watchdog = asyncio.create_task(
+            # a watch that ended silently would leave a hung stage unnoticed: logged at once
+            self._watchdog = background(
                 self._watch(self.liveness_s), name=f"stage:{self.name}:watchdog"
             )
         self._ready.set()

@@ -56,7 +56,7 @@ from .link_messages import (
     StatsReply,
     Stuck,
 )
-from .tasks import cancel_all, cancel_and_wait
+from .tasks import background, cancel_all, cancel_and_wait
 from .types import (
     Chunk,
     End,
@@ -216,7 +216,7 @@ class StageServer:
         """Serve the link's requests until it ends or says close, beating meanwhile."""
         # a task and not a TaskGroup: the heartbeat never ends by itself, and a TaskGroup
         # would hand the link's LinkUnavailable to the caller inside an ExceptionGroup
-        beat = asyncio.create_task(self._heartbeat(), name=f"stage:{self.stage}:heartbeat")
+        beat = background(self._heartbeat(), name=f"stage:{self.stage}:heartbeat")
         try:
             await self._serve()
         finally:
