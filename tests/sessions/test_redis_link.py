@@ -64,6 +64,16 @@ def watched(client: Flaky) -> RedisLink:
     return RedisLink(cast(aioredis.Redis, client), probe_interval_s=0.01, heartbeat_interval_s=0.01)
 
 
+async def ride_out_an_outage(link: RedisLink) -> None:
+    """An outage begins, and the link's watch runs until it ends."""
+    link.went_down(RedisConnectionError("Connection closed by server."))
+    async with asyncio.TaskGroup() as tasks:
+        watch = tasks.create_task(link.run())
+        async with asyncio.timeout(5):
+            await link.wait_up()
+        watch.cancel()
+
+
 async def test_an_outage_ends_even_when_the_probe_meets_errors_of_its_own(
     redis: aioredis.Redis,
 ) -> None:
@@ -79,12 +89,7 @@ async def test_an_outage_ends_even_when_the_probe_meets_errors_of_its_own(
         ],
     )
     link = watched(client)
-    link.went_down(RedisConnectionError("Connection closed by server."))
-    async with asyncio.TaskGroup() as tasks:
-        watch = tasks.create_task(link.run())
-        async with asyncio.timeout(5):
-            await link.wait_up()
-        watch.cancel()
+    await ride_out_an_outage(link)
     assert not client.errors and link.outages == 1
 
 
@@ -131,10 +136,5 @@ async def test_a_client_wedged_past_the_outage_is_dialled_afresh(
     monkeypatch.setattr("sessions.redis_link.REDIAL_AFTER_S", 0.1)
     client = Wedged(redis)
     link = watched(client)
-    link.went_down(RedisConnectionError("Connection closed by server."))
-    async with asyncio.TaskGroup() as tasks:
-        watch = tasks.create_task(link.run())
-        async with asyncio.timeout(5):
-            await link.wait_up()
-        watch.cancel()
+    await ride_out_an_outage(link)
     assert client.redials == 1 and link.outages == 1

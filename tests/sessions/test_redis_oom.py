@@ -76,6 +76,13 @@ def refusals(metrics: SessionMetrics) -> float:
     return metric_value(metrics.redis_write_refusals.labels("oom"))
 
 
+async def takes_writes_again(manager: SessionManager) -> None:
+    """Wait until the manager's link has seen Redis take a write again."""
+    async with asyncio.timeout(20):
+        while metric_value(manager.metrics.redis_accepts_writes) != 1:
+            await asyncio.sleep(0.05)
+
+
 def errors(sink: ClockedSink, code: str) -> list[ErrorEvent]:
     return [e for e in sink.events if isinstance(e, ErrorEvent) and e.code == code]
 
@@ -193,9 +200,7 @@ async def test_a_call_goes_on_while_redis_is_full_and_its_writes_land_when_memor
             assert len(await sessions[0].event_log.replay()) > 0
 
             await free(client)
-            async with asyncio.timeout(20):
-                while metric_value(manager.metrics.redis_accepts_writes) != 1:
-                    await asyncio.sleep(0.05)
+            await takes_writes_again(manager)
             for session, sink in zip(sessions, sinks, strict=True):
                 assert len(session.spill) == 0
                 await check_replay_holds(session, sink, 0)  # the whole log: nothing lost
@@ -255,9 +260,7 @@ async def test_the_client_is_told_once_more_when_kept_writes_are_dropped(
             assert metric_value(dropped) > 0
 
             await free(client)
-            async with asyncio.timeout(20):
-                while metric_value(manager.metrics.redis_accepts_writes) != 1:
-                    await asyncio.sleep(0.05)
+            await takes_writes_again(manager)
             assert await client.llen(session.keys.history) == 1
             assert len(errors(sink, "redis_writes_dropped")) == 1
         finally:
@@ -280,9 +283,7 @@ async def test_a_session_is_refused_with_the_reason_while_redis_is_full(
         assert await manager.leases.count() == 0
         assert refusals(manager.metrics) == 1
         await free(client)
-        async with asyncio.timeout(20):
-            while metric_value(manager.metrics.redis_accepts_writes) != 1:
-                await asyncio.sleep(0.05)
+        await takes_writes_again(manager)
         assert not manager.link.refusing
     assert await client.keys("*") == []
 
