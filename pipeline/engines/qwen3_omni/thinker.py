@@ -17,12 +17,14 @@ has the hidden states of every position the Talker takes (`talker_positions`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import torch
 
 from ...types import (
     Chunk,
@@ -36,6 +38,7 @@ from ...types import (
 from .audio_features import AudioFeatures, AudioInput
 from .config import TOKENS
 from .fused_moe import install_fused_moe
+from .prefill_queue import PrefillQueue
 from .prefix_cache import PrefixCache
 from .prompt import Vocab, chat_prompt, load_vocab
 from .sampling import Sampling
@@ -52,7 +55,7 @@ from .step_batcher import StepBatcher
 from .thinker_runner import ThinkerHidden, ThinkerPast, ThinkerPrompt, ThinkerRunner, ThinkerState
 from .thinker_slots import ThinkerSlots
 from .tool_calls import CallParser, history_turn, offered, tools_text
-from .vision_input import TOKEN_PIXELS, FrameImages, VisionInput
+from .vision_input import TOKEN_PIXELS, FrameImages, VisionInput, warm_up_frame
 
 DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant."
 
@@ -74,9 +77,24 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         prefix_cache_tokens: int = 0,
         session_kv_tokens: int = 0,
         session_kv_max_tokens: int = 0,
+        prefill_batch: int = 8,
+        prefill_chunk_tokens: int = 0,
+        warm_up: bool | None = None,
         **model: Any,
     ) -> None:
         super().__init__(**model)
+        if prefill_batch < 1 or prefill_chunk_tokens < 0:
+            raise ValueError("prefill_batch must be at least 1, prefill_chunk_tokens at least 0")
+        self.prefill_batch = prefill_batch
+        """Prompts prefilled together at most (those waiting when the model thread is free)."""
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        """A batched prefill runs this many positions (over all its prompts) at a time, and
+        decode steps run between two chunks (0: a prefill runs whole)."""
+        self.warm_up = torch.device(self.device).type == "cuda" if warm_up is None else warm_up
+        """Prefill a made-up spoken turn with a camera frame, alone and batched, before the
+        stage is ready, so that no request pays for first use (lazy inits, first shapes,
+        cuBLAS workspaces). None: on a GPU, where first use costs (a CPU has little to warm)."""
+        self.prefills: PrefillQueue | None = None
         if max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
         self.max_new_tokens = max_new_tokens
@@ -86,6 +104,8 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         self.image_max_pixels = image_max_pixels
         """Each camera frame is scaled to at most this (32 x 32 pixels make one token)."""
         self.images: FrameImages | None = None
+        self.warmed_rows: list[int] = []
+        """The batch sizes the warm-up prefilled (empty: none ran)."""
         self.prefix_cache_tokens = prefix_cache_tokens
         """KV of this many prompt tokens is kept for later turns to reuse (0: none)."""
         self.sessions = (
@@ -133,6 +153,36 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         )
         special = [TOKENS["tts_bos"], TOKENS["tts_eos"], TOKENS["tts_pad"]]
         self.tts_embeds = self.runner.special_embeddings(special)
+        if self.warm_up:
+            self._warm()
+
+    def _warm(self) -> None:
+        """On the model thread, before the stage is ready: every prefill path once (media
+        towers, a batch of one and a full batch, chunked as configured) and the decode
+        steps after it. What it leaves behind (cached prefixes, cache rows) is let go."""
+        runner = self.runner
+        assert runner is not None
+        turn = PipelineRequest(
+            request_id="warm-up",
+            audio=np.zeros(16_000 * 2, dtype=np.int16),
+            frames=(warm_up_frame(),),
+            text="Warming up.",
+        )
+        prompt = self._prompt(turn)
+        for rows in sorted({1, self.prefill_batch}):
+            job = runner.prefill_job(
+                [(prompt, None)] * rows, chunk_tokens=self.prefill_chunk_tokens
+            )
+            job.batch.begin()
+            while not job.batch.done:
+                job.batch.run_chunk()
+            states = [state for state, _ in runner.finish_prefill(job)]
+            runner.step_batch(states[: self.max_batch])
+            for state in states:
+                runner.release(state)
+        if runner.prefix_cache is not None:
+            runner.prefix_cache.clear()
+        self.warmed_rows = sorted({1, self.prefill_batch})
 
     def _batcher(self) -> StepBatcher[ThinkerState, ThinkerHidden]:
         runner = self.runner
@@ -227,7 +277,25 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         if self.sessions is not None:
             self.sessions.forget(session_id)
 
+    async def start(self) -> None:
+        if self.model is not None:
+            return
+        await super().start()
+        assert self.runner is not None
+        self.prefills = PrefillQueue(
+            self.name,
+            self.thread,
+            self.runner,
+            max_batch=self.prefill_batch,
+            chunk_tokens=self.prefill_chunk_tokens,
+            min_new_tokens=self.min_new_tokens,
+        )
+        self.prefills.start()
+
     async def close(self) -> None:
+        if self.prefills is not None:
+            await self.prefills.close()
+            self.prefills = None
         if self.sessions is not None:
             self.sessions.clear()
         await super().close()
@@ -248,9 +316,9 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         try:
             resumed = self._session_prompt(request)
             past = resumed.past() if resumed is not None else None
-            prompt = await self.thread.call(self._prompt, request, resumed)
-            state, hidden = await self.thread.call(
-                runner.prefill, prompt, min_new_tokens=self.min_new_tokens, past=past
+            assert self.prefills is not None
+            prompt, state, hidden = await self.prefills.prefill(
+                functools.partial(self._prompt, request, resumed), past
             )
             held = state
             if self._requests.aborted(request_id):

@@ -29,6 +29,7 @@ from transformers import DynamicCache, Qwen3OmniMoeConfig
 from .audio_features import AudioInput
 from .batch_cache import padding_mask, split_cache, stack_caches
 from .config import TOKENS
+from .prefill_batch import BatchedPrefill, PrefillRow
 from .prefix_cache import PrefixCache
 from .sampling import Sampling, choose_rows, pick
 from .thinker_slots import ThinkerSlots
@@ -75,6 +76,30 @@ class ThinkerState:
     next_token: int
     generated: list[int] = field(default_factory=list)
     generator: torch.Generator | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    prompt: ThinkerPrompt
+    row: PrefillRow
+    total: int
+    rope_delta: int
+    earlier: npt.NDArray[np.floating] | None
+    """hidden states of the positions before the row's (from the past or a cached prefix)"""
+    text_end: int | None
+    """a fresh prompt's text prefix (kept in the prefix cache); None: it went on from a past"""
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillJob:
+    """Prompts prefilled together: their plans and the batch that runs them."""
+
+    planned: list[_Planned]
+    batch: BatchedPrefill
+
+
+def _with_media(row: PrefillRow, prompt: ThinkerPrompt) -> PrefillRow:
+    return PrefillRow(row.input_ids, row.positions, row.past, prompt.audio, prompt.vision)
 
 
 class ThinkerRunner:
@@ -129,76 +154,92 @@ class ThinkerRunner:
     ) -> tuple[ThinkerState, ThinkerHidden]:
         """Prefill `prompt` (all of it, or with `past` only what follows `past.length`: the
         prompt's media are then the new part's) and choose the first reply token."""
-        ids = torch.tensor([prompt.input_ids], device=self.device)
-        mask = torch.ones_like(ids)
+        job = self.prefill_job([(prompt, past)])
+        job.batch.begin()
+        while not job.batch.done:
+            job.batch.run_chunk()
+        return self.finish_prefill(job, min_new_tokens=min_new_tokens)[0]
+
+    def prefill_job(
+        self, prompts: list[tuple[ThinkerPrompt, ThinkerPast | None]], *, chunk_tokens: int = 0
+    ) -> PrefillJob:
+        """A prefill of several prompts as one batch (`prefill_batch.py`), `chunk_tokens`
+        positions over all rows at a time (0: all at once): begin its batch, run its chunks
+        until done, then `finish_prefill`. Every call on the model thread."""
+        planned = [self._plan(prompt, past) for prompt, past in prompts]
+        batch = BatchedPrefill(
+            self.model,
+            [plan.row for plan in planned],
+            accept_layer=self.accept_layer,
+            chunk_tokens=chunk_tokens,
+        )
+        return PrefillJob(planned, batch)
+
+    def _plan(self, prompt: ThinkerPrompt, past: ThinkerPast | None) -> _Planned:
+        """A prompt's mRoPE positions and what it goes on from (`past`, or a cached prefix of
+        its text): the row it prefills."""
+        ids = torch.tensor([prompt.input_ids])
         audio = prompt.audio
-        features = feature_mask = audio_lengths = None
-        if audio is not None:
-            features = audio.features.to(self.device, self.model.dtype)
-            feature_mask = audio.mask.to(self.device)
-            audio_lengths = feature_mask.sum(dim=1)
-        pixels = grid = None
-        if prompt.vision is not None:
-            pixels = prompt.vision.pixel_values.to(self.device, self.model.dtype)
-            grid = prompt.vision.grid_thw.to(self.device)
+        audio_lengths = audio.mask.sum(dim=1) if audio is not None else None
+        grid = prompt.vision.grid_thw if prompt.vision is not None else None
         total = ids.shape[1]
-        hit = None
-        earlier: npt.NDArray[np.floating] | None
         if past is not None:
-            start, cache, earlier = past.length, past.cache, past.hidden
             # mRoPE goes on from the past's next position: the new part's own positions
             # (its media only) shifted there are the whole sequence's
-            new = ids[:, start:]
+            new = ids[:, past.length :]
             positions, deltas = self.model.get_rope_index(
                 new, grid, None, torch.ones_like(new), False, audio_lengths, None
             )
-            positions = positions + (start + past.rope_delta)
+            positions = positions + (past.length + past.rope_delta)
+            row = PrefillRow(prompt.input_ids[past.length :], positions[:, 0], past.cache)
             rope_delta = past.rope_delta + int(deltas.reshape(-1)[0])
-        else:
-            positions, deltas = self.model.get_rope_index(
-                ids, grid, None, mask, False, audio_lengths, None
+            return _Planned(prompt, _with_media(row, prompt), total, rope_delta, past.hidden, None)
+        positions, deltas = self.model.get_rope_index(
+            ids, grid, None, torch.ones_like(ids), False, audio_lengths, None
+        )
+        rope_delta = int(deltas.reshape(-1)[0])
+        text_end = next(
+            (i for i, t in enumerate(prompt.input_ids) if t in MULTIMODAL), total
+        )  # positions past here depend on this turn's media, not on the ids alone
+        hit = None
+        if self.prefix_cache is not None:
+            hit = self.prefix_cache.lookup(prompt.input_ids[: min(text_end, total - 1)])
+        start = hit.length if hit is not None else 0
+        row = PrefillRow(
+            prompt.input_ids[start:], positions[:, 0, start:], hit.cache if hit else None
+        )
+        earlier = hit.hidden if hit is not None else None
+        return _Planned(prompt, _with_media(row, prompt), total, rope_delta, earlier, text_end)
+
+    @torch.inference_mode()
+    def finish_prefill(
+        self, job: PrefillJob, *, min_new_tokens: int = 0
+    ) -> list[tuple[ThinkerState, ThinkerHidden]]:
+        """Each prompt's state (its own cache, first reply token chosen) and hidden states."""
+        done = []
+        results = job.batch.finish()
+        self.last_prefill_tokens = sum(len(plan.row.input_ids) for plan in job.planned)
+        for plan, result in zip(job.planned, results, strict=True):
+            hidden = result.hidden.numpy().astype(self.hidden_dtype, copy=False)
+            if plan.earlier is not None:
+                hidden = np.concatenate((plan.earlier, hidden))
+            if self.prefix_cache is not None and plan.text_end is not None:
+                self.prefix_cache.store(
+                    plan.prompt.input_ids[: plan.text_end], result.cache, hidden
+                )
+            generator = None
+            if self.sampling.temperature > 0:
+                generator = torch.Generator().manual_seed(self.seed)
+            state = ThinkerState(
+                cache=result.cache,
+                rope_delta=plan.rope_delta,
+                length=plan.total,
+                next_token=-1,
+                generator=generator,
             )
-            rope_delta = int(deltas.reshape(-1)[0])
-            text_end = next(
-                (i for i, t in enumerate(prompt.input_ids) if t in MULTIMODAL), total
-            )  # positions past here depend on this turn's media, not on the ids alone
-            if self.prefix_cache is not None:
-                hit = self.prefix_cache.lookup(prompt.input_ids[: min(text_end, total - 1)])
-            start = hit.length if hit is not None else 0
-            cache = hit.cache if hit is not None else DynamicCache()
-            earlier = hit.hidden if hit is not None else None
-            positions = positions[:, :, start:]
-        out = self.model(
-            input_ids=ids[:, start:],
-            input_features=features,
-            feature_attention_mask=feature_mask,
-            pixel_values=pixels,
-            image_grid_thw=grid,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            output_hidden_states=True,
-            cache_position=torch.arange(start, total, device=self.device),
-        )
-        self.last_prefill_tokens = total - start
-        hidden = self._hidden(out.hidden_states)
-        if earlier is not None:
-            hidden = np.concatenate((earlier, hidden))
-        if self.prefix_cache is not None and past is None:
-            self.prefix_cache.store(prompt.input_ids[:text_end], cache, hidden)
-        generator = None
-        if self.sampling.temperature > 0:
-            generator = torch.Generator().manual_seed(self.seed)
-        state = ThinkerState(
-            cache=cache,
-            rope_delta=rope_delta,
-            length=total,
-            next_token=-1,
-            generator=generator,
-        )
-        state.next_token = self._choose(state, out.logits[0, -1], min_new_tokens)
-        return state, ThinkerHidden(list(prompt.input_ids), hidden)
+            state.next_token = self._choose(state, result.logits, min_new_tokens)
+            done.append((state, ThinkerHidden(list(plan.prompt.input_ids), hidden)))
+        return done
 
     @torch.inference_mode()
     def step(self, state: ThinkerState, *, min_new_tokens: int = 0) -> ThinkerHidden:

@@ -72,3 +72,10 @@ class FrameImages:
         grid = out["image_grid_thw"]
         tokens = [int(t * h * w) // self.merge_size**2 for t, h, w in grid.tolist()]
         return VisionInput(out["pixel_values"], grid, tokens)
+
+
+def warm_up_frame(width: int = 320, height: int = 240) -> VideoFrame:
+    """A grey camera frame (JPEG), for a stage's warm-up prefill."""
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), (128, 128, 128)).save(out, format="JPEG")
+    return VideoFrame(image=out.getvalue(), timestamp_ms=0)

@@ -1,0 +1,215 @@
+"""Prefills batched across sessions and run in chunks: each session gets what it gets alone."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from transformers import Qwen3OmniMoeConfig
+
+from pipeline.engines.qwen3_omni.audio_features import AudioFeatures
+from pipeline.engines.qwen3_omni.prefix_cache import PrefixCache
+from pipeline.engines.qwen3_omni.prompt import ByteVocab, chat_prompt
+from pipeline.engines.qwen3_omni.thinker import ThinkerEngine
+from pipeline.engines.qwen3_omni.thinker_runner import (
+    ThinkerHidden,
+    ThinkerPast,
+    ThinkerPrompt,
+    ThinkerRunner,
+    ThinkerState,
+)
+from pipeline.engines.qwen3_omni.vision_input import FrameImages
+from pipeline.types import PipelineRequest, TextDelta
+
+from .conftest import camera_frame, turn_audio
+
+Parts = dict[str, tuple[Any, Qwen3OmniMoeConfig]]
+
+
+def prompt(
+    text: str | None, *, audio_s: float = 0.0, frames: int = 0, seed: int = 0
+) -> ThinkerPrompt:
+    """A turn of typed text, speech or both, with camera frames: every prompt a different
+    length, so that a batch has padding in every place it can."""
+    audio = AudioFeatures()(turn_audio(audio_s, seed)) if audio_s else None
+    vision = FrameImages()([camera_frame(40 * i, seed + i) for i in range(frames)])
+    ids = chat_prompt(
+        ByteVocab(),
+        instructions=f"Be brief, session {seed}.",
+        history=[],
+        audio_tokens=audio.tokens if audio else 0,
+        text=text,
+        image_tokens=vision.tokens if vision else (),
+    )
+    return ThinkerPrompt(ids, audio, vision)
+
+
+def mixed_prompts() -> list[ThinkerPrompt]:
+    return [
+        prompt(None, audio_s=1.5, frames=2, seed=1),
+        prompt("what is this?", seed=2),
+        prompt(None, audio_s=0.6, seed=3),
+        prompt("and this one, please look", frames=1, seed=4),
+    ]
+
+
+def decode(runner: ThinkerRunner, state: ThinkerState, steps: int) -> list[int]:
+    for _ in range(steps):
+        runner.step(state)
+    return state.generated
+
+
+def run_job(
+    runner: ThinkerRunner,
+    prompts: list[tuple[ThinkerPrompt, ThinkerPast | None]],
+    chunk_tokens: int,
+) -> tuple[list[tuple[ThinkerState, ThinkerHidden]], int]:
+    job = runner.prefill_job(prompts, chunk_tokens=chunk_tokens)
+    job.batch.begin()
+    while not job.batch.done:
+        job.batch.run_chunk()
+    return runner.finish_prefill(job), job.batch.chunks_run
+
+
+@pytest.mark.parametrize("chunk_tokens", [0, 64, 30])
+def test_batched_and_chunked_prefill_gives_each_prompt_its_own_tokens(
+    tiny_parts: Parts, chunk_tokens: int
+) -> None:
+    model, config = tiny_parts["thinker"]
+    prompts = mixed_prompts()
+    alone = ThinkerRunner(model, config)
+    expected = []
+    for one in prompts:
+        state, hidden = alone.prefill(one)
+        expected.append((hidden.states, decode(alone, state, 6)))
+
+    together = ThinkerRunner(model, config)
+    done, chunks = run_job(together, [(one, None) for one in prompts], chunk_tokens)
+    if chunk_tokens:
+        assert chunks > 1  # the chunks really were several
+    for (state, hidden), (states, tokens) in zip(done, expected, strict=True):
+        assert hidden.states.shape == states.shape
+        np.testing.assert_allclose(hidden.states, states, atol=1e-4)
+        assert decode(together, state, 6) == tokens
+
+
+def test_batched_prefill_goes_on_from_each_session_s_past(tiny_parts: Parts) -> None:
+    """Rows with different pasts (a cached prefix, a session's earlier turn, none) batch."""
+    model, config = tiny_parts["thinker"]
+    first, second = prompt("first turn", seed=5), prompt(None, audio_s=0.8, seed=6)
+    runner = ThinkerRunner(model, config)
+    pasts = []
+    for one in (first, second):
+        state, hidden = runner.prefill(one)
+        pasts.append(ThinkerPast(state.cache, state.length, state.rope_delta, hidden.states))
+    follow_ups = [
+        ThinkerPrompt(first.input_ids + prompt("more", seed=7).input_ids[3:]),
+        ThinkerPrompt(second.input_ids + prompt("go on, tell me", seed=8).input_ids[3:]),
+    ]
+
+    def fresh_past(index: int) -> ThinkerPast:
+        state, hidden = ThinkerRunner(model, config).prefill((first, second)[index])
+        return ThinkerPast(state.cache, state.length, state.rope_delta, hidden.states)
+
+    expected: list[tuple[npt.NDArray[np.float32] | None, list[int]]] = []
+    for index, follow_up in enumerate(follow_ups):
+        state, hidden = runner.prefill(follow_up, past=fresh_past(index))
+        expected.append((hidden.states, decode(runner, state, 5)))
+    expected.append((None, decode(runner, runner.prefill(first)[0], 5)))
+
+    cached = ThinkerRunner(model, config, prefix_cache=PrefixCache(4096))
+    cached.prefill(first)  # its text is now a cached prefix: the batch's third row reuses it
+    jobs = [(follow_ups[0], fresh_past(0)), (follow_ups[1], fresh_past(1)), (first, None)]
+    done, _ = run_job(cached, jobs, chunk_tokens=16)
+    assert cached.last_prefill_tokens < sum(len(p.input_ids) for p, _ in jobs)
+    for (state, hidden), (states, tokens) in zip(done, expected, strict=True):
+        if states is not None:
+            np.testing.assert_allclose(hidden.states, states, atol=1e-4)
+        assert decode(cached, state, 5) == tokens
+
+
+# --- in the engine: gathered, chunked between decode steps, warmed before ready -----------
+
+
+def spoken(rid: str, seconds: float, seed: int, frames: int = 0) -> PipelineRequest:
+    return PipelineRequest(
+        request_id=rid,
+        audio=turn_audio(seconds, seed=seed),
+        frames=tuple(camera_frame(40 * i, seed + i) for i in range(frames)),
+    )
+
+
+async def timed_text(engine: ThinkerEngine, request: PipelineRequest) -> list[tuple[float, str]]:
+    """Each reply token's text, with when it came (loop time)."""
+    loop = asyncio.get_running_loop()
+    return [
+        (loop.time(), chunk.text)
+        async for chunk in engine.generate(request.request_id, request)
+        if isinstance(chunk, TextDelta)
+    ]
+
+
+async def test_sessions_that_speak_at_once_are_prefilled_together_and_answer_as_alone() -> None:
+    engine = ThinkerEngine(
+        tiny=True, threads=1, max_new_tokens=8, min_new_tokens=8, prefill_batch=4
+    )
+    await engine.start()
+    try:
+        turns = [spoken("a", 1.2, 1, frames=1), spoken("b", 0.5, 2), spoken("c", 2.0, 3)]
+        alone = [[t for _, t in await timed_text(engine, turn)] for turn in turns]
+        prefills = engine.prefills
+        assert prefills is not None and prefills.largest_batch == 1
+        async with asyncio.timeout(60):
+            together = await asyncio.gather(*(timed_text(engine, turn) for turn in turns))
+        assert prefills.largest_batch == 3
+        assert [[t for _, t in answer] for answer in together] == alone
+        assert engine.active_requests() == 0
+    finally:
+        await engine.close()
+
+
+async def test_a_long_prompt_s_prefill_lets_an_answering_session_go_on() -> None:
+    """With chunked prefill, a session already answering gets reply tokens while another
+    session's long prompt (seconds of speech and camera frames) is prefilled."""
+    engine = ThinkerEngine(
+        tiny=True, threads=1, max_new_tokens=150, min_new_tokens=150, prefill_chunk_tokens=24
+    )
+    await engine.start()
+    try:
+        async with asyncio.timeout(120):
+            talking = asyncio.create_task(timed_text(engine, spoken("talking", 0.5, 4)))
+            while engine.active_requests() == 0 or engine.batcher is None:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)  # well into its answer
+            loop = asyncio.get_running_loop()
+            asked = loop.time()
+            late = await timed_text(engine, spoken("late", 3.0, 5, frames=2))
+            first_of_late = late[0][0]
+            answer = await talking
+        during = [at for at, _ in answer if asked < at < first_of_late]
+        assert engine.prefills is not None and engine.prefills.batches >= 2
+        assert len(during) >= 3, "the answering session stood still for the whole prefill"
+    finally:
+        await engine.close()
+
+
+async def test_the_thinker_is_warm_before_it_is_ready_and_keeps_nothing_of_it() -> None:
+    engine = ThinkerEngine(tiny=True, prefill_batch=3, prefix_cache_tokens=4096, warm_up=True)
+    await engine.start()
+    try:
+        assert engine.warmed_rows == [1, 3]  # a batch of one and a full batch, media in
+        runner = engine.runner
+        assert runner is not None and runner.prefix_cache is not None
+        assert len(runner.prefix_cache) == 0  # no made-up prompt lingers
+        assert engine.active_requests() == 0
+    finally:
+        await engine.close()
+    cold = ThinkerEngine(tiny=True)  # on a CPU: warm-up is for GPUs
+    await cold.start()
+    try:
+        assert cold.warmed_rows == []
+    finally:
+        await cold.close()
