@@ -108,6 +108,7 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
         },
         "warmup_requests": args.warmup,
         "decode": {"rows": args.decode_rows, "max_context": args.max_context},
+        "prefill": {"batch": args.prefill_batch, "chunk_tokens": args.prefill_chunk_tokens},
         "placement": args.placement,
         "audio_priority": args.audio_priority,
         "switch_interval_ms": args.switch_interval_ms,
@@ -177,13 +178,15 @@ def graph_yaml(args: argparse.Namespace) -> str:
     frames = frames_for_speech(args.speech_s)
     think = args.think_tokens
     batch = args.max_batch or max(args.concurrency)
+    prefill_batch = args.prefill_batch or batch
     rows = f"decode_rows: {args.decode_rows}, max_context: {args.max_context}"
     inner = "main" if args.placement == "subgraph" else args.placement
     stages = f"""\
   - name: thinker
     engine: qwen3_omni.thinker
     engine_args: {{{model}, max_new_tokens: {think}, min_new_tokens: {think}, max_batch: {batch},
-                  prefix_cache_tokens: 65536, {rows}}}
+                  prefix_cache_tokens: 65536, {rows}, prefill_batch: {prefill_batch},
+                  prefill_chunk_tokens: {args.prefill_chunk_tokens}}}
     placement: {{process: {inner}}}
     hang_s: {HANG_S:g}
   - name: talker
@@ -485,6 +488,19 @@ def parser() -> argparse.ArgumentParser:
         help="requests decoding on static cache rows, captured as CUDA graphs (0: plain steps)",
     )
     p.add_argument("--max-context", type=int, default=4096, help="positions per cache row")
+    p.add_argument(
+        "--prefill-batch",
+        type=int,
+        default=None,
+        help="the Thinker's prompts prefilled as one batch at most (default: --max-batch's)",
+    )
+    p.add_argument(
+        "--prefill-chunk-tokens",
+        type=int,
+        default=0,
+        help="a batched prefill runs this many positions at a time, decode steps between "
+        "(0: whole)",
+    )
     p.add_argument(
         "--placement",
         choices=["worker", "main", "subgraph"],
