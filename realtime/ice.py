@@ -5,6 +5,11 @@ with no configuration aiortc asks a public STUN server. Neither suits a server: 
 local browser need loopback candidates, and a closed network has no public STUN. So the
 addresses to gather are set here, process-wide (ICE gathering is process-wide in aioice),
 and the STUN/TURN list is always explicit (empty by default).
+
+aiortc and aioice are imported where they are used, not here: the server reads
+`is_loopback` and builds its `IceSettings` at start-up whether or not it ever answers a
+WebRTC call, and aiortc pulls in PyAV (FFmpeg) with it, which a host that serves only
+WebSockets need not have installed.
 """
 
 from __future__ import annotations
@@ -12,11 +17,13 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import aioice.ice
-from aiortc import RTCConfiguration, RTCIceServer
+if TYPE_CHECKING:
+    from aiortc import RTCConfiguration, RTCIceServer
 
-_ORIGINAL_GATHER = aioice.ice.get_host_addresses
+_original_gather: Any = None
+"""aioice's own gatherer, kept at the first `apply()` so that a later one can restore it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,12 +44,19 @@ class IceSettings:
         return cls(None, tuple(servers))
 
     def rtc_configuration(self) -> RTCConfiguration:
+        from aiortc import RTCConfiguration
+
         return RTCConfiguration(iceServers=list(self.servers))
 
     def apply(self) -> None:
         """Make aioice gather on our addresses (process-wide)."""
+        import aioice.ice
+
+        global _original_gather
+        if _original_gather is None:
+            _original_gather = aioice.ice.get_host_addresses
         if self.host_addresses is None:
-            aioice.ice.get_host_addresses = _ORIGINAL_GATHER
+            aioice.ice.get_host_addresses = _original_gather
             return
         chosen = list(self.host_addresses)
 
@@ -63,8 +77,13 @@ def is_loopback(host: str) -> bool:
 
 def parse_ice_servers(spec: str) -> tuple[RTCIceServer, ...]:
     """`stun:host:3478,turn:user:pass@host:3478` -> RTCIceServer list (credentials optional)."""
+    items = [part.strip() for part in spec.split(",") if part.strip()]
+    if not items:
+        return ()  # the default: no aiortc needed to say so
+    from aiortc import RTCIceServer
+
     servers = []
-    for item in filter(None, (part.strip() for part in spec.split(","))):
+    for item in items:
         scheme, _, rest = item.partition(":")
         if scheme not in ("stun", "turn", "turns"):
             raise ValueError(f"ICE server {item!r}: expected stun:, turn: or turns:")

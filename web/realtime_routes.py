@@ -49,7 +49,7 @@ from realtime.sip.pending_calls import (
     Reject,
     describe,
 )
-from realtime.webrtc.call import CallOptions
+from realtime.webrtc.call_options import CallOptions
 from realtime.webrtc.registry import CallNotFound, CallSetupError
 from realtime.websocket.denial import TOO_MANY_REQUESTS, retry_after
 from sessions import ConfigError, SessionConfig, SessionLimitError

@@ -22,15 +22,17 @@ import asyncio
 import logging
 import secrets
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sessions import SessionConfig, SessionLimitError, SessionManager
 from sessions.events import new_id
 
 from .handler import Answer, Hangup, IncomingCall, Rejection
-from .media_call import SipMediaCall
 from .pending_calls import Decision, Refer, Reject
 from .sdp_audio import Negotiated, SdpError, build_answer, negotiate, parse_offer
+
+if TYPE_CHECKING:  # the media side parses RTP with aiortc's classes: loaded at the first call
+    from .media_call import SipMediaCall
 
 log = logging.getLogger("parley.realtime.sip")
 
@@ -132,6 +134,8 @@ class SipMediaCalls:
             config, app_id = decision.config, decision.call_id
         if call.call_id in self._cancelled:
             return Rejection(487, "Request Terminated")
+        from .media_call import SipMediaCall
+
         media = SipMediaCall(call.call_id, negotiated, self.playout_ms, self.rtcp_interval_s)
         try:
             await media.open(self.host)

@@ -27,7 +27,6 @@ import asyncio
 import logging
 import re
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
@@ -40,6 +39,7 @@ from ..dispatch import ClientEventDispatcher
 from ..metrics import TransportMetrics
 from ..session_call import SessionCall
 from ..slow_clients import DEFAULT_SLOW_CLIENTS, TOO_SLOW, SlowClients
+from .call_options import CallOptions
 from .inbound import drain_audio, drain_video
 from .inline_decode import decode_inline
 from .jitter_prefetch import release_at_once
@@ -69,15 +69,6 @@ def client_event_id(message: str | bytes) -> str | None:
     head = message[:EVENT_ID_SCAN_BYTES]
     found = _EVENT_ID.search(head.encode() if isinstance(head, str) else head)
     return found.group(1).decode(errors="replace") if found else None
-
-
-@dataclass(frozen=True, slots=True)
-class CallOptions:
-    video_fps_idle: float = 1.0
-    video_fps_speaking: float = 2.0
-    connect_timeout_s: float = 30.0
-    disconnected_timeout_s: float = 15.0
-    playout_ms: int = 2_000
 
 
 class WebRTCCall(SessionCall):

@@ -25,14 +25,15 @@ import collections
 import json
 import logging
 from collections.abc import Callable
-from typing import Any, Literal, Protocol
-
-from aiortc import RTCDataChannel
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from sessions.events import Event, ResponseCreated
 
 from ..ga_events import GAExpander
 from ..server_events import output_audio_buffer_event, to_wire
+
+if TYPE_CHECKING:  # annotations only: sideband WebSockets import this without aiortc
+    from aiortc import RTCDataChannel
 
 log = logging.getLogger("parley.realtime.webrtc")
 

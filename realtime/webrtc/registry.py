@@ -10,14 +10,17 @@ cancelled, by a cleanup task that `close()` waits for): no peer connection, sess
 is left. aiortc raises all sorts for offers it cannot use (AttributeError, ValueError,
 AssertionError, StopIteration...), so any exception from its three offer/answer calls is
 the offer's fault (OfferError, a 400), except an OSError (no sockets: the server's fault).
+
+aiortc (and PyAV under it) is loaded at the first offer, and so are the process-wide ICE
+addresses and the guards set then: every server makes a registry, and one that only ever
+serves WebSockets (or a host without PyAV's FFmpeg) should not pay for WebRTC.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-
-from aiortc import RTCPeerConnection, RTCSessionDescription
+from typing import TYPE_CHECKING
 
 from sessions import SessionConfig, SessionManager
 from sessions.events import new_id
@@ -26,8 +29,10 @@ from ..ice import IceSettings
 from ..metrics import TransportMetrics
 from ..sdp import OfferError, check_offer
 from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
-from . import guards
-from .call import CallOptions, WebRTCCall
+from .call_options import CallOptions
+
+if TYPE_CHECKING:
+    from .call import WebRTCCall
 
 log = logging.getLogger("parley.realtime.webrtc")
 
@@ -64,8 +69,18 @@ class CallRegistry:
         self._calls: dict[str, WebRTCCall] = {}
         self._owners: dict[str, asyncio.Task[None]] = {}
         self._cleanups: set[asyncio.Task[None]] = set()
-        ice.apply()
+        self._prepared = False
+
+    def _prepare(self) -> None:
+        """Before the first call: aioice gathers on our addresses, the guards count on our
+        metrics (both process-wide)."""
+        if self._prepared:
+            return
+        from . import guards
+
+        self.ice.apply()
         guards.install(self.metrics)
+        self._prepared = True
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -86,6 +101,11 @@ class CallRegistry:
         except OfferError:
             self.metrics.offers_refused.labels(reason="checks").inc()
             raise
+        from aiortc import RTCPeerConnection
+
+        from .call import WebRTCCall
+
+        self._prepare()
         call_id = new_id("rtc")
         pc = RTCPeerConnection(self.ice.rtc_configuration())
         call = WebRTCCall(call_id, pc, options or CallOptions(), self.metrics, self.slow)
@@ -106,6 +126,8 @@ class CallRegistry:
 
     async def _answer(self, call: WebRTCCall, sdp: str) -> str:
         """aiortc's part: the answer SDP, under the setup deadline."""
+        from aiortc import RTCSessionDescription
+
         pc = call.pc
         try:
             async with asyncio.timeout(self.setup_timeout_s):
