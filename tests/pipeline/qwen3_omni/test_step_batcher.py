@@ -1,5 +1,6 @@
 """The step batcher: steps asked for together run together; a step whose asker has gone
-never runs; closing fails whatever still waits."""
+never runs; closing fails whatever still waits; when more wait than a batch takes, those due
+first run first (a playback deadline), and steps without deadlines first come, first served."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import threading
 import pytest
 
 from pipeline.engines.qwen3_omni.model_thread import ModelThread
+from pipeline.engines.qwen3_omni.playback import Playback
 from pipeline.engines.qwen3_omni.step_batcher import StepBatcher
 
 
@@ -75,3 +77,70 @@ async def test_closing_fails_the_steps_still_waiting() -> None:
     await thread.close()
     with pytest.raises(RuntimeError, match="not running"):
         await batcher.step(3)
+
+
+async def _order_of_waiting_steps(
+    steps: list[tuple[str, float | None]], clock: list[float]
+) -> tuple[list[str], int]:
+    """Hold the model thread with a first step, queue `steps` (name, deadline) with the clock
+    at 0, 1, 2, ..., then let them run in batches of one: the order they ran, the overtakes."""
+    thread = ModelThread("test-batcher-deadline")
+    thread.start()
+    ran: list[str] = []
+    gate = threading.Event()
+
+    def run(items: list[str]) -> list[str]:
+        if items == ["hold"]:
+            gate.wait(5)
+        else:
+            ran.extend(items)
+        return items
+
+    batcher: StepBatcher[str, str] = StepBatcher(
+        "test", thread, run, max_batch=1, clock=lambda: clock[0]
+    )
+    batcher.start()
+    try:
+        holding = asyncio.create_task(batcher.step("hold"))
+        await asyncio.sleep(0.05)  # running, held at the gate
+        waiting = []
+        for name, deadline in steps:
+            waiting.append(asyncio.create_task(batcher.step(name, deadline)))
+            await asyncio.sleep(0)  # asked for in this order
+            clock[0] += 1.0
+        gate.set()
+        async with asyncio.timeout(10):
+            await asyncio.gather(holding, *waiting)
+        return ran, batcher.overtakes
+    finally:
+        await batcher.close()
+        await thread.close()
+
+
+async def test_the_step_due_first_runs_first_and_steps_without_deadlines_keep_order() -> None:
+    # asked at 0, 1, 2, 3, 4, 5: "none" steps are due when asked
+    steps: list[tuple[str, float | None]] = [
+        ("ahead", 9.0), ("none1", None), ("behind", 0.5), ("none2", None), ("soon", 2.5),
+        ("late", 8.0),
+    ]  # fmt: skip
+    ran, overtakes = await _order_of_waiting_steps(steps, [0.0])
+    assert ran == ["behind", "none1", "soon", "none2", "late", "ahead"]
+    assert overtakes == 5  # every step but "ahead" ran before it, though asked for after it
+
+    fifo, overtakes = await _order_of_waiting_steps([(n, None) for n in "abcde"], [0.0])
+    assert fifo == list("abcde") and overtakes == 0
+
+
+def test_a_playback_is_due_a_budget_after_arrival_then_when_its_audio_runs_out() -> None:
+    now = [100.0]
+    playback = Playback(lambda: now[0], budget_s=0.3)
+    assert playback.deadline() == pytest.approx(100.3)  # no audio yet: the first is due
+    now[0] = 101.0
+    playback.produced(0.16)  # the first audio: playback starts now
+    assert playback.deadline() == pytest.approx(101.16)
+    now[0] = 101.1
+    playback.produced(2.0)  # far ahead: due seconds from now
+    assert playback.deadline() == pytest.approx(103.16)
+    assert playback.produced_s == pytest.approx(2.16)
+    with pytest.raises(ValueError, match="budget_s"):
+        Playback(budget_s=-1)
