@@ -10,7 +10,6 @@ import threading
 import pytest
 
 from pipeline.engines.qwen3_omni.model_thread import ModelThread
-from pipeline.engines.qwen3_omni.playback import Playback
 from pipeline.engines.qwen3_omni.step_batcher import StepBatcher
 
 
@@ -129,18 +128,3 @@ async def test_the_step_due_first_runs_first_and_steps_without_deadlines_keep_or
 
     fifo, overtakes = await _order_of_waiting_steps([(n, None) for n in "abcde"], [0.0])
     assert fifo == list("abcde") and overtakes == 0
-
-
-def test_a_playback_is_due_a_budget_after_arrival_then_when_its_audio_runs_out() -> None:
-    now = [100.0]
-    playback = Playback(lambda: now[0], budget_s=0.3)
-    assert playback.deadline() == pytest.approx(100.3)  # no audio yet: the first is due
-    now[0] = 101.0
-    playback.produced(0.16)  # the first audio: playback starts now
-    assert playback.deadline() == pytest.approx(101.16)
-    now[0] = 101.1
-    playback.produced(2.0)  # far ahead: due seconds from now
-    assert playback.deadline() == pytest.approx(103.16)
-    assert playback.produced_s == pytest.approx(2.16)
-    with pytest.raises(ValueError, match="budget_s"):
-        Playback(budget_s=-1)
