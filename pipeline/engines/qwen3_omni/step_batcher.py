@@ -15,10 +15,12 @@ of audio, `playback.Playback`); one without is due when it was asked for, so ste
 deadlines run first come, first served, as they always did. With deadlines in play the
 regroup waits for every member's step (not just a batch's worth), so that the requests just
 answered are in the choice too: otherwise, with two requests and batches of one, they would
-only ever alternate. Nothing starves: a step's deadline stays where it is while it waits,
-and those that pass it move on (each step served moves its request's deadline later, and new
-requests are due later as real time passes), so a step far ahead runs once the others catch
-up with it.
+only ever alternate. (A member held up by its reader, one whose listener is far enough ahead
+for playout to push back, costs each batch up to `regroup_s` so, as it did before within a
+batch's worth of members: there is slack then.) Nothing starves: a step's deadline stays
+where it is while it waits, and those that pass it move on (each step served moves its
+request's deadline later, and new requests are due later as real time passes), so a step
+far ahead runs once the others catch up with it.
 """
 
 from __future__ import annotations
