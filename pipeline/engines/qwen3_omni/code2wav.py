@@ -2,7 +2,10 @@
 
 Frames are decoded in chunks with left context (`code2wav_runner.FrameChunker`): a small
 first chunk for an early first sound, then `chunk` frames with `left_context` frames before
-them. The chunks that concurrent requests have ready at the same time decode as one batch.
+them. The chunks that concurrent requests have ready at the same time decode as one batch;
+when more are ready than a batch takes, the requests nearest to running out of audio go
+first (`Playback`). A request is a member of the batch (`StepBatcher.member`) while it has
+frames to decode, and away while it waits for the Talker's next ones.
 Code2Wav speaks at 24 kHz; another output rate is resampled with soxr.
 
 `normalize_peak` scales each chunk to that peak: random weights make a signal of about
@@ -12,6 +15,7 @@ A real model's output is left as it is (the default).
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -21,6 +25,7 @@ import soxr
 
 from ...types import AudioChunk, Chunk, CodecCodes, End, ErrorChunk, StageInput, StreamEngine
 from .code2wav_runner import SAMPLE_RATE, Code2WavRunner, Codes, FrameChunker
+from .playback import Clock, Playback
 from .stage import ModelStage
 from .step_batcher import StepBatcher
 
@@ -39,6 +44,7 @@ class Code2WavEngine(ModelStage[FrameChunker], StreamEngine):
         chunk: int = 25,
         left_context: int = 25,
         normalize_peak: float | None = None,
+        clock: Clock = time.monotonic,
         **model: Any,
     ) -> None:
         super().__init__(**model)
@@ -47,6 +53,8 @@ class Code2WavEngine(ModelStage[FrameChunker], StreamEngine):
         self.chunk = chunk
         self.left_context = left_context
         self.normalize_peak = normalize_peak
+        self.clock = clock
+        """The playback clock that decodes are scheduled by (tests pass their own)."""
         self.runner: Code2WavRunner | None = None
 
     def _loaded(self) -> None:
@@ -54,7 +62,9 @@ class Code2WavEngine(ModelStage[FrameChunker], StreamEngine):
         self.runner = Code2WavRunner(self.model)
 
     def _batcher(self) -> StepBatcher[Window, npt.NDArray[np.int16]]:
-        return StepBatcher(self.name, self.thread, self._render_batch, max_batch=self.max_batch)
+        return StepBatcher(
+            self.name, self.thread, self._render_batch, max_batch=self.max_batch, clock=self.clock
+        )
 
     def _render_batch(self, windows: list[Window]) -> list[npt.NDArray[np.int16]]:
         """On the model thread: decode every request's window at once, then each to PCM16."""
@@ -87,28 +97,39 @@ class Code2WavEngine(ModelStage[FrameChunker], StreamEngine):
             first_chunk=self.first_chunk, chunk=self.chunk, left_context=self.left_context
         )
         self._requests.begin(request_id, chunker)
+        playback = Playback(self.clock)  # from the request's arrival here
+        chunks = aiter(inputs.chunks)
+
+        async def render(window: tuple[Codes, int]) -> AudioChunk:
+            pcm = await batcher.step((*window, rate), deadline=playback.deadline())
+            playback.produced(len(pcm) / rate)
+            return AudioChunk(pcm=pcm, sample_rate=rate)
+
         try:
-            async for chunk in inputs.chunks:
-                if self._requests.aborted(request_id):
-                    return  # aborted
-                if isinstance(chunk, ErrorChunk):
-                    yield chunk
-                    return
-                if isinstance(chunk, End):
-                    break
-                if not isinstance(chunk, CodecCodes):
-                    continue
-                for frame in chunk.codes.reshape(-1, chunk.codes.shape[-1]):
-                    if (ready := chunker.push(frame)) is not None:
-                        pcm = await batcher.step((*ready, rate))
-                        if self._requests.aborted(request_id):
-                            return
-                        yield AudioChunk(pcm=pcm, sample_rate=rate)
-            if (rest := chunker.flush()) is not None:
-                pcm = await batcher.step((*rest, rate))
-                if self._requests.aborted(request_id):
-                    return
-                yield AudioChunk(pcm=pcm, sample_rate=rate)
+            with batcher.member():
+                while True:
+                    with batcher.away():  # the batch need not wait while the Talker works
+                        chunk = await anext(chunks, None)
+                    if self._requests.aborted(request_id):
+                        return  # aborted
+                    if isinstance(chunk, ErrorChunk):
+                        yield chunk
+                        return
+                    if chunk is None or isinstance(chunk, End):
+                        break
+                    if not isinstance(chunk, CodecCodes):
+                        continue
+                    for frame in chunk.codes.reshape(-1, chunk.codes.shape[-1]):
+                        if (ready := chunker.push(frame)) is not None:
+                            audio = await render(ready)
+                            if self._requests.aborted(request_id):
+                                return
+                            yield audio
+                if (rest := chunker.flush()) is not None:
+                    audio = await render(rest)
+                    if self._requests.aborted(request_id):
+                        return
+                    yield audio
             yield End()
         finally:
             self._requests.end(request_id)

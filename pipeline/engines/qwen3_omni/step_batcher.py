@@ -8,13 +8,28 @@ gather. Requests in their decode phase say so (`member()`), and before each batc
 dispatcher gives the members a moment (`regroup_s`) to ask for their next step: without it,
 two requests whose prefills ended at different times would alternate in batches of one
 forever. A step whose waiter has gone (cancelled, aborted) is dropped before it runs.
+
+When more steps wait than one batch takes, a batch takes those due first. A step may carry a
+deadline (`step(item, deadline)`: for the audio stages, when the request's listener runs out
+of audio, `playback.Playback`); one without is due when it was asked for, so steps without
+deadlines run first come, first served, as they always did. With deadlines in play the
+regroup waits for every member's step (not just a batch's worth), so that the requests just
+answered are in the choice too: otherwise, with two requests and batches of one, they would
+only ever alternate. (A member held up by its reader, one whose listener is far enough ahead
+for playout to push back, costs each batch up to `regroup_s` so, as it did before within a
+batch's worth of members: there is slack then.) Nothing starves: a step's deadline stays
+where it is while it waits, and those that pass it move on (each step served moves its
+request's deadline later, and new requests are due later as real time passes), so a step
+far ahead runs once the others catch up with it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from ...tasks import cancel_and_wait
@@ -22,6 +37,16 @@ from .model_thread import ModelThread
 
 ItemT = TypeVar("ItemT")
 ResultT = TypeVar("ResultT")
+
+
+@dataclass(slots=True)
+class _Step(Generic[ItemT, ResultT]):
+    item: ItemT
+    waiter: asyncio.Future[ResultT]
+    due: float
+    """Its deadline, or when it was asked for if it has none (on the batcher's clock)."""
+    timed: bool
+    """It came with a deadline."""
 
 
 class StepBatcher(Generic[ItemT, ResultT]):
@@ -33,6 +58,7 @@ class StepBatcher(Generic[ItemT, ResultT]):
         *,
         max_batch: int = 8,
         regroup_s: float = 0.002,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
@@ -41,9 +67,14 @@ class StepBatcher(Generic[ItemT, ResultT]):
         self.run = run
         self.max_batch = max_batch
         self.regroup_s = regroup_s
+        self.clock = clock
+        """The clock of the deadlines (monotonic seconds); a step without one is due when asked."""
         self.largest_batch = 0
         """The most steps one batch has run (for tests and metrics)."""
-        self._queue: list[tuple[ItemT, asyncio.Future[ResultT]]] = []
+        self.overtakes = 0
+        """Steps that batches took out of arrival order, ahead of steps asked for before them
+        but due later (for tests and metrics): 0 while steps run first come, first served."""
+        self._queue: list[_Step[ItemT, ResultT]] = []
         self._arrived = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._members = 0
@@ -56,9 +87,9 @@ class StepBatcher(Generic[ItemT, ResultT]):
         """Stop dispatching; steps still waiting fail. Idempotent."""
         task, self._task = self._task, None
         await cancel_and_wait(task)
-        for _, waiter in self._queue:
-            if not waiter.done():
-                waiter.set_exception(RuntimeError(f"{self.name} is closed"))
+        for step in self._queue:
+            if not step.waiter.done():
+                step.waiter.set_exception(RuntimeError(f"{self.name} is closed"))
         self._queue.clear()
 
     @contextlib.contextmanager
@@ -82,11 +113,14 @@ class StepBatcher(Generic[ItemT, ResultT]):
         finally:
             self._members += 1
 
-    async def step(self, item: ItemT) -> ResultT:
+    async def step(self, item: ItemT, deadline: float | None = None) -> ResultT:
+        """Run `item` in a batch and return its result. `deadline` (on `clock`): when the step
+        is due; None, when it is asked for."""
         if self._task is None:
             raise RuntimeError(f"{self.name} is not running")
         waiter: asyncio.Future[ResultT] = asyncio.get_running_loop().create_future()
-        self._queue.append((item, waiter))
+        due = self.clock() if deadline is None else deadline
+        self._queue.append(_Step(item, waiter, due, timed=deadline is not None))
         self._arrived.set()
         return await waiter
 
@@ -96,33 +130,53 @@ class StepBatcher(Generic[ItemT, ResultT]):
                 self._arrived.clear()
                 await self._arrived.wait()
             await self._regroup()
-            taken, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
-            batch = [(item, waiter) for item, waiter in taken if not waiter.done()]
+            batch = self._take()
             if not batch:
                 continue
             self.largest_batch = max(self.largest_batch, len(batch))
             try:
-                results = await self.thread.call(self.run, [item for item, _ in batch])
+                results = await self.thread.call(self.run, [step.item for step in batch])
             except asyncio.CancelledError:
-                for _, waiter in batch:  # closed mid-batch: nobody will answer them now
-                    if not waiter.done():
-                        waiter.set_exception(RuntimeError(f"{self.name} is closed"))
+                for step in batch:  # closed mid-batch: nobody will answer them now
+                    if not step.waiter.done():
+                        step.waiter.set_exception(RuntimeError(f"{self.name} is closed"))
                 raise
             except Exception as exc:
-                for _, waiter in batch:
-                    if not waiter.done():
-                        waiter.set_exception(exc)
+                for step in batch:
+                    if not step.waiter.done():
+                        step.waiter.set_exception(exc)
                 continue
-            for (_, waiter), result in zip(batch, results, strict=True):
-                if not waiter.done():
-                    waiter.set_result(result)
+            for step, result in zip(batch, results, strict=True):
+                if not step.waiter.done():
+                    step.waiter.set_result(result)
+
+    def _take(self) -> list[_Step[ItemT, ResultT]]:
+        """The next batch: the `max_batch` live steps due first, in the order they were asked
+        for (a stable sort: steps due at once go first come, first served)."""
+        live = [step for step in self._queue if not step.waiter.done()]
+        if len(live) <= self.max_batch:
+            self._queue = []
+            return live
+        by_due = sorted(range(len(live)), key=lambda index: live[index].due)
+        chosen = sorted(by_due[: self.max_batch])
+        self.overtakes += sum(1 for index in chosen if index >= self.max_batch)
+        taken = set(chosen)
+        self._queue = [step for index, step in enumerate(live) if index not in taken]
+        return [live[index] for index in chosen]
+
+    def _gathered(self) -> bool:
+        """Enough steps wait to choose a batch: a batch's worth (or every member's, if fewer);
+        every member's when steps carry deadlines, since the choice is among all of them."""
+        timed = any(step.timed for step in self._queue)
+        wanted = self._members if timed else min(self._members, self.max_batch)
+        return len(self._queue) >= wanted
 
     async def _regroup(self) -> None:
-        """Wait up to `regroup_s` until every member has asked for its step."""
-        if len(self._queue) >= min(self._members, self.max_batch):
+        """Wait up to `regroup_s` until the members have asked for their steps (`_gathered`)."""
+        if self._gathered():
             return
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.regroup_s):
-                while len(self._queue) < min(self._members, self.max_batch):
+                while not self._gathered():
                     self._arrived.clear()
                     await self._arrived.wait()

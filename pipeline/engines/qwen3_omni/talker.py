@@ -6,6 +6,9 @@ stream into the request's state the moment chunks arrive, so a Talker slower tha
 Thinker never holds back the Thinker's text (the reply is bounded by the Thinker's
 `max_new_tokens`); when the Talker is ahead, it waits for the text its next step needs.
 
+Frame steps batch across requests (`StepBatcher`); when more wait than a batch takes, the
+requests nearest to running out of audio go first (`Playback`: each frame is 80 ms of it).
+
 Random weights never choose codec EOS: `min_frames` holds it off and `max_frames` ends
 the reply, which gives fixed speech lengths.
 """
@@ -13,6 +16,7 @@ the reply, which gives fixed speech lengths.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
@@ -23,6 +27,7 @@ from ...tasks import cancel_and_wait
 from ...types import Chunk, CodecCodes, End, ErrorChunk, HiddenStates, StageInput, StreamEngine
 from .frame_predictor import FramePredictor
 from .fused_moe import install_fused_moe
+from .playback import Clock, Playback
 from .slot_decoder import SlotDecoder
 from .stage import ModelStage
 from .step_batcher import StepBatcher
@@ -31,6 +36,9 @@ from .talker_runner import PREDICTOR_SAMPLING, TalkerPrompt, TalkerRunner, Talke
 Codes = npt.NDArray[np.int32]
 FrameStep = tuple[TalkerState, Codes | None]
 """One request's share of a batched frame step: its state and the frame to feed first."""
+
+FRAME_S = 0.08
+"""The speech in one codec frame (12.5 frames a second)."""
 
 
 class UpstreamError(Exception):
@@ -51,6 +59,7 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
         max_frames: int = 375,
         min_frames: int = 0,
         speaker: str = "ethan",
+        clock: Clock = time.monotonic,
         **model: Any,
     ) -> None:
         super().__init__(**model)
@@ -59,6 +68,8 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
         self.max_frames = max_frames
         self.min_frames = min_frames
         self.speaker = speaker
+        self.clock = clock
+        """The playback clock that frame steps are scheduled by (tests pass their own)."""
         self.runner: TalkerRunner | None = None
         self._wakes: dict[str, asyncio.Event] = {}
         """per request: set when text arrives, the text ends, or the request is aborted"""
@@ -74,7 +85,9 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
                 runner.advance_batch([state for state, _ in fed], [codes for _, codes in fed])
             return runner.predict_batch([state for state, _ in steps])
 
-        return StepBatcher(self.name, self.thread, frames, max_batch=self.max_batch)
+        return StepBatcher(
+            self.name, self.thread, frames, max_batch=self.max_batch, clock=self.clock
+        )
 
     def _loaded(self) -> None:
         assert self.model is not None and self.config is not None
@@ -113,6 +126,7 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
             yield End()
             return
         self._requests.begin(request_id)
+        playback = Playback(self.clock)  # from the request's arrival here
         chunks = aiter(inputs.chunks)
         reader: asyncio.Task[None] | None = None
         state: TalkerState | None = None
@@ -155,9 +169,11 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
                             await _until(can_advance, wake, reader)
                     if self._requests.aborted(request_id):
                         return  # aborted
-                    codes = await self.batcher.step((state, previous))
+                    step = (state, previous)
+                    codes = await self.batcher.step(step, deadline=playback.deadline())
                     if codes is None:
                         break  # codec EOS
+                    playback.produced(FRAME_S)
                     yield CodecCodes(codes=codes[np.newaxis, :], metadata={"frame": frame})
                     previous = codes
             yield End()

@@ -47,7 +47,7 @@ def test_the_tiny_bench_reports_every_level_and_phase(tmp_path: Path) -> None:
         row = parley[f"c{level}"]
         assert row["requests"] == level and row["error_count"] == 0
         for key in ("first_audio_ms", "first_text_ms", "rtf", "thinker_tokens_per_s",
-                    "talker_frames_per_s", "audio_chunk_gap_ms"):  # fmt: skip
+                    "talker_frames_per_s", "audio_chunk_gap_ms", "playback_stall_ms"):  # fmt: skip
             assert set(row[key]) == PERCENTILES, key
             assert row[key]["n"] >= level, key
         assert row["thinker_tokens_per_s_aggregate"]["n"] == 1  # one round
@@ -79,7 +79,12 @@ def test_the_tiny_bench_reports_every_level_and_phase(tmp_path: Path) -> None:
 
 
 def test_split_runs_merge_into_one_table() -> None:
-    level = {"requests": 1, "first_audio_ms": {"p50": 900.0, "p95": 950.0}, "rtf": {"p50": 1.5}}
+    level = {
+        "requests": 1,
+        "first_audio_ms": {"p50": 900.0, "p95": 950.0},
+        "rtf": {"p50": 1.5},
+        "playback_stall_ms": {"p50": 37.0, "p95": 412.0},
+    }
     first = {"header": {"commit": "abc"}, "parley": {"c1": level, "c4": level}}
     second = {
         "header": {"commit": "abc"},
@@ -94,6 +99,7 @@ def test_split_runs_merge_into_one_table() -> None:
     rows = [line for line in lines.splitlines() if "(measured)" in line]
     assert [row.split()[2] for row in rows] == ["1", "4", "10", "1"]  # parley by level, baseline
     assert "12400" in lines and "1629" in lines  # measured and published side by side
+    assert all(row.split()[-3:] == ["37", "/", "412"] for row in rows)  # stall p50 / p95
 
 
 def test_playback_stalls_count_only_the_waits_after_the_first_chunk() -> None:

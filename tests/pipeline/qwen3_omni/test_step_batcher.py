@@ -1,5 +1,6 @@
 """The step batcher: steps asked for together run together; a step whose asker has gone
-never runs; closing fails whatever still waits."""
+never runs; closing fails whatever still waits; when more wait than a batch takes, those due
+first run first (a playback deadline), and steps without deadlines first come, first served."""
 
 from __future__ import annotations
 
@@ -75,3 +76,55 @@ async def test_closing_fails_the_steps_still_waiting() -> None:
     await thread.close()
     with pytest.raises(RuntimeError, match="not running"):
         await batcher.step(3)
+
+
+async def _order_of_waiting_steps(
+    steps: list[tuple[str, float | None]], clock: list[float]
+) -> tuple[list[str], int]:
+    """Hold the model thread with a first step, queue `steps` (name, deadline) with the clock
+    at 0, 1, 2, ..., then let them run in batches of one: the order they ran, the overtakes."""
+    thread = ModelThread("test-batcher-deadline")
+    thread.start()
+    ran: list[str] = []
+    gate = threading.Event()
+
+    def run(items: list[str]) -> list[str]:
+        if items == ["hold"]:
+            gate.wait(5)
+        else:
+            ran.extend(items)
+        return items
+
+    batcher: StepBatcher[str, str] = StepBatcher(
+        "test", thread, run, max_batch=1, clock=lambda: clock[0]
+    )
+    batcher.start()
+    try:
+        holding = asyncio.create_task(batcher.step("hold"))
+        await asyncio.sleep(0.05)  # running, held at the gate
+        waiting = []
+        for name, deadline in steps:
+            waiting.append(asyncio.create_task(batcher.step(name, deadline)))
+            await asyncio.sleep(0)  # asked for in this order
+            clock[0] += 1.0
+        gate.set()
+        async with asyncio.timeout(10):
+            await asyncio.gather(holding, *waiting)
+        return ran, batcher.overtakes
+    finally:
+        await batcher.close()
+        await thread.close()
+
+
+async def test_the_step_due_first_runs_first_and_steps_without_deadlines_keep_order() -> None:
+    # asked at 0, 1, 2, 3, 4, 5: "none" steps are due when asked
+    steps: list[tuple[str, float | None]] = [
+        ("ahead", 9.0), ("none1", None), ("behind", 0.5), ("none2", None), ("soon", 2.5),
+        ("late", 8.0),
+    ]  # fmt: skip
+    ran, overtakes = await _order_of_waiting_steps(steps, [0.0])
+    assert ran == ["behind", "none1", "soon", "none2", "late", "ahead"]
+    assert overtakes == 5  # every step but "ahead" ran before it, though asked for after it
+
+    fifo, overtakes = await _order_of_waiting_steps([(n, None) for n in "abcde"], [0.0])
+    assert fifo == list("abcde") and overtakes == 0
