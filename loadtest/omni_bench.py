@@ -114,6 +114,7 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
         "switch_interval_ms": args.switch_interval_ms,
         "concurrency": args.concurrency,
         "reps_per_level": args.reps,
+        "min_requests_per_level": args.min_requests,
         "baseline_reps": args.baseline_reps,
         "kv_turns": args.kv_turns,
         "kv_reps": args.kv_reps,
@@ -166,6 +167,11 @@ def out_of_time(args: argparse.Namespace, needed_s: float = 0.0) -> bool:
 
 
 # --- Parley's graph ------------------------------------------------------------------------
+
+
+def rounds_at(args: argparse.Namespace, concurrency: int) -> int:
+    """`--reps` rounds, or more where `--min-requests` asks for more requests at a level."""
+    return max(args.reps, -(-args.min_requests // concurrency))
 
 
 def graph_yaml(args: argparse.Namespace) -> str:
@@ -280,7 +286,7 @@ async def parley_phase(
                 round_s *= max(1.0, concurrency / last_level)
                 last_level = concurrency
                 result[key] = {"skipped": "time limit"}
-                for rep in range(args.reps):
+                for rep in range(rounds_at(args, concurrency)):
                     if out_of_time(args, round_s):
                         break
                     requests = [make_request(1000 * rep + i, args) for i in range(concurrency)]
@@ -478,6 +484,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--left-context", type=int, default=25, help="Code2Wav's context (frames)")
     p.add_argument("--concurrency", type=levels, default=[1, 4, 10], help="levels, e.g. 1,4,10")
     p.add_argument("--reps", type=int, default=2, help="rounds per concurrency level")
+    p.add_argument(
+        "--min-requests",
+        type=int,
+        default=0,
+        help="at least this many requests per level (more rounds where a level is small)",
+    )
     p.add_argument(
         "--max-batch", type=int, default=None, help="steps batched (default: the top level)"
     )
