@@ -171,7 +171,7 @@ def out_of_time(args: argparse.Namespace, needed_s: float = 0.0) -> bool:
 
 def rounds_at(args: argparse.Namespace, concurrency: int) -> int:
     """`--reps` rounds, or more where `--min-requests` asks for more requests at a level."""
-    return max(args.reps, -(-args.min_requests // concurrency))
+    return max(int(args.reps), -(-int(args.min_requests) // concurrency))
 
 
 def graph_yaml(args: argparse.Namespace) -> str:
