@@ -78,7 +78,7 @@ def rotary_tables(model: Any, frames: int) -> Rotary:
 
 def graphable_lengths(model: Any, lengths: Sequence[int]) -> list[int]:
     """The lengths among `lengths` that `window_forward` decodes as `model(codes)` does."""
-    config = model.config
+    config = model.pre_transformer.config  # the one its attention layers read
     if config._attn_implementation != "sdpa":
         return []  # eager attention reads no causal flag: without a mask it would look ahead
     window = getattr(config, "sliding_window", None)

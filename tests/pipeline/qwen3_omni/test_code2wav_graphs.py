@@ -184,3 +184,15 @@ async def test_the_engine_captures_at_start_and_streams_as_before(
     assert [len(c) for c in graphed] == [len(c) for c in plain]
     for got, own in zip(graphed, plain, strict=True):
         assert np.array_equal(got, own)
+
+
+def test_the_step_benchmark_times_code2wav_windows_both_ways() -> None:
+    from loadtest.omni_steps import main
+
+    argv = ["--tiny", "--device", "cpu", "--dtype", "float32", "--batches", "1", "--repeats", "1"]
+    report = main([*argv, "--parts", "code2wav"])
+    figures = report["code2wav_window"]
+    assert figures["lengths"] == [5, 15, 35, 50]
+    for way, window in itertools.product(("eager", "fixed"), ("first", "full")):
+        assert figures[f"{way}_{window}_b1_ms"] > 0
+    assert "thinker_step" not in report
