@@ -10,11 +10,12 @@ Talker decode steps do).
 A capture holds one shape, so windows are right-padded to a length bucket and the batch to
 a batch bucket (1, 2, 4, ..., max_batch), one graph per pair, all captured at `warm`. Padding
 is free of effects because Code2Wav is causal in time throughout: causal attention within its
-sliding window, left-padded convolutions, and transposed convolutions trimmed so that no sample
-needs a later frame. On the tiny model a window padded from 1-50 frames to 64-100 gives its own
-samples to within float rounding (~1e-7 of the signal). The length buckets are the lengths
-of the engine's own windows (`code2wav_runner.window_lengths`), so a full window pads nothing;
-only a last, partial window does.
+sliding window, left-padded convolutions, and transposed convolutions trimmed at the end so
+that no sample kept depends on a later frame. On the tiny model a window padded from 1-50
+frames to 64-100 gives its own samples to within float rounding (under 1e-6 of its peak). The
+length buckets are the lengths of the engine's own windows (`code2wav_runner.window_lengths`),
+so a full window pads nothing; a last, partial window does (and, as before, a short window
+batched with a longer one).
 
 The forward below is the model's modules called in `Qwen3OmniMoeCode2Wav.forward`'s order,
 not `model(codes)`, because the transformer part's `forward` cannot be captured as it is:

@@ -77,7 +77,7 @@ class Code2WavRunner:
             wav = self.graphs.decode(codes)
         audio = wav.float().cpu().numpy()
         cut = self.samples_per_frame
-        # the decoder's trims make the output a fixed number of samples short of `cut` a frame
+        # `cut` samples a frame, less a fixed few that the decoder's trims take off the end
         short = length * cut - audio.shape[-1]
         return [
             audio[row, context * cut : len(frames) * cut - short].copy()
@@ -92,7 +92,7 @@ def window_lengths(first_chunk: int, chunk: int, left_context: int) -> list[int]
     chunker = FrameChunker(first_chunk=first_chunk, chunk=chunk, left_context=left_context)
     frame = np.zeros(1, dtype=np.int32)
     lengths: list[int] = []
-    while True:  # window lengths grow until chunk and context stop growing, then repeat
+    while True:  # once the chunk size and the context stop changing, the lengths repeat
         if (ready := chunker.push(frame)) is not None:
             if len(ready[0]) in lengths:
                 return sorted(lengths)  # a first chunk above `chunk` is not the shortest
