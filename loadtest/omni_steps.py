@@ -12,8 +12,15 @@ A Talker "frame" is the talker LM step plus the code predictor's 15 codes (what 
 codec frame costs). Random weights; prompts are text only (the step does not depend on what
 the prompt held, only on its length).
 
+Code2Wav decodes a batch of windows two ways: eager (`model(codes)` at the batch's longest
+window) and at fixed shapes (`code2wav_graphs`: the engine's window lengths and batch
+buckets, captured as CUDA graphs on a GPU), for a first chunk (5 frames, no context) and a
+full window (25 frames after 25 of context). Both include the copy of the audio to the host,
+as the engine pays it.
+
     python -m loadtest.omni_steps                                   # full size, on the GPU
     python -m loadtest.omni_steps --tiny --device cpu --dtype float32 --batches 1,2
+    python -m loadtest.omni_steps --parts code2wav --batches 1,4,10 # Code2Wav alone
 """
 
 from __future__ import annotations
@@ -24,8 +31,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
+from pipeline.engines.qwen3_omni.code2wav_runner import Code2WavRunner, window_lengths
 from pipeline.engines.qwen3_omni.config import TOKENS
 from pipeline.engines.qwen3_omni.frame_predictor import FramePredictor
 from pipeline.engines.qwen3_omni.fused_moe import install_fused_moe
@@ -44,6 +53,11 @@ from pipeline.engines.qwen3_omni.weights import build_part
 
 NEVER = 10**9
 """min_frames that keeps codec EOS away (random weights choose it at any time)."""
+
+PARTS = ("thinker", "talker", "code2wav")
+CODE2WAV_WINDOWS = {"first": (5, 0), "full": (50, 25)}
+"""Code2Wav windows timed: (frames, of which left context), as the engine's defaults cut
+them (first_chunk 5, chunk 25, left_context 25)."""
 
 
 def prompt(index: int) -> ThinkerPrompt:
@@ -149,6 +163,38 @@ def talker_frames(args: argparse.Namespace, handover: Any) -> dict[str, Any]:
     return out
 
 
+def code2wav_windows(args: argparse.Namespace) -> dict[str, Any]:
+    model, _ = build_part("code2wav", tiny=args.tiny, dtype=DTYPES[args.dtype], device=args.device)
+    device = next(model.parameters()).device
+    eager = Code2WavRunner(model)
+    fixed = Code2WavRunner(
+        model, max_batch=max(args.batches), lengths=window_lengths(5, 25, 25)
+    )  # capture: on a CUDA device, as the engine does
+    fixed.warm()
+    rng = np.random.default_rng(0)
+    out: dict[str, Any] = {"lengths": fixed.graphs.lengths}
+    for name, (frames, context) in CODE2WAV_WINDOWS.items():
+        for batch in args.batches:
+            windows = [
+                (rng.integers(0, 2048, (frames, 16), dtype=np.int32), context) for _ in range(batch)
+            ]
+            for way, runner in (("eager", eager), ("fixed", fixed)):
+                ms = timed_ms(lambda: runner.decode_batch(windows), args.repeats, device)  # noqa: B023
+                out[f"{way}_{name}_b{batch}_ms"] = ms
+    return out
+
+
+def print_code2wav(figures: dict[str, Any], batches: list[int]) -> None:
+    print("Code2Wav window (eager / fixed shapes, captured on a GPU):")
+    for name, (frames, context) in CODE2WAV_WINDOWS.items():
+        for batch in batches:
+            eager, fixed = (figures[f"{way}_{name}_b{batch}_ms"] for way in ("eager", "fixed"))
+            print(
+                f"  {name} ({frames - context} + {context} context), batch {batch:2d}: "
+                f"{eager:.1f} / {fixed:.1f} ms"
+            )
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tiny", action="store_true")
@@ -157,21 +203,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batches", default="1,4,10,16")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--max-context", type=int, default=4096)
+    parser.add_argument("--parts", default=",".join(PARTS), help="the Talker needs the Thinker")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]
-    thinker, handover = thinker_steps(args)
-    talker = talker_frames(args, handover)
-    report = {
-        "argv": vars(args),
-        "torch": torch.__version__,
-        "thinker_step": thinker,
-        "talker_frame": talker,
-    }
-    for part, figures in (("Thinker step", thinker), ("Talker frame", talker)):
+    args.parts = args.parts.split(",")
+    if unknown := set(args.parts) - set(PARTS):
+        parser.error(f"unknown parts: {', '.join(sorted(unknown))}")
+    report: dict[str, Any] = {"argv": vars(args), "torch": torch.__version__}
+    steps: list[tuple[str, dict[str, Any]]] = []
+    if "thinker" in args.parts or "talker" in args.parts:
+        report["thinker_step"], handover = thinker_steps(args)
+        steps.append(("Thinker step", report["thinker_step"]))
+        if "talker" in args.parts:
+            report["talker_frame"] = talker_frames(args, handover)
+            steps.append(("Talker frame", report["talker_frame"]))
+    if "code2wav" in args.parts:
+        report["code2wav_window"] = code2wav_windows(args)
+    for part, figures in steps:
         print(f"{part}: plain (batch 1) {figures['plain_b1_ms']:.1f} ms")
         for batch in args.batches:
             print(f"  rows, batch {batch:2d}: {figures[f'rows_b{batch}_ms']:.1f} ms")
+    if "code2wav" in args.parts:
+        print_code2wav(report["code2wav_window"], args.batches)
     if args.out:
         with open(args.out, "w") as out:
             json.dump(report, out, indent=2)

@@ -24,7 +24,7 @@ import numpy.typing as npt
 import soxr
 
 from ...types import AudioChunk, Chunk, CodecCodes, End, ErrorChunk, StageInput, StreamEngine
-from .code2wav_runner import SAMPLE_RATE, Code2WavRunner, Codes, FrameChunker
+from .code2wav_runner import SAMPLE_RATE, Code2WavRunner, Codes, FrameChunker, window_lengths
 from .playback import Clock, Playback
 from .stage import ModelStage
 from .step_batcher import StepBatcher
@@ -59,7 +59,14 @@ class Code2WavEngine(ModelStage[FrameChunker], StreamEngine):
 
     def _loaded(self) -> None:
         assert self.model is not None
-        self.runner = Code2WavRunner(self.model)
+        runner = Code2WavRunner(
+            self.model,
+            max_batch=self.max_batch,
+            lengths=window_lengths(self.first_chunk, self.chunk, self.left_context),
+            capture=self.capture_graphs,
+        )
+        runner.warm()  # every shape captured before the stage is ready
+        self.runner = runner
 
     def _batcher(self) -> StepBatcher[Window, npt.NDArray[np.int16]]:
         return StepBatcher(

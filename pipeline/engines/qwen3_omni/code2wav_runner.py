@@ -15,11 +15,14 @@ RTF of 0.5 and costs two more decodes per answer. Each frame is `samples_per_fra
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
+
+from .code2wav_graphs import WindowGraphs
 
 SAMPLE_RATE = 24_000
 Codes = npt.NDArray[np.int32]
@@ -27,12 +30,27 @@ Audio = npt.NDArray[np.float32]
 
 
 class Code2WavRunner:
-    def __init__(self, model: Any) -> None:
-        """`model`: a Qwen3OmniMoeCode2Wav (transformers' modules are untyped)."""
+    def __init__(
+        self,
+        model: Any,
+        *,
+        max_batch: int = 8,
+        lengths: Sequence[int] = (),
+        capture: bool | None = None,
+    ) -> None:
+        """`model`: a Qwen3OmniMoeCode2Wav (transformers' modules are untyped). `lengths`:
+        the window lengths to decode at fixed shapes (`window_lengths`; none: every window
+        the plain way), batches of up to `max_batch`, captured as CUDA graphs with `capture`
+        (None: on a GPU) once `warm` has run."""
         self.model = model
         self.samples_per_frame = int(model.total_upsample)
         self.quantizers = int(model.config.num_quantizers)
         self.device = next(model.parameters()).device
+        self.graphs = WindowGraphs(model, lengths=lengths, max_batch=max_batch, capture=capture)
+
+    def warm(self) -> None:
+        """Capture every fixed shape now (on a GPU), before the stage says it is ready."""
+        self.graphs.warm()
 
     @torch.inference_mode()
     def decode(self, frames: Codes, context: int) -> Audio:
@@ -44,21 +62,41 @@ class Code2WavRunner:
         """`decode` for several requests' windows in one forward pass.
 
         Code2Wav is causal throughout (causal attention, left-padded convolutions), so a
-        window right-padded to the longest in the batch decodes its own frames exactly as
-        alone; each row is cut back to its own length."""
+        window right-padded to the longest in the batch, or further to a fixed length,
+        decodes its own frames exactly as alone; each row is cut back to its own length.
+        A batch that fits a fixed shape replays its graph; any other runs `model(codes)`."""
         longest = max(len(frames) for frames, _ in windows)
-        codes = np.zeros((len(windows), self.quantizers, longest), dtype=np.int64)
+        fixed = self.graphs.length_for(len(windows), longest)
+        length = longest if fixed is None else fixed
+        codes = np.zeros((len(windows), self.quantizers, length), dtype=np.int64)
         for row, (frames, _) in enumerate(windows):
             codes[row, :, : len(frames)] = frames.T
-        wav: torch.Tensor = self.model(torch.from_numpy(codes).to(self.device))[:, 0]
+        if fixed is None:
+            wav: torch.Tensor = self.model(torch.from_numpy(codes).to(self.device))[:, 0]
+        else:
+            wav = self.graphs.decode(codes)
         audio = wav.float().cpu().numpy()
         cut = self.samples_per_frame
-        alone_length = audio.shape[-1]  # the longest row's own length
-        results = []
-        for row, (frames, context) in enumerate(windows):
-            end = alone_length - (longest - len(frames)) * cut
-            results.append(audio[row, context * cut : end].copy())
-        return results
+        # `cut` samples a frame, less a fixed few that the decoder's trims take off the end
+        short = length * cut - audio.shape[-1]
+        return [
+            audio[row, context * cut : len(frames) * cut - short].copy()
+            for row, (frames, context) in enumerate(windows)
+        ]
+
+
+def window_lengths(first_chunk: int, chunk: int, left_context: int) -> list[int]:
+    """The lengths (context plus new frames) of the windows `FrameChunker` cuts, shortest
+    first; the last is the longest any window has (a flush's partial window is shorter than
+    the full one it stands for)."""
+    chunker = FrameChunker(first_chunk=first_chunk, chunk=chunk, left_context=left_context)
+    frame = np.zeros(1, dtype=np.int32)
+    lengths: list[int] = []
+    while True:  # once the chunk size and the context stop changing, the lengths repeat
+        if (ready := chunker.push(frame)) is not None:
+            if len(ready[0]) in lengths:
+                return sorted(lengths)  # a first chunk above `chunk` is not the shortest
+            lengths.append(len(ready[0]))
 
 
 class FrameChunker:
