@@ -27,6 +27,7 @@ from ...tasks import cancel_and_wait
 from ...types import Chunk, CodecCodes, End, ErrorChunk, HiddenStates, StageInput, StreamEngine
 from .frame_predictor import FramePredictor
 from .fused_moe import install_fused_moe
+from .gathered_calls import GatheredCalls
 from .playback import Clock, Playback
 from .slot_decoder import SlotDecoder
 from .stage import ModelStage
@@ -71,8 +72,26 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
         self.clock = clock
         """The playback clock that frame steps are scheduled by (tests pass their own)."""
         self.runner: TalkerRunner | None = None
+        self.prefills: GatheredCalls[TalkerState] | None = None
+        """The prefills asked for while the model thread is busy run as one batch."""
         self._wakes: dict[str, asyncio.Event] = {}
         """per request: set when text arrives, the text ends, or the request is aborted"""
+
+    async def start(self) -> None:
+        if self.model is not None:
+            return
+        await super().start()
+        assert self.runner is not None
+        self.prefills = GatheredCalls(
+            f"{self.name}:prefill", self.thread, self.runner.prefill_batch, max_batch=self.max_batch
+        )
+        self.prefills.start()
+
+    async def close(self) -> None:
+        if self.prefills is not None:
+            await self.prefills.close()
+            self.prefills = None
+        await super().close()
 
     def _batcher(self) -> StepBatcher[FrameStep, Codes | None]:
         runner = self.runner
@@ -159,7 +178,8 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
             if not state.reply:
                 yield End()
                 return
-            await self.thread.call(runner.prefill, state)
+            assert self.prefills is not None
+            await self.prefills.call(state)
             assert self.batcher is not None
             previous: Codes | None = None
             with self.batcher.member():

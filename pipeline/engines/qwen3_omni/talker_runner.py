@@ -256,7 +256,10 @@ class TalkerRunner:
 
     @torch.inference_mode()
     def prefill(self, state: TalkerState) -> None:
-        embeds, rope_ids = self._prompt_embeds(state)
+        self.prefill_batch([state])
+
+    def _prompt_positions(self, state: TalkerState, rope_ids: list[int]) -> torch.Tensor:
+        """The prompt's mRoPE positions [3, n]; sets the state's offset for what follows."""
         ids = torch.tensor([rope_ids], device=self.device)
         frames = state.prompt.audio_feature_frames
         lengths = torch.tensor([frames], device=self.device) if frames else None
@@ -265,9 +268,51 @@ class TalkerRunner:
         positions, deltas = self.model.get_rope_index(
             ids, grid, None, torch.ones_like(ids), False, lengths, None
         )
-        state.cache = DynamicCache()
         state.rope_delta = int(deltas.reshape(-1)[0])
-        self._forward(state, embeds, positions)
+        own: torch.Tensor = positions[:, 0]
+        return own
+
+    @torch.inference_mode()
+    def prefill_batch(self, states: list[TalkerState]) -> None:
+        """`prefill` for several requests in one forward: each prompt left-aligned and
+        padded on the right (a pad only ever follows a request's own positions, so it never
+        changes them); each request's cache is then its own positions' KV."""
+        prompts = [self._prompt_embeds(state) for state in states]
+        lengths = [embeds.shape[1] for embeds, _ in prompts]
+        longest = max(lengths)
+        first = prompts[0][0]
+        embeds = first.new_zeros(len(states), longest, first.shape[-1])
+        positions = torch.zeros(3, len(states), longest, dtype=torch.long, device=self.device)
+        mask = torch.zeros(len(states), longest, dtype=torch.long, device=self.device)
+        for row, (state, (own, rope_ids), length) in enumerate(
+            zip(states, prompts, lengths, strict=True)
+        ):
+            embeds[row, :length] = own[0]
+            positions[:, row, :length] = self._prompt_positions(state, rope_ids)
+            mask[row, :length] = 1
+        cache = DynamicCache()
+        out = self.model.model(
+            inputs_embeds=embeds,
+            attention_mask=mask if len(states) > 1 else None,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        for row, (state, length) in enumerate(zip(states, lengths, strict=True)):
+            own_cache = DynamicCache()
+            for index, (keys, values) in enumerate(layers):
+                assert keys is not None and values is not None
+                own_cache.update(
+                    keys[row : row + 1, :, :length].clone(),
+                    values[row : row + 1, :, :length].clone(),
+                    index,
+                )
+            state.cache = own_cache
+            state.length = length
+            hidden = out.last_hidden_state[row : row + 1, length - 1 : length]
+            state.last_hidden = hidden
+            self._choose(state, self.model.codec_head(hidden)[0, -1])
 
     # --- one frame, for one request or a batch of them ----------------------------------
 

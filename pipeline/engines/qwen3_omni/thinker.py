@@ -18,6 +18,7 @@ has the hidden states of every position the Talker takes (`talker_positions`).
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
@@ -95,6 +96,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         stage is ready, so that no request pays for first use (lazy inits, first shapes,
         cuBLAS workspaces). None: on a GPU, where first use costs (a CPU has little to warm)."""
         self.prefills: PrefillQueue | None = None
+        self._vocab_lock = threading.Lock()
         if max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
         self.max_new_tokens = max_new_tokens
@@ -200,20 +202,22 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         return f"{base}\n\n{tools_text(tools)}" if tools else base
 
     def _prompt(self, request: PipelineRequest, resumed: _Resumed | None = None) -> ThinkerPrompt:
-        """On the model thread: log-mel features, image patches and the chat prompt's ids
-        (going on from the session's entry: its tokens, then only what the turn adds)."""
+        """On a prep thread (`PrefillQueue`): log-mel features, image patches and the chat
+        prompt's ids (going on from the session's entry: its tokens, then only what the turn
+        adds)."""
         assert self.features is not None and self.vocab is not None and self.images is not None
         audio: AudioInput | None = self.features(request.audio)
         vision: VisionInput | None = self.images(request.frames)
         history = resumed.added if resumed is not None else request.history
-        ids = chat_prompt(
-            self.vocab,
-            instructions="" if resumed is not None else self._instructions(request),
-            history=[history_turn(item) for item in history],
-            audio_tokens=audio.tokens if audio else 0,
-            text=request.text,
-            image_tokens=vision.tokens if vision else (),
-        )
+        with self._vocab_lock:  # prompts are built on several threads; a tokenizer is one
+            ids = chat_prompt(
+                self.vocab,
+                instructions="" if resumed is not None else self._instructions(request),
+                history=[history_turn(item) for item in history],
+                audio_tokens=audio.tokens if audio else 0,
+                text=request.text,
+                image_tokens=vision.tokens if vision else (),
+            )
         if resumed is not None:
             ids = resumed.entry.token_ids + resumed.entry.tail + ids
         return ThinkerPrompt(ids, audio, vision)

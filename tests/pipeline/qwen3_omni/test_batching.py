@@ -13,8 +13,9 @@ from transformers import Qwen3OmniMoeConfig
 
 from pipeline.engines.qwen3_omni.code2wav import Code2WavEngine
 from pipeline.engines.qwen3_omni.code2wav_runner import Code2WavRunner
+from pipeline.engines.qwen3_omni.config import TOKENS as SPECIAL
 from pipeline.engines.qwen3_omni.talker import TalkerEngine
-from pipeline.engines.qwen3_omni.talker_runner import TalkerRunner, TalkerState
+from pipeline.engines.qwen3_omni.talker_runner import TalkerPrompt, TalkerRunner, TalkerState
 from pipeline.engines.qwen3_omni.thinker import ThinkerEngine
 from pipeline.engines.qwen3_omni.thinker_runner import ThinkerPrompt, ThinkerRunner, ThinkerState
 from pipeline.types import (
@@ -28,6 +29,7 @@ from pipeline.types import (
 )
 
 from .conftest import open_talker, text_prompt, turn_audio
+from .test_runners import spoken_prompt
 
 Parts = dict[str, tuple[Any, Qwen3OmniMoeConfig]]
 
@@ -123,10 +125,44 @@ async def test_two_sessions_share_talker_frames_and_speak_as_alone(
         async with asyncio.timeout(30):
             together = await asyncio.gather(*(frames(*u) for u in upstreams))
         assert talker.batcher is not None and talker.batcher.largest_batch == 2
+        assert talker.prefills is not None and talker.prefills.largest_batch == 2
         assert list(together) == alone
         assert talker.active_requests() == 0
     finally:
         await talker.close()
+
+
+def test_a_batched_talker_prefill_is_each_request_s_own(tiny_parts: Parts) -> None:
+    """Prompts of different lengths (speech, frames, typed text) prefilled as one batch give
+    each request the frames it gets prefilled alone."""
+    thinker = ThinkerRunner(*tiny_parts["thinker"])
+    model, config = tiny_parts["talker"]
+    talker = TalkerRunner(model, config)
+    tts = thinker.special_embeddings([SPECIAL["tts_bos"], SPECIAL["tts_eos"], SPECIAL["tts_pad"]])
+    prompts = [text_prompt("Be brief."), text_prompt("Answer at length, " * 6), spoken_prompt()]
+
+    def opened(prompt: ThinkerPrompt) -> TalkerState:
+        thinking, said = thinker.prefill(prompt)
+        talking = talker.open(TalkerPrompt(said.token_ids, said.states, tts))
+        for _ in range(3):
+            talker.add_reply(talking, thinker.step(thinking).states)
+        talker.end_text(talking)
+        return talking
+
+    together = [opened(p) for p in prompts]
+    talker.prefill_batch(together)
+    alone = [opened(p) for p in prompts]
+    for state in alone:
+        talker.prefill(state)
+    assert len({state.length for state in together}) == 2  # system items are not its
+    for joint, own in zip(together, alone, strict=True):
+        assert joint.length == own.length and joint.rope_delta == own.rope_delta
+        for _ in range(4):
+            ours, theirs = talker.predict(joint), talker.predict(own)
+            assert ours is not None and theirs is not None
+            np.testing.assert_array_equal(ours, theirs)
+            talker.advance(joint, ours)
+            talker.advance(own, theirs)
 
 
 def test_a_batched_code2wav_decode_is_each_window_s_own(tiny_parts: Parts) -> None:
