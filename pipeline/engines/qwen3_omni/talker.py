@@ -61,9 +61,15 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
         min_frames: int = 0,
         speaker: str = "ethan",
         clock: Clock = time.monotonic,
+        prefill_batch: int = 0,
         **model: Any,
     ) -> None:
         super().__init__(**model)
+        if prefill_batch < 0:
+            raise ValueError("prefill_batch must be at least 0")
+        self.prefill_batch = prefill_batch or self.max_batch
+        """Prefills asked for while the model thread is busy run as one batch of at most this
+        many (0: `max_batch`)."""
         if max_frames < 1:
             raise ValueError("max_frames must be at least 1")
         self.max_frames = max_frames
@@ -83,7 +89,10 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
         await super().start()
         assert self.runner is not None
         self.prefills = GatheredCalls(
-            f"{self.name}:prefill", self.thread, self.runner.prefill_batch, max_batch=self.max_batch
+            f"{self.name}:prefill",
+            self.thread,
+            self.runner.prefill_batch,
+            max_batch=self.prefill_batch,
         )
         self.prefills.start()
 
