@@ -108,7 +108,11 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
         },
         "warmup_requests": args.warmup,
         "decode": {"rows": args.decode_rows, "max_context": args.max_context},
-        "prefill": {"batch": args.prefill_batch, "chunk_tokens": args.prefill_chunk_tokens},
+        "prefill": {
+            "batch": args.prefill_batch,
+            "chunk_tokens": args.prefill_chunk_tokens,
+            "talker_batch": args.talker_prefill_batch,
+        },
         "placement": args.placement,
         "audio_priority": args.audio_priority,
         "switch_interval_ms": args.switch_interval_ms,
@@ -198,7 +202,8 @@ def graph_yaml(args: argparse.Namespace) -> str:
   - name: talker
     engine: qwen3_omni.talker
     engine_args: {{{model}, max_frames: {frames}, min_frames: {frames}, max_batch: {batch},
-                  {rows}, stream_priority: {args.audio_priority}}}
+                  {rows}, stream_priority: {args.audio_priority},
+                  prefill_batch: {args.talker_prefill_batch}}}
     placement: {{process: {inner}}}
     hang_s: {HANG_S:g}
   - name: code2wav
@@ -505,6 +510,12 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="the Thinker's prompts prefilled as one batch at most (default: --max-batch's)",
+    )
+    p.add_argument(
+        "--talker-prefill-batch",
+        type=int,
+        default=0,
+        help="the Talker's prefills gathered into one batch at most (0: its max batch)",
     )
     p.add_argument(
         "--prefill-chunk-tokens",
