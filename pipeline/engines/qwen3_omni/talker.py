@@ -22,9 +22,11 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import torch
 
 from ...tasks import cancel_and_wait
 from ...types import Chunk, CodecCodes, End, ErrorChunk, HiddenStates, StageInput, StreamEngine
+from .config import TOKENS
 from .frame_predictor import FramePredictor
 from .fused_moe import install_fused_moe
 from .gathered_calls import GatheredCalls
@@ -62,9 +64,14 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
         speaker: str = "ethan",
         clock: Clock = time.monotonic,
         prefill_batch: int = 0,
+        warm_up: bool | None = None,
         **model: Any,
     ) -> None:
         super().__init__(**model)
+        self.warm_up = torch.device(self.device).type == "cuda" if warm_up is None else warm_up
+        """Prefill and step a made-up turn before the stage is ready (None: on a GPU)."""
+        self.warmed_rows: list[int] = []
+        """The batch sizes the warm-up prefilled (empty: none ran)."""
         if prefill_batch < 0:
             raise ValueError("prefill_batch must be at least 0")
         self.prefill_batch = prefill_batch or self.max_batch
@@ -144,6 +151,43 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
             predictor=predictor,
             reserve=self.max_frames + 1,
         )
+        if self.warm_up:
+            self._warm()
+
+    def _warm(self) -> None:
+        """On the model thread, before the stage is ready: a made-up turn (a camera frame and
+        a few words) prefilled alone and as a full batch, then a frame step for the batch, so
+        that no request pays for first use. Its cache rows are given back."""
+        runner, config = self.runner, self.config
+        assert runner is not None and config is not None
+        merge = int(config.thinker_config.vision_config.spatial_merge_size)
+        grid = (1, 4 * merge, 4 * merge)
+        ids = [TOKENS["im_start"], TOKENS["user"], TOKENS["newline"], TOKENS["vision_start"]]
+        ids += [TOKENS["image"]] * (grid[1] * grid[2] // merge**2)
+        ids += [TOKENS["vision_end"], *range(1000, 1012), TOKENS["im_end"], TOKENS["newline"]]
+        ids += [TOKENS["im_start"], TOKENS["assistant"], TOKENS["newline"]]
+        size = int(config.thinker_config.text_config.hidden_size)
+        rng = np.random.default_rng(0)
+        prompt = TalkerPrompt(
+            token_ids=ids,
+            states=rng.normal(0, 0.02, (len(ids), 2, size)).astype(np.float32),
+            tts_embeds=rng.normal(0, 0.02, (3, size)).astype(np.float32),
+            image_grid_thw=(grid,),
+        )
+        for rows in sorted({1, self.prefill_batch}):
+            states = [runner.open(prompt) for _ in range(rows)]
+            for state in states:
+                runner.add_reply(state, rng.normal(0, 0.02, (2, 2, size)).astype(np.float32))
+                runner.end_text(state)
+            runner.prefill_batch(states)
+            stepped = states[: self.max_batch]
+            codes = runner.predict_batch(stepped)
+            fed = [(s, c) for s, c in zip(stepped, codes, strict=True) if c is not None]
+            if fed:
+                runner.advance_batch([s for s, _ in fed], [c for _, c in fed])
+            for state in states:
+                runner.release(state)
+        self.warmed_rows = sorted({1, self.prefill_batch})
 
     async def generate(self, request_id: str, inputs: StageInput, /) -> AsyncGenerator[Chunk, None]:
         runner = self.runner

@@ -13,6 +13,7 @@ from transformers import Qwen3OmniMoeConfig
 from pipeline.engines.qwen3_omni.audio_features import AudioFeatures
 from pipeline.engines.qwen3_omni.prefix_cache import PrefixCache
 from pipeline.engines.qwen3_omni.prompt import ByteVocab, chat_prompt
+from pipeline.engines.qwen3_omni.talker import TalkerEngine
 from pipeline.engines.qwen3_omni.thinker import ThinkerEngine
 from pipeline.engines.qwen3_omni.thinker_runner import (
     ThinkerHidden,
@@ -208,6 +209,25 @@ async def test_the_thinker_is_warm_before_it_is_ready_and_keeps_nothing_of_it() 
     finally:
         await engine.close()
     cold = ThinkerEngine(tiny=True)  # on a CPU: warm-up is for GPUs
+    await cold.start()
+    try:
+        assert cold.warmed_rows == []
+    finally:
+        await cold.close()
+
+
+async def test_the_talker_is_warm_before_it_is_ready_and_holds_no_row_after() -> None:
+    engine = TalkerEngine(tiny=True, threads=1, decode_rows=4, max_batch=4, warm_up=True)
+    await engine.start()
+    try:
+        assert engine.warmed_rows == [1, 4]  # a prefill alone and a full batch, then a frame
+        runner = engine.runner
+        assert runner is not None and runner.decoder is not None
+        assert runner.decoder.cache.in_use == 0  # the made-up turns' rows were given back
+        assert engine.active_requests() == 0
+    finally:
+        await engine.close()
+    cold = TalkerEngine(tiny=True)  # on a CPU: warm-up is for GPUs
     await cold.start()
     try:
         assert cold.warmed_rows == []
