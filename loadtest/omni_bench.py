@@ -33,7 +33,6 @@ import argparse
 import asyncio
 import io
 import json
-import os
 import platform
 import signal
 import subprocess
@@ -57,6 +56,7 @@ from .omni_bench_report import (
     request_record,
     table_lines,
 )
+from .run_stamp import command_output, source_stamp
 
 OUTPUT_RATE = 24_000
 QUESTION = "What is going on in this video, and what did I just say?"
@@ -74,16 +74,8 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import transformers
 
-    def run(cmd: list[str]) -> str:
-        try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.strip()
-        except (OSError, subprocess.SubprocessError) as exc:
-            return repr(exc)
-
     info: dict[str, Any] = {
-        "commit": os.environ.get("PARLEY_COMMIT") or run(["git", "rev-parse", "HEAD"]),
-        "dirty_files": run(["git", "status", "--porcelain", "--untracked-files=no"]).splitlines(),
-        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **source_stamp(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
@@ -127,7 +119,7 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
         "argv": sys.argv,
     }
     if args.device.startswith("cuda"):
-        info["gpu"] = run(
+        info["gpu"] = command_output(
             ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
         )
     return info

@@ -63,6 +63,7 @@ import yaml
 
 from .omni_serve_client import RATE, Request, chunks, run_client
 from .questions import QUESTIONS
+from .run_stamp import command_output, source_stamp
 from .served import free_port
 
 START_S = 900.0
@@ -269,16 +270,8 @@ def _ms(value: float | None) -> str:
 
 
 def header(args: argparse.Namespace, graph: str, start_s: float) -> dict[str, Any]:
-    def run(cmd: list[str]) -> str:
-        try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.strip()
-        except (OSError, subprocess.SubprocessError) as exc:
-            return repr(exc)
-
     info: dict[str, Any] = {
-        "commit": os.environ.get("PARLEY_COMMIT") or run(["git", "rev-parse", "HEAD"]),
-        "dirty_files": run(["git", "status", "--porcelain", "--untracked-files=no"]).splitlines(),
-        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **source_stamp(),
         "machine": {
             "host": platform.node(),
             "cpus": os.cpu_count(),
@@ -295,7 +288,7 @@ def header(args: argparse.Namespace, graph: str, start_s: float) -> dict[str, An
             info["machine"][module] = __import__(module).__version__
         except ImportError:
             info["machine"][module] = None
-    gpu = run(
+    gpu = command_output(
         ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
     )
     info["machine"]["gpu"] = gpu if not gpu.startswith(("FileNotFound", "[Errno")) else None

@@ -197,6 +197,15 @@ async def test_a_long_prompt_s_prefill_lets_an_answering_session_go_on() -> None
         await engine.close()
 
 
+async def assert_cold_on_a_cpu(engine: ThinkerEngine | TalkerEngine) -> None:
+    """Unless asked, a stage warms up on a GPU only (a CPU has little to warm)."""
+    await engine.start()
+    try:
+        assert engine.warmed_rows == []
+    finally:
+        await engine.close()
+
+
 async def test_the_thinker_is_warm_before_it_is_ready_and_keeps_nothing_of_it() -> None:
     engine = ThinkerEngine(tiny=True, prefill_batch=3, prefix_cache_tokens=4096, warm_up=True)
     await engine.start()
@@ -208,12 +217,7 @@ async def test_the_thinker_is_warm_before_it_is_ready_and_keeps_nothing_of_it() 
         assert engine.active_requests() == 0
     finally:
         await engine.close()
-    cold = ThinkerEngine(tiny=True)  # on a CPU: warm-up is for GPUs
-    await cold.start()
-    try:
-        assert cold.warmed_rows == []
-    finally:
-        await cold.close()
+    await assert_cold_on_a_cpu(ThinkerEngine(tiny=True))
 
 
 async def test_the_talker_is_warm_before_it_is_ready_and_holds_no_row_after() -> None:
@@ -227,9 +231,4 @@ async def test_the_talker_is_warm_before_it_is_ready_and_holds_no_row_after() ->
         assert engine.active_requests() == 0
     finally:
         await engine.close()
-    cold = TalkerEngine(tiny=True)  # on a CPU: warm-up is for GPUs
-    await cold.start()
-    try:
-        assert cold.warmed_rows == []
-    finally:
-        await cold.close()
+    await assert_cold_on_a_cpu(TalkerEngine(tiny=True))
