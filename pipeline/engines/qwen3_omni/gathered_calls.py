@@ -12,12 +12,12 @@ A batch that fails runs again one call at a time, so that only a bad one fails.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from ...tasks import cancel_and_wait
 from .model_thread import ModelThread
+from .waiting_list import WaitingList, answer, fail
 
 ItemT = TypeVar("ItemT")
 
@@ -40,10 +40,7 @@ class GatheredCalls(Generic[ItemT]):
         self.max_batch = max_batch
         self.largest_batch = 0
         """The most calls one batch has run (for tests and metrics)."""
-        self._waiting: list[tuple[ItemT, asyncio.Future[None]]] = []
-        self._lock = threading.Lock()
-        """`_waiting` is added to on the event loop and taken from on the model thread."""
-        self._arrived = asyncio.Event()
+        self._waiting: WaitingList[ItemT, None] = WaitingList()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -54,27 +51,16 @@ class GatheredCalls(Generic[ItemT]):
         """Stop; calls still waiting fail. Idempotent."""
         task, self._task = self._task, None
         await cancel_and_wait(task)
-        with self._lock:
-            waiting, self._waiting = self._waiting, []
-        for _, waiter in waiting:
-            if not waiter.done():
-                waiter.set_exception(RuntimeError(f"{self.name} is closed"))
+        self._waiting.fail_all(f"{self.name} is closed")
 
     async def call(self, item: ItemT) -> None:
         if self._task is None:
             raise RuntimeError(f"{self.name} is not running")
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        with self._lock:
-            self._waiting.append((item, waiter))
-        self._arrived.set()
-        await waiter
+        await self._waiting.add(item)
 
     def _take_and_run(self) -> list[tuple[ItemT, asyncio.Future[None]]]:
         """On the model thread: the calls waiting now (up to `max_batch`), run as one."""
-        with self._lock:
-            taken = self._waiting[: self.max_batch]
-            self._waiting = self._waiting[self.max_batch :]
-        taken = [(item, waiter) for item, waiter in taken if not waiter.cancelled()]
+        taken = self._waiting.take(self.max_batch)
         if taken:
             try:
                 self.run([item for item, _ in taken])
@@ -84,9 +70,7 @@ class GatheredCalls(Generic[ItemT]):
 
     async def _dispatch(self) -> None:
         while True:
-            while not self._waiting:
-                self._arrived.clear()
-                await self._arrived.wait()
+            await self._waiting.wait()
             try:
                 taken = await self.thread.call(self._take_and_run)
             except _BatchFailed as failed:
@@ -94,26 +78,23 @@ class GatheredCalls(Generic[ItemT]):
                 continue
             self.largest_batch = max(self.largest_batch, len(taken))
             for _, waiter in taken:
-                if not waiter.done():
-                    waiter.set_result(None)
+                answer(waiter, None)
 
     async def _one_at_a_time(
         self, taken: list[tuple[ItemT, asyncio.Future[None]]], error: Exception
     ) -> None:
+        if len(taken) == 1:
+            fail(taken[0][1], error)
+            return
         for item, waiter in taken:
             if waiter.done():
-                continue
-            if len(taken) == 1:
-                waiter.set_exception(error)
                 continue
             try:
                 await self.thread.call(self.run, [item])
             except Exception as exc:
-                if not waiter.done():
-                    waiter.set_exception(exc)
+                fail(waiter, exc)
             else:
-                if not waiter.done():
-                    waiter.set_result(None)
+                answer(waiter, None)
 
 
 class _BatchFailed(Exception):

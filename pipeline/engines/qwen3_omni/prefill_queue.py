@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from ...tasks import cancel_and_wait
 from .model_thread import ModelThread
@@ -36,15 +34,11 @@ from .thinker_runner import (
     ThinkerRunner,
     ThinkerState,
 )
+from .waiting_list import WaitingList, answer, fail
 
 Prefilled = tuple[ThinkerPrompt, ThinkerState, ThinkerHidden]
-
-
-@dataclass(frozen=True, slots=True)
-class _Waiting:
-    prompt: ThinkerPrompt
-    past: ThinkerPast | None
-    waiter: asyncio.Future[Prefilled]
+Waiting = tuple[ThinkerPrompt, ThinkerPast | None]
+Taken = list[tuple[Waiting, "asyncio.Future[Prefilled]"]]
 
 
 class PrefillQueue:
@@ -71,13 +65,10 @@ class PrefillQueue:
         self.largest_batch = 0
         """The most prompts one batch has prefilled (for tests and metrics)."""
         self.batches = 0
-        self._waiting: list[_Waiting] = []
-        self._lock = threading.Lock()
-        """`_waiting` is added to on the event loop and taken from on the model thread."""
-        self._arrived = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         self.prep_threads = max(1, prep_threads)
         self.gather_s = gather_s
+        self._waiting: WaitingList[Waiting, Prefilled] = WaitingList()
+        self._task: asyncio.Task[None] | None = None
         self._building = 0
         """prompts on the prep threads now: the next batch waits a moment for them"""
         self._prep: ThreadPoolExecutor | None = None
@@ -96,11 +87,7 @@ class PrefillQueue:
         prep, self._prep = self._prep, None
         if prep is not None:
             await asyncio.to_thread(prep.shutdown, wait=True, cancel_futures=True)
-        with self._lock:
-            waiting, self._waiting = self._waiting, []
-        for entry in waiting:
-            if not entry.waiter.done():
-                entry.waiter.set_exception(RuntimeError(f"{self.name} is closed"))
+        self._waiting.fail_all(f"{self.name} is closed")
 
     async def prefill(
         self, build: Callable[[], ThinkerPrompt], past: ThinkerPast | None
@@ -108,89 +95,78 @@ class PrefillQueue:
         """Prefill the prompt `build` makes (on a prep thread) after `past`."""
         if self._task is None or self._prep is None:
             raise RuntimeError(f"{self.name} is not running")
-        loop = asyncio.get_running_loop()
         self._building += 1
         try:
-            prompt = await loop.run_in_executor(self._prep, build)
+            prompt = await asyncio.get_running_loop().run_in_executor(self._prep, build)
         finally:
             self._building -= 1
-            self._arrived.set()
-        waiter: asyncio.Future[Prefilled] = loop.create_future()
-        with self._lock:
-            self._waiting.append(_Waiting(prompt, past, waiter))
-        self._arrived.set()
-        return await waiter
+            self._waiting.changed.set()
+        return await self._waiting.add((prompt, past))
 
-    def _take(self) -> tuple[list[_Waiting], PrefillJob | None]:
-        """On the model thread: the prompts waiting now (up to `max_batch`), begun as one."""
-        with self._lock:
-            taken = self._waiting[: self.max_batch]
-            self._waiting = self._waiting[self.max_batch :]
-        taken = [entry for entry in taken if not entry.waiter.cancelled()]
+    def _take(self) -> tuple[Taken, PrefillJob | Exception | None]:
+        """On the model thread: the prompts waiting now (up to `max_batch`), begun as one
+        (or why they could not be: the entries are never lost with the error)."""
+        taken = self._waiting.take(self.max_batch)
         if not taken:
             return [], None
-        job = self.runner.prefill_job(
-            [(entry.prompt, entry.past) for entry in taken], chunk_tokens=self.chunk_tokens
-        )
-        job.batch.begin()
+        try:
+            job = self.runner.prefill_job(
+                [item for item, _ in taken], chunk_tokens=self.chunk_tokens
+            )
+            job.batch.begin()
+        except Exception as exc:
+            return taken, exc
         return taken, job
 
     async def _dispatch(self) -> None:
         while True:
-            while not self._waiting:
-                self._arrived.clear()
-                await self._arrived.wait()
+            await self._waiting.wait()
             await self._gather()
-            taken: list[_Waiting] = []
+            taken: Taken = []
             try:
                 taken, job = await self.thread.call(self._take)
                 if job is None:
                     continue
                 self.largest_batch = max(self.largest_batch, len(taken))
                 self.batches += 1
+                if isinstance(job, Exception):
+                    raise job
                 while not job.batch.done:
                     await self.thread.call(job.batch.run_chunk)
                 results = await self.thread.call(
                     self.runner.finish_prefill, job, min_new_tokens=self.min_new_tokens
                 )
             except asyncio.CancelledError:
-                for entry in taken:  # closed mid-batch: nobody will answer them now
-                    if not entry.waiter.done():
-                        entry.waiter.set_exception(RuntimeError(f"{self.name} is closed"))
+                for _, waiter in taken:  # closed mid-batch: nobody will answer them now
+                    fail(waiter, RuntimeError(f"{self.name} is closed"))
                 raise
             except Exception as exc:
                 await self._one_at_a_time(taken, exc)
                 continue
-            for entry, (state, hidden) in zip(taken, results, strict=True):
-                if not entry.waiter.done():
-                    entry.waiter.set_result((entry.prompt, state, hidden))
+            for ((prompt, _), waiter), (state, hidden) in zip(taken, results, strict=True):
+                answer(waiter, (prompt, state, hidden))
 
     async def _gather(self) -> None:
         """Wait up to `gather_s` while prompts are still being built for a batch with room."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.gather_s):
                 while self._building and len(self._waiting) < self.max_batch:
-                    self._arrived.clear()
-                    await self._arrived.wait()
+                    self._waiting.changed.clear()
+                    await self._waiting.changed.wait()
 
-    async def _one_at_a_time(self, taken: list[_Waiting], error: Exception) -> None:
+    async def _one_at_a_time(self, taken: Taken, error: Exception) -> None:
         """After a batch failed: each prompt alone, so that only a bad one fails."""
-        if len(taken) <= 1:
-            for entry in taken:
-                if not entry.waiter.done():
-                    entry.waiter.set_exception(error)
+        if len(taken) == 1:
+            fail(taken[0][1], error)
             return
-        for entry in taken:
-            if entry.waiter.done():
+        for (prompt, past), waiter in taken:
+            if waiter.done():
                 continue
-            prompt = entry.prompt
             try:
                 state, hidden = await self.thread.call(
-                    self.runner.prefill, prompt, min_new_tokens=self.min_new_tokens, past=entry.past
+                    self.runner.prefill, prompt, min_new_tokens=self.min_new_tokens, past=past
                 )
             except Exception as exc:
-                if not entry.waiter.done():
-                    entry.waiter.set_exception(exc)
+                fail(waiter, exc)
             else:
-                if not entry.waiter.done():
-                    entry.waiter.set_result((prompt, state, hidden))
+                answer(waiter, (prompt, state, hidden))

@@ -11,6 +11,8 @@ import pytest
 from transformers import Qwen3OmniMoeConfig
 
 from pipeline.engines.qwen3_omni.audio_features import AudioFeatures
+from pipeline.engines.qwen3_omni.model_thread import ModelThread
+from pipeline.engines.qwen3_omni.prefill_queue import PrefillQueue
 from pipeline.engines.qwen3_omni.prefix_cache import PrefixCache
 from pipeline.engines.qwen3_omni.prompt import ByteVocab, chat_prompt
 from pipeline.engines.qwen3_omni.talker import TalkerEngine
@@ -232,3 +234,34 @@ async def test_the_talker_is_warm_before_it_is_ready_and_holds_no_row_after() ->
     finally:
         await engine.close()
     await assert_cold_on_a_cpu(TalkerEngine(tiny=True))
+
+
+async def test_a_prompt_the_model_cannot_take_fails_alone(tiny_parts: Parts) -> None:
+    """A batch with a bad prompt (its image placeholders do not match its frames) fails, and
+    is run again prompt by prompt: the good prompts are prefilled, only the bad one fails."""
+    model, config = tiny_parts["thinker"]
+    runner = ThinkerRunner(model, config)
+    thread = ModelThread("test-prefill")
+    thread.start()
+    queue = PrefillQueue("test", thread, runner, max_batch=4, gather_s=1.0)
+    queue.start()
+    good = prompt("what is this?", frames=1, seed=9)
+    bad = ThinkerPrompt(good.input_ids[:-40] + good.input_ids[-3:], good.audio, good.vision)
+    try:
+        async with asyncio.timeout(60):
+            results = await asyncio.gather(
+                queue.prefill(lambda: good, None),
+                queue.prefill(lambda: bad, None),
+                return_exceptions=True,
+            )
+        assert not isinstance(results[0], BaseException)
+        assert isinstance(results[1], Exception)
+        _, state, hidden = results[0]
+        alone, alone_hidden = runner.prefill(good)
+        np.testing.assert_allclose(hidden.states, alone_hidden.states, atol=1e-4)
+        assert state.next_token == alone.next_token
+        assert queue.largest_batch == 2  # they did go as one batch first
+    finally:
+        await queue.close()
+        await queue.close()  # idempotent
+        await thread.close()
