@@ -255,7 +255,10 @@ class RedisLink:
         if reset is None:
             return
         try:
-            await reset()
+            # bounded like any call: a reset that hangs (closing a connection stuck on a
+            # dead node) would stop the watch, and the outage would never be seen to end
+            async with asyncio.timeout(self.call_timeout_s):
+                await reset()
         except Exception as exc:
             self._probe_failed(exc)
 

@@ -138,3 +138,32 @@ async def test_a_client_wedged_past_the_outage_is_dialled_afresh(
     link = watched(client)
     await ride_out_an_outage(link)
     assert client.redials == 1 and link.outages == 1
+
+
+class HangsOnFirstRedial(Wedged):
+    """A wedged client whose first redial never returns (its connections will not close)."""
+
+    attempts = 0
+
+    async def reset_connections(self) -> None:
+        self.attempts += 1
+        if self.attempts == 1:
+            await asyncio.Event().wait()
+        self.redials += 1  # done: the probes get through from now on
+
+
+async def test_a_redial_that_hangs_is_given_up_and_tried_again(
+    redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watch bounds a redial like any call: one that hangs is dropped at the call
+    timeout, the probes go on, and the next redial ends the outage."""
+    monkeypatch.setattr("sessions.redis_link.REDIAL_AFTER_S", 0.1)
+    client = HangsOnFirstRedial(redis)
+    link = RedisLink(
+        cast(aioredis.Redis, client),
+        probe_interval_s=0.01,
+        heartbeat_interval_s=0.01,
+        call_timeout_s=0.2,
+    )
+    await ride_out_an_outage(link)
+    assert client.attempts == 2 and client.redials == 1 and link.outages == 1
