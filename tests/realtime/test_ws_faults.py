@@ -217,7 +217,8 @@ async def test_hundreds_of_connect_talk_close_cycles_never_hit_the_session_cap(
     await all_gone(server, redis)
     # A leak would be one per cycle (160 here); a few sockets may still be closing.
     assert open_fds() <= fds + 10
-    assert threading.active_count() <= threads
+    # the loop's default executor may add a worker or two under load (it grows on demand)
+    assert threading.active_count() <= threads + 4
 
 
 def open_fds() -> int:
