@@ -60,23 +60,24 @@ def padding_mask(pads: Sequence[int], length: int, device: torch.device) -> torc
     return mask
 
 
+def row_cache(batched: DynamicCache, row: int, start: int, end: int | None) -> DynamicCache:
+    """A private copy of positions `start:end` of one row of a batched cache, as a batch of
+    one (copies: the batch's tensors can be let go)."""
+    cache = DynamicCache()
+    for index, (keys, values) in enumerate(_layers(batched)):
+        cache.update(
+            keys[row : row + 1, :, start:end].clone(),
+            values[row : row + 1, :, start:end].clone(),
+            index,
+        )
+    return cache
+
+
 def split_cache(batched: DynamicCache, pads: Sequence[int]) -> list[DynamicCache]:
     """Each row's cache, without its padding (copies: the batch's tensors are let go)."""
-    layers = _layers(batched)
-    caches = []
-    for row, pad in enumerate(pads):
-        cache = DynamicCache()
-        for index, (keys, values) in enumerate(layers):
-            cache.update(
-                keys[row : row + 1, :, pad:].clone(), values[row : row + 1, :, pad:].clone(), index
-            )
-        caches.append(cache)
-    return caches
+    return [row_cache(batched, row, pad, None) for row, pad in enumerate(pads)]
 
 
 def crop_copy(cache: DynamicCache, length: int) -> DynamicCache:
     """A private copy of the first `length` positions of a batch-of-one cache."""
-    copy = DynamicCache()
-    for index, (keys, values) in enumerate(_layers(cache)):
-        copy.update(keys[:, :, :length].clone(), values[:, :, :length].clone(), index)
-    return copy
+    return row_cache(cache, 0, 0, length)

@@ -37,7 +37,7 @@ import torch
 from transformers import DynamicCache
 
 from .audio_features import AudioInput
-from .batch_cache import stack_caches
+from .batch_cache import row_cache, stack_caches
 from .vision_input import VisionInput
 
 
@@ -250,18 +250,10 @@ class BatchedPrefill:
         """Each row's own cache, hidden states and last logits."""
         if not self.done:
             raise RuntimeError("the prefill has chunks left to run")
-        layers = [(layer.keys, layer.values) for layer in self._cache.layers]
         results = []
         for index, (past, length) in enumerate(zip(self.past_lengths, self.lengths, strict=True)):
             first, last = self.past_columns - past, self.past_columns + length
-            cache = DynamicCache()
-            for number, (keys, values) in enumerate(layers):
-                assert keys is not None and values is not None
-                cache.update(
-                    keys[index : index + 1, :, first:last].clone(),
-                    values[index : index + 1, :, first:last].clone(),
-                    number,
-                )
+            cache = row_cache(self._cache, index, first, last)
             logits = self._logits[index]
             assert logits is not None
             results.append(RowResult(cache, torch.cat(self._hidden[index]), logits))

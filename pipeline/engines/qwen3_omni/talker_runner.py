@@ -27,7 +27,7 @@ import numpy.typing as npt
 import torch
 from transformers import DynamicCache, Qwen3OmniMoeConfig
 
-from .batch_cache import padding_mask, split_cache, stack_caches
+from .batch_cache import padding_mask, row_cache, split_cache, stack_caches
 from .config import CODEC, SPEAKERS, TOKENS
 from .frame_predictor import FramePredictor
 from .sampling import Sampling, choose_rows, pick
@@ -298,17 +298,8 @@ class TalkerRunner:
             past_key_values=cache,
             use_cache=True,
         )
-        layers = [(layer.keys, layer.values) for layer in cache.layers]
         for row, (state, length) in enumerate(zip(states, lengths, strict=True)):
-            own_cache = DynamicCache()
-            for index, (keys, values) in enumerate(layers):
-                assert keys is not None and values is not None
-                own_cache.update(
-                    keys[row : row + 1, :, :length].clone(),
-                    values[row : row + 1, :, :length].clone(),
-                    index,
-                )
-            state.cache = own_cache
+            state.cache = row_cache(cache, row, 0, length)
             state.length = length
             hidden = out.last_hidden_state[row : row + 1, length - 1 : length]
             state.last_hidden = hidden
