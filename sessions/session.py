@@ -222,8 +222,10 @@ class Session:
                 transcriber = tg.create_task(
                     self._transcriber.run(), name=f"{self.session_id}:transcriber"
                 )
-                # session.created is the first event a client gets, whatever it sends at once.
+                # session.created is the first event a client gets, whatever it sends at once,
+                # and comes once the record is written: its resume token works from then on.
                 if not self.rehydrated:
+                    await self.store.write_record(self.config, self.resume_token)
                     self._emit(
                         SessionCreated(
                             session_id=self.session_id,
@@ -232,8 +234,6 @@ class Session:
                         )
                     )
                 self._started.set()
-                if not self.rehydrated:
-                    await self.store.write_record(self.config, self.resume_token)
                 await self._close_requested.wait()
                 await self._shutdown()
                 watchdog.cancel()

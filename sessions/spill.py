@@ -26,7 +26,7 @@ import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.asyncio.client import Pipeline
 from redis.exceptions import OutOfMemoryError, RedisError
@@ -46,6 +46,8 @@ DRAIN_BATCH = 256
 DROP_ORDER = ("audio", "frames", "events", "history", "record")
 """Which buffer gives up its oldest entry first when the spill is full: media is a cache,
 the history and the event log are what a resume promises."""
+
+T = TypeVar("T")
 
 OnDrop = Callable[[str, int], None]
 """Told the buffer and how many values a full spill just gave up."""
@@ -103,7 +105,18 @@ class Spill:
     ) -> list[Any] | None:
         """Write now and return the pipeline's results, or keep the write and return None.
 
+        A write handed over is carried to its end even when the caller is cancelled
+        meanwhile (a turn cancelled while its audio read flushes the buffer): the buffer
+        has let go of its values (the audio's pending frames), so a write dropped while it
+        waits for the lock or for Redis would lose them. The wait is bounded by the writes
+        ahead of it and the link's call timeout.
+
         Raises only for a Redis error that is not an outage (a bug in the commands)."""
+        return await _finished(asyncio.ensure_future(self._write(kind, apply, size, values)))
+
+    async def _write(
+        self, kind: str, apply: Apply, size: int, values: Sequence[Any]
+    ) -> list[Any] | None:
         if self._closed:
             return None
         async with self._lock:
@@ -178,47 +191,77 @@ class Spill:
                 if not self.link.writable:
                     return
                 batch = _Counted([w.apply for w in itertools.islice(queue, DRAIN_BATCH)])
-                try:
-                    results = await self.link.call(
+                call = asyncio.ensure_future(
+                    self.link.call(
                         functools.partial(self._execute, batch.applies, raise_on_error=False)
                     )
+                )
+                try:
+                    results = await _finished(call)
+                except asyncio.CancelledError:  # what landed must not be sent again
+                    if call.exception() is None:
+                        self._written_back(kind, batch, call.result())
+                    raise
                 except RedisFullError:
                     self._count_refusal()
                     return
                 except RedisUnavailableError:
                     return
-                per_write = batch.split(results)
-                refused = next(
-                    (
-                        (i, r)
-                        for i, mine in enumerate(per_write)
-                        for r in mine
-                        if isinstance(r, OutOfMemoryError)
-                    ),
-                    None,
-                )
-                landed = len(per_write) if refused is None else refused[0]
-                for _ in range(landed):
-                    self.bytes -= queue.popleft().size
-                self.link.stats.restored += landed
-                if self._metrics is not None:
-                    self._metrics.redis_restored_writes.inc(landed)
-                failed = [
-                    r
-                    for mine in per_write[:landed]
-                    for r in mine
-                    if isinstance(r, RedisError) and not _landed(r)
-                ]
-                if refused is not None:  # kept, from the refused write on, for the next try
-                    self._count_refusal()
-                    self.link.refused(refused[1])
-                if failed:  # a command Redis refused: writing it again would not help
-                    log.error(
-                        "%d spilled %s writes were refused by Redis: %s",
-                        len(failed),
-                        kind,
-                        failed[0],
-                    )
+                if not self._written_back(kind, batch, results):
+                    return
+
+    def _written_back(self, kind: str, batch: _Counted, results: list[Any]) -> bool:
+        """Take the landed writes of a drained batch off their queue; False when Redis
+        refused one for want of memory (it and those after it stay, for the next try)."""
+        queue = self._queues[kind]
+        per_write = batch.split(results)
+        refused = next(
+            (
+                (i, r)
+                for i, mine in enumerate(per_write)
+                for r in mine
+                if isinstance(r, OutOfMemoryError)
+            ),
+            None,
+        )
+        landed = len(per_write) if refused is None else refused[0]
+        for _ in range(landed):
+            self.bytes -= queue.popleft().size
+        self.link.stats.restored += landed
+        if self._metrics is not None:
+            self._metrics.redis_restored_writes.inc(landed)
+        failed = [
+            r
+            for mine in per_write[:landed]
+            for r in mine
+            if isinstance(r, RedisError) and not _landed(r)
+        ]
+        if refused is not None:
+            self._count_refusal()
+            self.link.refused(refused[1])
+        if failed:  # a command Redis refused: writing it again would not help
+            log.error(
+                "%d spilled %s writes were refused by Redis: %s", len(failed), kind, failed[0]
+            )
+        return refused is None
+
+
+async def _finished(call: asyncio.Future[T]) -> T:
+    """The result of `call`, which is carried to its end even when the caller is cancelled
+    meanwhile; the cancel is delivered after it, and the caller may read the outcome from
+    `call`. For writes that must not stop half way (a write dropped after the buffer let
+    go of its values loses them; one sent again after it landed lands twice)."""
+    try:
+        return await asyncio.shield(call)
+    except asyncio.CancelledError:
+        while not call.done():
+            try:
+                await asyncio.wait({call})
+            except asyncio.CancelledError:
+                continue
+        if not call.cancelled():
+            call.exception()  # retrieved: the caller reads it from `call` if it cares
+        raise
 
 
 class _Counted:

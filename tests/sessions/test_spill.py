@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 
 from pipeline.tasks import cancel_and_wait
 from sessions.audio_buffer import AudioBuffer
@@ -104,4 +106,51 @@ async def test_a_full_spill_drops_the_oldest_media_first_and_counts_it(
         assert np.all(await audio.read(300, 600) == np.repeat([3, 4, 5], 5 * 320))
         assert len(await audio.read(0, 300)) == 0
     finally:
+        await redis.delete(*keys.all())
+
+
+async def test_a_flush_whose_caller_is_cancelled_still_writes_its_frames(
+    redis: aioredis.Redis,
+) -> None:
+    """A turn cancelled (a barge-in) while its audio read flushes the buffer: the frames
+    taken for the write still land, in order, and the next ones after them."""
+    keys = SessionKeys("sess_spill_cancel")
+    link = RedisLink(redis)
+    writer = asyncio.create_task(link.writes.run())
+    await asyncio.sleep(0)
+    spill = Spill(link)
+    audio = AudioBuffer(redis, keys, max_seconds=60, batch_frames=1000, spill=spill)
+    history = History(redis, keys, spill=spill)
+    try:
+        started = asyncio.Event()
+
+        def blocking(pipe: Pipeline) -> None:
+            started.set()
+            pipe.blpop(["spill:nothing"], timeout=0.2)  # the batcher's pipeline in flight
+
+        in_flight = asyncio.create_task(link.writes.execute([blocking]))
+        await started.wait()
+        await audio.append([frame(1)] * 5, 0)
+        flushing = asyncio.create_task(audio.flush())  # queued behind the blocking one
+        await asyncio.sleep(0.05)
+        flushing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await flushing
+        await in_flight
+        await audio.append([frame(2)] * 5, 100)
+        assert await audio.length() == 10
+        assert np.all(await audio.read(0, 200) == np.repeat([1, 2], 5 * 320))
+        # A history write cancelled the same way lands once.
+        in_flight = asyncio.create_task(link.writes.execute([blocking]))
+        await started.wait()
+        item = ConversationItem(type="message", role="user")
+        appending = asyncio.create_task(history.append(item))
+        await asyncio.sleep(0.05)
+        appending.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await appending
+        await in_flight
+        assert [i.id for i in await history.items()] == [item.id]
+    finally:
+        await cancel_and_wait(writer)
         await redis.delete(*keys.all())
