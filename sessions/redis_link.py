@@ -91,6 +91,9 @@ class OutageStats:
     """Writes Redis refused for want of memory (each was kept)."""
     probe_errors: set[str] = field(default_factory=set)
     """Kinds of error, other than an outage's, that the probe met (each logged once)."""
+    last_probe_error: str = ""
+    """Why the last probe found no server (said again while an outage lasts)."""
+    redials: int = 0
 
 
 class RedisLink:
@@ -282,6 +285,7 @@ class RedisLink:
                     failing_since = now
                 elif now - failing_since >= REDIAL_AFTER_S:
                     failing_since = now
+                    self._still_down()
                     await self._redial()
             elif self.refusing:
                 await asyncio.sleep(self.probe_interval_s)
@@ -304,7 +308,8 @@ class RedisLink:
         try:
             async with asyncio.timeout(self.call_timeout_s):
                 await self.redis.ping()
-        except OUTAGE_ERRORS:
+        except OUTAGE_ERRORS as exc:
+            self.stats.last_probe_error = f"{type(exc).__name__}: {exc}".rstrip(": ")
             return False
         except Exception as exc:  # not back, for a reason of its own: said once an outage
             self._probe_failed(exc)
@@ -326,6 +331,17 @@ class RedisLink:
             self._probe_failed(exc)
             return False
         return True
+
+    def _still_down(self) -> None:
+        """An outage that lasts is said again, with the probe's last error, after 1, 2, 4,
+        8, ... redials: an operator (or a test that waits for the end) sees why."""
+        self.stats.redials += 1
+        if self.stats.redials & (self.stats.redials - 1) == 0:
+            log.warning(
+                "Redis still unreachable after %.0f s (%s); dialling afresh",
+                time.monotonic() - self.stats.started,
+                self.stats.last_probe_error or "no answer",
+            )
 
     def _probe_failed(self, exc: BaseException) -> None:
         kind = type(exc).__name__

@@ -118,7 +118,9 @@ async def test_barge_in_clears_twilio_even_after_all_audio_was_sent(server: Serv
         await twilio.closed()
     # Cut at what the caller played, as its echoed marks said, not at what was sent.
     assert 400 <= truncated["audio_end_ms"] < ANSWER_MS
-    assert abs(truncated["audio_end_ms"] - last_echo) <= 100
+    # Near the last mark it echoed: the clear reaches it a little after the barge-in is
+    # heard (more on a loaded machine), and it plays on meanwhile.
+    assert 0 <= last_echo - truncated["audio_end_ms"] <= 600
     assert truncated["audio_end_ms"] <= played + 1
 
 

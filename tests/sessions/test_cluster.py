@@ -283,10 +283,13 @@ async def test_nodes_that_die_and_come_back_are_an_outage_sessions_ride_out(
             own_cluster.restart_nodes(*nodes)  # empty, with the same slots
             # generous: in a full run the link has taken over 20 s to see the node back
             # (its redials come every 5 s); a link that never sees it still fails here
-            async with asyncio.timeout(45):
-                await link.wait_up()
-                while not await client.exists(kept.keys.meta):  # the record written back
-                    await asyncio.sleep(0.05)
+            try:
+                async with asyncio.timeout(45):
+                    await link.wait_up()
+                    while not await client.exists(kept.keys.meta):  # the record written back
+                        await asyncio.sleep(0.05)
+            except TimeoutError:
+                pytest.fail(f"the link never saw the nodes back: {link.stats}")
             assert [i.role for i in await kept.history.items()] == ["user", "assistant"]
             assert nodes_holding(own_cluster, f"*{{{ended.session_id}}}*") == {}
             await client.reset_connections()  # dialled afresh, as a long outage does

@@ -128,16 +128,18 @@ class Wedged(Flaky):
 
 
 async def test_a_client_wedged_past_the_outage_is_dialled_afresh(
-    redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+    redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A probe that fails on and on (a cluster client left wedged by a node's death, once
     seen in CI after every node was back) has the client drop its connections, and the
-    outage ends at the next probe."""
+    outage ends at the next probe. The log says the outage goes on, and why."""
     monkeypatch.setattr("sessions.redis_link.REDIAL_AFTER_S", 0.1)
     client = Wedged(redis)
     link = watched(client)
     await ride_out_an_outage(link)
     assert client.redials == 1 and link.outages == 1
+    (still,) = [r.getMessage() for r in caplog.records if "still unreachable" in r.getMessage()]
+    assert "Connection closed by server" in still
 
 
 class HangsOnFirstRedial(Wedged):
