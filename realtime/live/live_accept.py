@@ -1,0 +1,116 @@
+"""Starting a GPT-Live session on an accepted WebSocket: `session.start` first.
+
+GPT-Live's primary WebSocket carries no configuration in its URL: the client's first
+message is `session.start` with the whole session configuration, and nothing else may
+come before the server's `session.started`. A first message that is not a valid
+`session.start` gets an `error` (with the client's `event_id`, naming the bad field) and
+a close with 1008; no session is made. Waiting for it is bounded (`START_TIMEOUT_S`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any, Literal
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from sessions import SessionConfig, SessionLimitError, SessionManager
+from sessions.events import ConversationItem
+
+from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
+from ..websocket.connection import CLOSE_POLICY, CLOSE_TRY_AGAIN
+from .live_config import LiveConfigError, LiveSessionConfig, parley_config, parse_live_config
+from .live_connection import LiveConnection, live_error
+
+log = logging.getLogger("parley.realtime.live")
+
+START_TIMEOUT_S = 15.0
+"""How long an accepted socket may wait before its `session.start`."""
+
+ROLES: dict[str, Literal["user", "assistant", "system"]] = {
+    "developer": "system",
+    "system": "system",
+    "user": "user",
+    "assistant": "assistant",
+}
+
+
+async def serve_live(
+    websocket: WebSocket,
+    manager: SessionManager,
+    *,
+    base: SessionConfig,
+    caller: str | None = None,
+    slow: SlowClients = DEFAULT_SLOW_CLIENTS,
+) -> None:
+    """Serve one GPT-Live WebSocket (already admitted) until it closes."""
+    await websocket.accept()
+    start = await _session_start(websocket)
+    if start is None:
+        return
+    live, client_id = start
+    try:
+        config, formats = parley_config(live, base)
+    except LiveConfigError as exc:
+        await _refuse(websocket, live_error(exc.code, str(exc), client_id, param=exc.param))
+        return
+    connection = LiveConnection(websocket, manager, live=live, formats=formats, slow=slow)
+    try:
+        session = await manager.create(connection, config, caller=caller)
+    except SessionLimitError as exc:  # or KeyLimitError: `rate_limit_exceeded`
+        error = live_error(exc.code, str(exc), client_id, error_type=exc.error_type)
+        await _refuse(websocket, error, CLOSE_TRY_AGAIN)
+        return
+    try:
+        connection.bind(session)
+        for item in live.input or ():
+            text = item.content[0].text
+            await session.add_item(ConversationItem(role=ROLES[item.role], text=text))
+        connection.post(connection.started(client_id))
+        await connection.serve(None)
+    finally:
+        await connection.close_socket()
+
+
+async def _session_start(websocket: WebSocket) -> tuple[LiveSessionConfig, str | None] | None:
+    """The first message as a `session.start`, or None once the client was told why not."""
+    try:
+        async with asyncio.timeout(START_TIMEOUT_S):
+            raw = await websocket.receive_text()
+    except TimeoutError:
+        await _refuse(websocket, live_error("session_not_started", "no session.start came"))
+        return None
+    except (WebSocketDisconnect, RuntimeError, KeyError):
+        return None  # gone before it started (or sent bytes: not a Live client)
+    try:
+        event: Any = json.loads(raw)
+    except ValueError:
+        await _refuse(websocket, live_error("invalid_json", "the first message is not JSON"))
+        return None
+    client_id = event.get("event_id") if isinstance(event, dict) else None
+    client_id = client_id if isinstance(client_id, str) else None
+    if not isinstance(event, dict) or event.get("type") != "session.start":
+        kind = event.get("type") if isinstance(event, dict) else None
+        text = f"the first message must be session.start, not {kind!r}"
+        await _refuse(websocket, live_error("session_not_started", text, client_id))
+        return None
+    extra = sorted(set(event) - {"type", "session", "event_id"})
+    if extra:
+        text = f"session.start has no field {extra[0]!r}"
+        await _refuse(websocket, live_error("unknown_parameter", text, client_id, param=extra[0]))
+        return None
+    try:
+        return parse_live_config(event.get("session")), client_id
+    except LiveConfigError as exc:
+        await _refuse(websocket, live_error(exc.code, str(exc), client_id, param=exc.param))
+        return None
+
+
+async def _refuse(websocket: WebSocket, error: dict[str, Any], code: int = CLOSE_POLICY) -> None:
+    log.info("GPT-Live session refused: %s", error["error"]["message"])
+    with contextlib.suppress(Exception):
+        await websocket.send_text(json.dumps(error))
+        await websocket.close(code, error["error"]["code"])

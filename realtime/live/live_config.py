@@ -1,0 +1,171 @@
+"""GPT-Live's session configuration (`session.start`), strict, and what it means in Parley.
+
+GPT-Live (OpenAI's full-duplex voice API, `client.live` in the `openai` SDK) starts a
+session with one `session.start` carrying its whole configuration; unknown fields are an
+error, and voice, audio format and instructions cannot change afterwards. The fields are
+those of the SDK's `SessionConfig` (openai/types/live/session_config.py in the SDK we pin).
+
+Parley serves it with its own pipelines, which take turns: Parley's turn detection and
+barge-in decide when the assistant speaks (there is no client control over it, as in
+GPT-Live). Delegation to OpenAI's Responses or Decisions APIs has no counterpart here yet:
+asking for it is refused with a clear error rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sessions import ConfigError, SessionConfig
+
+from ..client_events import AudioFormats
+from ..g711 import PCMA, PCMU
+
+MAX_INPUT_ITEMS = 128
+"""GPT-Live's bound on the history given at start."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LiveAudioFormat(_Strict):
+    type: Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
+    rate: int = 24_000
+
+    @model_validator(mode="after")
+    def _rate(self) -> LiveAudioFormat:
+        wanted = (16_000, 24_000) if self.type == "audio/pcm" else (8_000,)
+        if self.rate not in wanted:
+            raise ValueError(f"{self.type} is sent at {' or '.join(map(str, wanted))} Hz")
+        return self
+
+
+class LiveAudioOutput(_Strict):
+    voice: str | dict[str, Any] | None = None
+
+
+class LiveAudio(_Strict):
+    format: LiveAudioFormat | None = None
+    output: LiveAudioOutput | None = None
+
+
+class LiveContentPart(_Strict):
+    type: Literal["input_text", "output_text", "text"]
+    text: str
+
+
+class LiveInitialItem(_Strict):
+    type: Literal["message"] = "message"
+    role: Literal["developer", "system", "user", "assistant"]
+    content: list[LiveContentPart] = Field(min_length=1, max_length=1)
+
+
+class LiveDelegation(_Strict):
+    type: Literal["client", "responses", "decisions"]
+    acknowledgement_delay_ms: int | None = None
+    responses: dict[str, Any] | None = None
+    decisions: dict[str, Any] | None = None
+
+
+class LiveSessionConfig(_Strict):
+    """The SDK's `SessionConfig`, field for field."""
+
+    model: str
+    audio: LiveAudio | None = None
+    client: dict[str, Any] | None = None
+    delegation: LiveDelegation | None = None
+    input: list[LiveInitialItem] | None = Field(default=None, max_length=MAX_INPUT_ITEMS)
+    instructions: str | None = None
+    safety_identifier: str | None = None
+    store: bool | None = None
+    triggers: list[dict[str, Any]] | None = None
+
+    @property
+    def format(self) -> LiveAudioFormat:
+        audio = self.audio
+        if audio is not None and audio.format is not None:
+            return audio.format
+        return LiveAudioFormat(type="audio/pcm", rate=24_000)
+
+    @property
+    def voice(self) -> str | None:
+        output = self.audio.output if self.audio is not None else None
+        voice = output.voice if output is not None else None
+        if isinstance(voice, dict):
+            found = voice.get("id") or voice.get("name")
+            return str(found) if found else None
+        return voice
+
+
+class LiveConfigError(Exception):
+    """A `session.start` Parley cannot serve: `code` and `param` say what."""
+
+    def __init__(self, message: str, code: str = "invalid_value", param: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.param = param
+
+
+def parse_live_config(body: Any) -> LiveSessionConfig:
+    """The `session` of a `session.start`; LiveConfigError naming the first bad field."""
+    try:
+        return LiveSessionConfig.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in ("session", *first["loc"]))
+        code = "unknown_parameter" if first["type"] == "extra_forbidden" else "invalid_value"
+        if first["type"] == "missing":
+            code = "missing_required_parameter"
+        raise LiveConfigError(f"{where}: {first['msg']}", code, where) from exc
+
+
+def parley_config(
+    live: LiveSessionConfig, base: SessionConfig
+) -> tuple[SessionConfig, AudioFormats]:
+    """The session Parley runs for `live` (on top of `base`, a key's own settings), and the
+    connection's audio formats (one format both ways, as GPT-Live has it)."""
+    if live.delegation is not None and live.delegation.type != "client":
+        raise LiveConfigError(
+            f"delegation to {live.delegation.type!r} is not available on this server; "
+            "use the client delegation (the application answers)",
+            "unsupported_value",
+            "session.delegation.type",
+        )
+    patch: dict[str, Any] = {}
+    if live.instructions and live.instructions.strip():
+        patch["instructions"] = live.instructions
+    if live.voice is not None:
+        patch["voice"] = live.voice
+    fmt = live.format
+    try:
+        config = base.updated(patch)
+    except ConfigError as exc:
+        param = "session.audio.output.voice" if "voice" in str(exc) else "session.instructions"
+        raise LiveConfigError(str(exc), "invalid_value", param) from exc
+    if fmt.type == "audio/pcm":
+        formats = AudioFormats(
+            input="audio/pcm", input_rate=fmt.rate, output="audio/pcm", output_rate=fmt.rate
+        )
+    else:
+        coding = PCMU if fmt.type == "audio/pcmu" else PCMA
+        formats = AudioFormats(input=coding, input_rate=8_000, output=coding, output_rate=8_000)
+    return config, formats
+
+
+def resolved(live: LiveSessionConfig, session_id: str, expires_at: int) -> dict[str, Any]:
+    """The `session` of `session.started` / `session.closed`: the configuration as served,
+    with the server's defaults filled in."""
+    fmt = live.format
+    body: dict[str, Any] = live.model_dump(mode="json", exclude_none=True)
+    body.update(
+        id=session_id,
+        object="live.session",
+        expires_at=expires_at,
+        status="active",
+        model=live.model,
+    )
+    audio = body.setdefault("audio", {})
+    audio["format"] = {"type": fmt.type, "rate": fmt.rate}
+    return body

@@ -1,0 +1,322 @@
+"""GPT-Live over a WebSocket (`/v1/live/sessions`): one connection, one session.
+
+The connection's lifecycle (reader, paced sender, size limit, close) is the
+MessageConnection's (realtime/websocket/connection.py); this is GPT-Live's message mapping
+on top, as the `openai` SDK's `client.live` speaks it:
+
+- in: `session.input_audio.append` (never acknowledged; in the format chosen at start),
+  `session.input_audio.mute` / `.unmute` (acknowledged; while muted the microphone's
+  audio is replaced by silence, so the session's timeline goes on and no speech is heard),
+  `session.instructions.append` and `session.thinking.append` (developer notes and
+  silent context: each a system note in the conversation, which asks for no speech;
+  acknowledged with its place on the timeline), `session.close`. Anything else gets an
+  `error` naming the event (`client_event_id`) and the session goes on.
+- out: `session.output_audio.delta` (paced at real time, as the Realtime WebSocket's
+  audio), `session.input_transcript.delta` / `session.output_transcript.delta` with
+  `start_ms` / `end_ms` on the session's timeline (ms since it started: the user's speech
+  where the turn detector heard it, the assistant's text where its audio was reached),
+  `error`, and `session.closed` with the reason and the usage, last.
+
+There is no client control of turns: Parley's own turn detection and barge-in decide when
+the assistant speaks and when it stops, as the model does in GPT-Live.
+
+Not yet: silence streamed between answers (GPT-Live's output never pauses; here output
+audio comes only while the assistant speaks), `session.commentary.append`, tool
+delegation events, resume after a dropped connection (a drop ends the session:
+`connection_lost`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import time
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+import soxr
+from starlette.websockets import WebSocket
+
+from sessions import Session, SessionManager
+from sessions.events import (
+    ConversationItem,
+    ErrorEvent,
+    Event,
+    InputTranscriptionCompleted,
+    InputTranscriptionDelta,
+    OutputAudioTranscriptDelta,
+    SessionClosed,
+    SpeechStarted,
+    SpeechStopped,
+    new_id,
+)
+
+from ..client_events import AudioFormats
+from ..error_throttle import ErrorThrottle
+from ..g711 import G711, PCMA, PCMU
+from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
+from ..websocket.connection import CLIENT_CLOSED, MessageConnection
+from ..websocket.sender import Message
+from .live_config import LiveSessionConfig, resolved
+
+ERROR_LIMIT = 20
+"""`error` events about the client's own messages per second; the rest are summarised."""
+
+CLOSE_REQUESTED = "close_requested"
+
+CLOSED_REASONS = {
+    CLOSE_REQUESTED: "close_requested",
+    CLIENT_CLOSED: "close_requested",
+    "max_duration": "expired",
+    "expired": "expired",
+}
+"""Parley's reason for a session's end -> GPT-Live's; any other is `connection_lost`."""
+
+
+def live_error(
+    code: str,
+    message: str,
+    client_event_id: str | None = None,
+    *,
+    error_type: str = "invalid_request_error",
+    param: str | None = None,
+) -> Message:
+    error: dict[str, Any] = {"type": error_type, "code": code, "message": message}
+    if client_event_id is not None:
+        error["client_event_id"] = client_event_id
+    if param is not None:
+        error["param"] = param
+    message_: Message = {"type": "error", "event_id": new_id("event"), "error": error}
+    if client_event_id is not None:
+        message_["client_event_id"] = client_event_id
+    return message_
+
+
+class LiveConnection(MessageConnection):
+    TRANSPORT: ClassVar[str] = "live_ws"
+    RESUMABLE: ClassVar[frozenset[str]] = frozenset()
+    """A GPT-Live session ends with its connection (`connection_lost` when it drops)."""
+
+    def __init__(
+        self,
+        websocket: WebSocket,
+        manager: SessionManager,
+        *,
+        live: LiveSessionConfig,
+        formats: AudioFormats,
+        slow: SlowClients = DEFAULT_SLOW_CLIENTS,
+    ) -> None:
+        super().__init__(websocket, manager, self._audio_message, grace_s=0, slow=slow)
+        self.live = live
+        self.formats = formats
+        self.muted = False
+        self.started_at = time.monotonic()
+        self.expires_at = int(time.time()) + 3600
+        self._codec = G711()
+        self._errors = ErrorThrottle(self._summarise, limit=ERROR_LIMIT)
+        self._speech: dict[str, tuple[int, int]] = {}
+        """item id -> where the user's speech lies on the timeline (ms), as heard."""
+        self._heard: dict[str, str] = {}
+        """item id -> transcript text already sent as deltas."""
+        self._spoken_ms = 0
+
+    def bind(self, session: Session) -> None:
+        self.session = session
+        self.started_at = time.monotonic()
+        self.expires_at = int(time.time() + session.limits.max_lifetime_s)
+
+    def started(self, client_event_id: str | None) -> Message:
+        assert self.session is not None
+        message: Message = {
+            "type": "session.started",
+            "event_id": new_id("event"),
+            "session": resolved(self.live, self.session.session_id, self.expires_at),
+        }
+        if client_event_id is not None:
+            message["client_event_id"] = client_event_id
+        return message
+
+    def _now_ms(self) -> int:
+        return round((time.monotonic() - self.started_at) * 1000)
+
+    # --- out ------------------------------------------------------------------------------
+
+    def messages(self, event: Event) -> list[tuple[Message, bool]]:
+        if isinstance(event, SpeechStarted):
+            self._speech[event.item_id] = (event.audio_start_ms, event.audio_start_ms)
+        elif isinstance(event, SpeechStopped):
+            start, _ = self._speech.get(event.item_id, (event.audio_end_ms, 0))
+            self._speech[event.item_id] = (start, event.audio_end_ms)
+        elif isinstance(event, InputTranscriptionDelta):
+            return [(self._input_delta(event.item_id, event.delta), False)]
+        elif isinstance(event, InputTranscriptionCompleted):
+            # what the deltas have not said yet (all of it when the recogniser sent none)
+            sent = self._heard.get(event.item_id, "")
+            rest = event.transcript[len(sent) :] if event.transcript.startswith(sent) else ""
+            messages = [(self._input_delta(event.item_id, rest), False)] if rest else []
+            self._heard.pop(event.item_id, None)
+            self._speech.pop(event.item_id, None)
+            return messages
+        elif isinstance(event, OutputAudioTranscriptDelta):
+            at = self._now_ms()
+            return [(self._delta("session.output_transcript.delta", event.delta, at, at), False)]
+        elif isinstance(event, ErrorEvent):
+            return [
+                (
+                    live_error(
+                        event.code,
+                        event.message,
+                        event.client_event_id,
+                        error_type=event.error_type,
+                        param=event.param,
+                    ),
+                    False,
+                )
+            ]
+        elif isinstance(event, SessionClosed):
+            return [(self._closed(event.reason), True)]
+        return []
+
+    def _input_delta(self, item_id: str, text: str) -> Message:
+        self._heard[item_id] = self._heard.get(item_id, "") + text
+        start, end = self._speech.get(item_id, (self._now_ms(), self._now_ms()))
+        return self._delta("session.input_transcript.delta", text, start, max(start, end))
+
+    @staticmethod
+    def _delta(kind: str, text: str, start_ms: int, end_ms: int) -> Message:
+        return {
+            "type": kind,
+            "event_id": new_id("event"),
+            "delta": text,
+            "start_ms": start_ms,
+            "end_ms": end_ms,
+        }
+
+    def _closed(self, reason: str) -> Message:
+        assert self.session is not None
+        return {
+            "type": "session.closed",
+            "event_id": new_id("event"),
+            "reason": CLOSED_REASONS.get(reason, "connection_lost"),
+            "session": resolved(self.live, self.session.session_id, self.expires_at),
+            "usage": {"seconds": float(int(time.monotonic() - self.started_at))},
+        }
+
+    def _audio_message(self, pcm: npt.NDArray[np.int16], rate: int) -> Message:
+        formats = self.formats
+        if rate != formats.output_rate:
+            pcm = soxr.resample(pcm, rate, formats.output_rate).astype(np.int16)
+        if formats.output in (PCMU, PCMA):
+            payload = self._codec.encode(pcm, formats.output)
+        else:
+            payload = pcm.astype("<i2", copy=False).tobytes()
+        return {
+            "type": "session.output_audio.delta",
+            "delta": base64.b64encode(payload).decode("ascii"),
+        }
+
+    def error_message(self, code: str, text: str) -> Message:
+        return live_error(code, text)
+
+    def _summarise(self, count: int, first: str) -> None:
+        self.post(
+            live_error(
+                "errors_suppressed", f"{count} more errors left out this second; the first: {first}"
+            )
+        )
+
+    def on_close(self) -> None:
+        self._errors.close()
+
+    # --- in -------------------------------------------------------------------------------
+
+    async def handle(self, raw: str | bytes) -> bool:
+        try:
+            event = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            self._refuse("invalid_json", "the message is not JSON", None)
+            return False
+        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+            self._refuse("invalid_event", "an event is a JSON object with a `type`", None)
+            return False
+        kind: str = event["type"]
+        client_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
+        session = self.session
+        assert session is not None
+        if kind == "session.input_audio.append":
+            await self._append(event, client_id)
+        elif kind in ("session.input_audio.mute", "session.input_audio.unmute"):
+            self.muted = kind.endswith(".mute")
+            self._ack(
+                "session.input_audio.muted" if self.muted else "session.input_audio.unmuted",
+                client_id,
+            )
+        elif kind in ("session.instructions.append", "session.thinking.append"):
+            # Both join the conversation as notes the model reads (instructions stay in
+            # the history; thinking is silent context); neither asks for speech.
+            text = self._text(event, "content", client_id)
+            if text is not None:
+                await session.add_item(ConversationItem(role="system", text=text))
+                at = self._now_ms()
+                done = kind.replace(".append", ".appended")
+                self._ack(done, client_id, start_ms=at, end_ms=at)
+        elif kind == "session.close":
+            self.finish(CLOSE_REQUESTED)
+            return True
+        elif kind == "session.start":
+            self._refuse("session_already_started", "the session has started already", client_id)
+        else:
+            self._refuse(
+                "unsupported_event",
+                f"{kind!r} is not served here (GPT-Live on Parley: audio appends, mute, "
+                "instructions, thinking and close)",
+                client_id,
+                "type",
+            )
+        return False
+
+    async def _append(self, event: dict[str, Any], client_id: str | None) -> None:
+        audio = event.get("audio")
+        if not isinstance(audio, str):
+            self._refuse(
+                "missing_required_parameter", "`audio` (base64) is required", client_id, "audio"
+            )
+            return
+        try:
+            payload = base64.b64decode(audio, validate=True)
+        except (binascii.Error, ValueError):
+            self._refuse("invalid_value", "`audio` is not base64", client_id, "audio")
+            return
+        formats = self.formats
+        if formats.input in (PCMU, PCMA):
+            payload = self._codec.decode(payload, formats.input)
+        elif len(payload) % 2:
+            self._refuse(
+                "invalid_value", "PCM16 audio has an even number of bytes", client_id, "audio"
+            )
+            return
+        if self.muted:
+            payload = bytes(len(payload))
+        assert self.session is not None
+        await self.session.append_audio(payload, formats.input_rate, 1)
+
+    def _text(self, event: dict[str, Any], field: str, client_id: str | None) -> str | None:
+        text = event.get(field)
+        if not isinstance(text, str) or not text.strip():
+            self._refuse("invalid_value", f"`{field}` must be non-empty text", client_id, field)
+            return None
+        return text
+
+    def _ack(self, kind: str, client_id: str | None, **timeline: int) -> None:
+        message: Message = {"type": kind, "event_id": new_id("event"), **timeline}
+        if client_id is not None:
+            message["client_event_id"] = client_id
+        self.post(message)
+
+    def _refuse(
+        self, code: str, text: str, client_id: str | None, param: str | None = None
+    ) -> None:
+        if self._errors.admit(code, text):
+            self.post(live_error(code, text, client_id, param=param))

@@ -1,0 +1,182 @@
+"""GPT-Live over a WebSocket (`/v1/live/sessions`), end to end: the official SDK's
+`client.live` and a raw client against a real uvicorn server on a loopback port, with a
+fake model engine behind a graph file."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from openai import AsyncOpenAI
+from openai.types.live import SessionConfigParam
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from loadtest.speech import silence, speak, trim_silence
+from tests.realtime.apps import ServedApp, fake_graph_file, served_app
+from web.settings import Settings
+
+KEY = "sk-test-parley-live"
+RATE = 24_000
+START = {"model": "gpt-live-1", "instructions": "You are terse."}
+
+
+@pytest.fixture
+def graph(tmp_path: Path) -> str:
+    return fake_graph_file(tmp_path, "audio_ms: 2000, realtime_factor: 4.0")
+
+
+@pytest.fixture
+async def server(graph: str, redis_url: str) -> AsyncIterator[ServedApp]:
+    settings = Settings(pipeline=graph, api_key=KEY, max_sessions=2)
+    async with served_app(settings, redis_url) as served:
+        yield served
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def utterance(text: str, rate: int = RATE) -> np.ndarray:
+    speech = trim_silence(speak(text, rate=rate))
+    return np.concatenate([silence(300, rate), speech, silence(900, rate)])
+
+
+async def recv_until(conn: Any, kind: str, timeout_s: float = 30) -> list[Any]:
+    events: list[Any] = []
+    async with asyncio.timeout(timeout_s):
+        while not events or events[-1].type != kind:
+            events.append(await conn.recv())
+    return events
+
+
+@pytest.mark.slow
+async def test_the_sdk_live_client_holds_a_spoken_turn_and_closes(server: ServedApp) -> None:
+    async with (
+        AsyncOpenAI(api_key=KEY, base_url=f"{server.http_url}/v1") as client,
+        client.live.connect() as conn,
+    ):
+        config: SessionConfigParam = {"model": "gpt-live-1", "instructions": "You are terse."}
+        await conn.session.start(session=config, event_id="start-1")
+        started = await conn.recv()
+        assert started.type == "session.started"
+        assert started.client_event_id == "start-1"
+        assert started.session.model == "gpt-live-1" and started.session.id.startswith("sess_")
+        served = started.session.audio
+        assert served is not None and served.format is not None
+        assert (served.format.type, served.format.rate) == ("audio/pcm", RATE)
+        await conn.session.instructions.append(
+            content="Use metric units.", delegation_id=None, event_id="i-1"
+        )
+        (appended,) = await recv_until(conn, "session.instructions.appended")
+        assert appended.client_event_id == "i-1" and appended.start_ms >= 0
+
+        pcm = utterance("What is the weather like today?")
+        step = RATE // 10
+        for begin in range(0, len(pcm), step):
+            chunk = pcm[begin : begin + step].astype("<i2").tobytes()
+            await conn.session.input_audio.append(audio=b64(chunk))
+        heard: list[Any] = []
+        async with asyncio.timeout(30):
+            audio = 0
+            while audio < 2 * RATE:  # the fake engine's whole 2 s answer
+                event = await conn.recv()
+                heard.append(event)
+                if event.type == "session.output_audio.delta":
+                    audio += len(base64.b64decode(event.delta)) // 2
+        kinds = {e.type for e in heard}
+        assert "session.output_transcript.delta" in kinds, kinds
+        asked = [e for e in heard if e.type == "session.input_transcript.delta"]
+        assert asked, kinds  # the user's speech, where it was heard on the timeline
+        assert asked[0].end_ms > asked[0].start_ms >= 200
+        said = "".join(e.delta for e in heard if e.type == "session.output_transcript.delta")
+        assert said.startswith("Hello there")
+        for e in heard:
+            if e.type.endswith("transcript.delta"):
+                assert 0 <= e.start_ms <= e.end_ms
+        assert not any(e.type == "error" for e in heard), heard
+
+        await conn.session.close(event_id="bye")
+        closed = (await recv_until(conn, "session.closed"))[-1]
+        assert closed.reason == "close_requested"
+        assert closed.session.id == started.session.id
+        assert closed.usage.seconds >= 0
+
+
+async def raw_start(server: ServedApp, start: dict[str, Any]) -> tuple[list[Any], int | None]:
+    """The messages a raw client gets for a first message `start`, and the close code."""
+    url = f"{server.ws_url}/v1/live/sessions"
+    got: list[Any] = []
+    async with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        await ws.send(json.dumps(start))
+        try:
+            async with asyncio.timeout(10):
+                while True:
+                    got.append(json.loads(await ws.recv()))
+        except ConnectionClosed:
+            pass
+        return got, ws.close_code
+
+
+@pytest.mark.parametrize(
+    ("start", "code", "param"),
+    [
+        ({"type": "session.start", "session": {**START, "voice": "marin"}}, "unknown_parameter",
+         "session.voice"),
+        ({"type": "session.start", "session": {"instructions": "hi"}},
+         "missing_required_parameter", "session.model"),
+        ({"type": "session.start", "session": {**START, "audio": {"format": {
+            "type": "audio/pcm", "rate": 44_100}}}}, "invalid_value", "session.audio.format"),
+        ({"type": "session.start", "session": {**START, "delegation": {"type": "responses"}}},
+         "unsupported_value", "session.delegation.type"),
+        ({"type": "session.input_audio.append", "audio": ""}, "session_not_started", None),
+    ],
+)  # fmt: skip
+async def test_a_bad_start_is_refused_with_the_field_named_and_no_session(
+    server: ServedApp, start: dict[str, Any], code: str, param: str | None
+) -> None:
+    start = {**start, "event_id": "evt-first"}
+    got, close_code = await raw_start(server, start)
+    (error,) = got
+    assert error["type"] == "error" and error["error"]["code"] == code, error
+    assert error["error"].get("param") == param
+    assert error["error"]["client_event_id"] == "evt-first"
+    assert close_code == 1008
+    assert len(server.app.state.services.running.manager) == 0
+
+
+async def test_mute_unknown_events_and_g711(server: ServedApp) -> None:
+    """One format both ways (mu-law at 8 kHz here); mute and unmute are acknowledged; an
+    event GPT-Live has but Parley does not serve is an error naming it, and the session
+    goes on."""
+    url = f"{server.ws_url}/v1/live/sessions"
+    start = {"type": "session.start", "session": {
+        **START, "audio": {"format": {"type": "audio/pcmu", "rate": 8000}}}}  # fmt: skip
+    async with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        await ws.send(json.dumps(start))
+        started = json.loads(await ws.recv())
+        assert started["session"]["audio"]["format"] == {"type": "audio/pcmu", "rate": 8000}
+        await ws.send(json.dumps({"type": "session.input_audio.mute", "event_id": "m"}))
+        await ws.send(json.dumps({"type": "session.commentary.append", "event_id": "c"}))
+        await ws.send(json.dumps({"type": "session.input_audio.append", "audio": "!!"}))
+        await ws.send(json.dumps({"type": "session.input_audio.unmute", "event_id": "u"}))
+        got = [json.loads(await ws.recv()) for _ in range(4)]
+        assert [m["type"] for m in got] == [
+            "session.input_audio.muted",
+            "error",
+            "error",
+            "session.input_audio.unmuted",
+        ]
+        assert got[0]["client_event_id"] == "m" and got[3]["client_event_id"] == "u"
+        assert got[1]["error"]["code"] == "unsupported_event"
+        assert got[1]["error"]["client_event_id"] == "c"
+        assert got[2]["error"]["param"] == "audio"
+        await ws.send(json.dumps({"type": "session.close"}))
+        closed = json.loads(await ws.recv())
+        assert closed["type"] == "session.closed" and closed["reason"] == "close_requested"
