@@ -27,8 +27,10 @@ from .live_connection import LiveConnection, live_error
 
 log = logging.getLogger("parley.realtime.live")
 
-START_TIMEOUT_S = 15.0
-"""How long an accepted socket may wait before its `session.start`."""
+START_TIMEOUT_S = 60.0
+"""How long an accepted socket may wait for its `session.start` (a framework connects when
+its pipeline starts and starts the session when the app first runs it), as long as an idle
+session lives."""
 
 ROLES: dict[str, Literal["user", "assistant", "system"]] = {
     "developer": "system",

@@ -161,7 +161,6 @@ def resolved(live: LiveSessionConfig, session_id: str, expires_at: int) -> dict[
     body: dict[str, Any] = live.model_dump(mode="json", exclude_none=True)
     body.update(
         id=session_id,
-        object="live.session",
         expires_at=expires_at,
         status="active",
         model=live.model,
