@@ -7,8 +7,10 @@ those of the SDK's `SessionConfig` (openai/types/live/session_config.py in the S
 
 Parley serves it with its own pipelines, which take turns: Parley's turn detection and
 barge-in decide when the assistant speaks (there is no client control over it, as in
-GPT-Live). Delegation to OpenAI's Responses or Decisions APIs has no counterpart here yet:
-asking for it is refused with a clear error rather than silently ignored.
+GPT-Live). Delegation has no full counterpart here yet:
+asking for what it cannot do is refused with a clear error rather than silently ignored:
+`responses` delegation is served by Parley's own model (its Thinker plays the backend's
+part) as long as it carries no tools; tools and `decisions` are refused.
 """
 
 from __future__ import annotations
@@ -121,18 +123,33 @@ def parse_live_config(body: Any) -> LiveSessionConfig:
         raise LiveConfigError(f"{where}: {first['msg']}", code, where) from exc
 
 
+def check_delegation(delegation: LiveDelegation | None, where: str = "session") -> None:
+    """Parley's own model plays the Responses backend's part, so `responses` delegation is
+    served as long as it brings no tools (tool delegation events are not served yet);
+    `decisions` has no counterpart here."""
+    if delegation is None or delegation.type == "client":
+        return
+    if delegation.type == "decisions":
+        raise LiveConfigError(
+            "delegation to 'decisions' is not available on this server; use 'client' or "
+            "'responses'",
+            "unsupported_value",
+            f"{where}.delegation.type",
+        )
+    if (delegation.responses or {}).get("tools"):
+        raise LiveConfigError(
+            "tools under responses delegation are not served here yet; start without tools",
+            "unsupported_value",
+            f"{where}.delegation.responses.tools",
+        )
+
+
 def parley_config(
     live: LiveSessionConfig, base: SessionConfig
 ) -> tuple[SessionConfig, AudioFormats]:
     """The session Parley runs for `live` (on top of `base`, a key's own settings), and the
     connection's audio formats (one format both ways, as GPT-Live has it)."""
-    if live.delegation is not None and live.delegation.type != "client":
-        raise LiveConfigError(
-            f"delegation to {live.delegation.type!r} is not available on this server; "
-            "use the client delegation (the application answers)",
-            "unsupported_value",
-            "session.delegation.type",
-        )
+    check_delegation(live.delegation)
     patch: dict[str, Any] = {}
     if live.instructions and live.instructions.strip():
         patch["instructions"] = live.instructions

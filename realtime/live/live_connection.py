@@ -9,7 +9,8 @@ on top, as the `openai` SDK's `client.live` speaks it:
   audio is replaced by silence, so the session's timeline goes on and no speech is heard),
   `session.instructions.append` and `session.thinking.append` (developer notes and
   silent context: each a system note in the conversation, which asks for no speech;
-  acknowledged with its place on the timeline), `session.close`. Anything else gets an
+  acknowledged with its place on the timeline), `session.update` (the delegation only,
+  answered with `session.updated`), `session.close`. Anything else gets an
   `error` naming the event (`client_event_id`) and the session goes on.
 - out: `session.output_audio.delta` (paced at real time, as the Realtime WebSocket's
   audio), `session.input_transcript.delta` / `session.output_transcript.delta` with
@@ -37,6 +38,7 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 import soxr
+from pydantic import ValidationError
 from starlette.websockets import WebSocket
 
 from sessions import Session, SessionManager
@@ -59,7 +61,13 @@ from ..g711 import G711, PCMA, PCMU
 from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 from ..websocket.connection import CLIENT_CLOSED, MessageConnection
 from ..websocket.sender import Message
-from .live_config import LiveSessionConfig, resolved
+from .live_config import (
+    LiveConfigError,
+    LiveDelegation,
+    LiveSessionConfig,
+    check_delegation,
+    resolved,
+)
 
 ERROR_LIMIT = 20
 """`error` events about the client's own messages per second; the rest are summarised."""
@@ -262,6 +270,8 @@ class LiveConnection(MessageConnection):
                 at = self._now_ms()
                 done = kind.replace(".append", ".appended")
                 self._ack(done, client_id, start_ms=at, end_ms=at)
+        elif kind == "session.update":
+            await self._update(event, client_id)
         elif kind == "session.close":
             self.finish(CLOSE_REQUESTED)
             return True
@@ -276,6 +286,37 @@ class LiveConnection(MessageConnection):
                 "type",
             )
         return False
+
+    async def _update(self, event: dict[str, Any], client_id: str | None) -> None:
+        """Only the delegation settings change after start (GPT-Live's rule)."""
+        body = event.get("session")
+        if not isinstance(body, dict) or set(body) - {"delegation"}:
+            extra = sorted(set(body) - {"delegation"}) if isinstance(body, dict) else []
+            text = "session.update changes only `delegation` once the session has started"
+            param = f"session.{extra[0]}" if extra else "session"
+            self._refuse("invalid_value", text, client_id, param)
+            return
+        try:
+            delegation = LiveDelegation.model_validate(body.get("delegation") or {"type": "client"})
+            check_delegation(delegation)
+        except ValidationError as exc:
+            self._refuse(
+                "invalid_value", str(exc.errors()[0]["msg"]), client_id, "session.delegation"
+            )
+            return
+        except LiveConfigError as exc:
+            self._refuse(exc.code, str(exc), client_id, exc.param)
+            return
+        self.live = self.live.model_copy(update={"delegation": delegation})
+        assert self.session is not None
+        message: Message = {
+            "type": "session.updated",
+            "event_id": new_id("event"),
+            "session": resolved(self.live, self.session.session_id, self.expires_at),
+        }
+        if client_id is not None:
+            message["client_event_id"] = client_id
+        self.post(message)
 
     async def _append(self, event: dict[str, Any], client_id: str | None) -> None:
         audio = event.get("audio")

@@ -133,8 +133,11 @@ async def raw_start(server: ServedApp, start: dict[str, Any]) -> tuple[list[Any]
          "missing_required_parameter", "session.model"),
         ({"type": "session.start", "session": {**START, "audio": {"format": {
             "type": "audio/pcm", "rate": 44_100}}}}, "invalid_value", "session.audio.format"),
-        ({"type": "session.start", "session": {**START, "delegation": {"type": "responses"}}},
+        ({"type": "session.start", "session": {**START, "delegation": {"type": "decisions"}}},
          "unsupported_value", "session.delegation.type"),
+        ({"type": "session.start", "session": {**START, "delegation": {
+            "type": "responses", "responses": {"tools": [{"type": "function", "name": "f"}]}}}},
+         "unsupported_value", "session.delegation.responses.tools"),
         ({"type": "session.input_audio.append", "audio": ""}, "session_not_started", None),
     ],
 )  # fmt: skip
