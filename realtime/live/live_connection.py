@@ -37,7 +37,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
-import soxr
 from pydantic import ValidationError
 from starlette.websockets import WebSocket
 
@@ -60,6 +59,7 @@ from ..error_throttle import ErrorThrottle
 from ..g711 import G711, PCMA, PCMU
 from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 from ..websocket.connection import CLIENT_CLOSED, MessageConnection
+from ..websocket.openai_ws import output_payload
 from ..websocket.sender import Message
 from .live_config import (
     LiveConfigError,
@@ -213,13 +213,7 @@ class LiveConnection(MessageConnection):
         }
 
     def _audio_message(self, pcm: npt.NDArray[np.int16], rate: int) -> Message:
-        formats = self.formats
-        if rate != formats.output_rate:
-            pcm = soxr.resample(pcm, rate, formats.output_rate).astype(np.int16)
-        if formats.output in (PCMU, PCMA):
-            payload = self._codec.encode(pcm, formats.output)
-        else:
-            payload = pcm.astype("<i2", copy=False).tobytes()
+        payload = output_payload(pcm, rate, self.formats, self._codec)
         return {
             "type": "session.output_audio.delta",
             "delta": base64.b64encode(payload).decode("ascii"),

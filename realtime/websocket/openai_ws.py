@@ -85,6 +85,18 @@ def ga_messages(
     return [(m, m["type"] in AFTER_AUDIO) for m in expander.expand(event, wire)]
 
 
+def output_payload(
+    pcm: npt.NDArray[np.int16], rate: int, formats: AudioFormats, codec: G711
+) -> bytes:
+    """A piece of the session's speech (PCM16 at `rate`) in the client's output format:
+    resampled to its rate, G.711-coded where it asked for that."""
+    if rate != formats.output_rate:
+        pcm = soxr.resample(pcm, rate, formats.output_rate).astype(np.int16)
+    if formats.output in (PCMU, PCMA):
+        return codec.encode(pcm, formats.output)
+    return pcm.astype("<i2", copy=False).tobytes()
+
+
 class OpenAIRealtimeConnection(MessageConnection):
     TRANSPORT = "openai_ws"
     RESUMABLE = frozenset({CLIENT_GONE, TAKEN_OVER, MESSAGE_TOO_BIG})
@@ -181,13 +193,7 @@ class OpenAIRealtimeConnection(MessageConnection):
     def _audio_message(self, pcm: npt.NDArray[np.int16], rate: int) -> Message:
         """One piece of speech as a `response.output_audio.delta` (its `event_id` is
         given at send time, after the event sent before it)."""
-        formats = self.formats
-        if rate != formats.output_rate:
-            pcm = soxr.resample(pcm, rate, formats.output_rate).astype(np.int16)
-        if formats.output in (PCMU, PCMA):
-            payload = self._codec.encode(pcm, formats.output)
-        else:
-            payload = pcm.astype("<i2", copy=False).tobytes()
+        payload = output_payload(pcm, rate, self.formats, self._codec)
         response_id, item_id = self._audio_owner
         return {
             "type": self.expander.name("response.output_audio.delta"),

@@ -43,7 +43,7 @@ with warnings.catch_warnings():
     from pipecat.processors.aggregators.llm_context import LLMContext
     from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
     from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
-    from pipecat.services.llm_service import FunctionCallParams
+    from pipecat.services.llm_service import FunctionCallParams, LLMService
     from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
     from pipecat.workers.runner import WorkerRunner
 
@@ -96,8 +96,9 @@ def loguru_problems() -> Iterator[list[str]]:
 
 @contextlib.asynccontextmanager
 async def running(
-    parley: ServedApp, context: LLMContext, llm: OpenAIRealtimeLLMService | None = None
+    parley: ServedApp, context: LLMContext, llm: LLMService[Any] | None = None
 ) -> AsyncIterator[tuple[PipelineWorker, Recorder]]:
+    """The pipeline around `llm` (by default the Realtime service pointed at Parley)."""
     service = llm or realtime_service(parley)
     user, assistant = LLMContextAggregatorPair(context)
     recorder = Recorder()

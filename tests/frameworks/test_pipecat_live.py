@@ -5,16 +5,14 @@ and `api_key` pointed at Parley's `/v1/live/sessions`, in a pipeline as Pipecat 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import warnings
-from collections.abc import AsyncIterator
 
 import pytest
 
 from tests.realtime.apps import ServedApp
 
 from .conftest import INSTRUCTIONS, KEY, QUESTION, push_in_real_time, spoken
-from .test_pipecat import AUDIOOP, RATE, Recorder, loguru_problems, no_errors
+from .test_pipecat import AUDIOOP, RATE, loguru_problems, no_errors, running
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", AUDIOOP, DeprecationWarning)
@@ -25,39 +23,18 @@ with warnings.catch_warnings():
         TTSStoppedFrame,
         TTSTextFrame,
     )
-    from pipecat.pipeline.pipeline import Pipeline
-    from pipecat.pipeline.worker import PipelineParams, PipelineWorker
     from pipecat.processors.aggregators.llm_context import LLMContext
-    from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
     from pipecat.services.openai.live.llm import OpenAILiveLLMService
-    from pipecat.workers.runner import WorkerRunner
 
 pytestmark = pytest.mark.filterwarnings(f"ignore:{AUDIOOP}:DeprecationWarning")
 
 
-@contextlib.asynccontextmanager
-async def running(
-    parley: ServedApp, context: LLMContext
-) -> AsyncIterator[tuple[PipelineWorker, Recorder]]:
-    service = OpenAILiveLLMService(
+def live_service(parley: ServedApp) -> OpenAILiveLLMService:
+    return OpenAILiveLLMService(
         api_key=KEY,
         base_url=f"{parley.ws_url}/v1/live/sessions",
         settings=OpenAILiveLLMService.Settings(system_instruction=INSTRUCTIONS),
     )
-    user, assistant = LLMContextAggregatorPair(context)
-    recorder = Recorder()
-    task = PipelineWorker(
-        Pipeline([user, service, recorder, assistant]),
-        params=PipelineParams(audio_in_sample_rate=RATE, audio_out_sample_rate=RATE),
-    )
-    runner = WorkerRunner(handle_sigint=False)
-    await runner.add_workers(task)
-    async with asyncio.TaskGroup() as tasks:
-        tasks.create_task(runner.run())
-        try:
-            yield task, recorder
-        finally:
-            await task.cancel()
 
 
 @pytest.mark.slow
@@ -66,7 +43,7 @@ async def test_pipecat_live_hears_a_spoken_question_and_plays_the_answer(
 ) -> None:
     context = LLMContext()
     with loguru_problems() as logged:
-        async with running(parley, context) as (task, recorder):
+        async with running(parley, context, live_service(parley)) as (task, recorder):
 
             async def push(data: bytes) -> None:
                 await task.queue_frame(InputAudioRawFrame(data, RATE, 1))
