@@ -12,7 +12,9 @@ real deployment would, and the client's timestamps are not delayed by the server
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +23,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from .proc_cpu import tree
 
 START_S = 120.0
 STOP_S = 20.0
@@ -64,15 +68,23 @@ def parley_serve(*options: str, start_s: float = START_S) -> Iterator[Served]:
                 raise RuntimeError(f"{' '.join(cmd)}: not ready")
         yield Served(proc, port)
     finally:
+        family = tree(proc.pid)  # its workers run in sessions of their own
         proc.terminate()  # SIGTERM: sessions closed, the embedded Redis stopped
         try:
             proc.wait(STOP_S)
         except subprocess.TimeoutExpired:
+            print(f"{' '.join(cmd)}: did not stop within {STOP_S:g} s; killed", file=sys.stderr)
             proc.kill()
             proc.wait()
         reader.join(STOP_S)  # the pipe's end: every process holding it has exited
-        if proc.stdout is not None:
-            proc.stdout.close()
+        if reader.is_alive():  # a child outlived the server and holds the pipe
+            print(f"{' '.join(cmd)}: left a process behind; killed", file=sys.stderr)
+            for pid in family:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            reader.join(STOP_S)
+        if proc.stdout is not None and not reader.is_alive():
+            proc.stdout.close()  # (closing under a reading thread would wait for it)
 
 
 def _watch_stdout(proc: subprocess.Popen[bytes], ready: threading.Event) -> None:

@@ -49,6 +49,10 @@ the history and the event log are what a resume promises."""
 
 T = TypeVar("T")
 
+FINISH_WAIT_S = 10.0
+"""The longest a cancelled caller waits for its write to end (the call timeout bounds
+each Redis call; this bounds the writes queued ahead of it too)."""
+
 OnDrop = Callable[[str, int], None]
 """Told the buffer and how many values a full spill just gave up."""
 
@@ -199,7 +203,7 @@ class Spill:
                 try:
                     results = await _finished(call)
                 except asyncio.CancelledError:  # what landed must not be sent again
-                    if call.exception() is None:
+                    if call.done() and not call.cancelled() and call.exception() is None:
                         self._written_back(kind, batch, call.result())
                     raise
                 except RedisFullError:
@@ -248,20 +252,32 @@ class Spill:
 
 async def _finished(call: asyncio.Future[T]) -> T:
     """The result of `call`, which is carried to its end even when the caller is cancelled
-    meanwhile; the cancel is delivered after it, and the caller may read the outcome from
-    `call`. For writes that must not stop half way (a write dropped after the buffer let
-    go of its values loses them; one sent again after it landed lands twice)."""
+    meanwhile; the cancel is delivered after it (at most `FINISH_WAIT_S` later), and the
+    caller may read the outcome from `call`. For writes that must not stop half way (a
+    write dropped after the buffer let go of its values loses them; one sent again after it
+    landed lands twice)."""
     try:
         return await asyncio.shield(call)
     except asyncio.CancelledError:
+        deadline = asyncio.get_running_loop().time() + FINISH_WAIT_S
         while not call.done():
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:  # a cancel is never held back for good: the write goes on alone
+                call.add_done_callback(_retrieve)
+                raise
             try:
-                await asyncio.wait({call})
+                await asyncio.wait({call}, timeout=left)
             except asyncio.CancelledError:
                 continue
-        if not call.cancelled():
-            call.exception()  # retrieved: the caller reads it from `call` if it cares
+        _retrieve(call)
         raise
+
+
+def _retrieve(call: asyncio.Future[Any]) -> None:
+    """The caller reads the outcome from `call` if it cares; retrieved so that none is
+    reported as never retrieved."""
+    if call.done() and not call.cancelled():
+        call.exception()
 
 
 class _Counted:

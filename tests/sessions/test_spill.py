@@ -154,3 +154,29 @@ async def test_a_flush_whose_caller_is_cancelled_still_writes_its_frames(
     finally:
         await cancel_and_wait(writer)
         await redis.delete(*keys.all())
+
+
+async def test_a_cancel_is_held_back_only_for_a_while(
+    redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that cannot end (here: the spill's lock held) holds its cancelled caller
+    back for `FINISH_WAIT_S` at most; then the cancel is delivered."""
+    monkeypatch.setattr("sessions.spill.FINISH_WAIT_S", 0.2)
+    keys = SessionKeys("sess_spill_stuck")
+    spill = Spill(RedisLink(redis))
+    audio = AudioBuffer(redis, keys, max_seconds=60, batch_frames=1000, spill=spill)
+    async with spill._lock:
+        await audio.append([frame(1)] * 5, 0)
+        flushing = asyncio.create_task(audio.flush())
+        await asyncio.sleep(0.05)
+        flushing.cancel()
+        async with asyncio.timeout(2):
+            with pytest.raises(asyncio.CancelledError):
+                await flushing
+    try:
+        async with asyncio.timeout(5):  # the write goes on alone once the lock is free
+            while await redis.xlen(keys.audio) == 0:
+                await asyncio.sleep(0.01)
+        assert await audio.length() == 5
+    finally:
+        await redis.delete(*keys.all())
