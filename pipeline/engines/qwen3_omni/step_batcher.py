@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -35,8 +36,39 @@ from typing import Generic, TypeVar
 from ...tasks import cancel_and_wait
 from .model_thread import ModelThread
 
+log = logging.getLogger("parley.pipeline.qwen3_omni")
+
+REPORT_S = 10.0
+"""How often a busy batcher logs what its batches were (nothing is logged while idle)."""
+
 ItemT = TypeVar("ItemT")
 ResultT = TypeVar("ResultT")
+
+
+@dataclass(slots=True)
+class BatchTally:
+    """What a batcher's batches were since its last report: where a stage's time goes under
+    load (how full its steps are, how long each takes on the model thread, how long its steps
+    wait for the thread behind other work)."""
+
+    since: float
+    batches: int = 0
+    steps: int = 0
+    largest: int = 0
+    run_s: float = 0.0
+    """Time the batches ran on the model thread."""
+    wait_s: float = 0.0
+    """Time from a batch's dispatch to its start on the model thread (other work ahead)."""
+
+    def line(self, name: str, now: float) -> str:
+        batches = max(self.batches, 1)
+        return (
+            f"{name}: {self.batches} batches in {now - self.since:.1f} s, "
+            f"{self.steps / batches:.1f} steps each (largest {self.largest}), "
+            f"{1000 * self.run_s / batches:.1f} ms each on the model thread "
+            f"({100 * self.run_s / max(now - self.since, 1e-9):.0f} % of the time), "
+            f"{1000 * self.wait_s / batches:.1f} ms waiting for it"
+        )
 
 
 @dataclass(slots=True)
@@ -78,6 +110,7 @@ class StepBatcher(Generic[ItemT, ResultT]):
         self._arrived = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._members = 0
+        self.tally = BatchTally(since=time.perf_counter())
 
     def start(self) -> None:
         if self._task is None:
@@ -135,7 +168,9 @@ class StepBatcher(Generic[ItemT, ResultT]):
                 continue
             self.largest_batch = max(self.largest_batch, len(batch))
             try:
-                results = await self.thread.call(self.run, [step.item for step in batch])
+                results = await self.thread.call(
+                    self._timed, [step.item for step in batch], time.perf_counter()
+                )
             except asyncio.CancelledError:
                 for step in batch:  # closed mid-batch: nobody will answer them now
                     if not step.waiter.done():
@@ -149,6 +184,25 @@ class StepBatcher(Generic[ItemT, ResultT]):
             for step, result in zip(batch, results, strict=True):
                 if not step.waiter.done():
                     step.waiter.set_result(result)
+
+    def _timed(self, items: list[ItemT], dispatched: float) -> list[ResultT]:
+        """`run` on the model thread, tallied; a report at most every `REPORT_S`."""
+        began = time.perf_counter()
+        try:
+            return self.run(items)
+        finally:
+            now = time.perf_counter()
+            tally = self.tally
+            if not tally.batches:
+                tally.since = began  # an idle spell is not part of the report
+            tally.batches += 1
+            tally.steps += len(items)
+            tally.largest = max(tally.largest, len(items))
+            tally.run_s += now - began
+            tally.wait_s += began - dispatched
+            if now - tally.since >= REPORT_S:
+                log.info("%s", tally.line(self.name, now))
+                self.tally = BatchTally(since=now)
 
     def _take(self) -> list[_Step[ItemT, ResultT]]:
         """The next batch: the `max_batch` live steps due first, in the order they were asked

@@ -228,7 +228,7 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
             await _until(can_start, wake, reader)
             if self._requests.aborted(request_id):
                 return  # aborted
-            if not state.reply:
+            if not state.received:
                 yield End()
                 return
             assert self.prefills is not None
@@ -278,7 +278,7 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
                 if isinstance(chunk, End):
                     break
                 if isinstance(chunk, HiddenStates) and chunk.metadata.get("part") == "reply":
-                    await self.thread.call(runner.add_reply, state, chunk.array)
+                    runner.add_reply(state, chunk.array)  # host only: no model-thread call
                     wake.set()
         finally:
             runner.end_text(state)

@@ -59,6 +59,11 @@ class TalkerState:
     """the codec token of the voice this request speaks in (-1: the runner's default)"""
     reply: list[torch.Tensor] = field(default_factory=list)
     """projected embeddings of the reply tokens so far, [1, talker_hidden] each"""
+    unprojected: list[npt.NDArray[np.floating]] = field(default_factory=list)
+    """reply hidden states received but not yet projected ([n, thinker_hidden] each): the next
+    prefill or step projects them, every request's in one call (`add_reply`)"""
+    received: int = 0
+    """reply positions received so far, projected or not"""
     text_done: bool = False
     cache: DynamicCache | None = None
     rope_delta: int = 0
@@ -159,21 +164,44 @@ class TalkerRunner:
         speaker = speaker_id(self.config.talker_config.speaker_id, voice, self.speaker_id)
         return TalkerState(prompt=prompt, speaker_id=speaker, generator=generator)
 
-    @torch.inference_mode()
     def add_reply(self, state: TalkerState, states: npt.NDArray[np.floating]) -> None:
-        """Reply positions' hidden states ([n, 2, thinker_hidden]) as the Thinker feeds them."""
-        projected = self.model.text_projection(self._tensor(states[:, 0]))
-        state.reply.extend(projected.split(1, dim=0))
+        """Reply positions' hidden states ([n, 2, thinker_hidden]) as the Thinker feeds them.
+
+        Host only, from any thread: the next prefill or frame step projects what arrived, all
+        its requests' at once. (Projecting each token on the model thread as it came made one
+        small GPU call per token and request, queued between the frame steps: at 32 sessions
+        about a thousand a second.) The list is only appended to here and only cut from the
+        front on the model thread, each one operation under the GIL."""
+        state.unprojected.append(np.array(states[:, 0]))  # a copy: may be a view onto a ring
+        state.received += len(states)
+
+    def _project_replies(self, states: list[TalkerState]) -> None:
+        """Project the reply text that `states` received since their last step, in one call."""
+        taken: list[tuple[TalkerState, list[npt.NDArray[np.floating]]]] = []
+        for state in states:
+            if count := len(state.unprojected):
+                arrays = state.unprojected[:count]
+                del state.unprojected[:count]
+                taken.append((state, arrays))
+        if not taken:
+            return
+        rows = np.concatenate([array for _, arrays in taken for array in arrays])
+        pieces = self.model.text_projection(self._tensor(rows)).split(1, dim=0)
+        at = 0
+        for state, arrays in taken:
+            count = sum(len(array) for array in arrays)
+            state.reply.extend(pieces[at : at + count])
+            at += count
 
     def end_text(self, state: TalkerState) -> None:
         state.text_done = True
 
     def can_start(self, state: TalkerState) -> bool:
-        return bool(state.reply)
+        return state.received > 0
 
     def text_ready(self, state: TalkerState) -> bool:
         """Whether `advance` has the text it needs (or never will: the reply is over)."""
-        return state.text_done or state.step + 1 < len(state.reply)
+        return state.text_done or state.step + 1 < state.received
 
     # --- the talker LM ---------------------------------------------------------------------
 
@@ -277,6 +305,7 @@ class TalkerRunner:
         """`prefill` for several requests in one forward: each prompt left-aligned and
         padded on the right (a pad only ever follows a request's own positions, so it never
         changes them); each request's cache is then its own positions' KV."""
+        self._project_replies(states)
         prompts = [self._prompt_embeds(state) for state in states]
         lengths = [embeds.shape[1] for embeds, _ in prompts]
         longest = max(lengths)
@@ -386,6 +415,7 @@ class TalkerRunner:
     @torch.inference_mode()
     def advance_batch(self, states: list[TalkerState], codes: list[npt.NDArray[np.int32]]) -> None:
         """`advance` for several requests in one talker LM step (padded caches, own positions)."""
+        self._project_replies(states)
         embeds = torch.stack([self._frame_embeds(s, c) for s, c in zip(states, codes, strict=True)])
         where = [state.length + state.rope_delta for state in states]
         if self.decoder is not None:

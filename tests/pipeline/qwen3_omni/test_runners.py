@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -177,3 +178,58 @@ def test_random_weights_are_seeded_and_a_checkpoint_loads(tmp_path: Path) -> Non
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(RuntimeError, match=r"no model\.safetensors"):
         build_part("code2wav", model_path=str(tmp_path))
+
+
+def test_reply_text_waits_on_the_host_and_a_batch_projects_it_in_one_call(
+    tiny_parts: Parts,
+) -> None:
+    """The Thinker's reply hidden states reach the Talker token by token; projecting each as
+    it came cost one small model call per token and request between the frame steps. They
+    wait on the host (counted at once for `text_ready`) and the next step projects every
+    request's in one call, to the same embeddings."""
+    thinker_model, config = tiny_parts["thinker"]
+    talker_model, _ = tiny_parts["talker"]
+    thinker = ThinkerRunner(thinker_model, config)
+    tts = thinker.special_embeddings([TOKENS["tts_bos"], TOKENS["tts_eos"], TOKENS["tts_pad"]])
+    talker = TalkerRunner(talker_model, config)
+    projection = talker_model.text_projection
+    calls: list[int] = []
+    hook = projection.register_forward_pre_hook(lambda _, args: calls.append(args[0].shape[0]))
+    try:
+        _project_in_batches(talker, thinker, tts, config, projection, calls)
+    finally:
+        hook.remove()
+
+
+def _project_in_batches(
+    talker: TalkerRunner,
+    thinker: ThinkerRunner,
+    tts: npt.NDArray[np.floating],
+    config: Qwen3OmniMoeConfig,
+    projection: torch.nn.Module,
+    calls: list[int],
+) -> None:
+    fed: list[list[np.ndarray[Any, Any]]] = []
+    states = []
+    for _ in range(2):
+        thinking, said = thinker.prefill(spoken_prompt())
+        talking = talker.open(TalkerPrompt(said.token_ids, said.states, tts))
+        steps = [thinker.step(thinking).states for _ in range(3)]
+        for hidden in steps:
+            talker.add_reply(talking, hidden)
+        assert talking.received == 3 and talker.can_start(talking) and talker.text_ready(talking)
+        fed.append(steps)
+        states.append(talking)
+    assert not calls  # nothing ran on the model yet
+    talker.prefill_batch(states)
+    assert calls[0] == 6  # both requests' three reply tokens in one call (then the prompts)
+    for talking, steps in zip(states, fed, strict=True):
+        with torch.inference_mode():
+            expected = projection(torch.from_numpy(np.concatenate([s[:, 0] for s in steps])))
+        torch.testing.assert_close(torch.cat(talking.reply), expected)
+    calls.clear()
+    codes = [talker.predict(s) for s in states]
+    for talking in states:
+        talker.add_reply(talking, np.zeros((1, 2, config.thinker_config.text_config.hidden_size)))
+    talker.advance_batch(states, [c for c in codes if c is not None])
+    assert calls == [2] and all(len(s.reply) == 4 and not s.unprojected for s in states)

@@ -5,10 +5,12 @@ first run first (a playback deadline), and steps without deadlines first come, f
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 
 import pytest
 
+from pipeline.engines.qwen3_omni import step_batcher
 from pipeline.engines.qwen3_omni.model_thread import ModelThread
 from pipeline.engines.qwen3_omni.step_batcher import StepBatcher
 
@@ -128,3 +130,24 @@ async def test_the_step_due_first_runs_first_and_steps_without_deadlines_keep_or
 
     fifo, overtakes = await _order_of_waiting_steps([(n, None) for n in "abcde"], [0.0])
     assert fifo == list("abcde") and overtakes == 0
+
+
+async def test_a_busy_batcher_reports_its_batches(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under load a stage says how full its steps were and how long each held the thread."""
+    monkeypatch.setattr(step_batcher, "REPORT_S", 0.0)
+    thread = ModelThread("test-batcher-tally")
+    thread.start()
+    batcher: StepBatcher[int, int] = StepBatcher("tallied", thread, lambda xs: xs, max_batch=4)
+    batcher.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="parley.pipeline.qwen3_omni"):
+            async with asyncio.timeout(10):
+                assert await asyncio.gather(*(batcher.step(i) for i in range(3))) == [0, 1, 2]
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("tallied:")]
+        assert lines and "3.0 steps each (largest 3)" in lines[0]
+        assert "ms each on the model thread" in lines[0] and "waiting for it" in lines[0]
+    finally:
+        await batcher.close()
+        await thread.close()
