@@ -99,7 +99,11 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
             "code2wav_chunks": [args.first_chunk, args.chunk, args.left_context],
         },
         "warmup_requests": args.warmup,
-        "decode": {"rows": args.decode_rows, "max_context": args.max_context},
+        "decode": {
+            "rows": args.decode_rows,
+            "max_context": args.max_context,
+            "compile_predictor": args.compile_predictor,
+        },
         "prefill": {
             "batch": args.prefill_batch,
             "chunk_tokens": args.prefill_chunk_tokens,
@@ -195,6 +199,7 @@ def graph_yaml(args: argparse.Namespace) -> str:
     engine: qwen3_omni.talker
     engine_args: {{{model}, max_frames: {frames}, min_frames: {frames}, max_batch: {batch},
                   {rows}, stream_priority: {args.audio_priority},
+                  compile_predictor: {str(args.compile_predictor).lower()},
                   prefill_batch: {args.talker_prefill_batch}}}
     placement: {{process: {inner}}}
     hang_s: {HANG_S:g}
@@ -497,6 +502,11 @@ def parser() -> argparse.ArgumentParser:
         help="requests decoding on static cache rows, captured as CUDA graphs (0: plain steps)",
     )
     p.add_argument("--max-context", type=int, default=4096, help="positions per cache row")
+    p.add_argument(
+        "--compile-predictor",
+        action="store_true",
+        help="the Talker's code predictor compiled (torch.compile) before it is captured",
+    )
     p.add_argument(
         "--prefill-batch",
         type=int,

@@ -100,7 +100,9 @@ def thinker_steps(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         accept_layer=plain.accept_layer,
         reserve=args.repeats + 2,
     )
+    began = time.perf_counter()
     slots.warm()
+    out["warm_s"] = time.perf_counter() - began  # capture (and compile) of every bucket
     rowed = ThinkerRunner(model, config, slots=slots)
     for batch in args.batches:
         states = [rowed.prefill(prompt(i))[0] for i in range(batch)]
@@ -142,9 +144,13 @@ def talker_frames(args: argparse.Namespace, handover: Any) -> dict[str, Any]:
     install_fused_moe(model)
     rows = max(args.batches)
     decoder = SlotDecoder(model.model, rows=rows, max_length=args.max_context)
-    predictor = FramePredictor(model, rows=rows, sampling=PREDICTOR_SAMPLING)
+    predictor = FramePredictor(
+        model, rows=rows, sampling=PREDICTOR_SAMPLING, compile=args.compile_predictor
+    )
+    began = time.perf_counter()
     decoder.graphs.warm()
     predictor.graphs.warm()
+    out["warm_s"] = time.perf_counter() - began
     rowed = TalkerRunner(
         model,
         config,
@@ -204,6 +210,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--max-context", type=int, default=4096)
     parser.add_argument("--parts", default=",".join(PARTS), help="the Talker needs the Thinker")
+    parser.add_argument(
+        "--compile-predictor",
+        action="store_true",
+        help="the Talker's code predictor compiled (torch.compile), then captured",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]
@@ -221,7 +232,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if "code2wav" in args.parts:
         report["code2wav_window"] = code2wav_windows(args)
     for part, figures in steps:
-        print(f"{part}: plain (batch 1) {figures['plain_b1_ms']:.1f} ms")
+        print(
+            f"{part}: plain (batch 1) {figures['plain_b1_ms']:.1f} ms; "
+            f"rows warmed in {figures['warm_s']:.1f} s"
+        )
         for batch in args.batches:
             print(f"  rows, batch {batch:2d}: {figures[f'rows_b{batch}_ms']:.1f} ms")
     if "code2wav" in args.parts:

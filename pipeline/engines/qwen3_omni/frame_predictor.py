@@ -17,15 +17,22 @@ from typing import Any
 
 import torch
 
+from .compiled_steps import compiled_layer_call
 from .sampling import Sampling, sample_rows
 from .slot_cache import SlotCache
-from .slot_decoder import run_layers
+from .slot_decoder import LayerCall, call_layer, run_layers
 from .step_graphs import StepGraphs
 
 
 class FramePredictor:
     def __init__(
-        self, talker: Any, *, rows: int, sampling: Sampling, capture: bool | None = None
+        self,
+        talker: Any,
+        *,
+        rows: int,
+        sampling: Sampling,
+        capture: bool | None = None,
+        compile: bool = False,
     ) -> None:
         predictor = talker.code_predictor
         self.body = predictor.model
@@ -52,6 +59,7 @@ class FramePredictor:
         )
         self.first = torch.zeros(rows, dtype=torch.long, device=device)
         self.device = device
+        self.layer_call: LayerCall = compiled_layer_call() if compile else call_layer
         self.graphs: StepGraphs[tuple[torch.Tensor, torch.Tensor]] = StepGraphs(
             self._frame, largest=rows, device=device, capture=capture
         )
@@ -69,7 +77,10 @@ class FramePredictor:
         chosen = []
         for group in range(self.codes):
             queries = hidden.shape[1]
-            out, _ = run_layers(self.body, hidden, self._positions(batch, queries), self.cache)
+            positions = self._positions(batch, queries)
+            out, _ = run_layers(
+                self.body, hidden, positions, self.cache, layer_call=self.layer_call
+            )
             code = sample_rows(self.heads[group](out[:, -1]), self.sampling)
             chosen.append(code)
             write_at += queries

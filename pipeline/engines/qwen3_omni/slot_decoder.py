@@ -18,6 +18,7 @@ with every row in the batch); SDPA's own grouped-query support reads the row as 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +67,26 @@ class StepRows:
     """each [rows stepped, hidden], in the order the step was asked for"""
 
 
+LayerCall = Callable[[nn.Module, torch.Tensor, torch.Tensor, SlotCache, Any], torch.Tensor]
+"""(layer, hidden, mask, cache, rotary cos and sin) -> the layer's output hidden states."""
+
+
+def call_layer(
+    layer: nn.Module, hidden: torch.Tensor, mask: torch.Tensor, cache: SlotCache, cos_sin: Any
+) -> torch.Tensor:
+    """One decoder layer of a step (compiled_steps compiles this function)."""
+    out = layer(
+        hidden,
+        attention_mask=mask,
+        position_ids=None,
+        past_key_values=cache,
+        use_cache=True,
+        position_embeddings=cos_sin,
+    )
+    result: torch.Tensor = out[0] if isinstance(out, tuple) else out
+    return result
+
+
 def run_layers(
     body: Any,
     hidden: torch.Tensor,
@@ -73,6 +94,7 @@ def run_layers(
     cache: SlotCache,
     *,
     keep_input_of: int | None = None,
+    layer_call: LayerCall = call_layer,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The decoder stack over `hidden` ([batch, queries, size]) at `positions`; the normed
     output and the input of layer `keep_input_of` (the normed output if it is the last)."""
@@ -86,15 +108,7 @@ def run_layers(
         for index, layer in enumerate(body.layers):
             if index == keep_input_of:
                 kept = hidden
-            out = layer(
-                hidden,
-                attention_mask=mask,
-                position_ids=None,
-                past_key_values=cache,
-                use_cache=True,
-                position_embeddings=cos_sin,
-            )
-            hidden = out[0] if isinstance(out, tuple) else out
+            hidden = layer_call(layer, hidden, mask, cache, cos_sin)
     finally:  # prefill (and everything else) keeps the model's own attention
         config._attn_implementation = usual
     normed: torch.Tensor = body.norm(hidden)

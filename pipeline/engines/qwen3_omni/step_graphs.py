@@ -23,9 +23,10 @@ from ...step_watch import long_step
 
 OutputT = TypeVar("OutputT")
 
-CAPTURE_S = 120.0
+CAPTURE_S = 600.0
 """How long one bucket's capture may take before its stage counts as hung: a capture of a
-large MoE step records thousands of kernels, far longer than the stage's bound for a step."""
+large MoE step records thousands of kernels, and a compiled step compiles its layers on its
+first bucket (compiled_steps.py), far longer than the stage's bound for a step."""
 
 
 def buckets_up_to(largest: int) -> list[int]:
