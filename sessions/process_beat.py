@@ -36,6 +36,8 @@ log = logging.getLogger("parley.sessions.process_beat")
 TTL_S = 3.0
 INTERVAL_S = 1.0
 RETRY_S = 0.5
+STOP_DELETE_S = 2.0
+"""How long a clean stop waits to delete its heartbeat key; past it the key's TTL does."""
 
 Request = dict[str, Any]
 Handler = Callable[[Request], Awaitable[None]]
@@ -87,9 +89,10 @@ class ProcessBeat:
         await cancel_all(list(self._handling))
         for answer in self._answers.values():
             answer.cancel()
-        if clean:
-            with contextlib.suppress(RedisError, OSError):
-                await self._redis.delete(self.key)
+        if clean:  # bounded: a store that hangs must not hold a shutdown (the key expires)
+            with contextlib.suppress(RedisError, OSError, TimeoutError):
+                async with asyncio.timeout(STOP_DELETE_S):
+                    await self._redis.delete(self.key)
 
     async def alive(self, process_id: str) -> bool:
         return bool(await self._redis.exists(process_key(process_id)))

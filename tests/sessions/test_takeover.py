@@ -12,6 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from pipeline.engine_pipeline import EnginePipeline
+from sessions import process_beat
 from sessions.events import (
     ConversationItem,
     ConversationItemCreated,
@@ -56,6 +57,39 @@ async def test_the_fence_grows_and_an_old_owner_cannot_release_or_delete(
     again = await one.take_over("sess_fenced")  # nobody owns it: taken at once
     assert (again.fence, again.previous_owner) == (4, "")
     await redis.delete(keys.meta)
+
+
+async def test_a_clean_stop_against_a_silent_store_ends_in_bounded_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A store that takes the connection and never answers must not hold a shutdown: the
+    heartbeat key is left to its TTL."""
+    monkeypatch.setattr(process_beat, "STOP_DELETE_S", 0.3)
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        await reader.read()  # reads every command, answers none
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = aioredis.Redis(host="127.0.0.1", port=port)
+
+    async def handle(request: dict[str, Any]) -> None:
+        pass
+
+    beat = ProcessBeat(client, "proc_beat_silent", handle)
+    beat.start()
+    await asyncio.sleep(0.1)  # its first beat waits on the silent store
+    began = time.monotonic()
+    async with asyncio.timeout(5):
+        await beat.stop()
+    assert time.monotonic() - began < 2
+    await client.aclose()
+    for writer in held:
+        writer.close()
+    server.close()
+    await server.wait_closed()
 
 
 async def test_a_process_beats_and_answers_requests(redis: aioredis.Redis) -> None:
