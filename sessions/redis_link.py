@@ -96,6 +96,12 @@ class OutageStats:
     redials: int = 0
 
 
+@dataclass(slots=True)
+class _Watch:
+    failing_since: float | None = None
+    """When the probes of the current outage began failing (None: up, or not yet probed)."""
+
+
 class RedisLink:
     def __init__(
         self,
@@ -272,28 +278,41 @@ class RedisLink:
         cluster client raises its own while the slot map is in flux) is logged and the
         watch goes on: were it to end, an outage would never be seen to end, and sessions
         would keep their writes locally for good."""
-        failing_since: float | None = None
+        watch = _Watch()
         while True:
-            if not self.up:
-                await asyncio.sleep(self.probe_interval_s)
-                if await self._probe():
-                    failing_since = None
-                    self.came_back()
-                    continue
-                now = time.monotonic()
-                if failing_since is None:
-                    failing_since = now
-                elif now - failing_since >= REDIAL_AFTER_S:
-                    failing_since = now
-                    self._still_down()
-                    await self._redial()
-            elif self.refusing:
-                await asyncio.sleep(self.probe_interval_s)
-                if await self._write_probe():
-                    self.accepts_writes()
-            else:
-                await asyncio.sleep(self.heartbeat_interval_s)
-                await self._heartbeat()
+            try:
+                await self._watch_once(watch)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise  # the owner's cancel
+                # a client library's own (a future of a connection it dropped): were the
+                # watch to end on it, nothing would probe again and the outage never end
+                self.stats.probe_errors.add("CancelledError")
+                log.warning("Redis watch: the client raised a cancel nobody asked for")
+
+    async def _watch_once(self, watch: _Watch) -> None:
+        """One turn of the watch: a heartbeat, a probe or a write probe."""
+        if not self.up:
+            await asyncio.sleep(self.probe_interval_s)
+            if await self._probe():
+                watch.failing_since = None
+                self.came_back()
+                return
+            now = time.monotonic()
+            if watch.failing_since is None:
+                watch.failing_since = now
+            elif now - watch.failing_since >= REDIAL_AFTER_S:
+                watch.failing_since = now
+                self._still_down()
+                await self._redial()
+        elif self.refusing:
+            await asyncio.sleep(self.probe_interval_s)
+            if await self._write_probe():
+                self.accepts_writes()
+        else:
+            await asyncio.sleep(self.heartbeat_interval_s)
+            await self._heartbeat()
 
     async def _heartbeat(self) -> None:
         try:

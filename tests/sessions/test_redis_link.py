@@ -50,7 +50,7 @@ async def test_a_call_returns_its_result(redis: aioredis.Redis) -> None:
 class Flaky:
     """A real client whose `ping` raises the errors given first, one a call."""
 
-    def __init__(self, redis: aioredis.Redis, errors: list[Exception]) -> None:
+    def __init__(self, redis: aioredis.Redis, errors: list[BaseException]) -> None:
         self.redis = redis
         self.errors = errors
 
@@ -91,6 +91,18 @@ async def test_an_outage_ends_even_when_the_probe_meets_errors_of_its_own(
     link = watched(client)
     await ride_out_an_outage(link)
     assert not client.errors and link.outages == 1
+
+
+async def test_an_outage_ends_even_when_the_client_raises_a_cancel_nobody_asked_for(
+    redis: aioredis.Redis,
+) -> None:
+    """A client library may raise CancelledError of its own (a future of a connection it
+    dropped) though nobody cancelled the watch; were the watch to end on it, nothing would
+    probe again and the sessions would keep their writes locally for good."""
+    client = Flaky(redis, [RedisConnectionError("Connection refused"), asyncio.CancelledError()])
+    link = watched(client)
+    await ride_out_an_outage(link)
+    assert not client.errors and "CancelledError" in link.stats.probe_errors
 
 
 async def test_the_heartbeat_outlives_an_error_that_is_no_outage(
