@@ -9,7 +9,8 @@ on top, as the `openai` SDK's `client.live` speaks it:
   audio is replaced by silence, so the session's timeline goes on and no speech is heard),
   `session.instructions.append` and `session.thinking.append` (developer notes and
   silent context: each a system note in the conversation, which asks for no speech;
-  acknowledged with its place on the timeline), `session.update` (the delegation only,
+  acknowledged with its place on the timeline), `session.commentary.append` (a note the
+  assistant says at its next turn: live_commentary.py), `session.update` (the delegation only,
   answered with `session.updated`), `session.close`. Anything else gets an
   `error` naming the event (`client_event_id`) and the session goes on.
 - out: `session.output_audio.delta` (paced at real time, as the Realtime WebSocket's
@@ -22,24 +23,26 @@ There is no client control of turns: Parley's own turn detection and barge-in de
 the assistant speaks and when it stops, as the model does in GPT-Live.
 
 Not yet: silence streamed between answers (GPT-Live's output never pauses; here output
-audio comes only while the assistant speaks), `session.commentary.append`, tool
-delegation events, resume after a dropped connection (a drop ends the session:
-`connection_lost`).
+audio comes only while the assistant speaks), tool delegation events (so no delegation id
+exists for a commentary to name), resume after a dropped connection (a drop ends the
+session: `connection_lost`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
 import time
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import numpy as np
 import numpy.typing as npt
 from pydantic import ValidationError
 from starlette.websockets import WebSocket
 
+from pipeline.tasks import cancel_and_wait
 from sessions import Session, SessionManager
 from sessions.events import (
     ConversationItem,
@@ -59,8 +62,10 @@ from ..error_throttle import ErrorThrottle
 from ..g711 import G711, PCMA, PCMU
 from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 from ..websocket.connection import CLIENT_CLOSED, MessageConnection
+from ..websocket.connections import ConnectionRegistry
 from ..websocket.openai_ws import output_payload
 from ..websocket.sender import Message
+from .live_commentary import MAX_CHARS, Commentary, CommentaryFull
 from .live_config import (
     LiveConfigError,
     LiveDelegation,
@@ -129,6 +134,7 @@ class LiveConnection(MessageConnection):
         self._heard: dict[str, str] = {}
         """item id -> transcript text already sent as deltas."""
         self._spoken_ms = 0
+        self._commentary = Commentary()
 
     def bind(self, session: Session) -> None:
         self.session = session
@@ -149,7 +155,18 @@ class LiveConnection(MessageConnection):
     def _now_ms(self) -> int:
         return round((time.monotonic() - self.started_at) * 1000)
 
+    async def serve(self, registry: ConnectionRegistry[Self] | None) -> None:
+        """The connection's life, with the task that speaks commentary when it may."""
+        speaker = asyncio.create_task(self._commentary.run(), name="live:commentary")
+        try:
+            await super().serve(registry)
+        finally:
+            await cancel_and_wait(speaker)
+
     # --- out ------------------------------------------------------------------------------
+
+    def observe(self, event: Event) -> None:
+        self._commentary.observe(event)
 
     def messages(self, event: Event) -> list[tuple[Message, bool]]:
         if isinstance(event, SpeechStarted):
@@ -264,6 +281,8 @@ class LiveConnection(MessageConnection):
                 at = self._now_ms()
                 done = kind.replace(".append", ".appended")
                 self._ack(done, client_id, start_ms=at, end_ms=at)
+        elif kind == "session.commentary.append":
+            await self._commentary_append(event, client_id)
         elif kind == "session.update":
             await self._update(event, client_id)
         elif kind == "session.close":
@@ -275,11 +294,46 @@ class LiveConnection(MessageConnection):
             self._refuse(
                 "unsupported_event",
                 f"{kind!r} is not served here (GPT-Live on Parley: audio appends, mute, "
-                "instructions, thinking and close)",
+                "instructions, thinking, commentary and close)",
                 client_id,
                 "type",
             )
         return False
+
+    async def _commentary_append(self, event: dict[str, Any], client_id: str | None) -> None:
+        if "delegation_id" not in event:
+            why = "`delegation_id` is required (null for commentary of the session's own)"
+            self._refuse("missing_required_parameter", why, client_id, "delegation_id")
+            return
+        delegation_id = event["delegation_id"]
+        if delegation_id is not None:
+            delegation = self.live.delegation
+            why = (
+                "a delegation id is not accepted with responses delegation"
+                if delegation is not None and delegation.type == "responses"
+                else f"no client delegation {delegation_id!r} exists in this session"
+            )
+            self._refuse("invalid_value", why, client_id, "delegation_id")
+            return
+        text = self._text(event, "content", client_id)
+        if text is None:
+            return
+        if len(text) > MAX_CHARS:
+            self._refuse(
+                "invalid_value",
+                f"`content` is limited to 500 tokens (about {MAX_CHARS} characters)",
+                client_id,
+                "content",
+            )
+            return
+        assert self.session is not None
+        try:
+            await self._commentary.append(self.session, text)
+        except CommentaryFull as exc:
+            self._refuse("commentary_backlog", str(exc), client_id, "content")
+            return
+        at = self._now_ms()
+        self._ack("session.commentary.appended", client_id, start_ms=at, end_ms=at)
 
     async def _update(self, event: dict[str, Any], client_id: str | None) -> None:
         """Only the delegation settings change after start (GPT-Live's rule)."""

@@ -166,7 +166,7 @@ async def test_mute_unknown_events_and_g711(server: ServedApp) -> None:
         started = json.loads(await ws.recv())
         assert started["session"]["audio"]["format"] == {"type": "audio/pcmu", "rate": 8000}
         await ws.send(json.dumps({"type": "session.input_audio.mute", "event_id": "m"}))
-        await ws.send(json.dumps({"type": "session.commentary.append", "event_id": "c"}))
+        await ws.send(json.dumps({"type": "response.create", "event_id": "c"}))
         await ws.send(json.dumps({"type": "session.input_audio.append", "audio": "!!"}))
         await ws.send(json.dumps({"type": "session.input_audio.unmute", "event_id": "u"}))
         got = [json.loads(await ws.recv()) for _ in range(4)]
@@ -183,3 +183,73 @@ async def test_mute_unknown_events_and_g711(server: ServedApp) -> None:
         await ws.send(json.dumps({"type": "session.close"}))
         closed = json.loads(await ws.recv())
         assert closed["type"] == "session.closed" and closed["reason"] == "close_requested"
+
+
+async def said_until(conn: Any, times: int, timeout_s: float = 30) -> list[Any]:
+    """Events until the assistant has said the fake engine's answer `times` times whole."""
+    heard: list[Any] = []
+    async with asyncio.timeout(timeout_s):
+        audio = 0
+        while audio < times * 2 * RATE:
+            event = await conn.recv()
+            heard.append(event)
+            if event.type == "session.output_audio.delta":
+                audio += len(base64.b64decode(event.delta)) // 2
+    return heard
+
+
+@pytest.mark.slow
+async def test_commentary_is_spoken_now_or_after_the_answer_in_progress(
+    server: ServedApp,
+) -> None:
+    """`session.commentary.append` is context to be said: with nobody talking the assistant
+    says it at once; appended while it talks, it is said in an answer of its own after."""
+    async with (
+        AsyncOpenAI(api_key=KEY, base_url=f"{server.http_url}/v1") as client,
+        client.live.connect() as conn,
+    ):
+        await conn.session.start(session={"model": "gpt-live-1"})
+        assert (await conn.recv()).type == "session.started"
+        await conn.session.commentary.append(
+            content="Your table is ready.", delegation_id=None, event_id="c-1"
+        )
+        (appended,) = await recv_until(conn, "session.commentary.appended")
+        assert appended.client_event_id == "c-1" and appended.start_ms >= 0
+        first = await recv_until(conn, "session.output_transcript.delta")  # it speaks
+        await conn.session.commentary.append(
+            content="The kitchen closes at ten.", delegation_id=None, event_id="c-2"
+        )
+        heard = first + await said_until(conn, 2)
+        assert [e.client_event_id for e in heard if e.type.endswith(".appended")] == ["c-2"]
+        said = "".join(e.delta for e in heard if e.type == "session.output_transcript.delta")
+        assert said.count("Hello there") == 2, said  # two answers, one after the other
+        assert not any(e.type == "error" for e in heard), heard
+        await conn.session.close()
+        assert (await recv_until(conn, "session.closed"))[-1].reason == "close_requested"
+
+
+@pytest.mark.parametrize(
+    ("event", "code", "param"),
+    [
+        ({"content": "Ready."}, "missing_required_parameter", "delegation_id"),
+        ({"content": "Ready.", "delegation_id": "deleg_1"}, "invalid_value", "delegation_id"),
+        ({"content": " ", "delegation_id": None}, "invalid_value", "content"),
+        ({"content": "word " * 600, "delegation_id": None}, "invalid_value", "content"),
+    ],
+)
+async def test_a_bad_commentary_is_refused_and_nothing_is_said(
+    server: ServedApp, event: dict[str, Any], code: str, param: str
+) -> None:
+    url = f"{server.ws_url}/v1/live/sessions"
+    async with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        await ws.send(json.dumps({"type": "session.start", "session": START}))
+        assert json.loads(await ws.recv())["type"] == "session.started"
+        bad = {"type": "session.commentary.append", "event_id": "c", **event}
+        await ws.send(json.dumps(bad))
+        error = json.loads(await ws.recv())
+        assert error["type"] == "error", error
+        assert (error["error"]["code"], error["error"].get("param")) == (code, param)
+        assert error["error"]["client_event_id"] == "c"
+        await ws.send(json.dumps({"type": "session.close"}))
+        closed = json.loads(await ws.recv())  # no answer was started by it
+        assert closed["type"] == "session.closed", closed
