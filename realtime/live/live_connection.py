@@ -22,8 +22,10 @@ on top, as the `openai` SDK's `client.live` speaks it:
 There is no client control of turns: Parley's own turn detection and barge-in decide when
 the assistant speaks and when it stops, as the model does in GPT-Live.
 
-Not yet: silence streamed between answers (GPT-Live's output never pauses; here output
-audio comes only while the assistant speaks), tool delegation events (so no delegation id
+Output audio never pauses, as GPT-Live's: between answers the sender streams silence in
+40 ms pieces at real-time pace (realtime/websocket/sender.py).
+
+Not yet: tool delegation events (so no delegation id
 exists for a commentary to name), resume after a dropped connection (a drop ends the
 session: `connection_lost`).
 """
@@ -77,6 +79,9 @@ from .live_config import (
 ERROR_LIMIT = 20
 """`error` events about the client's own messages per second; the rest are summarised."""
 
+SILENCE_MS = 40
+"""Silence between answers goes out in pieces this long (25 messages a second)."""
+
 CLOSE_REQUESTED = "close_requested"
 
 CLOSED_REASONS = {
@@ -122,6 +127,8 @@ class LiveConnection(MessageConnection):
         slow: SlowClients = DEFAULT_SLOW_CLIENTS,
     ) -> None:
         super().__init__(websocket, manager, self._audio_message, grace_s=0, slow=slow)
+        self.silence_ms = SILENCE_MS  # the output never pauses: silence between answers
+        self.silence_rate = formats.output_rate
         self.live = live
         self.formats = formats
         self.muted = False

@@ -28,6 +28,11 @@ socket, and a barge-in truncates the answer there.
   `input_room()` raises `SlowClientError`; so does `run()` when one write blocks that
   long (the socket's buffers are full), since a full queue is only noticed between writes.
 
+With `silence_ms` set (GPT-Live's output never pauses), the sender fills every gap in the
+audio with silence pieces of that length, keeping at most `SILENCE_AHEAD_S` of them ahead
+of the client's clock, so an answer that arrives plays after at most that much silence.
+Silence is never counted as played answer audio, and `drained()` does not wait for it.
+
 Encoding is the owner's: `send` writes one JSON-ready message, `audio_message` turns one
 PCM16 piece into its wire message (a `response.output_audio.delta`, a WAV delta, ...).
 `event()` is the one OutputSink method left to subclasses: they turn a session event into
@@ -38,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -62,6 +68,8 @@ DEFAULT_LEAD_MS = 300
 DEFAULT_PIECE_MS = 100
 DEFAULT_MAX_ITEMS = 512
 DEFAULT_MAX_QUEUED_MS = 2_000
+SILENCE_AHEAD_S = 0.06
+"""Silence the client may hold ahead of its clock (the most an answer waits behind it)."""
 
 
 class SlowClientError(Exception):
@@ -87,6 +95,7 @@ class PacedSender(PlayoutSink):
         max_items: int = DEFAULT_MAX_ITEMS,
         max_queued_ms: int = DEFAULT_MAX_QUEUED_MS,
         stall_s: float = DEFAULT_STALL_S,
+        silence_ms: int = 0,
     ) -> None:
         # Each piece goes out at the rate it was written: the wire message says its rate.
         super().__init__(
@@ -109,6 +118,12 @@ class PacedSender(PlayoutSink):
         self._play_end = 0.0
         """Monotonic time by which the client has played all audio sent (if it plays on
         receipt); pacing keeps this at most `lead` ahead of now."""
+        self._answer_end = 0.0
+        """The same for the last answer audio sent (silence after it not counted)."""
+        self.silence_ms = silence_ms
+        self.silence_rate = 24_000
+        """The rate silence is made at: the client's own (resampling would dither it)."""
+        self._silence: Message | None = None
         self._wake = asyncio.Event()
         self._audio_sent = asyncio.Event()
         self._audio_sent.set()
@@ -149,14 +164,15 @@ class PacedSender(PlayoutSink):
     def clear(self) -> None:
         """Drop all queued audio at once; queued events stay."""
         super().clear()
-        self._play_end = min(self._play_end, time.monotonic())  # the client flushes too
+        now = time.monotonic()  # the client flushes too
+        self._play_end, self._answer_end = min(self._play_end, now), min(self._answer_end, now)
 
     async def drained(self) -> None:
         """Return once all queued audio is sent and, by the pacing clock, played."""
         while True:
             await self.playout.drained()
             await self._audio_sent.wait()
-            remaining = self._play_end - time.monotonic()
+            remaining = self._answer_end - time.monotonic()
             if remaining > 0:
                 await asyncio.sleep(remaining)
             elif not self.playout.queued_pieces and self._audio_sent.is_set():
@@ -224,7 +240,10 @@ class PacedSender(PlayoutSink):
                 await self._sending(post.message)
                 continue
             if self.playout.paused or not self.playout.queued_pieces:
-                await self._wake.wait()
+                if self.silence_ms and not self.closed:
+                    await self._fill_silence()
+                else:
+                    await self._wake.wait()
                 continue
             delay = self._play_end - self.lead_s - time.monotonic()
             if delay > 0:
@@ -242,7 +261,23 @@ class PacedSender(PlayoutSink):
             self._audio_sent.clear()
             await self._sending(self._audio_message(piece.pcm, piece.rate))
             self._play_end = max(self._play_end, time.monotonic()) + piece.ms / 1000
+            self._answer_end = self._play_end
             self._audio_sent.set()  # only now: drained() must see this piece's play time
+
+    async def _fill_silence(self) -> None:
+        """Nothing to play: one piece of silence when the client's buffer runs low, else
+        wait for that moment (or for something else to send)."""
+        delay = self._play_end - SILENCE_AHEAD_S - time.monotonic()
+        if delay > 0:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
+            return
+        if self._silence is None:
+            quiet = np.zeros(self.silence_rate * self.silence_ms // 1000, dtype=np.int16)
+            self._silence = self._audio_message(quiet, self.silence_rate)
+        await self._sending(dict(self._silence))
+        self._play_end = max(self._play_end, time.monotonic()) + self.silence_ms / 1000
 
     async def _sending(self, message: Message) -> None:
         self._in_flight = True

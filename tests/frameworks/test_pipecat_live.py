@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import warnings
+from typing import Any
 
 import pytest
 
@@ -27,6 +28,19 @@ with warnings.catch_warnings():
     from pipecat.services.openai.live.llm import OpenAILiveLLMService
 
 pytestmark = pytest.mark.filterwarnings(f"ignore:{AUDIOOP}:DeprecationWarning")
+
+
+def is_silence(frame: Any) -> bool:
+    """The silence GPT-Live streams between answers (its output never pauses)."""
+    return isinstance(frame, SpeechOutputAudioRawFrame) and len(set(frame.audio)) <= 1
+
+
+def spoken_audio(recorder: Any) -> list[SpeechOutputAudioRawFrame]:
+    return [f for f in recorder.of(SpeechOutputAudioRawFrame) if not is_silence(f)]
+
+
+def not_silence(recorder: Any) -> list[Any]:
+    return [f for f in recorder.frames if not is_silence(f)]
 
 
 def live_service(parley: ServedApp) -> OpenAILiveLLMService:
@@ -53,17 +67,18 @@ async def test_pipecat_live_hears_a_spoken_question_and_plays_the_answer(
             await push_in_real_time(push, spoken(QUESTION, RATE), RATE)
             async with asyncio.timeout(30):
                 # the answer as a speech stream, as GPT-Live's is (not TTS frames)
-                while sum(len(f.audio) for f in recorder.of(SpeechOutputAudioRawFrame)) < RATE:
+                while sum(len(f.audio) for f in spoken_audio(recorder)) < RATE:
                     await asyncio.sleep(0.05)  # half a second of the answer heard
                 while not recorder.of(TTSTextFrame):
                     await asyncio.sleep(0.05)
             # Pipecat ends the assistant's turn after a pause in its transcript: leave once
-            # the answer is over (nothing new for longer than that pause)
+            # the answer is over (nothing new but the silence streamed between answers for
+            # longer than that pause)
             await recorder.wait_for(TTSStoppedFrame)
             async with asyncio.timeout(30):
                 seen = -1
-                while seen != len(recorder.frames):
-                    seen = len(recorder.frames)
+                while seen != len(said := not_silence(recorder)):
+                    seen = len(said)
                     await asyncio.sleep(1.5)
     assert recorder.said().strip()
     no_errors(recorder, logged)

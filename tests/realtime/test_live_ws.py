@@ -48,12 +48,43 @@ def utterance(text: str, rate: int = RATE) -> np.ndarray:
     return np.concatenate([silence(300, rate), speech, silence(900, rate)])
 
 
+def silent(payload: bytes) -> bool:
+    """Silence in any of the formats: one byte value throughout (0 in PCM16, 0xFF in
+    mu-law, 0xD5 in A-law); an answer's audio never is."""
+    return len(set(payload)) <= 1
+
+
+def answer_samples(event: Any) -> int:
+    """Samples of answer audio in an event (0 for the silence streamed between answers)."""
+    if event.type != "session.output_audio.delta":
+        return 0
+    payload = base64.b64decode(event.delta)
+    return 0 if silent(payload) else len(payload) // 2
+
+
+def is_silence(event: Any) -> bool:
+    return event.type == "session.output_audio.delta" and not answer_samples(event)
+
+
 async def recv_until(conn: Any, kind: str, timeout_s: float = 30) -> list[Any]:
+    """Events up to the first of `kind`, leaving out the silence between answers."""
     events: list[Any] = []
     async with asyncio.timeout(timeout_s):
         while not events or events[-1].type != kind:
-            events.append(await conn.recv())
+            event = await conn.recv()
+            if not is_silence(event):
+                events.append(event)
     return events
+
+
+async def next_message(ws: Any) -> dict[str, Any]:
+    """A raw client's next message other than silence between answers."""
+    while True:
+        message: dict[str, Any] = json.loads(await ws.recv())
+        if message["type"] != "session.output_audio.delta":
+            return message
+        if not silent(base64.b64decode(message["delta"])):
+            return message
 
 
 @pytest.mark.slow
@@ -88,8 +119,7 @@ async def test_the_sdk_live_client_holds_a_spoken_turn_and_closes(server: Served
             while audio < 2 * RATE:  # the fake engine's whole 2 s answer
                 event = await conn.recv()
                 heard.append(event)
-                if event.type == "session.output_audio.delta":
-                    audio += len(base64.b64decode(event.delta)) // 2
+                audio += answer_samples(event)
         kinds = {e.type for e in heard}
         assert "session.output_transcript.delta" in kinds, kinds
         asked = [e for e in heard if e.type == "session.input_transcript.delta"]
@@ -118,7 +148,7 @@ async def raw_start(server: ServedApp, start: dict[str, Any]) -> tuple[list[Any]
         try:
             async with asyncio.timeout(10):
                 while True:
-                    got.append(json.loads(await ws.recv()))
+                    got.append(await next_message(ws))
         except ConnectionClosed:
             pass
         return got, ws.close_code
@@ -163,13 +193,13 @@ async def test_mute_unknown_events_and_g711(server: ServedApp) -> None:
         **START, "audio": {"format": {"type": "audio/pcmu", "rate": 8000}}}}  # fmt: skip
     async with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
         await ws.send(json.dumps(start))
-        started = json.loads(await ws.recv())
+        started = await next_message(ws)
         assert started["session"]["audio"]["format"] == {"type": "audio/pcmu", "rate": 8000}
         await ws.send(json.dumps({"type": "session.input_audio.mute", "event_id": "m"}))
         await ws.send(json.dumps({"type": "response.create", "event_id": "c"}))
         await ws.send(json.dumps({"type": "session.input_audio.append", "audio": "!!"}))
         await ws.send(json.dumps({"type": "session.input_audio.unmute", "event_id": "u"}))
-        got = [json.loads(await ws.recv()) for _ in range(4)]
+        got = [await next_message(ws) for _ in range(4)]
         assert [m["type"] for m in got] == [
             "session.input_audio.muted",
             "error",
@@ -181,7 +211,7 @@ async def test_mute_unknown_events_and_g711(server: ServedApp) -> None:
         assert got[1]["error"]["client_event_id"] == "c"
         assert got[2]["error"]["param"] == "audio"
         await ws.send(json.dumps({"type": "session.close"}))
-        closed = json.loads(await ws.recv())
+        closed = await next_message(ws)
         assert closed["type"] == "session.closed" and closed["reason"] == "close_requested"
 
 
@@ -193,8 +223,7 @@ async def said_until(conn: Any, times: int, timeout_s: float = 30) -> list[Any]:
         while audio < times * 2 * RATE:
             event = await conn.recv()
             heard.append(event)
-            if event.type == "session.output_audio.delta":
-                audio += len(base64.b64decode(event.delta)) // 2
+            audio += answer_samples(event)
     return heard
 
 
@@ -243,13 +272,35 @@ async def test_a_bad_commentary_is_refused_and_nothing_is_said(
     url = f"{server.ws_url}/v1/live/sessions"
     async with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
         await ws.send(json.dumps({"type": "session.start", "session": START}))
-        assert json.loads(await ws.recv())["type"] == "session.started"
+        assert (await next_message(ws))["type"] == "session.started"
         bad = {"type": "session.commentary.append", "event_id": "c", **event}
         await ws.send(json.dumps(bad))
-        error = json.loads(await ws.recv())
+        error = await next_message(ws)
         assert error["type"] == "error", error
         assert (error["error"]["code"], error["error"].get("param")) == (code, param)
         assert error["error"]["client_event_id"] == "c"
         await ws.send(json.dumps({"type": "session.close"}))
-        closed = json.loads(await ws.recv())  # no answer was started by it
+        closed = await next_message(ws)  # no answer was started by it
         assert closed["type"] == "session.closed", closed
+
+
+async def test_output_audio_streams_silence_between_answers_at_real_time_pace(
+    server: ServedApp,
+) -> None:
+    """GPT-Live's output never pauses: with nothing said, silence arrives at about real
+    time (not faster: a client that plays what it gets must not fall behind)."""
+    url = f"{server.ws_url}/v1/live/sessions"
+    async with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        await ws.send(json.dumps({"type": "session.start", "session": START}))
+        assert json.loads(await ws.recv())["type"] == "session.started"
+        samples, began = 0, asyncio.get_running_loop().time()
+        while (elapsed := asyncio.get_running_loop().time() - began) < 1.0:
+            message = json.loads(await ws.recv())
+            assert message["type"] == "session.output_audio.delta", message
+            pcm = np.frombuffer(base64.b64decode(message["delta"]), dtype="<i2")
+            assert not pcm.any()
+            samples += len(pcm)
+        assert 0.7 * elapsed <= samples / RATE <= elapsed + 0.2, (samples, elapsed)
+        await ws.send(json.dumps({"type": "session.close"}))
+        while (message := json.loads(await ws.recv()))["type"] != "session.closed":
+            assert message["type"] == "session.output_audio.delta"

@@ -13,7 +13,7 @@ import numpy.typing as npt
 import pytest
 
 from pipeline.tasks import cancel_and_wait
-from realtime.websocket.sender import PacedSender, SlowClientError
+from realtime.websocket.sender import SILENCE_AHEAD_S, PacedSender, SlowClientError
 
 RATE = 24_000
 
@@ -271,3 +271,28 @@ async def test_every_kind_of_message_stays_bounded_while_the_client_does_not_rea
         if writer is not None:
             await asyncio.wait_for(writer, 1)  # closing releases the model
     assert len(wire.messages) == 0
+
+
+async def test_silence_fills_the_gaps_and_an_answer_waits_behind_little_of_it() -> None:
+    """With `silence_ms` (GPT-Live) the stream never pauses: silence at real time while
+    nothing is said, an answer's audio after at most `SILENCE_AHEAD_S` of it, and
+    `drained()` waits for the answer only (silence goes on after it)."""
+    wire = Wire()
+    sender = PacedSender(wire.send, audio_message, lead_ms=300, piece_ms=100, silence_ms=40)
+    async with running(sender):
+        started = time.monotonic()
+        await asyncio.sleep(0.5)
+        quiet = [m for m in wire.messages if m["first"] == 0]
+        assert quiet == wire.messages and all(m["ms"] == 40.0 for m in quiet)
+        sent_ms = 40 * len(quiet)
+        assert 400 <= sent_ms <= 500 + 1000 * SILENCE_AHEAD_S + 40, sent_ms  # real time
+        asked = time.monotonic()
+        await sender.audio(pcm(300), RATE)
+        await sender.drained()
+        answered = [i for i, m in enumerate(wire.messages) if m["first"] == 1]
+        assert wire.times[answered[0]] - asked <= SILENCE_AHEAD_S + 0.05
+        assert sender.played_ms == 300  # silence is no answer audio
+        assert time.monotonic() - started < 0.5 + 0.3 + 2 * SILENCE_AHEAD_S + 0.3
+        count = len(wire.messages)
+        await asyncio.sleep(0.2)
+        assert len(wire.messages) > count and wire.messages[-1]["first"] == 0  # on it goes
