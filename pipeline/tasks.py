@@ -55,21 +55,9 @@ def background(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]
     """A task meant to run until its owner cancels it (a watch, an upkeep loop). If it
     ends with an error instead, the error is logged at once: `cancel_and_wait` would drop
     it at shutdown, and whatever the task kept going would have stopped without a word."""
-    task = asyncio.create_task(_said_if_cut_short(coro, name), name=name)
+    task = asyncio.create_task(coro, name=name)
     task.add_done_callback(_log_failure)
     return task
-
-
-async def _said_if_cut_short(coro: Coroutine[Any, Any, None], name: str) -> None:
-    """`coro`; a CancelledError that nobody asked for (a library's own, raised from a future
-    it cancelled) would end the task looking cancelled, so it is logged here."""
-    try:
-        await coro
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and not task.cancelling():
-            log.error("task %s ended by a cancel nobody asked for", name)
-        raise
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:
