@@ -96,12 +96,6 @@ class OutageStats:
     redials: int = 0
 
 
-@dataclass(slots=True)
-class _Watch:
-    failing_since: float | None = None
-    """When the probes of the current outage began failing (None: up, or not yet probed)."""
-
-
 class RedisLink:
     def __init__(
         self,
@@ -125,6 +119,8 @@ class RedisLink:
         self._refusal_open = False
         """A refusal began and its kept writes are not all written back yet."""
         self.stats = OutageStats()
+        self._failing_since: float | None = None
+        """When the watch's probes of the current outage began failing (None: not failing)."""
         self._changed = asyncio.Event()
         self.writes = WriteBatcher(redis, call_timeout_s)
         """The process's writes, several sessions' to a pipeline (its `run()` is the
@@ -278,10 +274,10 @@ class RedisLink:
         cluster client raises its own while the slot map is in flux) is logged and the
         watch goes on: were it to end, an outage would never be seen to end, and sessions
         would keep their writes locally for good."""
-        watch = _Watch()
+        self._failing_since = None
         while True:
             try:
-                await self._watch_once(watch)
+                await self._watch_once()
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is None or task.cancelling():
@@ -291,19 +287,19 @@ class RedisLink:
                 self.stats.probe_errors.add("CancelledError")
                 log.warning("Redis watch: the client raised a cancel nobody asked for")
 
-    async def _watch_once(self, watch: _Watch) -> None:
+    async def _watch_once(self) -> None:
         """One turn of the watch: a heartbeat, a probe or a write probe."""
         if not self.up:
             await asyncio.sleep(self.probe_interval_s)
             if await self._probe():
-                watch.failing_since = None
+                self._failing_since = None
                 self.came_back()
                 return
             now = time.monotonic()
-            if watch.failing_since is None:
-                watch.failing_since = now
-            elif now - watch.failing_since >= REDIAL_AFTER_S:
-                watch.failing_since = now
+            if self._failing_since is None:
+                self._failing_since = now
+            elif now - self._failing_since >= REDIAL_AFTER_S:
+                self._failing_since = now
                 self._still_down()
                 await self._redial()
         elif self.refusing:

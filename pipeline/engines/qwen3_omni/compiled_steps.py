@@ -43,35 +43,34 @@ def compiled_layer_call() -> Any:
     return torch.compile(call_layer, options={"fallback_random": True})
 
 
-def quiet_output_capture() -> bool:
-    """Make transformers' output-capturing hooks traceable; whether there were any (5.x).
-    Idempotent."""
+def _output_capturing() -> Any:
+    """transformers 5's output-capturing module; None under 4.x (no such hooks)."""
     try:
-        capturing: Any = importlib.import_module("transformers.utils.output_capturing")
-    except ImportError:  # transformers 4.x: no such hooks
-        return False
-    collector = capturing._active_collector
-    if isinstance(collector, _QuietCollector):
-        return True
-    quiet = _QuietCollector.__new__(_QuietCollector)
-    quiet.__dict__.update(collector.__dict__)  # the same ContextVar: values set stay visible
-    capturing._active_collector = quiet
-    return True
-
-
-def _quiet_base() -> type:
-    try:
-        capturing: Any = importlib.import_module("transformers.utils.output_capturing")
+        return importlib.import_module("transformers.utils.output_capturing")
     except ImportError:
-        return object
-    base: type = capturing.CompileableContextVar
-    return base
+        return None
 
 
-class _QuietCollector(_quiet_base()):  # type: ignore[misc]
+_CAPTURING = _output_capturing()
+
+
+class _QuietCollector(_CAPTURING.CompileableContextVar if _CAPTURING else object):  # type: ignore[misc]
     """transformers' collector, empty while Dynamo traces (the steps collect nothing)."""
 
     def get(self) -> Any:
         if torch.compiler.is_compiling():
             return None
         return super().get()
+
+
+def quiet_output_capture() -> bool:
+    """Make transformers' output-capturing hooks traceable; whether there were any (5.x).
+    Idempotent."""
+    if _CAPTURING is None:
+        return False
+    collector = _CAPTURING._active_collector
+    if not isinstance(collector, _QuietCollector):
+        quiet = _QuietCollector.__new__(_QuietCollector)
+        quiet.__dict__.update(collector.__dict__)  # the same ContextVar: values set stay seen
+        _CAPTURING._active_collector = quiet
+    return True
