@@ -110,6 +110,7 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
             "talker_batch": args.talker_prefill_batch,
         },
         "placement": args.placement,
+        "gpu_sharing": args.gpu_sharing,
         "audio_priority": args.audio_priority,
         "switch_interval_ms": args.switch_interval_ms,
         "concurrency": args.concurrency,
@@ -218,7 +219,8 @@ edges:
 outputs: [thinker, code2wav]
 """
     if args.placement != "subgraph":
-        return f"name: omni_bench\nstages:\n{stages}{wiring}"
+        sharing = f"gpu_sharing: {args.gpu_sharing}\n"
+        return f"name: omni_bench\n{sharing}stages:\n{stages}{wiring}"
     nested = textwrap.indent(f"stages:\n{stages}{wiring}", " " * 6)
     switch = ""
     if args.switch_interval_ms is not None:
@@ -532,6 +534,13 @@ def parser() -> argparse.ArgumentParser:
         default="worker",
         help="each stage in its own worker process, all in the bench's process, or all in "
         "one worker process (a subgraph: the stages overlap on the GPU, each on its stream)",
+    )
+    p.add_argument(
+        "--gpu-sharing",
+        choices=["none", "mps"],
+        default="none",
+        help="how the stage processes share the GPU: CUDA's time slices, or an MPS daemon "
+        "the graph starts (their kernels side by side; --placement worker)",
     )
     p.add_argument(
         "--audio-priority",

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .channel import Channel, ChannelClosed
+from .gpu_sharing import MpsDaemon
 from .graph_config import (
     EdgeConfig,
     GraphConfig,
@@ -66,7 +67,9 @@ class StageGraph:
     """A Pipeline made of engines wired by a GraphConfig.
 
     Raises GraphConfigError, naming the stage, when an engine is not the kind its stage
-    needs (an EntryEngine where there is no upstream edge, a StreamEngine elsewhere)."""
+    needs (an EntryEngine where there is no upstream edge, a StreamEngine elsewhere).
+    `gpu`: the MPS daemon the graph's stage processes share a GPU through (`gpu_sharing:
+    mps`), started before the first engine and quit after the last one closes."""
 
     def __init__(
         self,
@@ -75,6 +78,7 @@ class StageGraph:
         *,
         channel_size: int = DEFAULT_CHANNEL_SIZE,
         metrics: PipelineMetrics | None = None,
+        gpu: MpsDaemon | None = None,
     ) -> None:
         missing = [s.name for s in config.stages if s.name not in engines]
         if missing:
@@ -84,6 +88,7 @@ class StageGraph:
         self.engines = engines
         self.channel_size = channel_size
         self.metrics = metrics or PipelineMetrics()
+        self.gpu = gpu
         self._entry: dict[str, EntryEngine] = {}
         self._stream: dict[str, StreamEngine] = {}
         for index, stage in enumerate(config.stages):
@@ -109,6 +114,8 @@ class StageGraph:
 
     async def start(self) -> None:
         started: list[Engine] = []
+        if self.gpu is not None:
+            await asyncio.to_thread(self.gpu.start)
         try:
             for stage in self.config.stages:
                 await self.engines[stage.name].start()
@@ -116,6 +123,8 @@ class StageGraph:
         except BaseException:
             for engine in reversed(started):
                 await engine.close()
+            if self.gpu is not None:
+                await asyncio.to_thread(self.gpu.close)
             raise
 
     async def close(self) -> None:
@@ -126,6 +135,8 @@ class StageGraph:
         for stage, result in zip(self.engines, results, strict=True):
             if isinstance(result, BaseException):
                 log.error("stage %s did not close cleanly: %r", stage, result)
+        if self.gpu is not None:
+            await asyncio.to_thread(self.gpu.close)
 
     def active_requests(self) -> int:
         return sum(engine.active_requests() for engine in self.engines.values())

@@ -18,6 +18,7 @@ takes the upstream chunks); the runtime checks each engine against its stage's k
     edges:
       - {from: thinker, to: talker, transform: pipeline.transforms:clauses, chunk: 1}
     outputs: [thinker, code2wav]
+    gpu_sharing: none      # or mps: stage processes on one GPU run side by side
 """
 
 from __future__ import annotations
@@ -93,6 +94,9 @@ class GraphConfig(_Model):
     stages: tuple[StageConfig, ...] = Field(min_length=1)
     edges: tuple[EdgeConfig, ...] = ()
     outputs: tuple[str, ...] = Field(min_length=1)
+    gpu_sharing: Literal["none", "mps"] = "none"
+    """How the graph's stage processes share a GPU: CUDA's time slices (`none`), or one MPS
+    daemon that runs their kernels side by side (`mps`; `pipeline/gpu_sharing.py`)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> GraphConfig:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .engines.registry import create_engine
+from .gpu_sharing import MpsDaemon
 from .graph import StageGraph
 from .graph_config import GraphConfig, load_graph
 from .metrics import PipelineMetrics
@@ -86,6 +87,20 @@ def build_engines(
     return engines
 
 
+def gpu_sharing(config: GraphConfig, shared: Mapping[str, str] | None = None) -> MpsDaemon | None:
+    """The MPS daemon this process starts for the graph: where the graph file asks for one
+    and this process runs a stage itself (in a worker it starts, or in-process); stages
+    served by stage hosts or other hosts share the GPU through their own starter's."""
+    if config.gpu_sharing != "mps":
+        return None
+    local = [
+        s
+        for s in config.stages
+        if s.placement.process != "remote" and not (shared and s.name in shared)
+    ]
+    return MpsDaemon() if local else None
+
+
 def load_pipeline(
     name_or_path: str,
     metrics: PipelineMetrics | None = None,
@@ -94,4 +109,5 @@ def load_pipeline(
 ) -> Pipeline:
     """Build the named pipeline (not started yet)."""
     config = load_graph(graph_path(name_or_path))
-    return StageGraph(config, build_engines(config, redis_url, shared), metrics=metrics)
+    engines = build_engines(config, redis_url, shared)
+    return StageGraph(config, engines, metrics=metrics, gpu=gpu_sharing(config, shared))

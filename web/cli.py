@@ -28,6 +28,7 @@ from types import FrameType
 
 import uvicorn
 
+from pipeline.gpu_sharing import GpuSharingError
 from pipeline.graph_config import GraphConfigError, load_graph
 from pipeline.registry import PipelineNotFound, graph_path
 from pipeline.remote import serve_remote_stage
@@ -222,6 +223,9 @@ def serve(settings: Settings, argv: Sequence[str] = ()) -> int:
         event_loop.run(_serve(settings, redis_url), settings.event_loop)
     except SystemExit as exc:
         return int(exc.code or 0)
+    except GpuSharingError as exc:  # the stage hosts' MPS daemon, before any host started
+        print(f"parley: {exc}", file=sys.stderr)
+        return 2
     finally:
         if embedded is not None:
             embedded.stop()

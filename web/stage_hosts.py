@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pipeline.gpu_sharing import MpsDaemon
 from pipeline.graph_config import load_graph
 from pipeline.registry import graph_path, hosted_stages, worker_spec
 from pipeline.stage_host import launch_args
@@ -37,11 +38,14 @@ class HostedStage:
 
 class StageHosts:
     """Which stages to host and where; a private directory for their sockets (removed by
-    `close`, idempotent). `pipeline` None: none (`--stage-hosts off`)."""
+    `close`, idempotent). `pipeline` None: none (`--stage-hosts off`). Where the graph file
+    asks for `gpu_sharing: mps`, the MPS daemon the hosts share the GPU through is started
+    here, before any host, and quit by `close`."""
 
     def __init__(self, pipeline: str | None, log_level: str = "info") -> None:
         self.stages: Sequence[HostedStage] = ()
         self._dir: str | None = None
+        self.gpu: MpsDaemon | None = None
         if pipeline is None:
             return
         config = load_graph(graph_path(pipeline))
@@ -55,6 +59,13 @@ class StageHosts:
             )
             for name in names
         ]
+        if config.gpu_sharing == "mps":
+            self.gpu = MpsDaemon()
+            try:
+                self.gpu.start()
+            except BaseException:
+                self.close()
+                raise
 
     def worker_option(self) -> list[str]:
         """What each server process is started with to use the hosts."""
@@ -64,6 +75,9 @@ class StageHosts:
         return ["--shared-stages", json.dumps(sockets)]
 
     def close(self) -> None:
+        gpu, self.gpu = self.gpu, None
+        if gpu is not None:
+            gpu.close()
         directory, self._dir = self._dir, None
         if directory is not None:
             with contextlib.suppress(OSError):

@@ -135,12 +135,12 @@ class WorkerPool:
 
     def run(self) -> int:
         """Serve until SIGINT or SIGTERM; the exit status (0, or 1 if a child never started)."""
+        hosts = StageHosts(  # GpuSharingError: the graph asks for MPS, which cannot start
+            self.settings.pipeline if self.settings.stage_hosts else None, self.settings.log_level
+        )
         previous = {
             sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
         }
-        hosts = StageHosts(
-            self.settings.pipeline if self.settings.stage_hosts else None, self.settings.log_level
-        )
         try:
             with listening_socket(self.settings.host, self.settings.port) as reserved:
                 port = int(reserved.getsockname()[1])

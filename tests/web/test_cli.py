@@ -294,3 +294,39 @@ def test_the_ready_line_comes_when_readyz_is_200(servers: list[Server], tmp_path
     assert httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 503
     server.wait_for_line("Parley is ready")
     assert httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200
+
+
+def test_stage_hosts_whose_gpu_sharing_cannot_start_exit_2_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    from tests.fakes import mps_control
+
+    mps_control.install(tmp_path)
+    graph = tmp_path / "mps.yaml"
+    graph.write_text(
+        "name: mps\ngpu_sharing: mps\nstages:\n  - {name: echo, engine: echo, "
+        "placement: {process: worker}}\noutputs: [echo]\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
+    env |= {"PATH": f"{tmp_path}{os.pathsep}{env['PATH']}", "FAKE_MPS_REFUSE": "1"}
+    result = subprocess.run(
+        [
+            PARLEY,
+            "serve",
+            "--port",
+            str(free_port()),
+            "--workers",
+            "2",
+            "--pipeline",
+            str(graph),
+            "--redis-url",
+            "redis://127.0.0.1:1",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "the MPS control daemon did not start" in result.stderr
+    assert "gpu_sharing: none" in result.stderr
