@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 
 log = logging.getLogger("parley.pipeline.gpu_sharing")
 
@@ -31,6 +32,8 @@ PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
 COMMAND_S = 15.0
 """The most a command to the control daemon (start, quit) may take."""
+PID_FILE = "nvidia-cuda-mps-control.pid"
+QUIT_POLL_S = 0.05
 
 
 class GpuSharingError(RuntimeError):
@@ -91,18 +94,42 @@ class MpsDaemon:
         self._started = False
         if root is None or self._binary is None:
             return
-        pipe_dir = self.pipe_dir
-        env = {**os.environ, PIPE_ENV: str(pipe_dir), LOG_ENV: os.path.join(root, "log")}
+        pipe_dir = str(self.pipe_dir)
+        env = {**os.environ, PIPE_ENV: pipe_dir, LOG_ENV: os.path.join(root, "log")}
         if os.environ.get(PIPE_ENV) == pipe_dir:
             os.environ.pop(PIPE_ENV, None)
             os.environ.pop(LOG_ENV, None)
+        daemon = _daemon_pid(pipe_dir)
         try:
             subprocess.run(
                 [self._binary], input=b"quit\n", env=env, capture_output=True, timeout=COMMAND_S
             )
         except (OSError, subprocess.SubprocessError) as exc:
             log.error("the MPS control daemon on %s did not quit: %s", pipe_dir, _detail(exc))
+        else:  # `quit` returns once asked; the daemon stops its servers, then itself
+            deadline = time.monotonic() + COMMAND_S
+            while daemon is not None and _running(daemon) and time.monotonic() < deadline:
+                time.sleep(QUIT_POLL_S)
+            log.info("the MPS control daemon on %s quit", pipe_dir)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _daemon_pid(pipe_dir: str) -> int | None:
+    """The control daemon's process id, from the file it keeps in its pipe directory."""
+    try:
+        with open(os.path.join(pipe_dir, PID_FILE)) as file:
+            return int(file.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (not gone, not a zombie waiting for its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            return file.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _detail(exc: BaseException) -> str:

@@ -2,8 +2,9 @@
 
 It keeps the real tool's contract as Parley uses it: `-d` starts a daemon for the pipe
 directory in CUDA_MPS_PIPE_DIRECTORY (it returns once the daemon runs, its pid in the
-directory's `nvidia-cuda-mps-control.pid`); `quit` on standard input stops that daemon, and with
-no daemon there the command fails as the real one does. FAKE_MPS_REFUSE set: `-d` fails, as the
+directory's `nvidia-cuda-mps-control.pid`); `quit` on standard input asks that daemon to stop
+and returns before it has (it takes a moment, as the real one stopping its servers does), and
+with no daemon there the command fails as the real one does. FAKE_MPS_REFUSE set: `-d` fails, as the
 real tool does where MPS is not permitted. `install(directory)` writes an executable of the
 real tool's name into `directory` for PATH.
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 NAME = "nvidia-cuda-mps-control"
 PID_FILE = "nvidia-cuda-mps-control.pid"
 WAIT_S = 5.0
+STOPPING_S = 0.3
 
 
 def install(directory: Path) -> Path:
@@ -43,6 +45,7 @@ def serve(pipe: Path) -> None:
     quit_flag = pipe / "quit"
     while not quit_flag.exists():
         time.sleep(0.01)
+    time.sleep(STOPPING_S)  # the real daemon stops its servers first
     quit_flag.unlink()
     (pipe / PID_FILE).unlink()
 
@@ -68,8 +71,7 @@ def main() -> None:
         if line.strip() == "quit":
             if not (pipe / PID_FILE).exists():
                 sys.exit("Cannot find MPS control daemon process")
-            (pipe / "quit").touch()
-            _wait(lambda: not (pipe / PID_FILE).exists(), "quit")
+            (pipe / "quit").touch()  # and back at once: the real tool does not wait either
 
 
 if __name__ == "__main__":
