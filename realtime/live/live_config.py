@@ -7,10 +7,9 @@ those of the SDK's `SessionConfig` (openai/types/live/session_config.py in the S
 
 Parley serves it with its own pipelines, which take turns: Parley's turn detection and
 barge-in decide when the assistant speaks (there is no client control over it, as in
-GPT-Live). Delegation has no full counterpart here yet:
-asking for what it cannot do is refused with a clear error rather than silently ignored:
-`responses` delegation is served by Parley's own model (its Thinker plays the backend's
-part) as long as it carries no tools; tools and `decisions` are refused.
+GPT-Live). `responses` delegation is served by Parley's own model (its Thinker plays the
+backend's part, function tools and all: live_delegation.py); `decisions` and hosted tools
+have no counterpart and are refused with a clear error rather than silently ignored.
 """
 
 from __future__ import annotations
@@ -125,8 +124,8 @@ def parse_live_config(body: Any) -> LiveSessionConfig:
 
 def check_delegation(delegation: LiveDelegation | None, where: str = "session") -> None:
     """Parley's own model plays the Responses backend's part, so `responses` delegation is
-    served as long as it brings no tools (tool delegation events are not served yet);
-    `decisions` has no counterpart here."""
+    served with function tools (live_delegation.py); `decisions`, and the Responses API's
+    hosted tools, have no counterpart here."""
     if delegation is None or delegation.type == "client":
         return
     if delegation.type == "decisions":
@@ -136,12 +135,53 @@ def check_delegation(delegation: LiveDelegation | None, where: str = "session") 
             "unsupported_value",
             f"{where}.delegation.type",
         )
-    if (delegation.responses or {}).get("tools"):
-        raise LiveConfigError(
-            "tools under responses delegation are not served here yet; start without tools",
-            "unsupported_value",
-            f"{where}.delegation.responses.tools",
+    delegated_tools(delegation, where)
+
+
+def delegated_tools(delegation: LiveDelegation | None, where: str = "session") -> dict[str, Any]:
+    """The session settings (`tools`, `tool_choice`) that let Parley's model make the
+    function calls of a `responses` delegation; empty for any other delegation."""
+    if delegation is None or delegation.type != "responses":
+        return {"tools": [], "tool_choice": "auto"}
+    responses = delegation.responses or {}
+    param = f"{where}.delegation.responses"
+    tools = responses.get("tools") or []
+    if not isinstance(tools, list):
+        raise LiveConfigError("`tools` is a list of tools", "invalid_value", f"{param}.tools")
+    found: list[dict[str, Any]] = []
+    for index, tool in enumerate(tools):
+        at = f"{param}.tools.{index}"
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            raise LiveConfigError(
+                f"only function tools are served here (Parley's own model is the Responses "
+                f"backend and hosts no tools); got {kind!r}",
+                "unsupported_value",
+                f"{at}.type",
+            )
+        unknown = set(tool) - {"type", "name", "description", "parameters", "strict"}
+        if unknown:
+            raise LiveConfigError(
+                f"unknown field {sorted(unknown)[0]!r}", "unknown_parameter", f"{at}"
+            )
+        found.append(
+            {
+                "type": "function",
+                "name": tool.get("name"),
+                "description": tool.get("description") or "",
+                "parameters": tool.get("parameters") or {},
+            }
         )
+    choice = responses.get("tool_choice", "auto")
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        choice = choice.get("name")
+    if not isinstance(choice, str):
+        raise LiveConfigError(
+            "`tool_choice` is auto, none, required or {type: function, name}",
+            "unsupported_value",
+            f"{param}.tool_choice",
+        )
+    return {"tools": found, "tool_choice": choice}
 
 
 def parley_config(
@@ -150,7 +190,7 @@ def parley_config(
     """The session Parley runs for `live` (on top of `base`, a key's own settings), and the
     connection's audio formats (one format both ways, as GPT-Live has it)."""
     check_delegation(live.delegation)
-    patch: dict[str, Any] = {}
+    patch: dict[str, Any] = dict(delegated_tools(live.delegation))
     if live.instructions and live.instructions.strip():
         patch["instructions"] = live.instructions
     if live.voice is not None:
@@ -159,8 +199,13 @@ def parley_config(
     try:
         config = base.updated(patch)
     except ConfigError as exc:
-        param = "session.audio.output.voice" if "voice" in str(exc) else "session.instructions"
-        raise LiveConfigError(str(exc), "invalid_value", param) from exc
+        text = str(exc)
+        param = "session.instructions"
+        if "voice" in text:
+            param = "session.audio.output.voice"
+        elif "tool" in text:
+            param = "session.delegation.responses.tools"
+        raise LiveConfigError(text, "invalid_value", param) from exc
     if fmt.type == "audio/pcm":
         formats = AudioFormats(
             input="audio/pcm", input_rate=fmt.rate, output="audio/pcm", output_rate=fmt.rate

@@ -25,9 +25,10 @@ the assistant speaks and when it stops, as the model does in GPT-Live.
 Output audio never pauses, as GPT-Live's: between answers the sender streams silence in
 40 ms pieces at real-time pace (realtime/websocket/sender.py).
 
-Not yet: tool delegation events (so no delegation id
-exists for a commentary to name), resume after a dropped connection (a drop ends the
-session: `connection_lost`).
+Responses delegation (`response.event`, `response.item.create`, `response.create`):
+live_delegation.py, Parley's own model as the backend. Not yet: client delegation events
+(Parley's model never delegates to the client, so no delegation id exists for a commentary
+to name), resume after a dropped connection (a drop ends the session: `connection_lost`).
 """
 
 from __future__ import annotations
@@ -50,9 +51,12 @@ from sessions.events import (
     ConversationItem,
     ErrorEvent,
     Event,
+    FunctionCallArgumentsDone,
     InputTranscriptionCompleted,
     InputTranscriptionDelta,
     OutputAudioTranscriptDelta,
+    ResponseCreated,
+    ResponseDone,
     SessionClosed,
     SpeechStarted,
     SpeechStopped,
@@ -73,8 +77,10 @@ from .live_config import (
     LiveDelegation,
     LiveSessionConfig,
     check_delegation,
+    delegated_tools,
     resolved,
 )
+from .live_delegation import ResponsesBackend
 
 ERROR_LIMIT = 20
 """`error` events about the client's own messages per second; the rest are summarised."""
@@ -142,6 +148,7 @@ class LiveConnection(MessageConnection):
         """item id -> transcript text already sent as deltas."""
         self._spoken_ms = 0
         self._commentary = Commentary()
+        self._backend = ResponsesBackend()
 
     def bind(self, session: Session) -> None:
         self.session = session
@@ -176,6 +183,8 @@ class LiveConnection(MessageConnection):
         self._commentary.observe(event)
 
     def messages(self, event: Event) -> list[tuple[Message, bool]]:
+        if isinstance(event, ResponseCreated | FunctionCallArgumentsDone | ResponseDone):
+            return [(m, False) for m in self._backend.messages(event, self._now_ms())]
         if isinstance(event, SpeechStarted):
             self._speech[event.item_id] = (event.audio_start_ms, event.audio_start_ms)
         elif isinstance(event, SpeechStopped):
@@ -292,6 +301,10 @@ class LiveConnection(MessageConnection):
             await self._commentary_append(event, client_id)
         elif kind == "session.update":
             await self._update(event, client_id)
+        elif kind == "response.item.create":
+            await self._item_create(event, client_id)
+        elif kind == "response.create":
+            await self._response_create(client_id)
         elif kind == "session.close":
             self.finish(CLOSE_REQUESTED)
             return True
@@ -301,7 +314,8 @@ class LiveConnection(MessageConnection):
             self._refuse(
                 "unsupported_event",
                 f"{kind!r} is not served here (GPT-Live on Parley: audio appends, mute, "
-                "instructions, thinking, commentary and close)",
+                "instructions, thinking, commentary, session.update, the Responses "
+                "delegation's response.item.create and response.create, and close)",
                 client_id,
                 "type",
             )
@@ -362,8 +376,13 @@ class LiveConnection(MessageConnection):
         except LiveConfigError as exc:
             self._refuse(exc.code, str(exc), client_id, exc.param)
             return
-        self.live = self.live.model_copy(update={"delegation": delegation})
         assert self.session is not None
+        try:
+            await self.session.update(delegated_tools(delegation))
+        except Exception as exc:  # a tool Parley's session cannot take
+            self._refuse("invalid_value", str(exc), client_id, "session.delegation.responses")
+            return
+        self.live = self.live.model_copy(update={"delegation": delegation})
         message: Message = {
             "type": "session.updated",
             "event_id": new_id("event"),
@@ -372,6 +391,67 @@ class LiveConnection(MessageConnection):
         if client_id is not None:
             message["client_event_id"] = client_id
         self.post(message)
+
+    def _responses_delegation(self, client_id: str | None) -> bool:
+        delegation = self.live.delegation
+        if delegation is not None and delegation.type == "responses":
+            return True
+        why = "this event requires responses delegation (the session's is client delegation)"
+        self._refuse("invalid_request", why, client_id, "type")
+        return False
+
+    async def _item_create(self, event: dict[str, Any], client_id: str | None) -> None:
+        """A function call's output for Parley's model (the Responses backend), or a note:
+        a message item joins the conversation as text, nothing is said until a
+        `response.create`."""
+        if not self._responses_delegation(client_id):
+            return
+        item = event.get("item")
+        kinds = ("function_call_output", "message")
+        if not isinstance(item, dict) or item.get("type") not in kinds:
+            why = "`item` is a function_call_output or a message"
+            self._refuse("invalid_value", why, client_id, "item.type")
+            return
+        assert self.session is not None
+        if item["type"] == "message":
+            text = _message_text(item.get("content"))
+            role = item.get("role")
+            if text is None or role not in ("user", "developer", "system"):
+                why = "a message item has a role (user, developer or system) and text content"
+                self._refuse("invalid_value", why, client_id, "item")
+                return
+            await self.session.add_item(
+                ConversationItem(role="user" if role == "user" else "system", text=text)
+            )
+            return
+        call_id, output = item.get("call_id"), item.get("output")
+        if not isinstance(call_id, str) or not isinstance(output, str):
+            why = "a function_call_output has a `call_id` and an `output` (text)"
+            self._refuse("missing_required_parameter", why, client_id, "item.call_id")
+            return
+        if self._backend.output(call_id) is None:
+            why = f"no function call {call_id!r} is waiting for its output"
+            self._refuse("invalid_value", why, client_id, "item.call_id")
+            return
+        await self.session.add_item(
+            ConversationItem(role="user", type="function_call_output", call_id=call_id, text=output)
+        )
+
+    async def _response_create(self, client_id: str | None) -> None:
+        """Go on with the delegated work: Parley's model answers with the outputs given."""
+        if not self._responses_delegation(client_id):
+            return
+        assert self.session is not None
+        if waiting := self._backend.waiting():
+            why = f"{waiting} function call(s) still wait for their outputs; send each first"
+            self._refuse("invalid_request", why, client_id, "type")
+            return
+        self._backend.continue_work()
+        try:
+            await self.session.create_response()
+        except Exception as exc:
+            self._backend.forget_continuation()
+            self.session.report_error(exc, client_id)
 
     async def _append(self, event: dict[str, Any], client_id: str | None) -> None:
         audio = event.get("audio")
@@ -416,3 +496,18 @@ class LiveConnection(MessageConnection):
     ) -> None:
         if self._errors.admit(code, text):
             self.post(live_error(code, text, client_id, param=param))
+
+
+def _message_text(content: Any) -> str | None:
+    """The text of a Responses message item's content: a string, or text parts."""
+    if isinstance(content, str):
+        return content if content.strip() else None
+    if not isinstance(content, list):
+        return None
+    texts = [
+        part["text"]
+        for part in content
+        if isinstance(part, dict) and isinstance(part.get("text"), str)
+    ]
+    text = "".join(texts)
+    return text if text.strip() else None

@@ -166,8 +166,11 @@ async def raw_start(server: ServedApp, start: dict[str, Any]) -> tuple[list[Any]
         ({"type": "session.start", "session": {**START, "delegation": {"type": "decisions"}}},
          "unsupported_value", "session.delegation.type"),
         ({"type": "session.start", "session": {**START, "delegation": {
-            "type": "responses", "responses": {"tools": [{"type": "function", "name": "f"}]}}}},
-         "unsupported_value", "session.delegation.responses.tools"),
+            "type": "responses", "responses": {"tools": [{"type": "web_search"}]}}}},
+         "unsupported_value", "session.delegation.responses.tools.0.type"),
+        ({"type": "session.start", "session": {**START, "delegation": {
+            "type": "responses", "responses": {"tools": [{"type": "function", "name": "a b"}]}}}},
+         "invalid_value", "session.delegation.responses.tools"),
         ({"type": "session.input_audio.append", "audio": ""}, "session_not_started", None),
     ],
 )  # fmt: skip
@@ -207,7 +210,7 @@ async def test_mute_unknown_events_and_g711(server: ServedApp) -> None:
             "session.input_audio.unmuted",
         ]
         assert got[0]["client_event_id"] == "m" and got[3]["client_event_id"] == "u"
-        assert got[1]["error"]["code"] == "unsupported_event"
+        assert got[1]["error"]["code"] == "invalid_request"  # needs responses delegation
         assert got[1]["error"]["client_event_id"] == "c"
         assert got[2]["error"]["param"] == "audio"
         await ws.send(json.dumps({"type": "session.close"}))
@@ -304,3 +307,76 @@ async def test_output_audio_streams_silence_between_answers_at_real_time_pace(
         await ws.send(json.dumps({"type": "session.close"}))
         while (message := json.loads(await ws.recv()))["type"] != "session.closed":
             assert message["type"] == "session.output_audio.delta"
+
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather now in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+
+
+@pytest.mark.slow
+async def test_responses_delegation_calls_a_function_and_speaks_with_its_output(
+    server: ServedApp,
+) -> None:
+    """Parley's model is the Responses backend: its function call reaches the SDK as a
+    delegation with nested Responses events; the output and one `response.create` give a
+    spoken answer, whose own lifecycle is nested under the same delegation."""
+    async with (
+        AsyncOpenAI(api_key=KEY, base_url=f"{server.http_url}/v1") as client,
+        client.live.connect() as conn,
+    ):
+        config: SessionConfigParam = {
+            **START,  # type: ignore[typeddict-item]
+            "delegation": {
+                "type": "responses",
+                "responses": {"model": "parley", "tools": [WEATHER]},
+            },
+        }
+        await conn.session.start(session=config)
+        assert (await conn.recv()).type == "session.started"
+        pcm = utterance("What is the weather like in Paris?")
+        step = RATE // 10
+        for begin in range(0, len(pcm), step):
+            await conn.session.input_audio.append(audio=b64(pcm[begin : begin + step].tobytes()))
+        events = await recv_until(conn, "response.event")
+        (created,) = [e for e in events if e.type == "session.delegation.created"]
+        delegation = created.delegation
+        assert delegation.target == "responses" and delegation.response_id
+        assert created.offset_ms > 0
+        nested: list[dict[str, Any]] = []
+        async with asyncio.timeout(30):
+            while not nested or nested[-1]["type"] != "response.completed":
+                event = await conn.recv()
+                if event.type == "response.event":
+                    assert event.delegation_id == delegation.id
+                    nested.append(event.event)
+        calls = [e["item"] for e in nested if e["type"] == "response.output_item.done"]
+        assert len(calls) == 1 and calls[0]["type"] == "function_call"
+        call = calls[0]
+        assert call["name"] == "get_weather" and call["status"] == "completed"
+        assert json.loads(call["arguments"]) == {"city": "fake"}
+
+        await conn.response.item.create(
+            item={"type": "function_call_output", "call_id": "call_nope", "output": "{}"},
+            event_id="bad",
+        )
+        refused = (await recv_until(conn, "error"))[-1]
+        assert refused.error.param == "item.call_id" and refused.client_event_id == "bad"
+
+        await conn.response.item.create(
+            item={"type": "function_call_output", "call_id": call["call_id"], "output": "18 C"}
+        )
+        await conn.response.create()
+        heard = await said_until(conn, 1)
+        again = [e.event["type"] for e in heard if e.type == "response.event"]
+        assert again[:1] == ["response.created"], again
+        assert not any(e.type == "error" for e in heard), heard
+        await conn.session.close()
+        await recv_until(conn, "session.closed")
