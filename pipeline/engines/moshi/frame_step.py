@@ -1,0 +1,179 @@
+"""Moshi's frame step: one forward every 80 ms for every live session at once.
+
+A session holds a row of the ring cache from `join` to `leave`; each `step` takes the
+sessions' microphone codes for the frame (Mimi's 8 codebooks) and gives each its text
+token and, once it has a whole frame, its voice's 8 codes. Sessions join and leave between
+steps, at any frame: each row has its own position, its own mask and its own past.
+
+Inside a step:
+1. Each row's input is the sum of embeddings of its last text token, its voice's last codes
+   and the user's codes, in Moshi's delayed layout: the semantic codebook (0) of this frame
+   with the acoustic codebooks (1-7) of the frame before, for both streams.
+2. The main transformer (the model's own decoder layers over the ring cache, not its
+   `forward`, whose masks assume one shared length) gives each row a hidden state; its LM
+   head gives the text token.
+3. The depth transformer writes the 8 codes of the voice from that hidden state, one
+   codebook after another, every row together (they are all at the same depth).
+4. The voice's whole frame is the semantic code of the step before with the acoustic codes
+   of this one (the same one-frame delay).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from .ring_cache import RingCache
+
+
+@dataclass(frozen=True, slots=True)
+class FrameOut:
+    text: int
+    """The model's text token this frame (a padding token while it says nothing)."""
+    codes: torch.Tensor | None
+    """The voice's codes for a whole frame ([codebooks], on the CPU); None on a session's
+    first step (no whole frame yet)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """Moshi's published settings; `greedy` for tests (the same tokens however rows batch)."""
+
+    greedy: bool = False
+    text_temperature: float = 0.7
+    text_top_k: int = 25
+    audio_temperature: float = 0.8
+    audio_top_k: int = 250
+
+
+class RowsFull(Exception):
+    """Every row holds a session: no more sessions on this model now."""
+
+
+class FrameStepper:
+    def __init__(
+        self, model: Any, *, rows: int, window: int | None = None, sampling: Sampling = Sampling()
+    ) -> None:
+        config = model.config
+        body = model.decoder.model
+        parameter = next(model.parameters())
+        self.device, self.dtype = parameter.device, parameter.dtype
+        self.model, self.body, self.sampling = model, body, sampling
+        self.codebooks = int(config.num_codebooks)
+        self.text_bos = int(config.vocab_size)  # the extra embedding row: nothing said yet
+        self.audio_bos = int(config.audio_vocab_size)
+        heads = int(config.num_attention_heads)
+        self.cache = RingCache(
+            layers=len(body.layers),
+            rows=rows,
+            heads=int(config.num_key_value_heads),
+            window=window or int(config.sliding_window),
+            head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // heads),
+            dtype=self.dtype,
+            device=self.device,
+        )
+        self.rows = rows
+        self._free = list(range(rows - 1, -1, -1))
+        self._row_of: dict[str, int] = {}
+        shape = (rows, self.codebooks)
+        self._text = torch.full((rows,), self.text_bos, dtype=torch.long, device=self.device)
+        self._voice = torch.full(shape, self.audio_bos, dtype=torch.long, device=self.device)
+        self._user = torch.full(shape, self.audio_bos, dtype=torch.long, device=self.device)
+        self._semantic = torch.full((rows,), -1, dtype=torch.long, device=self.device)
+        """Per row: the voice's semantic code of the step before (-1: none yet)."""
+
+    @property
+    def sessions(self) -> int:
+        return len(self._row_of)
+
+    def join(self, session_id: str) -> None:
+        """Give `session_id` a row from the next step on; RowsFull if none is free."""
+        if session_id in self._row_of:
+            return
+        if not self._free:
+            raise RowsFull(f"all {self.rows} rows hold sessions")
+        row = self._free.pop()
+        self._row_of[session_id] = row
+        self.cache.clear(row)
+        self._text[row] = self.text_bos
+        self._voice[row] = self.audio_bos
+        self._user[row] = self.audio_bos
+        self._semantic[row] = -1
+
+    def leave(self, session_id: str) -> None:
+        """Free the session's row (idempotent)."""
+        row = self._row_of.pop(session_id, None)
+        if row is not None:
+            self._free.append(row)
+
+    @torch.inference_mode()
+    def step(self, user_codes: Mapping[str, torch.Tensor]) -> dict[str, FrameOut]:
+        """One frame for each session in `user_codes` (its microphone's [codebooks] codes)."""
+        if not user_codes:
+            return {}
+        ids = list(user_codes)
+        rows = torch.tensor([self._row_of[s] for s in ids], device=self.device)
+        user = torch.stack([user_codes[s].to(self.device, torch.long) for s in ids])
+        delayed_user = torch.cat([user[:, :1], self._user[rows, 1:]], dim=1)
+        self._user[rows] = user
+        hidden = self._embed(rows, delayed_user)[:, None]
+        self.cache.stepping = rows
+        positions = self.cache.written[rows][:, None]
+        mask = self.cache.mask()
+        for layer in self.body.layers:
+            out = layer(
+                hidden,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=self.cache,
+                use_cache=True,
+            )
+            hidden = out[0] if isinstance(out, tuple) else out
+        hidden = self.body.norm(hidden)
+        self.cache.written[rows] += 1
+        text_logits = self.model.decoder.lm_head(hidden)[:, -1].float()
+        s = self.sampling
+        text = self._pick(text_logits, s.text_temperature, s.text_top_k)
+        voice = self._depth(hidden, text)
+        self._text[rows] = text
+        self._voice[rows] = voice
+        previous = self._semantic[rows]
+        self._semantic[rows] = voice[:, 0]
+        whole = torch.cat([previous[:, None], voice[:, 1:]], dim=1).cpu()
+        texts = text.tolist()
+        firsts = (previous < 0).tolist()
+        return {s: FrameOut(texts[i], None if firsts[i] else whole[i]) for i, s in enumerate(ids)}
+
+    def _embed(self, rows: torch.Tensor, user: torch.Tensor) -> torch.Tensor:
+        embeds = self.body.embed_tokens(self._text[rows])
+        tables = self.model.embed_tokens
+        for k in range(self.codebooks):
+            embeds = embeds + tables[k](self._voice[rows, k])
+            embeds = embeds + tables[self.codebooks + k](user[:, k])
+        return embeds  # type: ignore[no-any-return]
+
+    def _depth(self, hidden: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        """The voice's codes for the frame, codebook by codebook: [rows, codebooks]."""
+        cache = DynamicCache()
+        token = text[:, None]
+        codes: list[torch.Tensor] = []
+        s = self.sampling
+        for _ in range(self.codebooks):
+            out = self.model.depth_decoder(
+                input_ids=token, last_hidden_state=hidden, past_key_values=cache, use_cache=True
+            )
+            token = self._pick(out.logits[:, -1].float(), s.audio_temperature, s.audio_top_k)
+            codes.append(token)
+            token = token[:, None]
+        return torch.stack(codes, dim=1)
+
+    def _pick(self, logits: torch.Tensor, temperature: float, top_k: int) -> torch.Tensor:
+        if self.sampling.greedy:
+            return logits.argmax(dim=-1)
+        top = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1)
+        probs = torch.softmax(top.values / temperature, dim=-1)
+        return top.indices.gather(-1, torch.multinomial(probs, 1)).squeeze(-1)

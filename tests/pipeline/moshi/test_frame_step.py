@@ -1,0 +1,118 @@
+"""Moshi's frame step on the toy model: sessions stepped together are each stepped as if
+alone, whenever they join, for longer than the cache's window; the codec a frame at a time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.engines.moshi.frame_step import FrameStepper, RowsFull, Sampling
+from pipeline.engines.moshi.mimi_frames import FRAME_SAMPLES, MimiFrames
+from pipeline.engines.moshi.weights import load_moshi
+
+STEPS = 12
+WINDOW = 8  # shorter than the run: the ring wraps
+
+
+@pytest.fixture(scope="module")
+def model() -> Any:
+    return load_moshi(tiny=True, device="cpu", dtype=torch.float32)
+
+
+def microphone(seed: int) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 32, (8,), generator=generator) for _ in range(STEPS)]
+
+
+Said = list[tuple[int, list[int] | None]]
+
+
+def run(model: Any, joins: dict[str, int], leaves: dict[str, int] | None = None) -> dict[str, Said]:
+    """Each session from its join step (its own microphone from its first frame) to its
+    leave step; what each was given back, frame by frame."""
+    stepper = FrameStepper(model, rows=3, window=WINDOW, sampling=Sampling(greedy=True))
+    heard = {s: microphone(ord(s)) for s in joins}  # each its own voice, however run
+    said: dict[str, Said] = {s: [] for s in joins}
+    for t in range(STEPS):
+        for s, at in joins.items():
+            if at == t:
+                stepper.join(s)
+            if leaves and leaves.get(s) == t:
+                stepper.leave(s)
+        live = {
+            s: heard[s][t - at]
+            for s, at in joins.items()
+            if at <= t and not (leaves and leaves.get(s, STEPS) <= t)
+        }
+        for s, out in stepper.step(live).items():
+            said[s].append((out.text, None if out.codes is None else out.codes.tolist()))
+    return said
+
+
+def test_sessions_stepped_together_are_each_stepped_as_if_alone(model: Any) -> None:
+    together = run(model, {"a": 0, "b": 5})  # b joins mid-stream
+    assert together["a"] == run(model, {"a": 0})["a"]
+    assert together["b"] == run(model, {"b": 0})["b"][: STEPS - 5]
+    assert together["a"][0][1] is None and together["a"][1][1] is not None  # whole frames
+    assert all(len(codes) == 8 for _, codes in together["a"][1:] if codes is not None)
+
+
+def test_a_row_left_is_taken_fresh_and_a_full_model_says_so(model: Any) -> None:
+    said = run(model, {"a": 0, "c": 6}, leaves={"a": 4})  # c takes the row a left
+    assert said["c"] == run(model, {"c": 0})["c"][: STEPS - 6]
+    stepper = FrameStepper(model, rows=2, sampling=Sampling(greedy=True))
+    stepper.join("x")
+    stepper.join("y")
+    stepper.join("y")  # already in: no second row
+    with pytest.raises(RowsFull):
+        stepper.join("z")
+    stepper.leave("x")
+    stepper.leave("x")
+    stepper.join("z")
+    assert stepper.sessions == 2
+
+
+def test_sampling_gives_codes_in_the_vocabulary(model: Any) -> None:
+    stepper = FrameStepper(model, rows=2, sampling=Sampling())
+    stepper.join("a")
+    frames = [stepper.step({"a": code})["a"] for code in microphone(3)[:3]]
+    codes = frames[-1].codes
+    assert codes is not None and int(codes.min()) >= 0 and int(codes.max()) < 32
+    assert all(0 <= f.text < 64 for f in frames)
+
+
+def test_the_codec_runs_a_frame_at_a_time_for_each_session_as_if_alone(model: Any) -> None:
+    rng = np.random.default_rng(0)
+    mic = [(rng.standard_normal(FRAME_SAMPLES) * 3000).astype(np.int16) for _ in range(5)]
+
+    def codec_run(ids: list[str]) -> dict[str, list[tuple[list[int], list[int]]]]:
+        frames = MimiFrames(model.audio_encoder, codebooks=8, context=3)
+        out: dict[str, list[tuple[list[int], list[int]]]] = {s: [] for s in ids}
+        for pcm in mic:
+            codes = frames.encode({s: pcm for s in ids})
+            voice = {s: torch.arange(8) % 32 for s in ids}
+            audio = frames.decode(voice)
+            for s in ids:
+                assert audio[s].shape == (FRAME_SAMPLES,) and audio[s].dtype == np.int16
+                out[s].append((codes[s].tolist(), audio[s][:16].tolist()))
+        for s in ids:
+            frames.forget(s)
+        return out
+
+    assert codec_run(["a", "b"])["a"] == codec_run(["a"])["a"]
+
+
+def test_the_frame_benchmark_reports_each_batch_and_the_sessions_held() -> None:
+    from loadtest.moshi_steps import main
+
+    report = main(
+        ["--tiny", "--device", "cpu", "--dtype", "float32", "--batches", "1,2"]
+        + ["--steps", "2", "--warm", "1"]
+    )
+    assert set(report["levels"]) == {"1", "2"}
+    for level in report["levels"].values():
+        assert level["frame_ms"]["p50"] >= level["step_ms"]["p50"] > 0
+    assert report["most_sessions_in_real_time"] in (0, 1, 2)
