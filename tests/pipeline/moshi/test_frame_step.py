@@ -116,3 +116,24 @@ def test_the_frame_benchmark_reports_each_batch_and_the_sessions_held() -> None:
     for level in report["levels"].values():
         assert level["frame_ms"]["p50"] >= level["step_ms"]["p50"] > 0
     assert report["most_sessions_in_real_time"] in (0, 1, 2)
+
+
+def test_the_depth_codes_are_those_of_transformers_own_depth_decoder(model: Any) -> None:
+    """The step runs the depth transformer's modules itself (its `forward` reads positions
+    back to the host, which no captured graph may do): the same codes as that `forward`."""
+    from transformers import DynamicCache
+
+    stepper = FrameStepper(model, rows=3, sampling=Sampling(greedy=True))
+    generator = torch.Generator().manual_seed(5)
+    hidden = torch.randn(3, 1, model.config.hidden_size, generator=generator)
+    text = torch.tensor([1, 7, 30])
+    ours = stepper._depth(torch.arange(3), hidden, text)
+    cache, token, theirs = DynamicCache(), text[:, None], []
+    with torch.inference_mode():
+        for _ in range(8):
+            out = model.depth_decoder(
+                input_ids=token, last_hidden_state=hidden, past_key_values=cache, use_cache=True
+            )
+            token = out.logits[:, -1].argmax(-1)[:, None]
+            theirs.append(token[:, 0])
+    assert ours.tolist() == torch.stack(theirs, dim=1).tolist()
