@@ -216,7 +216,8 @@ class FrameStepper:
         depth = self.model.depth_decoder
         cache = self.depth_cache
         cache.stepping = rows
-        cache.written[rows] = 0
+        cache.written.index_fill_(0, rows, 0)  # no host value: a captured graph cannot copy one
+        one = torch.ones_like(rows)
         step_input = depth.text_embed_tokens(text[:, None])
         codes: list[torch.Tensor] = []
         s = self.sampling
@@ -236,7 +237,7 @@ class FrameStepper:
                     codebook_idx=index,  # and 5.x so
                 )
                 x = out[0] if isinstance(out, tuple) else out
-            cache.written[rows] += 1
+            cache.written.index_add_(0, rows, one)
             logits = depth.lm_heads(x, index)[:, -1].float()  # no final norm in the depth
             token = self._pick(logits, s.audio_temperature, s.audio_top_k)
             codes.append(token)
