@@ -69,14 +69,14 @@ class FrameStepper:
         *,
         rows: int,
         window: int | None = None,
-        sampling: Sampling = Sampling(),
+        sampling: Sampling | None = None,
         capture: bool | None = None,
     ) -> None:
         config = model.config
         body = model.decoder.model
         parameter = next(model.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
-        self.model, self.body, self.sampling = model, body, sampling
+        self.model, self.body, self.sampling = model, body, sampling or Sampling()
         self.codebooks = int(config.num_codebooks)
         self.text_bos = int(config.vocab_size)  # the extra embedding row: nothing said yet
         self.audio_bos = int(config.audio_vocab_size)

@@ -1,0 +1,262 @@
+"""Moshi as a service: one frame clock for every live session, listening and speaking at once.
+
+A turn-based engine answers a request; a duplex model never stops. Each session opens a
+`DuplexSession`: it feeds the microphone in (any length of 24 kHz PCM16, cut into 80 ms
+frames in a bounded inbox) and reads the model's voice out, a frame every 80 ms (silence
+included, with the text token the model wrote for it). One clock task owns the model: every
+80 ms it takes each session's oldest unheard frame (silence when the microphone has sent
+nothing: the model hears a pause), runs the codec and the frame step for all sessions at
+once on its model thread, and hands each session its frame. Sessions join and leave between
+frames.
+
+A frame whose work ends past its time is late: it is still produced (a duplex model that
+skipped frames would lose its place in the conversation), the clock moves on from when it
+ended, and `stats` counts it and the worst lateness. A session that reads its voice too
+slowly loses the oldest frames of its outbox, counted, rather than holding the clock back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ...tasks import cancel_and_wait
+from .frame_step import FrameStepper, RowsFull, Sampling
+from .mimi_frames import FRAME_SAMPLES, MimiFrames
+
+FRAME_S = 0.08
+INBOX_FRAMES = 25
+"""Microphone frames a session may have waiting (2 s); past this the oldest are dropped."""
+OUTBOX_FRAMES = 50
+"""Voice frames waiting for a slow reader (4 s); past this the oldest are dropped."""
+
+Pcm = npt.NDArray[np.int16]
+
+
+@dataclass(frozen=True, slots=True)
+class VoiceFrame:
+    index: int
+    """The session's frame number, from 0, without gaps."""
+    pcm: Pcm
+    """1,920 samples at 24 kHz (silence before the model's first whole frame)."""
+    text: int
+    """The text token the model wrote with this frame."""
+
+
+@dataclass
+class DuplexStats:
+    steps: int = 0
+    late_steps: int = 0
+    worst_late_ms: float = 0.0
+    step_ms_last: float = 0.0
+    unheard_frames: int = 0
+    """Frames a session's microphone had not supplied in time (heard as silence)."""
+    dropped_in: int = 0
+    dropped_out: int = 0
+
+
+class SessionClosed(Exception):
+    """The session (or the engine) has closed: no more voice frames."""
+
+
+@dataclass
+class DuplexSession:
+    session_id: str
+    stats: DuplexStats
+    _inbox: collections.deque[Pcm] = field(default_factory=lambda: collections.deque())
+    _partial: Pcm = field(default_factory=lambda: np.zeros(0, np.int16))
+    _outbox: collections.deque[VoiceFrame] = field(default_factory=collections.deque)
+    _ready: asyncio.Event = field(default_factory=asyncio.Event)
+    closed: bool = False
+    frames_out: int = 0
+
+    def feed(self, pcm: Pcm) -> None:
+        """Microphone audio (24 kHz PCM16, any length) for the frames to come."""
+        joined = np.concatenate([self._partial, np.asarray(pcm, np.int16)])
+        whole = len(joined) // FRAME_SAMPLES * FRAME_SAMPLES
+        for start in range(0, whole, FRAME_SAMPLES):
+            if len(self._inbox) >= INBOX_FRAMES:
+                self._inbox.popleft()
+                self.stats.dropped_in += 1
+            self._inbox.append(joined[start : start + FRAME_SAMPLES])
+        self._partial = joined[whole:]
+
+    def next_heard(self) -> Pcm:
+        if self._inbox:
+            return self._inbox.popleft()
+        self.stats.unheard_frames += 1
+        return np.zeros(FRAME_SAMPLES, np.int16)
+
+    def deliver(self, frame: VoiceFrame) -> None:
+        if len(self._outbox) >= OUTBOX_FRAMES:
+            self._outbox.popleft()
+            self.stats.dropped_out += 1
+        self._outbox.append(frame)
+        self._ready.set()
+
+    def end(self) -> None:
+        self.closed = True
+        self._ready.set()
+
+    async def frames(self) -> AsyncIterator[VoiceFrame]:
+        """The model's voice, frame by frame, until the session closes."""
+        while True:
+            while self._outbox:
+                yield self._outbox.popleft()
+            if self.closed:
+                return
+            self._ready.clear()
+            await self._ready.wait()
+
+
+class MoshiDuplexEngine:
+    """Owns the model, its thread and the clock. `start` loads and captures; `open` /
+    `leave` add and remove sessions; `close` (idempotent) ends every session and the clock."""
+
+    def __init__(
+        self,
+        *,
+        tiny: bool = False,
+        device: str = "cpu",
+        dtype: str = "float32",
+        model_path: str | None = None,
+        rows: int = 8,
+        codec_context: int = 4,
+        sampling: Sampling | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.options = dict(tiny=tiny, device=device, dtype=dtype, model_path=model_path)
+        self.rows, self.codec_context = rows, codec_context
+        self.sampling = sampling or Sampling()
+        self.clock = clock
+        self.stats = DuplexStats()
+        self._sessions: dict[str, DuplexSession] = {}
+        self._joining: list[str] = []
+        self._leaving: list[str] = []
+        """Rows change between frames only, on the clock's side: never under a running step."""
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="moshi")
+        self._stepper: FrameStepper | None = None
+        self._codec: MimiFrames | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._thread, self._load)
+        self._ticker = asyncio.create_task(self._tick(), name="moshi:clock")
+
+    def _load(self) -> None:
+        import torch
+
+        from .weights import load_moshi
+
+        dtype = getattr(torch, str(self.options["dtype"]))
+        model: Any = load_moshi(
+            tiny=bool(self.options["tiny"]),
+            device=str(self.options["device"]),
+            dtype=dtype,
+            model_path=self.options["model_path"],  # type: ignore[arg-type]
+        )
+        self._stepper = FrameStepper(model, rows=self.rows, sampling=self.sampling)
+        self._stepper.warm()
+        self._codec = MimiFrames(
+            model.audio_encoder, codebooks=self._stepper.codebooks, context=self.codec_context
+        )
+
+    def open(self, session_id: str) -> DuplexSession:
+        """A session from the next frame on; RowsFull when the model holds all it can."""
+        if self._closed or self._stepper is None:
+            raise SessionClosed("the duplex engine is not running")
+        if session_id in self._sessions:
+            return self._sessions[session_id]
+        if len(self._sessions) >= self.rows:
+            raise RowsFull(f"all {self.rows} duplex sessions this model holds are in use")
+        session = DuplexSession(session_id, self.stats)
+        self._sessions[session_id] = session
+        self._joining.append(session_id)
+        return session
+
+    def leave(self, session_id: str) -> None:
+        """The session ends: its row and codec state are freed (idempotent)."""
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            return
+        session.end()
+        if session_id in self._joining:
+            self._joining.remove(session_id)
+        else:
+            self._leaving.append(session_id)
+
+    @property
+    def sessions(self) -> int:
+        return len(self._sessions)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._ticker is not None:
+            await cancel_and_wait(self._ticker)
+        for session_id in list(self._sessions):
+            self.leave(session_id)
+        await asyncio.to_thread(self._thread.shutdown, True)  # a frame in flight ends first
+        self._apply_rows()
+
+    def _apply_rows(self) -> None:
+        """The joins and leaves asked for since the last frame."""
+        leaving, self._leaving = self._leaving, []
+        joining, self._joining = self._joining, []
+        for session_id in leaving:
+            if self._stepper is not None:
+                self._stepper.leave(session_id)
+            if self._codec is not None:
+                self._codec.forget(session_id)
+        for session_id in joining:
+            if self._stepper is not None:
+                self._stepper.join(session_id)
+
+    async def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        due = self.clock() + FRAME_S
+        while True:
+            await asyncio.sleep(max(0.0, due - self.clock()))
+            self._apply_rows()
+            live = list(self._sessions.values())
+            heard = {s.session_id: s.next_heard() for s in live}
+            began = self.clock()
+            spoken = await loop.run_in_executor(self._thread, self._frame, heard) if heard else {}
+            ended = self.clock()
+            self.stats.steps += 1
+            self.stats.step_ms_last = (ended - began) * 1000
+            late_ms = (ended - due) * 1000 - FRAME_S * 1000
+            if late_ms > 0:  # the frame's work ended after the next frame was due
+                self.stats.late_steps += 1
+                self.stats.worst_late_ms = max(self.stats.worst_late_ms, late_ms)
+                due = ended
+            for session in live:
+                if session.session_id in spoken and not session.closed:
+                    pcm, text = spoken[session.session_id]
+                    session.deliver(VoiceFrame(session.frames_out, pcm, text))
+                    session.frames_out += 1
+            due += FRAME_S
+
+    def _frame(self, heard: dict[str, Pcm]) -> dict[str, tuple[Pcm, int]]:
+        """On the model thread: the codec in, the frame step, the codec out."""
+        assert self._stepper is not None and self._codec is not None
+        codes = self._codec.encode(heard)
+        out = self._stepper.step(codes)
+        voice = {s: o.codes for s, o in out.items() if o.codes is not None}
+        audio = self._codec.decode(voice)
+        silence = np.zeros(FRAME_SAMPLES, np.int16)
+        return {s: (audio.get(s, silence), o.text) for s, o in out.items()}
+
+
+__all__ = ["DuplexSession", "MoshiDuplexEngine", "RowsFull", "SessionClosed", "VoiceFrame"]
