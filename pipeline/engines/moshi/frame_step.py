@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from ...duplex import DuplexFull
 from ..qwen3_omni.step_graphs import StepGraphs
 from .ring_cache import RingCache
 
@@ -58,7 +59,7 @@ class Sampling:
     audio_top_k: int = 250
 
 
-class RowsFull(Exception):
+class RowsFull(DuplexFull):
     """Every row holds a session: no more sessions on this model now."""
 
 

@@ -1,0 +1,70 @@
+"""The duplex engine as a stage of a graph file (`engine: moshi.duplex`).
+
+A graph's stages answer requests; a duplex model answers none: it is reached through a
+stream per session (pipeline/duplex.py), which the transports open. As a stage it loads
+and captures the model with the graph (so `/readyz` waits for it), ends every stream when
+the graph closes, and answers a request, should anything send one, with an error saying
+how the model is used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from ...types import Chunk, EntryEngine, ErrorChunk, PipelineRequest
+from .duplex_engine import MoshiDuplexEngine
+from .frame_step import Sampling
+
+NOT_A_TURN = (
+    "this model is full duplex: it listens and speaks continuously over a duplex session "
+    "(GPT-Live at /v1/live/sessions) and takes no requests"
+)
+
+
+class MoshiStage(EntryEngine):
+    name = "moshi.duplex"
+
+    def __init__(
+        self,
+        *,
+        tiny: bool = False,
+        device: str = "cpu",
+        dtype: str = "float32",
+        model_path: str | None = None,
+        rows: int = 8,
+        codec_context: int = 4,
+        greedy: bool = False,
+    ) -> None:
+        self.duplex = MoshiDuplexEngine(
+            tiny=tiny,
+            device=device,
+            dtype=dtype,
+            model_path=model_path,
+            rows=rows,
+            codec_context=codec_context,
+            sampling=Sampling(greedy=greedy),
+        )
+
+    async def start(self) -> None:
+        await self.duplex.start()
+
+    async def generate(
+        self, request_id: str, request: PipelineRequest, /
+    ) -> AsyncGenerator[Chunk, None]:
+        yield ErrorChunk(NOT_A_TURN, self.name)
+
+    async def abort(self, request_id: str) -> None:
+        return None
+
+    async def close(self) -> None:
+        await self.duplex.close()
+
+    def active_requests(self) -> int:
+        return 0  # streams are not requests: the sessions hold them
+
+    async def forget_session(self, session_id: str) -> None:
+        self.duplex.leave(session_id)
+
+    def describe(self) -> dict[str, Any]:
+        return {"sessions": self.duplex.sessions, "late_steps": self.duplex.stats.late_steps}
