@@ -25,26 +25,10 @@ NOT_A_TURN = (
 class MoshiStage(EntryEngine):
     name = "moshi.duplex"
 
-    def __init__(
-        self,
-        *,
-        tiny: bool = False,
-        device: str = "cpu",
-        dtype: str = "float32",
-        model_path: str | None = None,
-        rows: int = 8,
-        codec_context: int = 4,
-        greedy: bool = False,
-    ) -> None:
-        self.duplex = MoshiDuplexEngine(
-            tiny=tiny,
-            device=device,
-            dtype=dtype,
-            model_path=model_path,
-            rows=rows,
-            codec_context=codec_context,
-            sampling=Sampling(greedy=greedy),
-        )
+    def __init__(self, *, greedy: bool = False, **options: Any) -> None:
+        """`options`: MoshiDuplexEngine's (tiny, device, dtype, model_path, rows,
+        codec_context); `greedy` picks the likeliest token (tests) instead of sampling."""
+        self.duplex = MoshiDuplexEngine(**options, sampling=Sampling(greedy=greedy))
 
     async def start(self) -> None:
         await self.duplex.start()
