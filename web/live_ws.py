@@ -11,6 +11,8 @@ from __future__ import annotations
 from starlette.websockets import WebSocket
 
 from realtime.live.live_accept import serve_live
+from realtime.live.live_sideband import LiveSideband
+from realtime.websocket.denial import deny
 from sessions import SessionConfig
 
 from .services import services_of
@@ -24,5 +26,39 @@ async def live_sessions(websocket: WebSocket) -> None:
     grant, manager = admitted
     services = services_of(websocket)
     await serve_live(
-        websocket, manager, base=SessionConfig(), caller=grant.caller, slow=services.slow_clients
+        websocket,
+        manager,
+        base=SessionConfig(),
+        caller=grant.caller,
+        slow=services.slow_clients,
+        live_sessions=services.live_sessions,
     )
+
+
+async def live_attach(websocket: WebSocket) -> None:
+    """`/v1/live/sessions/{session_id}/attach`: a sideband on a live session of this
+    process (realtime/live/live_sideband.py); an unknown or ended one is refused (404)
+    before the upgrade. `graceful_close` is accepted: the session's end always closes a
+    sideband normally, after its `session.closed`."""
+    admitted = await admit(websocket, websocket.headers.get("authorization"), new_session=False)
+    if admitted is None:
+        return
+    _, manager = admitted
+    services = services_of(websocket)
+    session_id = websocket.path_params["session_id"]
+    primary = services.live_sessions.get(session_id)
+    if primary is None or primary.session is None or primary.session.closed:
+        await deny(websocket, 404, "session_not_found", f"no live session {session_id!r}")
+        return
+    sideband = LiveSideband(websocket, manager, primary, slow=services.slow_clients)
+    attached = primary.attach_sideband(sideband)  # before the upgrade: nothing is missed
+    try:
+        await websocket.accept()
+        if not attached:
+            sideband.finish("session_ended")
+            await sideband.close_socket()
+            return
+        await sideband.serve(None)
+    finally:
+        primary.detach_sideband(sideband)
+        await sideband.close_socket()

@@ -17,6 +17,7 @@ from starlette.requests import HTTPConnection
 
 from pipeline.types import Pipeline
 from realtime.auth import Authenticator
+from realtime.live.live_sideband import LiveSessions
 from realtime.metrics import TransportMetrics
 from realtime.sip.media_calls import SipCallNotFound, SipMediaCalls
 from realtime.slow_clients import SlowClients
@@ -86,6 +87,8 @@ class Services:
     """OpenAI Realtime WebSocket connections by session, for resumes."""
     video_streams: VideoStreams = field(default_factory=VideoStreams)
     """Video chat streams by session, for resumes."""
+    live_sessions: LiveSessions = field(default_factory=LiveSessions)
+    """GPT-Live sessions this process serves, by id, for sidebands to attach to."""
     resume_grace_s: float = DEFAULT_GRACE_S
     """How long a WebSocket session outlives its dropped connection, for a resume."""
     transport_metrics: TransportMetrics = field(init=False)

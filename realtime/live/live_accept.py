@@ -24,7 +24,9 @@ from sessions.events import ConversationItem, new_id
 from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 from ..websocket.connection import CLOSE_POLICY, CLOSE_TRY_AGAIN
 from .live_config import LiveConfigError, LiveSessionConfig, parley_config, parse_live_config
-from .live_connection import LiveConnection, live_error
+from .live_connection import LiveConnection
+from .live_errors import live_error
+from .live_sideband import LiveSessions
 
 log = logging.getLogger("parley.realtime.live")
 
@@ -48,8 +50,10 @@ async def serve_live(
     base: SessionConfig,
     caller: str | None = None,
     slow: SlowClients = DEFAULT_SLOW_CLIENTS,
+    live_sessions: LiveSessions | None = None,
 ) -> None:
-    """Serve one GPT-Live WebSocket (already admitted) until it closes."""
+    """Serve one GPT-Live WebSocket (already admitted) until it closes; `live_sessions`
+    knows it meanwhile (for sidebands)."""
     await websocket.accept()
     start = await _session_start(websocket)
     if start is None:
@@ -71,7 +75,9 @@ async def serve_live(
             await _refuse(websocket, error, CLOSE_TRY_AGAIN)
             return
     try:
-        await _serve_session(websocket, manager, connection, live, config, client_id, caller)
+        await _serve_session(
+            websocket, manager, connection, live, config, client_id, caller, live_sessions
+        )
     finally:
         if model is not None:
             model.leave(stream_key)
@@ -85,6 +91,7 @@ async def _serve_session(
     config: SessionConfig,
     client_id: str | None,
     caller: str | None,
+    live_sessions: LiveSessions | None,
 ) -> None:
     try:
         session = await manager.create(connection, config, caller=caller)
@@ -98,8 +105,12 @@ async def _serve_session(
             text = item.content[0].text
             await session.add_item(ConversationItem(role=ROLES[item.role], text=text))
         connection.post(connection.started(client_id))
+        if live_sessions is not None:
+            live_sessions.add(session.session_id, connection)
         await connection.serve(None)
     finally:
+        if live_sessions is not None:
+            live_sessions.discard(session.session_id)
         await connection.close_socket()
 
 

@@ -83,6 +83,8 @@ from .live_config import (
     resolved,
 )
 from .live_delegation import ResponsesBackend
+from .live_errors import live_error
+from .live_sideband import LiveSideband
 
 ERROR_LIMIT = 20
 """`error` events about the client's own messages per second; the rest are summarised."""
@@ -99,25 +101,6 @@ CLOSED_REASONS = {
     "expired": "expired",
 }
 """Parley's reason for a session's end -> GPT-Live's; any other is `connection_lost`."""
-
-
-def live_error(
-    code: str,
-    message: str,
-    client_event_id: str | None = None,
-    *,
-    error_type: str = "invalid_request_error",
-    param: str | None = None,
-) -> Message:
-    error: dict[str, Any] = {"type": error_type, "code": code, "message": message}
-    if client_event_id is not None:
-        error["client_event_id"] = client_event_id
-    if param is not None:
-        error["param"] = param
-    message_: Message = {"type": "error", "event_id": new_id("event"), "error": error}
-    if client_event_id is not None:
-        message_["client_event_id"] = client_event_id
-    return message_
 
 
 class LiveConnection(MessageConnection):
@@ -151,6 +134,9 @@ class LiveConnection(MessageConnection):
         self._spoken_ms = 0
         self._commentary = Commentary()
         self._backend = ResponsesBackend()
+        self._sidebands: list[LiveSideband] = []
+        """Controllers attached to this session (live_sideband.py): each is sent what this
+        connection is sent, but the audio."""
         self.duplex: DuplexStream | None = None
         """A full-duplex model's stream for this session (bind_duplex), instead of turns."""
         self._duplex_in: OutputResampler | None = None
@@ -159,6 +145,22 @@ class LiveConnection(MessageConnection):
         self.session = session
         self.started_at = time.monotonic()
         self.expires_at = int(time.time() + session.limits.max_lifetime_s)
+
+    def attach_sideband(self, sideband: LiveSideband) -> bool:
+        """Send `sideband` this connection's messages from now on; False once it has ended."""
+        if self._end.is_set() or self.closed:
+            return False
+        self._sidebands.append(sideband)
+        return True
+
+    def detach_sideband(self, sideband: LiveSideband) -> None:
+        if sideband in self._sidebands:
+            self._sidebands.remove(sideband)
+
+    def post(self, message: Message, *, after_audio: bool = False) -> None:
+        super().post(message, after_audio=after_audio)
+        for sideband in list(self._sidebands):
+            sideband.forward(message)
 
     def bind_duplex(self, stream: DuplexStream) -> None:
         """Serve the session from a full-duplex model: the microphone goes to the model as
@@ -191,6 +193,9 @@ class LiveConnection(MessageConnection):
             await super().serve(registry)
         finally:
             await cancel_and_wait(speaker, voice)
+            for sideband in self._sidebands:  # the session has ended: so have they
+                sideband.finish("session_ended")
+            self._sidebands.clear()
 
     async def _duplex_voice(self) -> None:
         """The duplex model's voice to the client, paced as any output audio."""

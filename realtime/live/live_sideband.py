@@ -1,0 +1,116 @@
+"""GPT-Live's sideband: a server-side controller attached to a running live session.
+
+An application keeps its logic off the device that holds the session (a browser, a phone)
+by attaching its own server to the session: `/v1/live/sessions/{id}/attach` with its key,
+as the `openai` SDK's `client.live.sideband.connect(session_id=...)` opens it. The
+sideband is a second connection to the session:
+
+- It reads what the session's own connection is sent, from the moment it attaches: every
+  event but the audio (the voice stays with the device), so a controller sees the
+  transcripts, the acknowledgements, the delegations and the errors.
+- It sends the session's client events (instructions, thinking, commentary, the Responses
+  delegation's outputs, `session.update`, mute and unmute, `session.close`), applied as
+  if the session's own connection had sent them: their answers go to both, each naming
+  the client's `event_id`. The microphone's audio is the device's: an audio append from a
+  sideband is refused, as is a second `session.start`.
+- Its end leaves the session alone; the session's end closes it (normally, 1000) after the
+  `session.closed` it is sent, with or without `graceful_close`.
+
+Sidebands attach to sessions served by this process (`LiveSessions`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+from starlette.websockets import WebSocket
+
+from sessions import SessionManager
+
+from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
+from ..websocket.connection import CLOSE_NORMAL, MessageConnection
+from ..websocket.sender import Message
+from .live_errors import live_error
+
+if TYPE_CHECKING:
+    from .live_connection import LiveConnection
+
+log = logging.getLogger("parley.realtime.live")
+
+SESSION_ENDED = "session_ended"
+DEVICE_ONLY = frozenset({"session.input_audio.append", "session.start"})
+"""What only the session's own connection sends (a sideband may mute the microphone)."""
+
+
+class LiveSessions:
+    """This process's live sessions by id, for sidebands to find."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, LiveConnection] = {}
+
+    def add(self, session_id: str, connection: LiveConnection) -> None:
+        self._by_id[session_id] = connection
+
+    def discard(self, session_id: str) -> None:
+        self._by_id.pop(session_id, None)
+
+    def get(self, session_id: str) -> LiveConnection | None:
+        return self._by_id.get(session_id)
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+
+class LiveSideband(MessageConnection):
+    TRANSPORT: ClassVar[str] = "live_sideband"
+    OWNS_SESSION: ClassVar[bool] = False
+    RESUMABLE: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(
+        self,
+        websocket: WebSocket,
+        manager: SessionManager,
+        primary: LiveConnection,
+        *,
+        slow: SlowClients = DEFAULT_SLOW_CLIENTS,
+    ) -> None:
+        super().__init__(websocket, manager, _no_audio, grace_s=0, slow=slow)
+        self.primary = primary
+        self.session = primary.session
+
+    def forward(self, message: Message) -> None:
+        """One message the session's own connection was sent (never its audio)."""
+        self.post(message)
+        if message.get("type") == "session.closed":
+            self.finish(SESSION_ENDED, CLOSE_NORMAL)
+
+    def messages(self, event: Any) -> list[tuple[Message, bool]]:
+        return []  # the session's events reach a sideband as its connection's messages
+
+    async def handle(self, raw: str | bytes) -> bool:
+        kind: Any = None
+        event_id: Any = None
+        try:
+            event = json.loads(raw)
+            if isinstance(event, dict):
+                kind, event_id = event.get("type"), event.get("event_id")
+        except (ValueError, UnicodeDecodeError):
+            pass
+        if kind in DEVICE_ONLY:
+            client_id = event_id if isinstance(event_id, str) else None
+            why = f"{kind} comes from the session's own connection, not a sideband"
+            self.post(live_error("invalid_request", why, client_id, param="type"))
+            return False
+        await self.primary.handle(raw)
+        return False
+
+    def error_message(self, code: str, text: str) -> Message:
+        return live_error(code, text)
+
+
+def _no_audio(pcm: npt.NDArray[np.int16], rate: int) -> Message:
+    raise AssertionError("a sideband is never sent audio")
