@@ -26,15 +26,18 @@ class DuplexFull(Exception):
 
 
 class DuplexFrame(Protocol):
-    index: int
-    pcm: npt.NDArray[np.int16]
+    @property
+    def index(self) -> int: ...
+    @property
+    def pcm(self) -> npt.NDArray[np.int16]:
+        """80 ms of the model's voice at DUPLEX_RATE."""
 
 
 class DuplexStream(Protocol):
     def feed(self, pcm: npt.NDArray[np.int16]) -> None:
         """Microphone audio at DUPLEX_RATE, any length."""
 
-    def frames(self) -> AsyncIterator[Any]:
+    def frames(self) -> AsyncIterator[DuplexFrame]:
         """The model's voice (DuplexFrame), frame by frame, until the stream ends."""
 
 

@@ -47,7 +47,7 @@ from starlette.websockets import WebSocket
 
 from pipeline.duplex import DUPLEX_RATE, DuplexStream
 from pipeline.tasks import cancel_and_wait
-from sessions import Session, SessionManager
+from sessions import ConfigError, Session, SessionManager
 from sessions.events import (
     ConversationItem,
     ErrorEvent,
@@ -406,8 +406,11 @@ class LiveConnection(MessageConnection):
         assert self.session is not None
         try:
             await self.session.update(delegated_tools(delegation))
-        except Exception as exc:  # a tool Parley's session cannot take
+        except ConfigError as exc:  # a tool Parley's session cannot take
             self._refuse("invalid_value", str(exc), client_id, "session.delegation.responses")
+            return
+        except Exception as exc:  # the session's own trouble: its typed error, as elsewhere
+            self.session.report_error(exc, client_id)
             return
         self.live = self.live.model_copy(update={"delegation": delegation})
         message: Message = {

@@ -44,8 +44,8 @@ class ResponsesBackend:
         """Parley response id -> the delegation it serves."""
         self._open_calls: dict[str, str] = {}
         """call id -> delegation id, until the client sends the call's output."""
-        self._answered: dict[str, int] = {}
-        """delegation id -> outputs received since its last `response.create`."""
+        self._answered: str | None = None
+        """The delegation whose output came in last, since the last `response.create`."""
         self._continuing: str | None = None
         """The delegation the client's `response.create` continues, until its response starts."""
 
@@ -87,7 +87,7 @@ class ResponsesBackend:
         """The delegation a function call's output answers (None: no such call is open)."""
         delegation = self._open_calls.pop(call_id, None)
         if delegation is not None:
-            self._answered[delegation] = self._answered.get(delegation, 0) + 1
+            self._answered = delegation
         return delegation
 
     def waiting(self) -> int:
@@ -98,11 +98,9 @@ class ResponsesBackend:
     def continue_work(self) -> str | None:
         """The delegation a `response.create` goes on with: the one whose outputs came in
         last (None: no output arrived since the last `response.create`)."""
-        if not self._answered:
-            return None
-        delegation = next(reversed(self._answered))
-        self._answered.clear()
-        self._continuing = delegation
+        delegation, self._answered = self._answered, None
+        if delegation is not None:
+            self._continuing = delegation
         return delegation
 
     def forget_continuation(self) -> None:

@@ -4,7 +4,9 @@ A graph's stages answer requests; a duplex model answers none: it is reached thr
 stream per session (pipeline/duplex.py), which the transports open. As a stage it loads
 and captures the model with the graph (so `/readyz` waits for it), ends every stream when
 the graph closes, and answers a request, should anything send one, with an error saying
-how the model is used.
+how the model is used. Streams are keyed by their connection, not by session (a stream is
+opened before its session exists, so a full model costs no session), and the connection
+ends its own: the default `forget_session` has nothing to drop.
 """
 
 from __future__ import annotations
@@ -46,9 +48,6 @@ class MoshiStage(EntryEngine):
 
     def active_requests(self) -> int:
         return 0  # streams are not requests: the sessions hold them
-
-    async def forget_session(self, session_id: str) -> None:
-        self.duplex.leave(session_id)
 
     def describe(self) -> dict[str, Any]:
         return {"sessions": self.duplex.sessions, "late_steps": self.duplex.stats.late_steps}

@@ -161,8 +161,8 @@ class FrameStepper:
         size = self.graphs.bucket(n)
         taken = [self._row_of[s] for s in ids]
         spare = self._free[: size - n]
-        rows = torch.tensor(taken, device=self.device)
         self._stepping[:size].copy_(torch.tensor(taken + spare, device=self.device))
+        rows = self._stepping[:n]  # the sessions' rows; unchanged until the next step
         self._heard[:n].copy_(torch.stack([user_codes[s] for s in ids]).to(self.device, torch.long))
         text_all, voice_all = self.graphs.run(n)
         text, voice = text_all[:n].clone(), voice_all[:n].clone()
