@@ -6,7 +6,10 @@ a LiveKit room: configured, fed a spoken question at real-time pace, its audio d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -22,42 +25,59 @@ from .test_livekit import get_weather
 RATE = 24_000
 
 
+@dataclass
+class Talk:
+    """A GPTLiveModel session as an AgentSession drives it: what it said and heard, its
+    errors, and how much of its audio was drained."""
+
+    session: Any
+    said: list[Any] = field(default_factory=list)
+    errors: list[Any] = field(default_factory=list)
+    audio_s: float = 0.0
+
+    async def speak(self, text: str) -> None:
+        async def push(data: bytes) -> None:
+            self.session.push_audio(rtc.AudioFrame(data, RATE, 1, len(data) // 2))
+
+        await push_in_real_time(push, spoken(text, RATE), RATE)
+
+    async def drain(self) -> None:
+        async for frame in self.session.audio_stream:
+            self.audio_s += frame.frame.duration
+
+
+@contextlib.asynccontextmanager
+async def talking(parley: ServedApp) -> AsyncIterator[Talk]:
+    """A session with its defaults, its audio drained meanwhile; closed (and its model)
+    on the way out."""
+    model = GPTLiveModel(base_url=f"{parley.http_url}/v1", api_key=KEY)
+    talk = Talk(model.session())
+    talk.session.on("transcript_delta", talk.said.append)
+    talk.session.on("error", talk.errors.append)
+    try:
+        async with asyncio.TaskGroup() as tasks:
+            drainer = tasks.create_task(talk.drain())
+            yield talk
+            drainer.cancel()
+    finally:
+        await talk.session.aclose()
+        await model.aclose()
+
+
 @pytest.mark.slow
 async def test_livekit_gpt_live_hears_a_spoken_question_and_plays_the_answer(
     parley: ServedApp, warnings_logged: Records
 ) -> None:
-    model = GPTLiveModel(base_url=f"{parley.http_url}/v1", api_key=KEY)
-    session = model.session()
     heard: list[str] = []
-    said: list[Any] = []
-    errors: list[Any] = []
-    session.on("input_audio_transcription_completed", lambda e: heard.append(e.transcript))
-    session.on("transcript_delta", said.append)
-    session.on("error", errors.append)
-    audio_s = 0.0
-
-    async def drain() -> None:
-        nonlocal audio_s
-        async for frame in session.audio_stream:
-            audio_s += frame.frame.duration
-
-    try:
-        async with asyncio.TaskGroup() as tasks:
-            drainer = tasks.create_task(drain())
-            await session._update_session(instructions=INSTRUCTIONS, tools=[])
-
-            async def push(data: bytes) -> None:
-                session.push_audio(rtc.AudioFrame(data, RATE, 1, len(data) // 2))
-
-            await push_in_real_time(push, spoken(QUESTION, RATE), RATE)
-            async with asyncio.timeout(30):
-                while audio_s < 0.5 or not said:
-                    await asyncio.sleep(0.05)
-            drainer.cancel()
-    finally:
-        await session.aclose()
-        await model.aclose()
-    assert not errors, errors
+    async with talking(parley) as talk:
+        talk.session.on("input_audio_transcription_completed", lambda e: heard.append(e.transcript))
+        await talk.session._update_session(instructions=INSTRUCTIONS, tools=[])
+        await talk.speak(QUESTION)
+        async with asyncio.timeout(30):
+            while talk.audio_s < 0.5 or not talk.said:
+                await asyncio.sleep(0.05)
+    said = talk.said
+    assert not talk.errors, talk.errors
     assert any(word in " ".join(heard).lower() for word in ("capital", "france")), heard
     assert "".join(d.text for d in said).strip()
     assert all(d.start_ms is not None and d.start_ms <= d.end_ms for d in said)
@@ -72,45 +92,24 @@ async def test_livekit_gpt_live_delegates_a_function_call_and_speaks_its_result(
     """Its default `responses` delegation with a `@function_tool`: the call arrives as a
     `function_call` event, the output goes back as the session's history grows (what an
     AgentSession does), and the continuation is spoken with the result in it."""
-    model = GPTLiveModel(base_url=f"{parley.http_url}/v1", api_key=KEY)
-    session = model.session()
     calls: list[llm.FunctionCall] = []
-    said: list[Any] = []
-    errors: list[Any] = []
-    session.on("function_call", calls.append)
-    session.on("transcript_delta", said.append)
-    session.on("error", errors.append)
-
-    async def drain() -> None:
-        async for _ in session.audio_stream:
-            pass
-
-    try:
-        async with asyncio.TaskGroup() as tasks:
-            drainer = tasks.create_task(drain())
-            await session._update_session(instructions=INSTRUCTIONS, tools=[get_weather])
-
-            async def push(data: bytes) -> None:
-                session.push_audio(rtc.AudioFrame(data, RATE, 1, len(data) // 2))
-
-            await push_in_real_time(push, spoken("What is the weather in Paris?", RATE), RATE)
-            async with asyncio.timeout(30):
-                while not calls:
-                    await asyncio.sleep(0.05)
-            call = calls[0]
-            city = json.loads(call.arguments)["city"]
-            output = llm.FunctionCallOutput(
-                name=call.name, call_id=call.call_id, output=await get_weather(city), is_error=False
-            )
-            await session._update_session(chat_ctx=llm.ChatContext(items=[output]))
-            async with asyncio.timeout(30):
-                while not any(w in text(said) for w in ("sunny", "21")):
-                    await asyncio.sleep(0.05)
-            drainer.cancel()
-    finally:
-        await session.aclose()
-        await model.aclose()
-    assert not errors, errors
+    async with talking(parley) as talk:
+        talk.session.on("function_call", calls.append)
+        await talk.session._update_session(instructions=INSTRUCTIONS, tools=[get_weather])
+        await talk.speak("What is the weather in Paris?")
+        async with asyncio.timeout(30):
+            while not calls:
+                await asyncio.sleep(0.05)
+        call = calls[0]
+        city = json.loads(call.arguments)["city"]
+        output = llm.FunctionCallOutput(
+            name=call.name, call_id=call.call_id, output=await get_weather(city), is_error=False
+        )
+        await talk.session._update_session(chat_ctx=llm.ChatContext(items=[output]))
+        async with asyncio.timeout(30):
+            while not any(w in text(talk.said) for w in ("sunny", "21")):
+                await asyncio.sleep(0.05)
+    assert not talk.errors, talk.errors
     assert call.name == "get_weather" and "paris" in city.lower()
 
 
