@@ -26,7 +26,7 @@ from pipeline.engines.qwen3_omni.thinker import ThinkerEngine
 from pipeline.engines.qwen3_omni.weights import build_part
 
 from .omni_bench import make_request
-from .omni_bench import parser as bench_parser
+from .omni_bench_options import parser as bench_parser
 
 
 def _timed(device: torch.device, work: Callable[[], Any]) -> float:

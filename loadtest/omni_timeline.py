@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .omni_bench import graph_yaml, make_request
-from .omni_bench import parser as bench_parser
+from .omni_bench_options import parser as bench_parser
 
 Marks = dict[str, list[float]]
 """Per request id: per milestone, the times (s since the request began) it was seen."""

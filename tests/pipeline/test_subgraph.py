@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from loadtest.omni_bench import graph_yaml
-from loadtest.omni_bench import parser as bench_parser
+from loadtest.omni_bench_options import parser as bench_parser
 from pipeline.engines.subgraph import SubgraphEngine
 from pipeline.graph import StageGraph
 from pipeline.graph_config import GraphConfigError
