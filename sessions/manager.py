@@ -53,11 +53,13 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from pipeline.duplex import DuplexFull, duplex_model
 from pipeline.tasks import background, cancel_all, cancel_and_wait
 from pipeline.types import Pipeline
 
 from .clock import REAL_CLOCK, Clock
 from .config import SessionConfig
+from .duplex_turns import DuplexTurns
 from .errors import (
     KeyLimitError,
     RedisFullError,
@@ -166,11 +168,27 @@ class SessionManager:
     ) -> Session:
         """Admit and start a session; raises SessionLimitError at the cap, KeyLimitError
         (a SessionLimitError) at `caller`'s limits, ConfigError on bad settings."""
-        if not self._accepting:
-            raise SessionLimitError("the server is shutting down")
         if not isinstance(config, SessionConfig):
             config = SessionConfig.parse(config)
         session_id = session_id or new_id("sess")
+        duplex = self._open_duplex(session_id)  # first: refused, it has taken nothing
+        try:
+            return await self._create(sink, config, session_id, caller, duplex)
+        except BaseException:
+            if duplex is not None:
+                duplex.close()
+            raise
+
+    async def _create(
+        self,
+        sink: OutputSink,
+        config: SessionConfig,
+        session_id: str,
+        caller: str | None,
+        duplex: DuplexTurns | None,
+    ) -> Session:
+        if not self._accepting:
+            raise SessionLimitError("the server is shutting down")
         if self.link.up and self.link.refusing:
             self.metrics.session_limit_rejections.inc()
             raise SessionLimitError(FULL)
@@ -204,7 +222,7 @@ class SessionManager:
         except (RedisError, OSError) as exc:  # admitted a moment ago: it goes on unfenced
             log.warning("session %s: ownership not recorded: %s", session_id, exc)
             fence = 0
-        session = self._new_session(session_id, config, sink, fence=fence)
+        session = self._new_session(session_id, config, sink, fence=fence, duplex=duplex)
         if caller is not None and self.key_limits.limits.enabled:
             self._callers[session_id] = caller
         self._start(session)
@@ -259,6 +277,18 @@ class SessionManager:
             **resumed,
         )
 
+    def _open_duplex(self, session_id: str) -> DuplexTurns | None:
+        """The session's place on the pipeline's full-duplex model, if it has one;
+        SessionLimitError when the model holds all the sessions it can."""
+        model = duplex_model(self.pipeline)
+        if model is None:
+            return None
+        try:
+            return DuplexTurns.open(model, session_id)
+        except DuplexFull as exc:
+            self.metrics.session_limit_rejections.inc()
+            raise SessionLimitError(str(exc)) from None
+
     def _start(self, session: Session) -> None:
         session_id = session.session_id
         self._sessions[session_id] = session
@@ -294,6 +324,12 @@ class SessionManager:
             let_go = {"op": "let_go", "session_id": session_id, "fence": taken.fence}
             if not await self.beat.ask(previous, let_go, LET_GO_TIMEOUT_S):
                 log.warning("session %s: %s did not let go in time", session_id, previous)
+        try:  # a duplex model's state for it is gone: it starts a new stream
+            duplex = self._open_duplex(session_id)
+        except SessionLimitError:
+            with contextlib.suppress(RedisError, OSError):  # else it lapses at its TTL
+                await self.link.call(lambda: self.leases.release(session_id))
+            raise
         session = self._new_session(
             session_id,
             record.config,
@@ -301,11 +337,20 @@ class SessionManager:
             resume_token=record.resume_token,
             fence=taken.fence,
             rehydrated=True,
+            duplex=duplex,
         )
         session.transport = record.transport
-        await session.history.load()
-        offset = await self.link.call(lambda: audio_end_ms(self.redis, session_id))
-        if session_id in self._sessions or not await session.store.owns():
+        try:
+            await session.history.load()
+            offset = await self.link.call(lambda: audio_end_ms(self.redis, session_id))
+            owned = session_id not in self._sessions and await session.store.owns()
+        except BaseException:
+            if duplex is not None:
+                duplex.close()
+            raise
+        if not owned:
+            if duplex is not None:
+                duplex.close()
             return None  # another resume (here or elsewhere) took it meanwhile
         ended = await end_unfinished(session.history, await session.event_log.replay())
         session.recover(offset, ended)

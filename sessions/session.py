@@ -35,6 +35,7 @@ from pipeline.types import Pipeline, PipelineRequest
 from .clock import REAL_CLOCK, Clock
 from .config import SessionConfig
 from .conversation import Conversation
+from .duplex_turns import DuplexTurn, DuplexTurns
 from .errors import (
     InvalidRequestError,
     RedisUnavailableError,
@@ -122,10 +123,13 @@ class Session:
         resume_token: str | None = None,
         fence: int = 0,
         rehydrated: bool = False,
+        duplex: DuplexTurns | None = None,
     ) -> None:
         """`clock`: the time the watchdog and the responses live by (tests compress it).
         `resume_token`, `fence`, `rehydrated`: a session another process created, resumed
-        here (rehydrate.py); `fence`: this process's ownership token (ownership.py)."""
+        here (rehydrate.py); `fence`: this process's ownership token (ownership.py).
+        `duplex`: the session's place on a full-duplex model, which then decides when to
+        speak (duplex_turns.py); the session closes it when it ends."""
         self.session_id = session_id
         self.clock = clock
         self.config = config
@@ -201,6 +205,7 @@ class Session:
         """Handed over to another process: it ends here silently and keeps its keys."""
         self._quiet = False
         """Nothing more goes into the event log (another process owns it now)."""
+        self.duplex = duplex
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -222,6 +227,10 @@ class Session:
                 transcriber = tg.create_task(
                     self._transcriber.run(), name=f"{self.session_id}:transcriber"
                 )
+                model = None
+                if self.duplex is not None:
+                    turns = self.duplex.run(self._model_speaks)
+                    model = tg.create_task(turns, name=f"{self.session_id}:duplex")
                 # session.created is the first event a client gets, whatever it sends at once,
                 # and comes once the record is written: its resume token works from then on.
                 if not self.rehydrated:
@@ -239,9 +248,13 @@ class Session:
                 watchdog.cancel()
                 transcriber.cancel()
                 writer.cancel()
+                if model is not None:
+                    model.cancel()
         finally:
             self._started.set()  # nobody waits for a session.created that never comes
             self._tg = None
+            if self.duplex is not None:
+                self.duplex.close()
             await self.audio.aclose()
             await self._forget_in_pipeline()
             if self.moving:
@@ -492,6 +505,8 @@ class Session:
             tail = resampler.flush() if resampler is not None else []
             resampler = self._resampler = InputResampler(sample_rate, channels)
         frames = tail + resampler.push(pcm)  # validates before changing any state
+        if self.duplex is not None:
+            self.duplex.hear(frames)
         async with self._media_lock:
             self._check_open()
             first = self._turns.received(FRAME_MS * len(frames))
@@ -532,6 +547,9 @@ class Session:
     ) -> None:
         td = self.config.turn_detection
         assert td is not None
+        if self.duplex is not None:
+            await self._duplex_signal(signal)
+            return
         state = self.machine.state
         match signal:
             case SpeechStart(start_ms=start):
@@ -579,6 +597,32 @@ class Session:
                     if words is None:
                         self._transcriber.request(item_id, begin, self._turns.offset_ms)
                     self.machine.to(SessionState.LISTENING, "turn committed")
+
+    async def _duplex_signal(
+        self, signal: SpeechStart | SpeechConfirmed | SpeechPause | SpeechEnd
+    ) -> None:
+        """With a duplex model the detector only tells where the user spoke: the speech
+        becomes an item of the conversation, and the model alone decides to answer or
+        yield (no response is started, none is interrupted, no state changes)."""
+        match signal:
+            case SpeechStart(start_ms=start):
+                self._idle.disarm()
+                item_id = self._turns.speech_started()
+                self._emit(SpeechStarted(audio_start_ms=start, item_id=item_id))
+            case SpeechEnd(start_ms=start, end_ms=end):
+                item_id = self._turns.speech_stopped()
+                self._emit(SpeechStopped(audio_end_ms=end, item_id=item_id))
+                td = self.config.turn_detection
+                padding = td.prefix_padding_ms if td is not None else 0
+                begin = self._turns.speech_begin_ms(start, padding)
+                await self._commit(item_id, begin, self._turns.offset_ms)
+
+    async def _model_speaks(self, turn: DuplexTurn) -> None:
+        """The duplex model began a turn: it is answered as a response of its own."""
+        try:
+            await self._start_response(pipeline=turn)
+        except SessionClosedError:
+            await turn.close()
 
     def _semantic_vad(self) -> bool:
         td = self.config.turn_detection
@@ -704,6 +748,12 @@ class Session:
     async def create_response(self, options: ResponseOptions | None = None) -> str:
         """response.create: answer the conversation so far, shaped by `options`."""
         self._check_open()
+        if self.duplex is not None:
+            raise InvalidRequestError(
+                "this session's model is full duplex: it decides by itself when to speak, "
+                "so a response cannot be created",
+                "duplex_model_decides",
+            )
         if self.responding and self._response is not None and self._response.generating:
             raise InvalidRequestError(
                 "Conversation already has an active response in progress: "
@@ -719,9 +769,13 @@ class Session:
         return await self._cancel_response("client_cancelled")
 
     async def _start_response(
-        self, options: ResponseOptions | None = None, prefetched: Prefetch | None = None
+        self,
+        options: ResponseOptions | None = None,
+        prefetched: Prefetch | None = None,
+        pipeline: Pipeline | None = None,
     ) -> str:
-        """Start an answer (`prefetched`: adopting the work begun at the turn's pause)."""
+        """Start an answer (`prefetched`: adopting the work begun at the turn's pause;
+        `pipeline`: a duplex model's turn, which has heard the user's turns itself)."""
         if prefetched is None:
             await self._prefetch.drop()  # an answer to anything else: that work is moot
         resolved = (options or ResponseOptions()).resolve(self.config)
@@ -731,7 +785,8 @@ class Session:
                 raise SessionClosedError("the session is not running")
             self._idle.disarm()
             # An out-of-band answer leaves the pending turn for the next real one.
-            turn = self._turns.take() if resolved.in_conversation else TurnInput(None)
+            in_turn = resolved.in_conversation and pipeline is None
+            turn = self._turns.take() if in_turn else TurnInput(None)
             transcript_item_id = turn.transcript_item_id
             words = None
             if prefetched is not None:  # its words were recognised at the pause
@@ -742,7 +797,7 @@ class Session:
                 if heard is not None and heard.text:  # transcribed already: not again
                     transcript_item_id = None
             context = ResponseContext(
-                pipeline=self._pipeline,
+                pipeline=pipeline or self._pipeline,
                 history=self.history,
                 sink=self._sink,
                 emit=self._emit,

@@ -17,9 +17,8 @@ from typing import Any, Literal
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from pipeline.duplex import DuplexFull, duplex_model
 from sessions import SessionConfig, SessionLimitError, SessionManager
-from sessions.events import ConversationItem, new_id
+from sessions.events import ConversationItem
 
 from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 from ..websocket.connection import CLOSE_POLICY, CLOSE_TRY_AGAIN
@@ -65,22 +64,9 @@ async def serve_live(
         await _refuse(websocket, live_error(exc.code, str(exc), client_id, param=exc.param))
         return
     connection = LiveConnection(websocket, manager, live=live, formats=formats, slow=slow)
-    model = duplex_model(manager.pipeline)
-    stream_key = new_id("duplex")
-    if model is not None:
-        try:
-            connection.bind_duplex(model.open(stream_key))
-        except DuplexFull as exc:
-            error = live_error("session_limit", str(exc), client_id, error_type="server_error")
-            await _refuse(websocket, error, CLOSE_TRY_AGAIN)
-            return
-    try:
-        await _serve_session(
-            websocket, manager, connection, live, config, client_id, caller, live_sessions
-        )
-    finally:
-        if model is not None:
-            model.leave(stream_key)
+    await _serve_session(
+        websocket, manager, connection, live, config, client_id, caller, live_sessions
+    )
 
 
 async def _serve_session(

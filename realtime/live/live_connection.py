@@ -45,9 +45,8 @@ import numpy.typing as npt
 from pydantic import ValidationError
 from starlette.websockets import WebSocket
 
-from pipeline.duplex import DUPLEX_RATE, DuplexStream
 from pipeline.tasks import cancel_and_wait
-from sessions import ConfigError, Session, SessionManager
+from sessions import ConfigError, MediaError, Session, SessionManager
 from sessions.events import (
     ConversationItem,
     ErrorEvent,
@@ -63,7 +62,6 @@ from sessions.events import (
     SpeechStopped,
     new_id,
 )
-from sessions.resample import OutputResampler
 
 from ..client_events import AudioFormats
 from ..error_throttle import ErrorThrottle
@@ -137,9 +135,6 @@ class LiveConnection(MessageConnection):
         self._sidebands: list[LiveSideband] = []
         """Controllers attached to this session (live_sideband.py): each is sent what this
         connection is sent, but the audio."""
-        self.duplex: DuplexStream | None = None
-        """A full-duplex model's stream for this session (bind_duplex), instead of turns."""
-        self._duplex_in: OutputResampler | None = None
 
     def bind(self, session: Session) -> None:
         self.session = session
@@ -162,15 +157,6 @@ class LiveConnection(MessageConnection):
         for sideband in list(self._sidebands):
             sideband.forward(message)
 
-    def bind_duplex(self, stream: DuplexStream) -> None:
-        """Serve the session from a full-duplex model: the microphone goes to the model as
-        it comes, not to turn detection, and the model's voice is the output, frame after
-        frame, its own silences included (so no silence is added between answers)."""
-        self.duplex = stream
-        self.silence_ms = 0
-        if self.formats.input_rate != DUPLEX_RATE:
-            self._duplex_in = OutputResampler(self.formats.input_rate, DUPLEX_RATE)
-
     def started(self, client_event_id: str | None) -> Message:
         assert self.session is not None
         message: Message = {
@@ -188,21 +174,13 @@ class LiveConnection(MessageConnection):
     async def serve(self, registry: ConnectionRegistry[Self] | None) -> None:
         """The connection's life, with the task that speaks commentary when it may."""
         speaker = asyncio.create_task(self._commentary.run(), name="live:commentary")
-        voice = asyncio.create_task(self._duplex_voice(), name="live:duplex-voice")
         try:
             await super().serve(registry)
         finally:
-            await cancel_and_wait(speaker, voice)
+            await cancel_and_wait(speaker)
             for sideband in self._sidebands:  # the session has ended: so have they
                 sideband.finish("session_ended")
             self._sidebands.clear()
-
-    async def _duplex_voice(self) -> None:
-        """The duplex model's voice to the client, paced as any output audio."""
-        if self.duplex is None:
-            return
-        async for frame in self.duplex.frames():
-            await self.audio(frame.pcm, DUPLEX_RATE)
 
     # --- out ------------------------------------------------------------------------------
 
@@ -506,13 +484,10 @@ class LiveConnection(MessageConnection):
         if self.muted:
             payload = bytes(len(payload))
         assert self.session is not None
-        if self.duplex is not None:
-            pcm = np.frombuffer(payload, dtype="<i2").astype(np.int16)
-            if self._duplex_in is not None:
-                pcm = self._duplex_in.push(pcm)
-            self.duplex.feed(pcm)
-            return
-        await self.session.append_audio(payload, formats.input_rate, 1)
+        try:
+            await self.session.append_audio(payload, formats.input_rate, 1)
+        except MediaError as exc:  # empty, or too much at once: the session goes on
+            self._refuse("invalid_value", str(exc), client_id, "audio")
 
     def _text(self, event: dict[str, Any], field: str, client_id: str | None) -> str | None:
         text = event.get(field)

@@ -201,18 +201,21 @@ async def test_mute_unknown_events_and_g711(server: ServedApp) -> None:
         await ws.send(json.dumps({"type": "session.input_audio.mute", "event_id": "m"}))
         await ws.send(json.dumps({"type": "response.create", "event_id": "c"}))
         await ws.send(json.dumps({"type": "session.input_audio.append", "audio": "!!"}))
+        await ws.send(json.dumps({"type": "session.input_audio.append", "audio": ""}))
         await ws.send(json.dumps({"type": "session.input_audio.unmute", "event_id": "u"}))
-        got = [await next_message(ws) for _ in range(4)]
+        got = [await next_message(ws) for _ in range(5)]
         assert [m["type"] for m in got] == [
             "session.input_audio.muted",
             "error",
             "error",
+            "error",
             "session.input_audio.unmuted",
         ]
-        assert got[0]["client_event_id"] == "m" and got[3]["client_event_id"] == "u"
+        assert got[0]["client_event_id"] == "m" and got[4]["client_event_id"] == "u"
         assert got[1]["error"]["code"] == "invalid_request"  # needs responses delegation
         assert got[1]["error"]["client_event_id"] == "c"
         assert got[2]["error"]["param"] == "audio"
+        assert got[3]["error"]["param"] == "audio" and "empty" in got[3]["error"]["message"]
         await ws.send(json.dumps({"type": "session.close"}))
         closed = await next_message(ws)
         assert closed["type"] == "session.closed" and closed["reason"] == "close_requested"

@@ -173,7 +173,7 @@ class MoshiDuplexEngine:
 
     def open(self, session_id: str) -> DuplexSession:
         """A session from the next frame on; RowsFull when the model holds all it can."""
-        if self._closed or self._stepper is None:
+        if self._closed or self._ticker is None:
             raise SessionClosed("the duplex engine is not running")
         if session_id in self._sessions:
             return self._sessions[session_id]

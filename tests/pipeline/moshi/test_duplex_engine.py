@@ -1,5 +1,6 @@
-"""The duplex engine on the toy Moshi, in real time: one clock for every session, sessions
-joining mid-stream, late frames counted and never skipped, a full model saying so."""
+"""The duplex engine on the toy Moshi (and its scripted stand-in), in real time: one clock
+for every session, sessions joining mid-stream, late frames counted and never skipped, a
+full model saying so."""
 
 from __future__ import annotations
 
@@ -21,11 +22,17 @@ from pipeline.engines.moshi.duplex_engine import (
 )
 from pipeline.engines.moshi.frame_step import Sampling
 from pipeline.engines.moshi.mimi_frames import FRAME_SAMPLES
+from tests.fakes.scripted_duplex import ScriptedDuplex
 
 
-@pytest.fixture
-async def engine() -> AsyncIterator[MoshiDuplexEngine]:
-    engine = MoshiDuplexEngine(tiny=True, rows=2, sampling=Sampling(greedy=True))
+@pytest.fixture(params=["moshi_tiny", "scripted"])
+async def engine(request: pytest.FixtureRequest) -> AsyncIterator[MoshiDuplexEngine]:
+    """The toy Moshi, and the scripted stand-in that the session layer's tests use
+    (tests/fakes/scripted_duplex.py): both keep the engine's contract."""
+    if request.param == "scripted":
+        engine: MoshiDuplexEngine = ScriptedDuplex(rows=2)
+    else:
+        engine = MoshiDuplexEngine(tiny=True, rows=2, sampling=Sampling(greedy=True))
     await engine.start()
     try:
         yield engine
