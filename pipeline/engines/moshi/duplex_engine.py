@@ -210,10 +210,16 @@ class MoshiDuplexEngine:
         await asyncio.to_thread(self._thread.shutdown, True)  # a frame in flight ends first
         self._apply_rows()
 
-    def _apply_rows(self) -> None:
-        """The joins and leaves asked for since the last frame."""
+    def _row_changes(self) -> tuple[list[str], list[str]]:
+        """The leaves and joins asked for since the last frame (taken on the loop)."""
         leaving, self._leaving = self._leaving, []
         joining, self._joining = self._joining, []
+        return leaving, joining
+
+    def _apply_rows(self, changes: tuple[list[str], list[str]] | None = None) -> None:
+        """The joins and leaves asked for since the last frame (on the model's thread: a
+        leave may move a session's cache rows)."""
+        leaving, joining = changes if changes is not None else self._row_changes()
         for session_id in leaving:
             if self._stepper is not None:
                 self._stepper.leave(session_id)
@@ -228,11 +234,11 @@ class MoshiDuplexEngine:
         due = self.clock() + FRAME_S
         while True:
             await asyncio.sleep(max(0.0, due - self.clock()))
-            self._apply_rows()
+            changes = self._row_changes()
             live = list(self._sessions.values())
             heard = {s.session_id: s.next_heard() for s in live}
             began = self.clock()
-            spoken = await loop.run_in_executor(self._thread, self._frame, heard) if heard else {}
+            spoken = await loop.run_in_executor(self._thread, self._rows_and_frame, changes, heard)
             ended = self.clock()
             self.stats.steps += 1
             self.stats.step_ms_last = (ended - began) * 1000
@@ -247,6 +253,12 @@ class MoshiDuplexEngine:
                     session.deliver(VoiceFrame(session.frames_out, pcm, text))
                     session.frames_out += 1
             due += FRAME_S
+
+    def _rows_and_frame(
+        self, changes: tuple[list[str], list[str]], heard: dict[str, Pcm]
+    ) -> dict[str, tuple[Pcm, int]]:
+        self._apply_rows(changes)
+        return self._frame(heard) if heard else {}
 
     def _frame(self, heard: dict[str, Pcm]) -> dict[str, tuple[Pcm, int]]:
         """On the model thread: the codec in, the frame step, the codec out."""

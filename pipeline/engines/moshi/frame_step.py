@@ -3,7 +3,10 @@
 A session holds a row of the ring cache from `join` to `leave`; each `step` takes the
 sessions' microphone codes for the frame (Mimi's 8 codebooks) and gives each its text
 token and, once it has a whole frame, its voice's 8 codes. Sessions join and leave between
-steps, at any frame: each row has its own position, its own mask and its own past.
+steps, at any frame: each row has its own position, its own mask and its own past. The
+sessions hold the lowest rows: one that leaves from the middle has the last row's session
+moved into its place (its cache rows copied, ~1 ms at full size), so a step over `n`
+sessions computes rows 0..bucket-1 and attends over views of the cache, never a gather.
 
 Inside a step:
 1. Each row's input is the sum of embeddings of its last text token, its voice's last codes
@@ -107,15 +110,12 @@ class FrameStepper:
         )
         self._codebook = [torch.tensor([k], device=self.device) for k in range(self.codebooks)]
         self.rows = rows
-        self._stepping = torch.arange(rows, device=self.device)
-        """The rows a step computes (static, for the captured graphs): the sessions' first,
-        then free rows to fill the bucket."""
         self._heard = torch.zeros(rows, self.codebooks, dtype=torch.long, device=self.device)
         self.graphs: StepGraphs[tuple[torch.Tensor, torch.Tensor]] = StepGraphs(
             self._frame, largest=rows, device=self.device, capture=capture
         )
-        self._free = list(range(rows - 1, -1, -1))
         self._row_of: dict[str, int] = {}
+        """Session -> its row: always rows 0..sessions-1."""
         shape = (rows, self.codebooks)
         self._text = torch.full((rows,), self.text_bos, dtype=torch.long, device=self.device)
         self._voice = torch.full(shape, self.audio_bos, dtype=torch.long, device=self.device)
@@ -131,9 +131,9 @@ class FrameStepper:
         """Give `session_id` a row from the next step on; RowsFull if none is free."""
         if session_id in self._row_of:
             return
-        if not self._free:
+        row = len(self._row_of)
+        if row >= self.rows:
             raise RowsFull(f"all {self.rows} rows hold sessions")
-        row = self._free.pop()
         self._row_of[session_id] = row
         self.cache.clear(row)
         self._text[row] = self.text_bos
@@ -142,10 +142,17 @@ class FrameStepper:
         self._semantic[row] = -1
 
     def leave(self, session_id: str) -> None:
-        """Free the session's row (idempotent)."""
+        """Free the session's row (idempotent); the last row's session moves into it."""
         row = self._row_of.pop(session_id, None)
-        if row is not None:
-            self._free.append(row)
+        last = len(self._row_of)
+        if row is None or row == last:
+            return
+        moved = next(s for s, r in self._row_of.items() if r == last)
+        with torch.inference_mode():
+            self.cache.move(last, row)
+            for state in (self._text, self._voice, self._user, self._semantic):
+                state[row] = state[last]
+        self._row_of[moved] = row
 
     def warm(self) -> None:
         """Capture every bucket now (before the model is ready), so no session waits on one."""
@@ -156,37 +163,32 @@ class FrameStepper:
         """One frame for each session in `user_codes` (its microphone's [codebooks] codes)."""
         if not user_codes:
             return {}
-        ids = list(user_codes)
+        if set(user_codes) != set(self._row_of):
+            raise ValueError("a step takes a frame from every session that joined, and no other")
+        ids = sorted(user_codes, key=self._row_of.__getitem__)  # row order: 0..n-1
         n = len(ids)
-        size = self.graphs.bucket(n)
-        taken = [self._row_of[s] for s in ids]
-        spare = self._free[: size - n]
-        self._stepping[:size].copy_(torch.tensor(taken + spare, device=self.device))
-        rows = self._stepping[:n]  # the sessions' rows; unchanged until the next step
         self._heard[:n].copy_(torch.stack([user_codes[s] for s in ids]).to(self.device, torch.long))
         text_all, voice_all = self.graphs.run(n)
         text, voice = text_all[:n].clone(), voice_all[:n].clone()
-        self.cache.written[rows] += 1
-        self._user[rows] = self._heard[:n]
-        self._text[rows] = text
-        self._voice[rows] = voice
-        previous = self._semantic[rows]
-        self._semantic[rows] = voice[:, 0]
+        self.cache.written[:n] += 1
+        self._user[:n] = self._heard[:n]
+        self._text[:n] = text
+        self._voice[:n] = voice
+        previous = self._semantic[:n].clone()
+        self._semantic[:n] = voice[:, 0]
         whole = torch.cat([previous[:, None], voice[:, 1:]], dim=1).cpu()
         texts = text.tolist()
         firsts = (previous < 0).tolist()
         return {s: FrameOut(texts[i], None if firsts[i] else whole[i]) for i, s in enumerate(ids)}
 
     def _frame(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step over the first `size` stepping rows, from static buffers only: each
-        row's text token and voice codes (the rows' state is updated by `step`)."""
-        rows = self._stepping[:size]
+        """The step over the first `size` rows (the sessions', then free ones), from static
+        buffers only: each row's text token and voice codes (`step` updates their state)."""
         user = self._heard[:size]
-        delayed_user = torch.cat([user[:, :1], self._user[rows, 1:]], dim=1)
-        hidden = self._embed(rows, delayed_user)[:, None]
-        self.cache.stepping = rows
-        positions = self.cache.written[rows][:, None]
-        mask = self.cache.mask()
+        delayed_user = torch.cat([user[:, :1], self._user[:size, 1:]], dim=1)
+        hidden = self._embed(size, delayed_user)[:, None]
+        positions = self.cache.written[:size][:, None]
+        mask = self.cache.mask(size)
         for layer in self.body.layers:
             out = layer(
                 hidden,
@@ -200,33 +202,31 @@ class FrameStepper:
         text_logits = self.model.decoder.lm_head(hidden)[:, -1].float()
         s = self.sampling
         text = self._pick(text_logits, s.text_temperature, s.text_top_k)
-        return text, self._depth(rows, hidden, text)
+        return text, self._depth(size, hidden, text)
 
-    def _embed(self, rows: torch.Tensor, user: torch.Tensor) -> torch.Tensor:
-        embeds = self.body.embed_tokens(self._text[rows])
+    def _embed(self, size: int, user: torch.Tensor) -> torch.Tensor:
+        embeds = self.body.embed_tokens(self._text[:size])
         tables = self.model.embed_tokens
         for k in range(self.codebooks):
-            embeds = embeds + tables[k](self._voice[rows, k])
+            embeds = embeds + tables[k](self._voice[:size, k])
             embeds = embeds + tables[self.codebooks + k](user[:, k])
         return embeds  # type: ignore[no-any-return]
 
-    def _depth(self, rows: torch.Tensor, hidden: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+    def _depth(self, size: int, hidden: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
         """The voice's codes for the frame, codebook by codebook: [rows, codebooks]. Input k
         is the text token (k = 0) or code k-1, plus the main hidden state through codebook
         k's projection; each codebook has its own weights (transformers' flexible linears)."""
         depth = self.model.depth_decoder
         cache = self.depth_cache
-        cache.stepping = rows
-        cache.written.index_fill_(0, rows, 0)  # no host value: a captured graph cannot copy one
-        one = torch.ones_like(rows)
+        cache.written[:size].zero_()  # each frame's depth starts afresh
         step_input = depth.text_embed_tokens(text[:, None])
         codes: list[torch.Tensor] = []
         s = self.sampling
         for k in range(self.codebooks):
             index = self._codebook[k]
             x = step_input + depth.input_projections(hidden, index)
-            positions = cache.written[rows][:, None]
-            mask = cache.mask()
+            positions = cache.written[:size][:, None]
+            mask = cache.mask(size)
             for layer in depth.layers:
                 out = layer(
                     x,
@@ -238,7 +238,7 @@ class FrameStepper:
                     codebook_idx=index,  # and 5.x so
                 )
                 x = out[0] if isinstance(out, tuple) else out
-            cache.written.index_add_(0, rows, one)
+            cache.written[:size] += 1
             logits = depth.lm_heads(x, index)[:, -1].float()  # no final norm in the depth
             token = self._pick(logits, s.audio_temperature, s.audio_top_k)
             codes.append(token)

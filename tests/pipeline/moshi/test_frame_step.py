@@ -75,6 +75,14 @@ def test_a_row_left_is_taken_fresh_and_a_full_model_says_so(model: Any) -> None:
     assert stepper.sessions == 2
 
 
+def test_a_session_moved_into_a_row_left_in_the_middle_goes_on_as_if_alone(model: Any) -> None:
+    """Sessions keep the lowest rows: when b leaves, c (in the last row) moves into b's row,
+    its cache with it, and what it hears and says is as if it had been alone."""
+    said = run(model, {"a": 0, "b": 1, "c": 2}, leaves={"b": 5})
+    assert said["c"] == run(model, {"c": 0})["c"][: STEPS - 2]
+    assert said["a"] == run(model, {"a": 0})["a"]
+
+
 def test_sampling_gives_codes_in_the_vocabulary(model: Any) -> None:
     stepper = FrameStepper(model, rows=2, sampling=Sampling())
     stepper.join("a")
@@ -127,7 +135,7 @@ def test_the_depth_codes_are_those_of_transformers_own_depth_decoder(model: Any)
     generator = torch.Generator().manual_seed(5)
     hidden = torch.randn(3, 1, model.config.hidden_size, generator=generator)
     text = torch.tensor([1, 7, 30])
-    ours = stepper._depth(torch.arange(3), hidden, text)
+    ours = stepper._depth(3, hidden, text)
     cache, token, theirs = DynamicCache(), text[:, None], []
     with torch.inference_mode():
         for _ in range(8):
