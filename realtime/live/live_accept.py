@@ -90,9 +90,9 @@ async def _serve_session(
         for item in live.input or ():
             text = item.content[0].text
             await session.add_item(ConversationItem(role=ROLES[item.role], text=text))
-        connection.post(connection.started(client_id))
+        connection.post(connection.protocol.started(client_id))
         if live_sessions is not None:
-            live_sessions.add(session.session_id, connection)
+            live_sessions.add(session.session_id, connection.protocol)
         await connection.serve(None)
     finally:
         if live_sessions is not None:

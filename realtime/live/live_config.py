@@ -216,9 +216,12 @@ def parley_config(
     return config, formats
 
 
-def resolved(live: LiveSessionConfig, session_id: str, expires_at: int) -> dict[str, Any]:
+def resolved(
+    live: LiveSessionConfig, session_id: str, expires_at: int, *, media_format: bool = True
+) -> dict[str, Any]:
     """The `session` of `session.started` / `session.closed`: the configuration as served,
-    with the server's defaults filled in."""
+    with the server's defaults filled in; without `audio.format` unless `media_format`
+    (WebRTC and SIP negotiate their media, so only a WebSocket's session states one)."""
     fmt = live.format
     body: dict[str, Any] = live.model_dump(mode="json", exclude_none=True)
     body.update(
@@ -227,6 +230,7 @@ def resolved(live: LiveSessionConfig, session_id: str, expires_at: int) -> dict[
         status="active",
         model=live.model,
     )
-    audio = body.setdefault("audio", {})
-    audio["format"] = {"type": fmt.type, "rate": fmt.rate}
+    if media_format:
+        audio = body.setdefault("audio", {})
+        audio["format"] = {"type": fmt.type, "rate": fmt.rate}
     return body
