@@ -234,3 +234,33 @@ def resolved(
         audio = body.setdefault("audio", {})
         audio["format"] = {"type": fmt.type, "rate": fmt.rate}
     return body
+
+
+NOT_FOR_SIP = frozenset({"client"})
+"""What a SIP call's session cannot have: `client` is for a WebRTC session's frontend."""
+
+
+def parse_accept_session(body: Any) -> LiveSessionConfig:
+    """The `session` of `POST /v1/live/sessions/{id}/accept` (a SIP call answered as a
+    GPT-Live session): `type: "live"` and the startup configuration, strict, without
+    `audio.format` (SIP negotiates the call's media). LiveConfigError naming the field."""
+    if not isinstance(body, dict):
+        raise LiveConfigError("`session` must be an object", "invalid_type", "session")
+    kind = body.get("type")
+    if kind != "live":
+        got = "is missing" if kind is None else f"is {kind!r}"
+        code = "missing_required_parameter" if kind is None else "invalid_value"
+        raise LiveConfigError(f"session.type must be 'live'; it {got}", code, "session.type")
+    session = {name: value for name, value in body.items() if name != "type"}
+    refused = sorted(NOT_FOR_SIP & set(session))
+    if refused:
+        param = f"session.{refused[0]}"
+        raise LiveConfigError(f"{param} is not accepted for a SIP call", "unknown_parameter", param)
+    audio = session.get("audio")
+    if isinstance(audio, dict) and "format" in audio:
+        raise LiveConfigError(
+            "SIP negotiates the call's audio format: omit session.audio.format",
+            "unknown_parameter",
+            "session.audio.format",
+        )
+    return parse_live_config(session)
