@@ -385,6 +385,8 @@ def _sip(args: argparse.Namespace) -> dict[str, Any]:
         for flag in ("sip_auth", "sip_allow", "sip_webhook"):
             if getattr(args, flag):
                 raise SettingsError(f"--{flag.replace('_', '-')} needs --sip-port")
+        if args.sip_api != "realtime":
+            raise SettingsError("--sip-api needs --sip-port")
         return {}
     auth = None
     if args.sip_auth:
