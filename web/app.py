@@ -143,7 +143,9 @@ async def _serving(app: Starlette, services: Services) -> AsyncIterator[None]:
                         sip = None
                         if services.settings.sip_port is not None:
                             sip = await stack.enter_async_context(
-                                sip_service(services.settings, manager, app.state)
+                                sip_service(
+                                    services.settings, manager, app.state, services.live_sessions
+                                )
                             )
                         running = Running(manager, calls, sip.calls if sip else None)
                         services.running = running

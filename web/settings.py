@@ -12,6 +12,7 @@ from typing import Any
 from pipeline.registry import DEFAULT_PIPELINE
 from realtime.auth import parse_keys
 from realtime.sip.allow import Allowlist, is_loopback
+from realtime.sip.call_gate import SipApi
 from realtime.slow_clients import DEFAULT_STALL_S
 from sessions import DEFAULT_MAX_SESSIONS
 from sessions.key_limits import KeyLimits
@@ -71,6 +72,11 @@ class Settings:
     then the app accepts, rejects or refers); None: calls are answered at once."""
     sip_webhook_secret: str = ""
     """The webhooks' signing secret (`whsec_...`; PARLEY_SIP_WEBHOOK_SECRET)."""
+    sip_api: SipApi = "realtime"
+    """`--sip-api realtime|live`: which OpenAI API the webhook's calls are for: Realtime
+    (`realtime.call.incoming`, `/v1/realtime/calls/{call_id}/accept`...) or GPT-Live
+    (`live.transport.incoming`, `/v1/live/sessions/{session_id}/accept`...). One per
+    deployment, as an OpenAI project's webhook subscribes to one of the two events."""
     workers: int = 1
     """`--workers N|auto`: server processes behind one port (SO_REUSEPORT); 1: this process."""
     drain_s: float = 30.0
@@ -271,6 +277,13 @@ def parser() -> argparse.ArgumentParser:
         help="the webhook signing secret (whsec_...)",
     )
     serve.add_argument(
+        "--sip-api",
+        default=_env("sip_api", d.sip_api),
+        choices=("realtime", "live"),
+        help="with --sip-webhook: announce calls to a Realtime app (realtime.call.incoming) "
+        "or a GPT-Live app (live.transport.incoming)",
+    )
+    serve.add_argument(
         "--workers",
         default=_env("workers", str(d.workers)),
         help="server processes behind the one port (SO_REUSEPORT), or auto (one per core); "
@@ -372,6 +385,8 @@ def _sip(args: argparse.Namespace) -> dict[str, Any]:
         for flag in ("sip_auth", "sip_allow", "sip_webhook"):
             if getattr(args, flag):
                 raise SettingsError(f"--{flag.replace('_', '-')} needs --sip-port")
+        if args.sip_api != "realtime":
+            raise SettingsError("--sip-api needs --sip-port")
         return {}
     auth = None
     if args.sip_auth:
@@ -395,10 +410,15 @@ def _sip(args: argparse.Namespace) -> dict[str, Any]:
             raise SettingsError("--sip-webhook: must be an http:// or https:// URL")
         if not args.sip_webhook_secret:
             raise SettingsError("--sip-webhook needs --sip-webhook-secret (whsec_...)")
+    if args.sip_api not in ("realtime", "live"):
+        raise SettingsError(f"--sip-api: realtime or live, not {args.sip_api!r}")
+    if args.sip_api == "live" and webhook is None:
+        raise SettingsError("--sip-api live needs --sip-webhook (a GPT-Live app accepts calls)")
     return {
         "sip_port": _int("sip_port", str(args.sip_port), 0, 65535),
         "sip_auth": auth,
         "sip_allow": args.sip_allow,
         "sip_webhook": webhook,
         "sip_webhook_secret": args.sip_webhook_secret,
+        "sip_api": args.sip_api,
     }

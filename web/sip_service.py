@@ -6,7 +6,10 @@ and a session per call) through the `CallHandler` seam, and the media side ends 
 its end through the server's `hangup`. With a webhook, every usable INVITE first goes to the
 app as a signed `realtime.call.incoming` (`WebhookCallGate`), and the routes of
 `/v1/realtime/calls/{call_id}/accept|reject|refer` resolve it through the `PendingCalls`
-kept in the app's state.
+kept in the app's state. With `--sip-api live` the webhook is GPT-Live's
+`live.transport.incoming` and the routes `/v1/live/sessions/{session_id}/accept|...`
+(live_sip_routes.py); an accepted call is then a GPT-Live session in `live_sessions`, for
+Live sidebands to attach to.
 
 Bound to a wildcard host (0.0.0.0, ::), the SDP answers name this host's outward address,
 found without sending anything (a UDP socket's local address once it is "connected").
@@ -21,6 +24,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from realtime.live.live_sideband import LiveSessions
 from realtime.sip.call_gate import WebhookCallGate
 from realtime.sip.media_calls import SipMediaCalls
 from realtime.sip.pending_calls import PendingCalls
@@ -59,7 +63,10 @@ def outward_address(host: str) -> str | None:
 
 @contextlib.asynccontextmanager
 async def sip_service(
-    settings: Settings, manager: SessionManager, app_state: Any
+    settings: Settings,
+    manager: SessionManager,
+    app_state: Any,
+    live_sessions: LiveSessions | None = None,
 ) -> AsyncIterator[SipService]:
     """Serve SIP on `settings.sip_port` while the block runs; every call ends with it."""
     assert settings.sip_port is not None
@@ -73,9 +80,14 @@ async def sip_service(
     if settings.sip_webhook:
         sender = WebhookSender(settings.sip_webhook, settings.sip_webhook_secret)
         pending = PendingCalls()
-        gate = WebhookCallGate(sender, pending)
+        gate = WebhookCallGate(sender, pending, settings.sip_api)
     calls = SipMediaCalls(
-        manager, hangup, host=settings.host, gate=gate, advertise=outward_address(settings.host)
+        manager,
+        hangup,
+        host=settings.host,
+        gate=gate,
+        advertise=outward_address(settings.host),
+        live_sessions=live_sessions,
     )
     server = SipServer(
         calls,

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from sessions import SessionConfig, SessionLimitError, SessionManager
+from sessions import Session, SessionConfig, SessionLimitError, SessionManager
 from sessions.events import ConversationItem
 
 from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
@@ -87,17 +87,22 @@ async def _serve_session(
         return
     try:
         connection.bind(session)
-        for item in live.input or ():
-            text = item.content[0].text
-            await session.add_item(ConversationItem(role=ROLES[item.role], text=text))
-        connection.post(connection.started(client_id))
+        await seed_history(session, live)
+        connection.post(connection.protocol.started(client_id))
         if live_sessions is not None:
-            live_sessions.add(session.session_id, connection)
+            live_sessions.add(session.session_id, connection.protocol)
         await connection.serve(None)
     finally:
         if live_sessions is not None:
             live_sessions.discard(session.session_id)
         await connection.close_socket()
+
+
+async def seed_history(session: Session, live: LiveSessionConfig) -> None:
+    """The history given at start (`input`), into the session's conversation."""
+    for item in live.input or ():
+        text = item.content[0].text
+        await session.add_item(ConversationItem(role=ROLES[item.role], text=text))
 
 
 async def _session_start(websocket: WebSocket) -> tuple[LiveSessionConfig, str | None] | None:

@@ -216,9 +216,12 @@ def parley_config(
     return config, formats
 
 
-def resolved(live: LiveSessionConfig, session_id: str, expires_at: int) -> dict[str, Any]:
+def resolved(
+    live: LiveSessionConfig, session_id: str, expires_at: int, *, media_format: bool = True
+) -> dict[str, Any]:
     """The `session` of `session.started` / `session.closed`: the configuration as served,
-    with the server's defaults filled in."""
+    with the server's defaults filled in; without `audio.format` unless `media_format`
+    (WebRTC and SIP negotiate their media, so only a WebSocket's session states one)."""
     fmt = live.format
     body: dict[str, Any] = live.model_dump(mode="json", exclude_none=True)
     body.update(
@@ -227,6 +230,37 @@ def resolved(live: LiveSessionConfig, session_id: str, expires_at: int) -> dict[
         status="active",
         model=live.model,
     )
-    audio = body.setdefault("audio", {})
-    audio["format"] = {"type": fmt.type, "rate": fmt.rate}
+    if media_format:
+        audio = body.setdefault("audio", {})
+        audio["format"] = {"type": fmt.type, "rate": fmt.rate}
     return body
+
+
+NOT_FOR_SIP = frozenset({"client"})
+"""What a SIP call's session cannot have: `client` is for a WebRTC session's frontend."""
+
+
+def parse_accept_session(body: Any) -> LiveSessionConfig:
+    """The `session` of `POST /v1/live/sessions/{id}/accept` (a SIP call answered as a
+    GPT-Live session): `type: "live"` and the startup configuration, strict, without
+    `audio.format` (SIP negotiates the call's media). LiveConfigError naming the field."""
+    if not isinstance(body, dict):
+        raise LiveConfigError("`session` must be an object", "invalid_type", "session")
+    kind = body.get("type")
+    if kind != "live":
+        got = "is missing" if kind is None else f"is {kind!r}"
+        code = "missing_required_parameter" if kind is None else "invalid_value"
+        raise LiveConfigError(f"session.type must be 'live'; it {got}", code, "session.type")
+    session = {name: value for name, value in body.items() if name != "type"}
+    refused = sorted(NOT_FOR_SIP & set(session))
+    if refused:
+        param = f"session.{refused[0]}"
+        raise LiveConfigError(f"{param} is not accepted for a SIP call", "unknown_parameter", param)
+    audio = session.get("audio")
+    if isinstance(audio, dict) and "format" in audio:
+        raise LiveConfigError(
+            "SIP negotiates the call's audio format: omit session.audio.format",
+            "unknown_parameter",
+            "session.audio.format",
+        )
+    return parse_live_config(session)

@@ -16,7 +16,9 @@ sideband is a second connection to the session:
 - Its end leaves the session alone; the session's end closes it (normally, 1000) after the
   `session.closed` it is sent, with or without `graceful_close`.
 
-Sidebands attach to sessions served by this process (`LiveSessions`).
+Sidebands attach to sessions served by this process (`LiveSessions`), whatever carries
+the session's audio: what they attach to is the session's `LiveProtocol` (live_protocol.py),
+which a GPT-Live WebSocket and a GPT-Live SIP call (realtime/sip/live_sip_call.py) both host.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from ..websocket.sender import Message
 from .live_errors import live_error
 
 if TYPE_CHECKING:
-    from .live_connection import LiveConnection
+    from .live_protocol import LiveProtocol
 
 log = logging.getLogger("parley.realtime.live")
 
@@ -50,15 +52,15 @@ class LiveSessions:
     """This process's live sessions by id, for sidebands to find."""
 
     def __init__(self) -> None:
-        self._by_id: dict[str, LiveConnection] = {}
+        self._by_id: dict[str, LiveProtocol] = {}
 
-    def add(self, session_id: str, connection: LiveConnection) -> None:
-        self._by_id[session_id] = connection
+    def add(self, session_id: str, primary: LiveProtocol) -> None:
+        self._by_id[session_id] = primary
 
     def discard(self, session_id: str) -> None:
         self._by_id.pop(session_id, None)
 
-    def get(self, session_id: str) -> LiveConnection | None:
+    def get(self, session_id: str) -> LiveProtocol | None:
         return self._by_id.get(session_id)
 
     def __len__(self) -> int:
@@ -74,7 +76,7 @@ class LiveSideband(MessageConnection):
         self,
         websocket: WebSocket,
         manager: SessionManager,
-        primary: LiveConnection,
+        primary: LiveProtocol,
         *,
         slow: SlowClients = DEFAULT_SLOW_CLIENTS,
     ) -> None:
@@ -105,7 +107,7 @@ class LiveSideband(MessageConnection):
             why = f"{kind} comes from the session's own connection, not a sideband"
             self.post(live_error("invalid_request", why, client_id, param="type"))
             return False
-        await self.primary.handle(raw)
+        await self.primary.handle_raw(raw)
         return False
 
     def error_message(self, code: str, text: str) -> Message:

@@ -9,29 +9,39 @@ that awaits `decide` or call `gate.withdraw(call.call_id)`: the call stops being
 (a late accept gets 404) and `decide` returns Reject(487).
 
 The app sees OpenAI's ids: a fresh `rtc_...` call id, not the SIP Call-ID (which is the
-caller's, may hold any characters, and does not belong in a URL path).
+caller's, may hold any characters, and does not belong in a URL path). A gate for GPT-Live
+(`api="live"`) sends `live.transport.incoming` instead, naming a fresh `live_...` session
+id, which the app's decision (`/v1/live/sessions/{session_id}/accept|reject|refer`) and,
+once accepted, the session itself carry.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Literal
 
 from pipeline.tasks import cancel_and_wait
 from sessions.events import new_id
 
 from .handler import IncomingCall
 from .pending_calls import Decision, PendingCalls, Reject, TooManyPendingCalls, describe
-from .webhook import WebhookError, WebhookSender, incoming_call_event
+from .webhook import WebhookError, WebhookSender, incoming_call_event, live_incoming_event
 
 log = logging.getLogger("parley.realtime.sip.gate")
 
 
+SipApi = Literal["realtime", "live"]
+"""Which OpenAI API a deployment's SIP calls are for (`--sip-api`)."""
+
+
 class WebhookCallGate:
-    def __init__(self, sender: WebhookSender, pending: PendingCalls) -> None:
+    def __init__(
+        self, sender: WebhookSender, pending: PendingCalls, api: SipApi = "realtime"
+    ) -> None:
         self.sender = sender
         self.pending = pending
+        self.api = api
         self._ids: dict[str, str] = {}
         """SIP Call-ID -> the call id the app was given, while the call is pending."""
 
@@ -45,14 +55,15 @@ class WebhookCallGate:
         many calls are pending already)."""
         if call.call_id in self._ids:
             return Reject(482, "a call with this Call-ID is already pending")
-        call_id = new_id("rtc")
+        call_id = new_id("live" if self.api == "live" else "rtc")
         try:
             self.pending.open(call_id)
         except TooManyPendingCalls as exc:
             log.warning("SIP call %s turned away: %s", call.call_id, exc)
             return Reject(503, str(exc))
         self._ids[call.call_id] = call_id
-        event = incoming_call_event(call_id, call.headers)
+        announce = live_incoming_event if self.api == "live" else incoming_call_event
+        event = announce(call_id, call.headers)
         # The decision may come while the webhook is in flight (apps often accept from
         # inside their webhook handler), so delivery runs beside the wait, in a task this
         # call owns and ends before returning.

@@ -13,7 +13,9 @@ With a gate (OpenAI's SIP flow, `--sip-webhook`: realtime/sip/call_gate.py) a ca
 usable offer waits for the app's decision before it is answered: Accept answers it with
 the app's session configuration, and the call is then also found by the app's call id
 (`get`, `hangup`); Reject is its final status; Refer redirects the unanswered call (a 302
-whose Contact is the target).
+whose Contact is the target). An Accept from a GPT-Live app (`decision.live`) answers the
+call as a GPT-Live session (live_sip_call.py) whose id is the app's session id, known to
+`live_sessions` while it lasts so that Live sidebands attach to it.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sessions import SessionConfig, SessionLimitError, SessionManager
 from sessions.events import new_id
 
+from ..live.live_accept import seed_history
 from .handler import Answer, Hangup, IncomingCall, Rejection
 from .pending_calls import Decision, Refer, Reject
 from .sdp_audio import Negotiated, SdpError, build_answer, negotiate, parse_offer
 
 if TYPE_CHECKING:  # the media side parses RTP with aiortc's classes: loaded at the first call
+    from ..live.live_sideband import LiveSessions
     from .media_call import SipMediaCall
 
 log = logging.getLogger("parley.realtime.sip")
@@ -62,12 +66,14 @@ class SipMediaCalls:
         rtcp_interval_s: float = 5.0,
         gate: CallGate | None = None,
         advertise: str | None = None,
+        live_sessions: LiveSessions | None = None,
     ) -> None:
         """`host`: where RTP sockets are bound; `advertise`: the address the SDP answers
         give for them (None: `host`; needed when `host` is a wildcard such as 0.0.0.0)."""
         self.manager = manager
         self.advertise = advertise
         self.gate = gate
+        self.live_sessions = live_sessions
         self._send_bye = hangup
         self.host = host
         self.config = config
@@ -124,22 +130,34 @@ class SipMediaCalls:
             self._cancelled.discard(call.call_id)
 
     async def _answer(self, call: IncomingCall, negotiated: Negotiated) -> Answer | Rejection:
-        config, app_id = self.config, None
+        config, app_id, live = self.config, None, None
         if self.gate is not None:
             decision = await self.gate.decide(call)
             if isinstance(decision, Reject):
                 return decision.rejection()
             if isinstance(decision, Refer):
                 return Rejection(302, "Moved Temporarily", contact=decision.target_uri)
-            config, app_id = decision.config, decision.call_id
+            config, app_id, live = decision.config, decision.call_id, decision.live
         if call.call_id in self._cancelled:
             return Rejection(487, "Request Terminated")
+        from .live_sip_call import LiveSipCall
         from .media_call import SipMediaCall
 
-        media = SipMediaCall(call.call_id, negotiated, self.playout_ms, self.rtcp_interval_s)
+        media: SipMediaCall
+        session_id = new_id("sess")
+        if live is not None and app_id is not None:  # a GPT-Live session, named as announced
+            media = LiveSipCall(
+                call.call_id, negotiated, live, self.playout_ms, self.rtcp_interval_s
+            )
+            session_id = app_id
+        else:
+            media = SipMediaCall(call.call_id, negotiated, self.playout_ms, self.rtcp_interval_s)
         try:
             await media.open(self.host)
-            session = await self.manager.create(media, config, new_id("sess"))
+            session = await self.manager.create(media, config, session_id)
+            media.attach(session)  # from here, closing the call closes the session
+            if isinstance(media, LiveSipCall):
+                await seed_history(session, media.protocol.live)
         except SessionLimitError as exc:
             log.info("call %s refused: %s", call.call_id, exc)
             await media.close("busy")
@@ -151,7 +169,6 @@ class SipMediaCalls:
         except BaseException:
             await asyncio.shield(media.close("setup failed"))
             raise
-        media.attach(session)
         if call.call_id in self._cancelled:
             await media.close(f"{SIP_ENDED}cancelled")
             return Rejection(487, "Request Terminated")
@@ -159,6 +176,8 @@ class SipMediaCalls:
         if app_id is not None:
             self._app_ids[app_id] = call.call_id
             media.app_call_id = app_id
+        if isinstance(media, LiveSipCall) and self.live_sessions is not None:
+            self.live_sessions.add(session.session_id, media.protocol)
         self._owners[call.call_id] = asyncio.create_task(
             self._own(media), name=f"sip:{call.call_id}:owner"
         )
@@ -214,6 +233,8 @@ class SipMediaCalls:
             self._sdp_ids.pop(call.call_id, None)
             if call.app_call_id is not None:
                 self._app_ids.pop(call.app_call_id, None)
+            if self.live_sessions is not None and call.session is not None:
+                self.live_sessions.discard(call.session.session_id)
             log.info("SIP call %s closed (%s)", call.call_id, call.close_reason)
         if not call.close_reason.startswith(SIP_ENDED):
             try:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from sessions import SessionConfig
 
+from ..live.live_config import LiveSessionConfig
 from .handler import Rejection
 
 DEFAULT_LIMIT = 64
@@ -48,10 +49,14 @@ def reason_phrase(status: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Accept:
-    """Answer the call with this session; attach to it as `call_id` (`?call_id=`)."""
+    """Answer the call with this session; attach to it as `call_id` (`?call_id=`, or a
+    GPT-Live sideband on the session of that id)."""
 
     call_id: str
     config: SessionConfig
+    live: LiveSessionConfig | None = None
+    """A GPT-Live app's session configuration: the call is a GPT-Live session (its events
+    are Live's, its controllers Live sidebands), not a Realtime one."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,11 @@
-"""The `realtime.call.incoming` webhook: OpenAI's event, signed as OpenAI signs, POSTed.
+"""The incoming-call webhooks: OpenAI's events, signed as OpenAI signs, POSTed.
 
-Apps written for OpenAI Realtime over SIP learn of a call from this event and verify it
-with their SDK (`client.webhooks.unwrap(body, headers, secret=...)`). So the body is
-OpenAI's event object (`data`: the call id and the INVITE's headers as `{name, value}`,
-authorization headers left out as OpenAI leaves them out), and the signature is Standard
+Apps written for OpenAI Realtime over SIP learn of a call from `realtime.call.incoming`,
+apps written for GPT-Live from `live.transport.incoming`, and verify it with their SDK
+(`client.webhooks.unwrap(body, headers, secret=...)`). So the body is OpenAI's event
+object (`data`: the call's id for the app -- a Realtime `call_id`, a Live `session_id` --
+and the INVITE's headers as `{name, value}`, authorization headers left out as OpenAI
+leaves them out), and the signature is Standard
 Webhooks': `webhook-signature: v1,<base64 HMAC-SHA256 of "id.timestamp.body">`, keyed with
 the secret's bytes (`whsec_<base64>`, as the platform shows it, or any other string as is).
 
@@ -35,8 +37,9 @@ from sessions.events import new_id
 log = logging.getLogger("parley.realtime.sip.webhook")
 
 EVENT_TYPE = "realtime.call.incoming"
+LIVE_EVENT_TYPE = "live.transport.incoming"
 SECRET_PREFIX = "whsec_"
-USER_AGENT = "Parley/1.0 (realtime.call.incoming webhooks)"
+USER_AGENT = "Parley/1.0 (incoming call webhooks)"
 PRIVATE_HEADERS = frozenset({"authorization", "proxy-authorization"})
 """Never sent to the app (OpenAI leaves the INVITE's authorization headers out too)."""
 RETRIED_STATUSES = frozenset({408, 429})
@@ -74,24 +77,45 @@ def sign(key: bytes, webhook_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(digest).decode()
 
 
+def _public(sip_headers: Iterable[tuple[str, str]]) -> list[dict[str, str]]:
+    return [
+        {"name": name, "value": value}
+        for name, value in sip_headers
+        if name.lower() not in PRIVATE_HEADERS
+    ]
+
+
+def _event(kind: str, data: dict[str, Any], created_at: int | None) -> dict[str, Any]:
+    return {
+        "object": "event",
+        "id": new_id("evt"),
+        "type": kind,
+        "created_at": int(time.time()) if created_at is None else created_at,
+        "data": data,
+    }
+
+
 def incoming_call_event(
     call_id: str, sip_headers: Iterable[tuple[str, str]], created_at: int | None = None
 ) -> dict[str, Any]:
     """OpenAI's `realtime.call.incoming` event for a call waiting for the app's decision."""
-    return {
-        "object": "event",
-        "id": new_id("evt"),
-        "type": EVENT_TYPE,
-        "created_at": int(time.time()) if created_at is None else created_at,
-        "data": {
-            "call_id": call_id,
-            "sip_headers": [
-                {"name": name, "value": value}
-                for name, value in sip_headers
-                if name.lower() not in PRIVATE_HEADERS
-            ],
-        },
+    data = {"call_id": call_id, "sip_headers": _public(sip_headers)}
+    return _event(EVENT_TYPE, data, created_at)
+
+
+def live_incoming_event(
+    session_id: str, sip_headers: Iterable[tuple[str, str]], created_at: int | None = None
+) -> dict[str, Any]:
+    """OpenAI's `live.transport.incoming` for a SIP call waiting for a GPT-Live app's
+    decision. `sip_media_security` is `rtp`: Parley's SIP media is plain RTP (no SRTP).
+    (`live.transport.connected` is WebRTC's and Instant Connect's: a SIP call has none.)"""
+    data = {
+        "type": "sip",
+        "session_id": session_id,
+        "sip_headers": _public(sip_headers),
+        "sip_media_security": "rtp",
     }
+    return _event(LIVE_EVENT_TYPE, data, created_at)
 
 
 class WebhookSender:

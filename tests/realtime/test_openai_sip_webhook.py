@@ -1,5 +1,6 @@
-"""realtime/sip/webhook.py: the realtime.call.incoming event, signed so that the official
-openai SDK's `webhooks.unwrap` accepts it, delivered with bounded retries."""
+"""realtime/sip/webhook.py: the realtime.call.incoming and live.transport.incoming events,
+signed so that the official openai SDK's `webhooks.unwrap` accepts them, delivered with
+bounded retries."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ import json
 
 import openai
 import pytest
-from openai.types.webhooks import RealtimeCallIncomingWebhookEvent
+from openai.types.webhooks import (
+    LiveTransportIncomingWebhookEvent,
+    RealtimeCallIncomingWebhookEvent,
+)
 
 from realtime.sip.webhook import (
     WebhookError,
     WebhookSender,
     incoming_call_event,
+    live_incoming_event,
     new_secret,
     secret_key,
 )
@@ -55,6 +60,21 @@ async def test_the_sdk_verifies_and_parses_the_event() -> None:
     tampered = delivery.body.replace(b"rtc_abc", b"rtc_abd")
     with pytest.raises(openai.InvalidWebhookSignatureError):
         sdk().webhooks.unwrap(tampered, delivery.headers, secret=secret)
+
+
+async def test_the_sdk_verifies_and_parses_the_live_event() -> None:
+    secret = new_secret()
+    async with webhook_receiver() as receiver, WebhookSender(receiver.url, secret) as sender:
+        await sender.send(live_incoming_event("live_abc", SIP_HEADERS))
+    (delivery,) = receiver.deliveries
+    event = sdk().webhooks.unwrap(delivery.body, delivery.headers, secret=secret)
+    assert isinstance(event, LiveTransportIncomingWebhookEvent)
+    assert event.type == "live.transport.incoming" and event.object == "event"
+    assert event.data.type == "sip" and event.data.session_id == "live_abc"
+    assert event.data.sip_media_security == "rtp"
+    assert [(h.name, h.value) for h in event.data.sip_headers] == [
+        h for h in SIP_HEADERS if h[0] != "Authorization"
+    ]
 
 
 async def test_a_plain_string_secret_signs_as_its_bytes() -> None:

@@ -33,6 +33,13 @@ def test_the_sip_options_are_read() -> None:
     assert settings.sip_port == 5060 and settings.sip_auth == ("alice", "secret")
     assert settings.sip_allow == "127.0.0.0/8,10.0.0.0/8"
     assert settings.sip_webhook == "http://127.0.0.1:9000/hook"
+    assert settings.sip_api == "realtime"
+
+
+def test_a_deployment_takes_gpt_live_sip_calls() -> None:
+    webhook = ["--sip-webhook", "http://127.0.0.1:9000/hook", "--sip-webhook-secret", "whsec_a"]
+    settings = serve("--sip-port", "5060", *webhook, "--sip-api", "live")
+    assert settings.sip_api == "live"
 
 
 @pytest.mark.parametrize(
@@ -44,6 +51,8 @@ def test_the_sip_options_are_read() -> None:
         (["--sip-port", "5060", "--sip-allow", "10.0.0.300/8"], "--sip-allow:"),
         (["--sip-port", "5060", "--sip-webhook", "ftp://x"], "--sip-webhook: must be an http"),
         (["--sip-port", "5060", "--sip-webhook", "http://x/"], "needs --sip-webhook-secret"),
+        (["--sip-port", "5060", "--sip-api", "live"], "--sip-api live needs --sip-webhook"),
+        (["--sip-api", "live"], "--sip-api needs --sip-port"),
         (
             ["--host", "0.0.0.0", "--api-key", "k", "--sip-port", "5060"],
             "needs --sip-auth or --sip-allow",
