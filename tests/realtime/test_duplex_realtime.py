@@ -11,6 +11,7 @@ import asyncio
 import base64
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import numpy as np
@@ -54,7 +55,7 @@ async def test_the_sdk_hears_the_model_speak_while_the_user_talks(server: Served
     ):
         seen: list[str] = []
 
-        async def until(kind: str, within_s: float = 20) -> dict[str, object]:
+        async def until(kind: str, within_s: float = 20) -> dict[str, Any]:
             async with asyncio.timeout(within_s):
                 async for event in conn:
                     seen.append(event.type)
@@ -65,6 +66,8 @@ async def test_the_sdk_hears_the_model_speak_while_the_user_talks(server: Served
         await until("session.created")
         created = await until("response.created")
         await until("response.output_audio.delta")
+        said = await until("response.output_audio_transcript.delta")  # its text stream's words
+        assert said["delta"].strip() and said["response_id"] == created["response"]["id"]
         pcm = question(48_000)[::2].astype("<i2")  # 24 kHz
         step = 24_000 * 2 // 10
         raw = pcm.tobytes()
@@ -78,11 +81,11 @@ async def test_the_sdk_hears_the_model_speak_while_the_user_talks(server: Served
         assert "response.done" not in seen  # the model speaks on: no turn of ours cut it
         await conn.response.create()
         error = await until("error")
-        assert error["error"]["code"] == "duplex_model_decides"  # type: ignore[index]
+        assert error["error"]["code"] == "duplex_model_decides"
         await conn.response.cancel()
         done = await until("response.done")
-        assert done["response"]["status"] == "cancelled"  # type: ignore[index]
-        assert done["response"]["id"] == created["response"]["id"]  # type: ignore[index]
+        assert done["response"]["status"] == "cancelled"
+        assert done["response"]["id"] == created["response"]["id"]
         quiet_from = len(seen)
         await asyncio.sleep(1.0)
         await conn.input_audio_buffer.append(audio=base64.b64encode(bytes(4800)).decode())

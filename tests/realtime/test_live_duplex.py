@@ -66,6 +66,7 @@ async def test_the_model_hears_and_speaks_at_once_over_the_sdk(server: ServedApp
                     audio += len(said) if said.any() else 0  # its voice, not silence between
         await talking
         assert "error" not in kinds, kinds
+        assert "session.output_transcript.delta" in kinds  # the words of its text stream
         assert server.app.state.services.pipeline.engines["moshi"].duplex.sessions == 1
         await conn.session.close()
         async with asyncio.timeout(10):

@@ -9,6 +9,9 @@ nothing: the model hears a pause), runs the codec and the frame step for all ses
 once on its model thread, and hands each session its frame. Sessions join and leave between
 frames.
 
+With a tokenizer (the checkpoint's, or the toy model's: text_stream.py) each frame also
+carries the words its text token adds to the model's transcript.
+
 A frame whose work ends past its time is late: it is still produced (a duplex model that
 skipped frames would lose its place in the conversation), the clock moves on from when it
 ended, and `stats` counts it and the worst lateness. A session that reads its voice too
@@ -31,6 +34,7 @@ import numpy.typing as npt
 from ...tasks import cancel_and_wait
 from .frame_step import FrameStepper, RowsFull, Sampling
 from .mimi_frames import FRAME_SAMPLES, MimiFrames
+from .text_stream import TextPieces, load_text_tokenizer, skipped_ids
 
 FRAME_S = 0.08
 INBOX_FRAMES = 25
@@ -49,6 +53,8 @@ class VoiceFrame:
     """1,920 samples at 24 kHz (silence before the model's first whole frame)."""
     text: int
     """The text token the model wrote with this frame."""
+    words: str = ""
+    """What that token adds to the model's transcript ("" for padding, or no tokenizer)."""
 
 
 @dataclass
@@ -145,6 +151,9 @@ class MoshiDuplexEngine:
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="moshi")
         self._stepper: FrameStepper | None = None
         self._codec: MimiFrames | None = None
+        self._tokenizer: Any | None = None
+        self._pieces: dict[str, TextPieces] = {}
+        """Per session, on the model's thread: its text tokens so far, as words."""
         self._ticker: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -169,6 +178,11 @@ class MoshiDuplexEngine:
         self._stepper.warm()
         self._codec = MimiFrames(
             model.audio_encoder, codebooks=self._stepper.codebooks, context=self.codec_context
+        )
+        self._tokenizer = load_text_tokenizer(
+            tiny=bool(self.options["tiny"]),
+            vocab_size=int(model.config.vocab_size),
+            model_path=self.options["model_path"],  # type: ignore[arg-type]
         )
 
     def open(self, session_id: str) -> DuplexSession:
@@ -221,6 +235,7 @@ class MoshiDuplexEngine:
         leave may move a session's cache rows)."""
         leaving, joining = changes if changes is not None else self._row_changes()
         for session_id in leaving:
+            self._pieces.pop(session_id, None)
             if self._stepper is not None:
                 self._stepper.leave(session_id)
             if self._codec is not None:
@@ -249,16 +264,26 @@ class MoshiDuplexEngine:
                 due = ended
             for session in live:
                 if session.session_id in spoken and not session.closed:
-                    pcm, text = spoken[session.session_id]
-                    session.deliver(VoiceFrame(session.frames_out, pcm, text))
+                    pcm, text, words = spoken[session.session_id]
+                    session.deliver(VoiceFrame(session.frames_out, pcm, text, words))
                     session.frames_out += 1
             due += FRAME_S
 
     def _rows_and_frame(
         self, changes: tuple[list[str], list[str]], heard: dict[str, Pcm]
-    ) -> dict[str, tuple[Pcm, int]]:
+    ) -> dict[str, tuple[Pcm, int, str]]:
         self._apply_rows(changes)
-        return self._frame(heard) if heard else {}
+        spoken = self._frame(heard) if heard else {}
+        return {s: (pcm, text, self._words(s, text)) for s, (pcm, text) in spoken.items()}
+
+    def _words(self, session_id: str, token: int) -> str:
+        if self._tokenizer is None:
+            return ""
+        pieces = self._pieces.get(session_id)
+        if pieces is None:
+            pieces = TextPieces(self._tokenizer, skipped_ids(self._tokenizer))
+            self._pieces[session_id] = pieces
+        return pieces.push(token)
 
     def _frame(self, heard: dict[str, Pcm]) -> dict[str, tuple[Pcm, int]]:
         """On the model thread: the codec in, the frame step, the codec out."""
