@@ -55,6 +55,9 @@ class VoiceFrame:
     """The text token the model wrote with this frame."""
     words: str = ""
     """What that token adds to the model's transcript ("" for padding, or no tokenizer)."""
+    heard: int = 0
+    """Microphone frames the model had heard when it made this frame (its latency as a
+    client hears it: loadtest/duplex_latency.py)."""
 
 
 @dataclass
@@ -83,6 +86,7 @@ class DuplexSession:
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
     closed: bool = False
     frames_out: int = 0
+    frames_heard: int = 0
 
     def feed(self, pcm: Pcm) -> None:
         """Microphone audio (24 kHz PCM16, any length) for the frames to come."""
@@ -97,6 +101,7 @@ class DuplexSession:
 
     def next_heard(self) -> Pcm:
         if self._inbox:
+            self.frames_heard += 1
             return self._inbox.popleft()
         self.stats.unheard_frames += 1
         return np.zeros(FRAME_SAMPLES, np.int16)
@@ -265,7 +270,8 @@ class MoshiDuplexEngine:
             for session in live:
                 if session.session_id in spoken and not session.closed:
                     pcm, text, words = spoken[session.session_id]
-                    session.deliver(VoiceFrame(session.frames_out, pcm, text, words))
+                    frame = VoiceFrame(session.frames_out, pcm, text, words, session.frames_heard)
+                    session.deliver(frame)
                     session.frames_out += 1
             due += FRAME_S
 

@@ -1,0 +1,144 @@
+"""A duplex model's latency as its clients hear it, and the sessions it holds on its clock.
+
+`moshi_steps` times the frame's work alone; this runs the engine itself (its 80 ms clock,
+the codec, the streams) with N sessions whose microphones send a frame every 80 ms in real
+time, and measures, for each microphone frame, the time from its last sample reaching the
+engine to the delivery of the first voice frame the model made after hearing it. That is
+what the session layer adds to the model's own delay: a frame waits for the next tick, the
+step runs, the voice frame is decoded and handed over. A client hears, on top: the frame it
+had to fill first (80 ms: Mimi's frame) and Moshi's one-frame acoustic delay (80 ms), the
+160 ms of its paper's theoretical latency, plus its network.
+
+Late frames are counted as the engine counts them; a level holds real time when its late
+frames are under 1 % and its latency p95 stays inside two frames.
+
+    python -m loadtest.duplex_latency --sessions 1,8,16,32 --seconds 10      # on the GPU
+    python -m loadtest.duplex_latency --tiny --device cpu --dtype float32 --sessions 1,4
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FRAME_S = 0.08
+MODEL_DELAY_MS = 160.0
+"""Mimi's frame and Moshi's acoustic delay: the model's own part of what a client hears."""
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def level(engine: Any, sessions: int, seconds: float) -> dict[str, Any]:
+    from pipeline.engines.moshi.mimi_frames import FRAME_SAMPLES
+
+    rng = np.random.default_rng(sessions)
+    latencies: list[float] = []
+    steps_before, late_before = engine.stats.steps, engine.stats.late_steps
+
+    async def one(k: int) -> None:
+        stream = engine.open(f"s{k}")
+        fed_at: list[float] = []
+        mic = (rng.standard_normal(FRAME_SAMPLES) * 2000).astype(np.int16)
+
+        async def speak() -> None:
+            await asyncio.sleep(FRAME_S * k / max(1, sessions))  # microphones out of phase
+            due = time.monotonic()
+            while True:
+                stream.feed(mic)
+                fed_at.append(time.monotonic())
+                due += FRAME_S
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+
+        async def listen() -> None:
+            heard = 0
+            async for frame in stream.frames():
+                now = time.monotonic()
+                for j in range(heard, min(frame.heard, len(fed_at))):
+                    latencies.append((now - fed_at[j]) * 1000)
+                heard = max(heard, frame.heard)
+
+        async with asyncio.TaskGroup() as tasks:
+            speaking = tasks.create_task(speak())
+            listening = tasks.create_task(listen())
+            await asyncio.sleep(seconds)
+            speaking.cancel()
+            engine.leave(f"s{k}")  # ends its voice stream: the listener returns
+            await listening
+
+    await asyncio.gather(*(one(k) for k in range(sessions)))
+    steps = engine.stats.steps - steps_before
+    late = engine.stats.late_steps - late_before
+    p50, p95 = statistics.median(latencies), percentile(latencies, 0.95)
+    return {
+        "frames_heard": len(latencies),
+        "latency_ms": {"p50": p50, "p95": p95},
+        "heard_by_client_ms": {"p50": p50 + MODEL_DELAY_MS, "p95": p95 + MODEL_DELAY_MS},
+        "steps": steps,
+        "late_steps": late,
+        "real_time": steps > 0 and late <= 0.01 * steps and p95 <= 2 * FRAME_S * 1000,
+    }
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    from pipeline.engines.moshi.duplex_engine import MoshiDuplexEngine
+
+    counts = [int(n) for n in args.sessions.split(",")]
+    engine = MoshiDuplexEngine(
+        tiny=args.tiny,
+        device=args.device,
+        dtype=args.dtype,
+        model_path=args.model_path,
+        rows=max(counts),
+    )
+    began = time.monotonic()
+    await engine.start()
+    report: dict[str, Any] = {"argv": vars(args), "start_s": time.monotonic() - began}
+    report["levels"] = {}
+    try:
+        for n in counts:
+            result = await level(engine, n, args.seconds)
+            report["levels"][str(n)] = result
+            lat, heard = result["latency_ms"], result["heard_by_client_ms"]
+            print(
+                f"  {n:3d} sessions: engine latency p50 {lat['p50']:6.1f} / p95 "
+                f"{lat['p95']:6.1f} ms (as heard, with the model's 160 ms: p50 {heard['p50']:.0f})"
+                f", late frames {result['late_steps']}/{result['steps']}"
+                f" {'real time' if result['real_time'] else 'BEHIND'}",
+                flush=True,
+            )
+    finally:
+        await engine.close()
+    held = [n for n in counts if report["levels"][str(n)]["real_time"]]
+    report["most_sessions_in_real_time"] = max(held) if held else 0
+    print(f"most sessions held in real time: {report['most_sessions_in_real_time']}")
+    return report
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--device", default="cuda:0")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--model-path", default=None)
+    p.add_argument("--sessions", default="1,8,16,32")
+    p.add_argument("--seconds", type=float, default=10.0, help="per level")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    report = asyncio.run(run(args))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()

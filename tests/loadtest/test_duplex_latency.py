@@ -1,0 +1,20 @@
+"""The duplex latency benchmark runs the engine's own clock and reports, per level, what a
+client would hear and whether the level held real time."""
+
+from __future__ import annotations
+
+from loadtest.duplex_latency import MODEL_DELAY_MS, main
+
+
+def test_the_latency_benchmark_reports_each_level() -> None:
+    report = main(
+        ["--tiny", "--device", "cpu", "--dtype", "float32"]
+        + ["--sessions", "1,2", "--seconds", "1.5"]
+    )
+    assert set(report["levels"]) == {"1", "2"}
+    for level in report["levels"].values():
+        assert level["frames_heard"] > 5
+        lat, heard = level["latency_ms"], level["heard_by_client_ms"]
+        assert 0 < lat["p50"] <= lat["p95"]
+        assert heard["p50"] == lat["p50"] + MODEL_DELAY_MS
+    assert report["most_sessions_in_real_time"] in (0, 1, 2)
