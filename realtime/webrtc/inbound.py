@@ -16,14 +16,13 @@ from __future__ import annotations
 import asyncio
 import io
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import av
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
 from sessions import ParleyError, Session, SessionClosedError, SessionState
-from sessions.resample import SAMPLE_RATE
 
 from . import guards
 from .mic import MicConverter
@@ -32,7 +31,11 @@ JPEG_QUALITY = 80
 MAX_WIDTH = 640
 
 
-async def drain_audio(track: MediaStreamTrack, session: Session) -> None:
+async def drain_audio(
+    track: MediaStreamTrack, session: Session, hear: Callable[[bytes], Awaitable[None]]
+) -> None:
+    """The track's audio, 16 kHz mono PCM16, to `hear` (the call's: to the session, or to
+    a duplex model)."""
     mic = MicConverter()
     while True:
         try:
@@ -49,7 +52,7 @@ async def drain_audio(track: MediaStreamTrack, session: Session) -> None:
         if not pcm:
             continue  # the resampler's block is not full yet
         try:
-            await session.append_audio(pcm, SAMPLE_RATE, 1)
+            await hear(pcm)
         except SessionClosedError:
             continue  # keep draining until the track ends
         except ParleyError as exc:
