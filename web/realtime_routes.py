@@ -55,6 +55,7 @@ from realtime.websocket.denial import TOO_MANY_REQUESTS, retry_after
 from sessions import ConfigError, SessionConfig, SessionLimitError
 from sessions.errors import KeyLimitError
 
+from .live_webrtc import create_live_session
 from .live_ws import live_attach, live_sessions
 from .realtime_ws import openai_realtime
 from .services import services_of
@@ -372,6 +373,7 @@ ROUTES = [
     Route("/v1/realtime/calls/{call_id}/reject", reject_call, methods=["POST"]),
     Route("/v1/realtime/calls/{call_id}/refer", refer_call, methods=["POST"]),
     WebSocketRoute("/v1/realtime", openai_realtime),
+    Route("/v1/live/sessions", create_live_session, methods=["POST"]),
     WebSocketRoute("/v1/live/sessions", live_sessions),
     WebSocketRoute("/v1/live/sessions/{session_id}/attach", live_attach),
     WebSocketRoute("/v1/video/chat/stream", video_chat_stream),
