@@ -251,11 +251,16 @@ class WebRTCCall(SessionCall):
         if not self._closing(reason):
             return
         await self._close_session()
+        await self._farewell()
         self.events.end(self.close_reason)
         await cancel_all(self._tasks)
         self._early_tracks.clear()
         self.track.stop()
         await close_peer(self.pc)
+
+    async def _farewell(self) -> None:
+        """Between the session's end and the peer connection's: what the protocol still
+        sends (nothing for OpenAI Realtime, whose session says goodbye itself)."""
 
     # --- helpers -------------------------------------------------------------------------
 

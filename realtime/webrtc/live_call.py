@@ -135,16 +135,15 @@ class LiveCall(WebRTCCall):
 
     # --- the end -------------------------------------------------------------------------
 
+    async def _farewell(self) -> None:
+        """The page asked to close: its `session.closed` goes out before the channel
+        does (a peer that hung up is not waited for)."""
+        if self.close_reason == CLOSE_REQUESTED:
+            with contextlib.suppress(TimeoutError):
+                await self.events.sent(GOODBYE_S)
+
     async def close(self, reason: str = "hangup") -> None:
-        if self._closed:
-            return
         try:
-            if reason == CLOSE_REQUESTED or self.close_reason == CLOSE_REQUESTED:
-                # The page asked: its session.closed goes out before the channel does.
-                self.request_close(reason)
-                await self._close_session()
-                with contextlib.suppress(TimeoutError):
-                    await self.events.sent(GOODBYE_S)
             await super().close(reason)
         finally:
             self.mapping.close()

@@ -114,6 +114,7 @@ class CallRegistry:
         from aiortc import RTCPeerConnection
 
         from .call import WebRTCCall
+        from .peer import close_peer
 
         self._prepare()
         call_id = new_id("rtc")
@@ -121,7 +122,11 @@ class CallRegistry:
         if make_call is None:
             call = WebRTCCall(call_id, pc, options or CallOptions(), self.metrics, self.slow)
         else:
-            call = make_call(call_id, pc)
+            try:
+                call = make_call(call_id, pc)
+            except BaseException:
+                await close_peer(pc)
+                raise
         try:
             answer = await self._answer(call, sdp)
             session = await self.manager.create(
