@@ -73,7 +73,7 @@ async def test_a_duplex_model_hears_the_track_and_speaks_on_it(
 ) -> None:
     services: Services = duplex_app.state.services
     assert duplex_model(services.pipeline) is not None
-    engine = services.pipeline.engines["moshi"].duplex
+    engine = duplex_app.state.services.pipeline.engines["moshi"].duplex
     async with asgi_client(duplex_app) as http:
         caller = Caller(http)
         try:
