@@ -107,7 +107,7 @@ async def create_live_session(request: Request) -> Response:
     def make_call(call_id: str, pc: RTCPeerConnection) -> LiveCall:
         from realtime.webrtc.live_call import LiveCall
 
-        call = LiveCall(call_id, pc, live, registry.metrics, registry.slow)
+        call = LiveCall(call_id, pc, live, registry.metrics, registry.slow, services.live_sessions)
         if stream is not None:
             call.bind_duplex(stream, release)  # the call gives the slot back at its close
         return call

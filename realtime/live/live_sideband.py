@@ -16,28 +16,27 @@ sideband is a second connection to the session:
 - Its end leaves the session alone; the session's end closes it (normally, 1000) after the
   `session.closed` it is sent, with or without `graceful_close`.
 
-Sidebands attach to sessions served by this process (`LiveSessions`).
+Sidebands attach to sessions served by this process (`LiveSessions`), over either
+transport: a WebSocket's (live_connection.py) or a WebRTC call's (realtime/webrtc/
+live_call.py), whose page may be restricted by `client.data_channel`; a sideband is not.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
 from starlette.websockets import WebSocket
 
-from sessions import SessionManager
+from sessions import Session, SessionManager
 
 from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 from ..websocket.connection import CLOSE_NORMAL, MessageConnection
 from ..websocket.sender import Message
 from .live_errors import live_error
-
-if TYPE_CHECKING:
-    from .live_connection import LiveConnection
 
 log = logging.getLogger("parley.realtime.live")
 
@@ -46,19 +45,34 @@ DEVICE_ONLY = frozenset({"session.input_audio.append", "session.start"})
 """What only the session's own connection sends (a sideband may mute the microphone)."""
 
 
+class LivePrimary(Protocol):
+    """A live session's own connection, as a sideband meets it."""
+
+    @property
+    def session(self) -> Session | None: ...
+
+    def attach_sideband(self, sideband: LiveSideband) -> bool:
+        """Send `sideband` what the connection is sent (not audio); False once it ended."""
+
+    def detach_sideband(self, sideband: LiveSideband) -> None: ...
+
+    async def handle(self, raw: str | bytes) -> bool:
+        """Apply one client message as the connection's own (unrestricted)."""
+
+
 class LiveSessions:
     """This process's live sessions by id, for sidebands to find."""
 
     def __init__(self) -> None:
-        self._by_id: dict[str, LiveConnection] = {}
+        self._by_id: dict[str, LivePrimary] = {}
 
-    def add(self, session_id: str, connection: LiveConnection) -> None:
+    def add(self, session_id: str, connection: LivePrimary) -> None:
         self._by_id[session_id] = connection
 
     def discard(self, session_id: str) -> None:
         self._by_id.pop(session_id, None)
 
-    def get(self, session_id: str) -> LiveConnection | None:
+    def get(self, session_id: str) -> LivePrimary | None:
         return self._by_id.get(session_id)
 
     def __len__(self) -> int:
@@ -74,7 +88,7 @@ class LiveSideband(MessageConnection):
         self,
         websocket: WebSocket,
         manager: SessionManager,
-        primary: LiveConnection,
+        primary: LivePrimary,
         *,
         slow: SlowClients = DEFAULT_SLOW_CLIENTS,
     ) -> None:

@@ -13,6 +13,9 @@ close) is WebRTCCall's; GPT-Live's events are the LiveMapping's, as on the WebSo
   the session is attached; a client's `session.close` ends the call after its
   `session.closed` has gone out (`GOODBYE_S` at most). A peer that hangs up or goes away
   ends the session too (`connection_lost`), with nobody left to tell.
+- Sidebands (`/v1/live/sessions/{id}/attach`, realtime/live/live_sideband.py) find the
+  session in `live_sessions` while the call lives; they read everything the session says
+  (the page's permissions are not theirs), and their client events apply unrestricted.
 - With a full-duplex model (bind_duplex), the microphone goes to the model, not to turn
   detection, and the model's voice, its own silences included, goes to the track.
 """
@@ -35,6 +38,7 @@ from ..live.live_accept import ROLES
 from ..live.live_config import LiveSessionConfig
 from ..live.live_mapping import CLOSE_REQUESTED, LiveMapping
 from ..live.live_permissions import DataChannelPermissions
+from ..live.live_sideband import SESSION_ENDED, LiveSessions, LiveSideband
 from ..metrics import TransportMetrics
 from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 from ..websocket.sender import Message
@@ -55,9 +59,12 @@ class LiveCall(WebRTCCall):
         live: LiveSessionConfig,
         metrics: TransportMetrics | None = None,
         slow: SlowClients = DEFAULT_SLOW_CLIENTS,
+        live_sessions: LiveSessions | None = None,
     ) -> None:
         super().__init__(call_id, pc, CallOptions(), metrics, slow)
-        self.mapping = LiveMapping(live, self._to_page)
+        self.mapping = LiveMapping(live, self._post)
+        self.live_sessions = live_sessions
+        self._sidebands: list[LiveSideband] = []
         self.permissions = DataChannelPermissions.of(live)
         self.withheld = 0
         """Server messages the page was not allowed to read."""
@@ -87,7 +94,9 @@ class LiveCall(WebRTCCall):
         for item in self.mapping.live.input or ():
             text = item.content[0].text
             await self.session.add_item(ConversationItem(role=ROLES[item.role], text=text))
-        self._to_page(self.mapping.started(None))
+        self._post(self.mapping.started(None))
+        if self.live_sessions is not None:
+            self.live_sessions.add(self.session.session_id, self)
 
     def _channel_events(self, session: Session) -> ChannelEvents:
         return _LiveChannel(self)
@@ -113,12 +122,15 @@ class LiveCall(WebRTCCall):
 
     def event(self, event: Event) -> None:
         for message, _after_audio in self.mapping.messages(event):
-            self._to_page(message)  # the audio is on the track: nothing to wait for
+            self._post(message)  # the audio is on the track: nothing to wait for
         self.mapping.observe(event)
         if isinstance(event, SessionClosed):
             self.request_close(event.reason)
 
-    def _to_page(self, message: Message) -> None:
+    def _post(self, message: Message) -> None:
+        """A message of the session's: to every sideband, and to the page if it may."""
+        for sideband in list(self._sidebands):
+            sideband.forward(message)
         if self.permissions.may_read(message):
             self.events.send(message)
         else:
@@ -133,6 +145,26 @@ class LiveCall(WebRTCCall):
     def _cleared(self) -> None:
         """As `_audio_started`."""
 
+    # --- sidebands -----------------------------------------------------------------------
+
+    def attach_sideband(self, sideband: LiveSideband) -> bool:
+        """Send `sideband` the session's messages from now on; False once it has ended."""
+        if self._end.is_set() or self._closed:
+            return False
+        self._sidebands.append(sideband)
+        return True
+
+    def detach_sideband(self, sideband: LiveSideband) -> None:
+        if sideband in self._sidebands:
+            self._sidebands.remove(sideband)
+
+    async def handle(self, raw: str | bytes) -> bool:
+        """A sideband's client event: applied as the session's own, unrestricted."""
+        if await self.mapping.handle(raw):
+            self.request_close(CLOSE_REQUESTED)
+            return True
+        return False
+
     # --- the end -------------------------------------------------------------------------
 
     async def _farewell(self) -> None:
@@ -146,6 +178,11 @@ class LiveCall(WebRTCCall):
         try:
             await super().close(reason)
         finally:
+            if self.live_sessions is not None and self.session is not None:
+                self.live_sessions.discard(self.session.session_id)
+            for sideband in self._sidebands:  # the session has ended: so have they
+                sideband.finish(SESSION_ENDED)
+            self._sidebands.clear()
             self.mapping.close()
             release, self._release_duplex = self._release_duplex, None
             if release is not None:
