@@ -195,3 +195,18 @@ async def test_no_key_no_json_and_not_json_are_refused(
     )
     assert broken.status_code == 400 and broken.json()["error"]["code"] == "invalid_json"
     await nothing_left(app)
+
+
+async def test_a_muted_microphone_is_heard_as_silence(caller: Caller, app: Starlette) -> None:
+    assert (await caller.connect_live(SESSION, AUTH)).status_code == 201
+    await caller.wait_for(lambda e: e["type"] == "session.started")
+    caller.send({"type": "session.input_audio.mute", "event_id": "m-1"})
+    muted = await caller.wait_for(lambda e: e["type"] == "session.input_audio.muted")
+    assert muted["client_event_id"] == "m-1"
+    caller.mic.say(question())
+    await asyncio.sleep(2.5)  # the question and the silence that would end its turn
+    assert "session.input_transcript.delta" not in caller.types()
+    caller.send({"type": "session.input_audio.unmute", "event_id": "u-1"})
+    await caller.wait_for(lambda e: e["type"] == "session.input_audio.unmuted")
+    caller.mic.say(question())
+    await caller.wait_for(lambda e: e["type"] == "session.input_transcript.delta")
