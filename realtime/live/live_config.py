@@ -245,9 +245,12 @@ def parley_config(
     return config, formats
 
 
-def resolved(live: LiveSessionConfig, session_id: str, expires_at: int) -> dict[str, Any]:
+def resolved(
+    live: LiveSessionConfig, session_id: str, expires_at: int, *, audio_format: bool = True
+) -> dict[str, Any]:
     """The `session` of `session.started` / `session.closed`: the configuration as served,
-    with the server's defaults filled in."""
+    with the server's defaults filled in; the audio format only where it is a setting
+    (`audio_format`: a WebSocket's, not a media track's)."""
     fmt = live.format
     body: dict[str, Any] = live.model_dump(mode="json", exclude_none=True)
     body.update(
@@ -256,6 +259,7 @@ def resolved(live: LiveSessionConfig, session_id: str, expires_at: int) -> dict[
         status="active",
         model=live.model,
     )
-    audio = body.setdefault("audio", {})
-    audio["format"] = {"type": fmt.type, "rate": fmt.rate}
+    if audio_format:
+        audio = body.setdefault("audio", {})
+        audio["format"] = {"type": fmt.type, "rate": fmt.rate}
     return body

@@ -93,6 +93,7 @@ class LiveMapping:
         post: Callable[[Message], None],
         *,
         append: AppendAudio | None = None,
+        audio_format: bool = True,
     ) -> None:
         self.live = live
         self.post = post
@@ -102,6 +103,8 @@ class LiveMapping:
         self.started_at = time.monotonic()
         self.expires_at = int(time.time()) + 3600
         self._append = append
+        self._audio_format = audio_format
+        """Whether the session's audio format is a setting (a WebSocket's) to report."""
         self._errors = ErrorThrottle(self._summarise, limit=ERROR_LIMIT)
         self._speech: dict[str, tuple[int, int]] = {}
         """item id -> where the user's speech lies on the timeline (ms), as heard."""
@@ -121,11 +124,18 @@ class LiveMapping:
         message: Message = {
             "type": "session.started",
             "event_id": new_id("event"),
-            "session": resolved(self.live, self.session.session_id, self.expires_at),
+            "session": self.resolved(),
         }
         if client_event_id is not None:
             message["client_event_id"] = client_event_id
         return message
+
+    def resolved(self) -> dict[str, Any]:
+        """The session as served, for `session.started` / `.updated` / `.closed`."""
+        assert self.session is not None
+        return resolved(
+            self.live, self.session.session_id, self.expires_at, audio_format=self._audio_format
+        )
 
     def now_ms(self) -> int:
         return round((time.monotonic() - self.started_at) * 1000)
@@ -202,7 +212,7 @@ class LiveMapping:
             "type": "session.closed",
             "event_id": new_id("event"),
             "reason": CLOSED_REASONS.get(reason, "connection_lost"),
-            "session": resolved(self.live, self.session.session_id, self.expires_at),
+            "session": self.resolved(),
             "usage": {"seconds": float(int(time.monotonic() - self.started_at))},
         }
 
@@ -350,7 +360,7 @@ class LiveMapping:
         message: Message = {
             "type": "session.updated",
             "event_id": new_id("event"),
-            "session": resolved(self.live, self.session.session_id, self.expires_at),
+            "session": self.resolved(),
         }
         if client_id is not None:
             message["client_event_id"] = client_id

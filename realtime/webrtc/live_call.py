@@ -62,7 +62,7 @@ class LiveCall(WebRTCCall):
         live_sessions: LiveSessions | None = None,
     ) -> None:
         super().__init__(call_id, pc, CallOptions(), metrics, slow)
-        self.mapping = LiveMapping(live, self._post)
+        self.mapping = LiveMapping(live, self._post, audio_format=False)  # Opus on the tracks
         self.live_sessions = live_sessions
         self._sidebands: list[LiveSideband] = []
         self.permissions = DataChannelPermissions.of(live)

@@ -66,6 +66,7 @@ async def test_a_spoken_turn_over_the_track_with_transcripts_on_the_channel(
     assert caller.events[0] is started  # the first message on the channel
     assert started["session"]["id"] == answer["session"]["id"]
     assert started["session"]["model"] == "gpt-live-1"
+    assert "format" not in started["session"].get("audio", {})  # negotiated on the track
 
     caller.send({"type": "session.instructions.append", "content": "Metric.", "event_id": "i-1"})
     acked = await caller.wait_for(lambda e: e["type"] == "session.instructions.appended")
