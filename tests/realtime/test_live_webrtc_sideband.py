@@ -1,6 +1,7 @@
-"""A sideband on a GPT-Live WebRTC session: the official SDK's `client.live.sideband`
-attached to a session a real aiortc page started with `POST /v1/live/sessions`. The page
-is restricted by `client.data_channel`; the sideband (the application's server) is not."""
+"""A sideband on a GPT-Live WebRTC session, as OpenAI's browser guide has it: the
+application's server makes the session with the official SDK (`client.live.create`) from a
+real aiortc page's offer, and attaches `client.live.sideband` to it. The page is restricted
+by `client.data_channel`; the sideband (the application's own) is not."""
 
 from __future__ import annotations
 
@@ -44,16 +45,20 @@ async def until(conn: Any, kind: str) -> Any:
 
 
 async def test_a_sideband_controls_a_webrtc_session_the_page_may_not(server: ServedApp) -> None:
-    async with httpx.AsyncClient(base_url=server.http_url) as http:
+    async with (
+        httpx.AsyncClient(base_url=server.http_url) as http,
+        AsyncOpenAI(api_key=KEY, base_url=f"{server.http_url}/v1") as client,
+    ):
         page = Caller(http)
         try:
-            response = await page.connect_live(SESSION, {"Authorization": f"Bearer {KEY}"})
-            assert response.status_code == 201, response.text
+            # The application's server makes the session with the SDK, from the page's offer.
+            created = await client.live.create(
+                session=SESSION,  # type: ignore[arg-type]
+                transport={"type": "webrtc", "sdp": await page.offer()},
+            )
+            await page.answered(created.transport.sdp)
             await page.wait_for(lambda e: e["type"] == "session.started")
-            async with (
-                AsyncOpenAI(api_key=KEY, base_url=f"{server.http_url}/v1") as client,
-                client.live.sideband.connect(session_id=page.session_id or "") as controller,
-            ):
+            async with client.live.sideband.connect(session_id=created.session.id) as controller:
                 await asyncio.sleep(0.2)  # attached once the upgrade is answered
                 await controller.session.instructions.append(
                     content="Answer in French.", delegation_id=None, event_id="side-1"
