@@ -151,9 +151,12 @@ class LiveMapping:
     # --- out ------------------------------------------------------------------------------
 
     def observe(self, event: Event) -> None:
+        """What a session event tells the commentary (when it may speak)."""
         self._commentary.observe(event)
 
     def messages(self, event: Event) -> list[tuple[Message, bool]]:
+        """A session event's GPT-Live messages, each with its `after_audio` flag (none of
+        them waits for the audio: GPT-Live's transcripts run alongside it)."""
         if isinstance(event, ResponseCreated | FunctionCallArgumentsDone | ResponseDone):
             return [(m, False) for m in self._backend.messages(event, self.now_ms())]
         if isinstance(event, SpeechStarted):

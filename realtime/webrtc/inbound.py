@@ -1,10 +1,11 @@
 """Draining the caller's tracks into the session, whatever the session is doing.
 
 An aiortc track that nobody reads queues decoded frames without bound, so each inbound
-track gets one drain task for the life of the call. Audio goes to the session as it comes,
-already 16 kHz mono (mic.py: decoded Opus is 48 kHz stereo). Video is sampled: one
-frame per `1/fps` seconds (faster while the user speaks), JPEG-encoded off the event loop,
-into the session's frame cache; the frames in between are read and dropped.
+track gets one drain task for the life of the call. Audio goes to the call's `hear` (the
+session, or a duplex model) as it comes, already 16 kHz mono (mic.py: decoded Opus is 48
+kHz stereo). Video is sampled: one frame per `1/fps` seconds (faster while the user
+speaks), JPEG-encoded off the event loop, into the session's frame cache; the frames in
+between are read and dropped.
 
 A drain outlives any one bad frame: a frame that cannot be converted, or that the session
 refuses, is counted (`guards.count`, rate-limited in the log) and the drain reads on. A
