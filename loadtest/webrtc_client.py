@@ -144,6 +144,7 @@ class Caller:
         self.events: list[dict[str, Any]] = []
         self.heard: list[tuple[float, float]] = []
         self.call_id: str | None = None
+        self.session_id: str | None = None
         self._new_event = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.channel = self.pc.createDataChannel("oai-events")
@@ -187,6 +188,31 @@ class Caller:
             await self.pc.setRemoteDescription(RTCSessionDescription(response.text, "answer"))
             if sends_opus(response.text):
                 self.mic.encode_opus()
+        return response
+
+    async def offer(self) -> str:
+        """The microphone on the peer connection, and its SDP offer (set as local)."""
+        self.pc.addTrack(self.mic)
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        return str(self.pc.localDescription.sdp)
+
+    async def answered(self, sdp: str) -> None:
+        """The server's SDP answer applied; the microphone sends Opus if it was chosen."""
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp, "answer"))
+        if sends_opus(sdp):
+            self.mic.encode_opus()
+
+    async def connect_live(
+        self, session: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> httpx.Response:
+        """GPT-Live's WebRTC start: the offer and the session config as JSON to
+        `/v1/live/sessions`; `session_id` is the session's once answered (201)."""
+        body = {"session": session, "transport": {"type": "webrtc", "sdp": await self.offer()}}
+        response = await self.http.post("/v1/live/sessions", json=body, headers=headers or {})
+        if response.status_code == 201:
+            answer = response.json()
+            self.session_id = answer["session"]["id"]
+            await self.answered(answer["transport"]["sdp"])
         return response
 
     def send(self, event: dict[str, Any]) -> None:

@@ -56,6 +56,7 @@ from sessions import ConfigError, SessionConfig, SessionLimitError
 from sessions.errors import KeyLimitError
 
 from .live_sip_routes import accept_session, hangup_session, refer_session, reject_session
+from .live_webrtc import create_live_session
 from .live_ws import live_attach, live_sessions
 from .realtime_ws import openai_realtime
 from .services import services_of
@@ -377,6 +378,7 @@ ROUTES = [
     Route("/v1/live/sessions/{session_id}/reject", reject_session, methods=["POST"]),
     Route("/v1/live/sessions/{session_id}/refer", refer_session, methods=["POST"]),
     Route("/v1/live/sessions/{session_id}/hangup", hangup_session, methods=["POST"]),
+    Route("/v1/live/sessions", create_live_session, methods=["POST"]),
     WebSocketRoute("/v1/live/sessions", live_sessions),
     WebSocketRoute("/v1/live/sessions/{session_id}/attach", live_attach),
     WebSocketRoute("/v1/video/chat/stream", video_chat_stream),

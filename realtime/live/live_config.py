@@ -63,6 +63,35 @@ class LiveInitialItem(_Strict):
     content: list[LiveContentPart] = Field(min_length=1, max_length=1)
 
 
+class LiveServerEventSelector(_Strict):
+    """One server event a WebRTC front end may read: `{type}`, or for a Responses event
+    `{type: "response.event", response_event}`."""
+
+    type: str = Field(min_length=1)
+    response_event: str | None = None
+
+    @model_validator(mode="after")
+    def _nested(self) -> LiveServerEventSelector:
+        nested = self.type == "response.event"
+        if nested and not self.response_event:
+            raise ValueError("a response.event selector names its `response_event`")
+        if not nested and self.response_event is not None:
+            raise ValueError("`response_event` is only for type 'response.event'")
+        return self
+
+
+class LiveDataChannel(_Strict):
+    """What an untrusted WebRTC front end may send and read on its data channel (each
+    left out: everything; an empty list: nothing). Sidebands are not bound by it."""
+
+    allowed_client_events: Literal["all"] | list[str] | None = None
+    allowed_server_events: Literal["all"] | list[LiveServerEventSelector] | None = None
+
+
+class LiveClient(_Strict):
+    data_channel: LiveDataChannel
+
+
 class LiveDelegation(_Strict):
     type: Literal["client", "responses", "decisions"]
     acknowledgement_delay_ms: int | None = None
@@ -75,7 +104,7 @@ class LiveSessionConfig(_Strict):
 
     model: str
     audio: LiveAudio | None = None
-    client: dict[str, Any] | None = None
+    client: LiveClient | None = None
     delegation: LiveDelegation | None = None
     input: list[LiveInitialItem] | None = Field(default=None, max_length=MAX_INPUT_ITEMS)
     instructions: str | None = None

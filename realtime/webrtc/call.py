@@ -27,12 +27,13 @@ import asyncio
 import logging
 import re
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
 
 from pipeline.tasks import cancel_all
-from sessions import PlayoutBuffer, Session
+from sessions import ParleyError, PlayoutBuffer, Session
+from sessions.resample import SAMPLE_RATE
 
 from ..client_events import ProtocolError
 from ..dispatch import ClientEventDispatcher
@@ -71,6 +72,20 @@ def client_event_id(message: str | bytes) -> str | None:
     return found.group(1).decode(errors="replace") if found else None
 
 
+class ChannelEvents(Protocol):
+    """What a call's client events on the data channel go through: the protocol's
+    mapping (OpenAI Realtime's dispatcher, or GPT-Live's: live_call.py)."""
+
+    async def handle_raw(self, raw: str | bytes) -> None:
+        """Apply one client message; never raises for the client's fault."""
+
+    def report(self, error: ParleyError, client_event_id: str | None) -> None:
+        """An `error` about a client message, within the protocol's error budget."""
+
+    def close(self) -> None:
+        """No more errors of its own (the call is ending). Idempotent."""
+
+
 class WebRTCCall(SessionCall):
     def __init__(
         self,
@@ -94,7 +109,7 @@ class WebRTCCall(SessionCall):
         self.refused_messages = 0
         """Client messages dropped (inbox full) or refused (too large)."""
         self._tasks: set[asyncio.Task[None]] = set()
-        self._dispatcher: ClientEventDispatcher | None = None
+        self._dispatcher: ChannelEvents | None = None
         self._created = time.monotonic()
         pc.on("track", self._on_track)
         pc.on("datachannel", self._on_datachannel)
@@ -106,13 +121,26 @@ class WebRTCCall(SessionCall):
         answer = self.pc.localDescription
         if answer is not None and sends_opus(answer.sdp):
             self.track.encode_opus()
-        self._dispatcher = ClientEventDispatcher(
-            session, transport="webrtc", clear_output=self.clear, error_limit=ERROR_LIMIT
-        )
+        self._dispatcher = self._channel_events(session)
         self._spawn(self._read_channel(), "events-in")
         early, self._early_tracks = self._early_tracks, []
         for track in early:
             self._on_track(track)
+
+    async def start(self) -> None:
+        """Once attached, before the answer goes back: what the protocol does first
+        (nothing for OpenAI Realtime: its session announces itself)."""
+
+    def _channel_events(self, session: Session) -> ChannelEvents:
+        """The protocol spoken on the data channel: OpenAI Realtime's."""
+        return ClientEventDispatcher(
+            session, transport="webrtc", clear_output=self.clear, error_limit=ERROR_LIMIT
+        )
+
+    async def hear(self, pcm: bytes) -> None:
+        """The caller's microphone, 16 kHz mono PCM16, as it comes: to the session."""
+        assert self.session is not None
+        await self.session.append_audio(pcm, SAMPLE_RATE, 1)
 
     def _spawn(self, coro: Any, what: str) -> None:
         # Not a TaskGroup: these tasks outlive the callback that starts them (a track or
@@ -133,7 +161,7 @@ class WebRTCCall(SessionCall):
             self._early_tracks.append(track)
             return
         if track.kind == "audio":
-            self._spawn(drain_audio(track, self.session), "audio-in")
+            self._spawn(drain_audio(track, self.session, self.hear), "audio-in")
         elif track.kind == "video":
             self._spawn(drain_video(track, self.session, self._video_fps), "video-in")
 
@@ -223,11 +251,16 @@ class WebRTCCall(SessionCall):
         if not self._closing(reason):
             return
         await self._close_session()
+        await self._farewell()
         self.events.end(self.close_reason)
         await cancel_all(self._tasks)
         self._early_tracks.clear()
         self.track.stop()
         await close_peer(self.pc)
+
+    async def _farewell(self) -> None:
+        """Between the session's end and the peer connection's: what the protocol still
+        sends (nothing for OpenAI Realtime, whose session says goodbye itself)."""
 
     # --- helpers -------------------------------------------------------------------------
 

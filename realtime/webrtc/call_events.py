@@ -21,6 +21,7 @@ ended for it): the call and its data channel go on.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 import logging
@@ -43,6 +44,7 @@ PlayoutNews = Literal["started", "stopped", "cleared"]
 PENDING_EVENTS = 512
 """Events held until the data channel opens (session.created comes first)."""
 MAX_CHANNEL_BUFFER = 4 * 1024 * 1024
+SENT_POLL_S = 0.01
 
 
 class CallListener(Protocol):
@@ -148,6 +150,19 @@ class CallEvents:
             listener.call_ended(reason)
 
     # --- the data channel ----------------------------------------------------------------
+
+    def send(self, message: Message) -> None:
+        """One message on the data channel, in order (held until it opens)."""
+        self._send(message)
+
+    async def sent(self, within_s: float) -> None:
+        """Wait (up to `within_s`) until the channel has handed everything to SCTP: a
+        goodbye before the peer connection closes."""
+        async with asyncio.timeout(within_s):
+            while (channel := self._channel) is not None and channel.readyState == "open":
+                if not self._pending and channel.bufferedAmount == 0:
+                    return
+                await asyncio.sleep(SENT_POLL_S)
 
     def _send(self, message: Message) -> None:
         text = json.dumps(message, separators=(",", ":"))

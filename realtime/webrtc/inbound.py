@@ -1,10 +1,11 @@
 """Draining the caller's tracks into the session, whatever the session is doing.
 
 An aiortc track that nobody reads queues decoded frames without bound, so each inbound
-track gets one drain task for the life of the call. Audio goes to the session as it comes,
-already 16 kHz mono (mic.py: decoded Opus is 48 kHz stereo). Video is sampled: one
-frame per `1/fps` seconds (faster while the user speaks), JPEG-encoded off the event loop,
-into the session's frame cache; the frames in between are read and dropped.
+track gets one drain task for the life of the call. Audio goes to the call's `hear` (the
+session, or a duplex model) as it comes, already 16 kHz mono (mic.py: decoded Opus is 48
+kHz stereo). Video is sampled: one frame per `1/fps` seconds (faster while the user
+speaks), JPEG-encoded off the event loop, into the session's frame cache; the frames in
+between are read and dropped.
 
 A drain outlives any one bad frame: a frame that cannot be converted, or that the session
 refuses, is counted (`guards.count`, rate-limited in the log) and the drain reads on. A
@@ -16,14 +17,13 @@ from __future__ import annotations
 import asyncio
 import io
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import av
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
 from sessions import ParleyError, Session, SessionClosedError, SessionState
-from sessions.resample import SAMPLE_RATE
 
 from . import guards
 from .mic import MicConverter
@@ -32,7 +32,11 @@ JPEG_QUALITY = 80
 MAX_WIDTH = 640
 
 
-async def drain_audio(track: MediaStreamTrack, session: Session) -> None:
+async def drain_audio(
+    track: MediaStreamTrack, session: Session, hear: Callable[[bytes], Awaitable[None]]
+) -> None:
+    """The track's audio, 16 kHz mono PCM16, to `hear` (the call's: to the session, or to
+    a duplex model)."""
     mic = MicConverter()
     while True:
         try:
@@ -49,7 +53,7 @@ async def drain_audio(track: MediaStreamTrack, session: Session) -> None:
         if not pcm:
             continue  # the resampler's block is not full yet
         try:
-            await session.append_audio(pcm, SAMPLE_RATE, 1)
+            await hear(pcm)
         except SessionClosedError:
             continue  # keep draining until the track ends
         except ParleyError as exc:

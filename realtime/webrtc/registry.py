@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sessions import SessionConfig, SessionManager
@@ -32,7 +33,13 @@ from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 from .call_options import CallOptions
 
 if TYPE_CHECKING:
+    from aiortc import RTCPeerConnection
+
     from .call import WebRTCCall
+
+MakeCall = Callable[[str, "RTCPeerConnection"], "WebRTCCall"]
+"""(call id, peer connection) -> the call: how a protocol other than OpenAI Realtime's
+(GPT-Live: live_call.py) makes its calls."""
 
 log = logging.getLogger("parley.realtime.webrtc")
 
@@ -92,10 +99,13 @@ class CallRegistry:
         options: CallOptions | None = None,
         *,
         caller: str | None = None,
+        make_call: MakeCall | None = None,
     ) -> tuple[WebRTCCall, str]:
         """Answer `offer`: (the call, the answer SDP). OfferError for a bad offer;
         CallSetupError when the server cannot answer; SessionLimitError at the session
-        cap, KeyLimitError at `caller`'s limits. Nothing is left behind on failure."""
+        cap, KeyLimitError at `caller`'s limits. Nothing is left behind on failure.
+        `make_call` makes the call (an OpenAI Realtime call if not given); the call's
+        `start()` runs once its session is attached."""
         try:
             sdp = check_offer(offer)
         except OfferError:
@@ -104,17 +114,26 @@ class CallRegistry:
         from aiortc import RTCPeerConnection
 
         from .call import WebRTCCall
+        from .peer import close_peer
 
         self._prepare()
         call_id = new_id("rtc")
         pc = RTCPeerConnection(self.ice.rtc_configuration())
-        call = WebRTCCall(call_id, pc, options or CallOptions(), self.metrics, self.slow)
+        if make_call is None:
+            call = WebRTCCall(call_id, pc, options or CallOptions(), self.metrics, self.slow)
+        else:
+            try:
+                call = make_call(call_id, pc)
+            except BaseException:
+                await close_peer(pc)
+                raise
         try:
             answer = await self._answer(call, sdp)
             session = await self.manager.create(
                 call, config, session_id=new_id("sess"), caller=caller
             )
             call.attach(session)
+            await call.start()
         except BaseException:
             await self._discard(call)
             raise
