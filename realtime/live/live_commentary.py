@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from sessions import Session
+from sessions import ResponseOptions, Session
 from sessions.errors import InvalidRequestError
 from sessions.events import (
     ConversationItem,
@@ -55,14 +55,22 @@ class Commentary:
         self._generating = False
         self._wake = asyncio.Event()
 
-    async def append(self, session: Session, text: str) -> None:
-        """Add a note to the conversation; it is spoken at the assistant's next turn."""
+    async def append(self, session: Session, text: str, answers: str | None = None) -> None:
+        """Add a note to the conversation; it is spoken at the assistant's next turn.
+        `answers`: the call id of a client delegation this note answers first, whose output
+        it becomes (live_client_delegation.py)."""
         if self.waiting >= MAX_WAITING:
             raise CommentaryFull(
                 f"{MAX_WAITING} commentaries already wait for the assistant to speak them"
             )
         self.session = session
-        await session.add_item(ConversationItem(role="system", text=SPEAK_PREFIX + text))
+        if answers is not None:
+            item = ConversationItem(
+                role="user", type="function_call_output", call_id=answers, text=text
+            )
+        else:
+            item = ConversationItem(role="system", text=SPEAK_PREFIX + text)
+        await session.add_item(item)
         self.waiting += 1
         self._wake.set()
 
@@ -90,7 +98,7 @@ class Commentary:
                 continue
             if self._user_talking or self._generating:
                 continue  # the user's answer covers it, or the next wake comes at its end
-            try:
-                await session.create_response()
+            try:  # said, not acted on: no tools for this answer
+                await session.create_response(ResponseOptions(tool_choice="none"))
             except InvalidRequestError as exc:  # an answer began meanwhile: it covers them
                 log.debug("session %s: commentary waits: %s", session.session_id, exc)

@@ -22,6 +22,7 @@ from sessions import ConfigError, SessionConfig
 
 from ..client_events import AudioFormats
 from ..g711 import PCMA, PCMU
+from .live_client_delegation import DELEGATE_TOOL
 
 MAX_INPUT_ITEMS = 128
 """GPT-Live's bound on the history given at start."""
@@ -169,7 +170,10 @@ def check_delegation(delegation: LiveDelegation | None, where: str = "session") 
 
 def delegated_tools(delegation: LiveDelegation | None, where: str = "session") -> dict[str, Any]:
     """The session settings (`tools`, `tool_choice`) that let Parley's model make the
-    function calls of a `responses` delegation; empty for any other delegation."""
+    function calls of a `responses` delegation, or delegate to the app under an explicit
+    `client` one (live_client_delegation.py); none for an omitted delegation."""
+    if delegation is not None and delegation.type == "client":
+        return {"tools": [dict(DELEGATE_TOOL)], "tool_choice": "auto"}
     if delegation is None or delegation.type != "responses":
         return {"tools": [], "tool_choice": "auto"}
     responses = delegation.responses or {}

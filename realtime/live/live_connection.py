@@ -94,7 +94,7 @@ class LiveConnection(MessageConnection):
 
     async def serve(self, registry: ConnectionRegistry[Self] | None) -> None:
         """The connection's life, with the task that speaks commentary when it may."""
-        speaker = asyncio.create_task(self.protocol.commentary.run(), name="live:commentary")
+        speaker = asyncio.create_task(self.protocol.run(), name="live:protocol")
         try:
             await super().serve(registry)
         finally:

@@ -11,16 +11,21 @@ lives here, once, and each transport hosts a `LiveProtocol`:
 - in: `handle(event)` applies one client event (instructions, thinking, commentary,
   mute, `session.update`, the delegation's items, `session.close`); the microphone's
   audio is the transport's own business and never comes here;
+- delegation: `responses` with Parley's model as the backend (live_delegation.py), or
+  `client`, where the model hands work to the app (live_client_delegation.py);
 - the sidebands attached to the session get every message the primary is sent (but the
   audio), through `forward`.
 
 The host gives it `send` (how one message reaches the primary connection and, through its
 `forward`, the sidebands; None when the primary has no message channel, as a SIP call) and
-`close` (what `session.close` does: end the transport, with `close_requested`).
+`close` (what `session.close` does: end the transport, with `close_requested`), and owns
+the task `run()` (commentary and acknowledgements said when they may) for the session's life.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import json
 import time
 from collections.abc import Callable
@@ -47,6 +52,7 @@ from sessions.events import (
 
 from ..error_throttle import ErrorThrottle
 from ..websocket.sender import Message
+from .live_client_delegation import ClientDelegations
 from .live_commentary import MAX_CHARS, Commentary, CommentaryFull
 from .live_config import (
     LiveConfigError,
@@ -75,6 +81,9 @@ CLOSED_REASONS = {
 """Parley's reason for a session's end -> GPT-Live's; any other is `connection_lost`."""
 
 SESSION_ENDED = "session_ended"
+
+TRANSCRIBED = 64
+"""Items remembered as transcribed whole (a later recognition of one is not said twice)."""
 
 
 class Sideband(Protocol):
@@ -110,9 +119,11 @@ class LiveProtocol:
         self._speech: dict[str, tuple[int, int]] = {}
         """item id -> where the user's speech lies on the timeline (ms), as heard."""
         self._heard: dict[str, str] = {}
+        self._transcribed: collections.deque[str] = collections.deque(maxlen=TRANSCRIBED)
+        """The last items whose transcript was said whole."""
         """item id -> transcript text already sent as deltas."""
         self.commentary = Commentary()
-        """Its `run()` is a task the host owns, for the session's life."""
+        self.delegations = ClientDelegations()
         self._backend = ResponsesBackend()
         self._sidebands: list[Sideband] = []
         """Controllers attached to this session: each is sent what the primary is sent,
@@ -120,8 +131,28 @@ class LiveProtocol:
 
     def bind(self, session: Session) -> None:
         self.session = session
+        self.delegations.session = session
+        self._delegation_changed()
         self.started_at = time.monotonic()
         self.expires_at = int(time.time() + session.limits.max_lifetime_s)
+
+    async def run(self) -> None:
+        """Say commentary and delegations' acknowledgements when they may be said; a task
+        of the host's, cancelled when the session ends."""
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self.commentary.run(), name="live:commentary")
+            tasks.create_task(self.delegations.run(), name="live:delegations")
+
+    @property
+    def client_delegation(self) -> bool:
+        """The model delegates to the app (asked for explicitly: live_client_delegation.py)."""
+        delegation = self.live.delegation
+        return delegation is not None and delegation.type == "client"
+
+    def _delegation_changed(self) -> None:
+        delegation = self.live.delegation
+        delay = delegation.acknowledgement_delay_ms if delegation is not None else None
+        self.delegations.delay_ms = delay or 0
 
     # --- sidebands ----------------------------------------------------------------------
 
@@ -186,21 +217,25 @@ class LiveProtocol:
         """The GPT-Live server events of one session event, each with its `after_audio`
         flag (`session.closed` never overtakes the audio before it)."""
         if isinstance(event, ResponseCreated | FunctionCallArgumentsDone | ResponseDone):
-            return [(m, False) for m in self._backend.messages(event, self.now_ms())]
+            mapping = self.delegations if self.client_delegation else self._backend
+            return [(m, False) for m in mapping.messages(event, self.now_ms())]
         if isinstance(event, SpeechStarted):
             self._speech[event.item_id] = (event.audio_start_ms, event.audio_start_ms)
         elif isinstance(event, SpeechStopped):
             start, _ = self._speech.get(event.item_id, (event.audio_end_ms, 0))
             self._speech[event.item_id] = (start, event.audio_end_ms)
-        elif isinstance(event, InputTranscriptionDelta):
-            return [(self._input_delta(event.item_id, event.delta), False)]
-        elif isinstance(event, InputTranscriptionCompleted):
+        elif isinstance(event, InputTranscriptionDelta | InputTranscriptionCompleted):
+            if event.item_id in self._transcribed:
+                return []  # said whole already: a second recognition is not said again
+            if isinstance(event, InputTranscriptionDelta):
+                return [(self._input_delta(event.item_id, event.delta), False)]
             # what the deltas have not said yet (all of it when the recogniser sent none)
             sent = self._heard.get(event.item_id, "")
             rest = event.transcript[len(sent) :] if event.transcript.startswith(sent) else ""
             messages = [(self._input_delta(event.item_id, rest), False)] if rest else []
             self._heard.pop(event.item_id, None)
             self._speech.pop(event.item_id, None)
+            self._transcribed.append(event.item_id)
             return messages
         elif isinstance(event, OutputAudioTranscriptDelta):
             at = self.now_ms()
@@ -285,7 +320,9 @@ class LiveProtocol:
             # Both join the conversation as notes the model reads (instructions stay in
             # the history; thinking is silent context); neither asks for speech.
             text = self._text(event, "content", client_id)
-            if text is not None:
+            if text is not None and self._delegation_id(event, client_id):
+                if kind == "session.thinking.append":
+                    self.delegations.appended()
                 await session.add_item(ConversationItem(role="system", text=text))
                 at = self.now_ms()
                 done = kind.replace(".append", ".appended")
@@ -314,20 +351,29 @@ class LiveProtocol:
             )
         return False
 
+    def _delegation_id(self, event: dict[str, Any], client_id: str | None) -> bool:
+        """Whether an append's `delegation_id` (absent or null: the session's own note)
+        names a client delegation of this session; if not, the client was told."""
+        delegation_id = event.get("delegation_id")
+        if delegation_id is None:
+            return True
+        known = isinstance(delegation_id, str) and self.delegations.known(delegation_id)
+        if known and self.client_delegation:
+            return True
+        why = (
+            "a delegation id is not accepted with responses delegation"
+            if not self.client_delegation and self.live.delegation is not None
+            else f"no client delegation {delegation_id!r} exists in this session"
+        )
+        self.refuse("invalid_value", why, client_id, "delegation_id")
+        return False
+
     async def _commentary_append(self, event: dict[str, Any], client_id: str | None) -> None:
         if "delegation_id" not in event:
             why = "`delegation_id` is required (null for commentary of the session's own)"
             self.refuse("missing_required_parameter", why, client_id, "delegation_id")
             return
-        delegation_id = event["delegation_id"]
-        if delegation_id is not None:
-            delegation = self.live.delegation
-            why = (
-                "a delegation id is not accepted with responses delegation"
-                if delegation is not None and delegation.type == "responses"
-                else f"no client delegation {delegation_id!r} exists in this session"
-            )
-            self.refuse("invalid_value", why, client_id, "delegation_id")
+        if not self._delegation_id(event, client_id):
             return
         text = self._text(event, "content", client_id)
         if text is None:
@@ -341,8 +387,11 @@ class LiveProtocol:
             )
             return
         assert self.session is not None
+        delegation_id = event["delegation_id"]
+        answers = self.delegations.answer(delegation_id) if delegation_id else None
         try:
-            await self.commentary.append(self.session, text)
+            await self.commentary.append(self.session, text, answers)
+            self.delegations.appended()
         except CommentaryFull as exc:
             self.refuse("commentary_backlog", str(exc), client_id, "content")
             return
@@ -379,6 +428,7 @@ class LiveProtocol:
             self.session.report_error(exc, client_id)
             return
         self.live = self.live.model_copy(update={"delegation": delegation})
+        self._delegation_changed()
         message: Message = {
             "type": "session.updated",
             "event_id": new_id("event"),

@@ -66,9 +66,7 @@ class LiveSipCall(SipMediaCall):
     # --- the call's life -----------------------------------------------------------------
 
     async def watch(self) -> None:
-        speaker = asyncio.create_task(
-            self.protocol.commentary.run(), name=f"sip:{self.call_id}:commentary"
-        )
+        speaker = asyncio.create_task(self.protocol.run(), name=f"sip:{self.call_id}:live")
         try:
             await super().watch()
         finally:

@@ -72,7 +72,7 @@ class LiveCall(WebRTCCall):
     def attach(self, session: Session) -> None:
         self.protocol.bind(session)
         super().attach(session)
-        self._spawn(self.protocol.commentary.run(), "commentary")
+        self._spawn(self.protocol.run(), "live")
 
     async def start(self) -> None:
         """The history given at start, then `session.started`."""

@@ -47,10 +47,10 @@ class Talk:
 
 
 @contextlib.asynccontextmanager
-async def talking(parley: ServedApp) -> AsyncIterator[Talk]:
-    """A session with its defaults, its audio drained meanwhile; closed (and its model)
-    on the way out."""
-    model = GPTLiveModel(base_url=f"{parley.http_url}/v1", api_key=KEY)
+async def talking(parley: ServedApp, **options: Any) -> AsyncIterator[Talk]:
+    """A session with its defaults (but `options`), its audio drained meanwhile; closed
+    (and its model) on the way out."""
+    model = GPTLiveModel(base_url=f"{parley.http_url}/v1", api_key=KEY, **options)
     talk = Talk(model.session())
     talk.session.on("transcript_delta", talk.said.append)
     talk.session.on("error", talk.errors.append)
@@ -111,6 +111,39 @@ async def test_livekit_gpt_live_delegates_a_function_call_and_speaks_its_result(
                 await asyncio.sleep(0.05)
     assert not talk.errors, talk.errors
     assert call.name == "get_weather" and "paris" in city.lower()
+
+
+@pytest.mark.slow
+async def test_livekit_gpt_live_client_delegation_is_answered_by_the_app(
+    parley: ServedApp, warnings_logged: Records
+) -> None:
+    """`delegation="client"`: Parley's model hands the question to the app
+    (`delegation_created`, with the caller's words), and the app's commentary under the
+    delegation's id is said."""
+    delegations: list[Any] = []
+    async with talking(parley, delegation="client") as talk:
+        talk.session.on("delegation_created", delegations.append)
+        await talk.session._update_session(instructions=INSTRUCTIONS, tools=[])
+        await talk.speak("What is the weather in Paris right now?")
+        async with asyncio.timeout(30):
+            while not delegations:
+                await asyncio.sleep(0.05)
+        delegation = delegations[0]
+        async with asyncio.timeout(30):  # the acknowledgement, while the app works
+            while not talk.said:
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(2.0)
+        acknowledged = len(text(talk.said))
+        talk.session.append_commentary(
+            "It is sunny and 21 degrees in Paris.", delegation_id=delegation.id
+        )
+        for _ in range(600):  # 30 s
+            if any(w in text(talk.said)[acknowledged:] for w in ("sunny", "21")):
+                break
+            await asyncio.sleep(0.05)
+    assert any(w in text(talk.said)[acknowledged:] for w in ("sunny", "21")), text(talk.said)
+    assert not talk.errors, talk.errors
+    assert "paris" in delegation.pending_transcript.lower()
 
 
 def text(deltas: list[Any]) -> str:

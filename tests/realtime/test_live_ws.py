@@ -383,3 +383,50 @@ async def test_responses_delegation_calls_a_function_and_speaks_with_its_output(
         assert not any(e.type == "error" for e in heard), heard
         await conn.session.close()
         await recv_until(conn, "session.closed")
+
+
+@pytest.mark.slow
+async def test_client_delegation_hands_work_to_the_app_which_answers_by_its_id(
+    server: ServedApp,
+) -> None:
+    """`delegation: {type: client}`: Parley's model delegates the question (the fake model
+    uses every tool it is given), the SDK gets `session.delegation.created`, an
+    acknowledgement is said, and the app's commentary under the delegation's id is said
+    after it; an unknown id is refused, thinking under the id is taken silently."""
+    async with (
+        AsyncOpenAI(api_key=KEY, base_url=f"{server.http_url}/v1") as client,
+        client.live.connect() as conn,
+    ):
+        config: SessionConfigParam = {**START, "delegation": {"type": "client"}}  # type: ignore[typeddict-item]
+        await conn.session.start(session=config)
+        assert (await conn.recv()).type == "session.started"
+        pcm = utterance("What is the weather like in Paris?")
+        step = RATE // 10
+        for begin in range(0, len(pcm), step):
+            await conn.session.input_audio.append(audio=b64(pcm[begin : begin + step].tobytes()))
+        events = await recv_until(conn, "session.delegation.created")
+        created = events[-1]
+        assert created.delegation.target == "client" and created.delegation.id
+        assert created.delegation.response_id is None and created.offset_ms > 0
+        delegation_id = created.delegation.id
+        acknowledged = await said_until(conn, 1)  # said without being asked
+        assert any(e.type == "session.output_transcript.delta" for e in acknowledged)
+
+        await conn.session.thinking.append(
+            content="Paris: 18 C, dry.", delegation_id="deleg_x", event_id="t1"
+        )
+        refused = (await recv_until(conn, "error"))[-1]
+        assert refused.error.param == "delegation_id" and refused.client_event_id == "t1"
+        await conn.session.thinking.append(content="Looking it up.", delegation_id=delegation_id)
+        await recv_until(conn, "session.thinking.appended")
+        await conn.session.commentary.append(
+            content="It is 18 degrees and dry in Paris.", delegation_id=delegation_id
+        )
+        await recv_until(conn, "session.commentary.appended")
+        heard = await said_until(conn, 1)  # the app's result, said
+        assert not any(e.type == "error" for e in heard), heard
+        words = "".join(e.delta for e in heard if e.type == "session.output_transcript.delta")
+        assert "18 degrees and dry" in words  # relayed as the delegation's result
+        assert not any(e.type == "session.delegation.created" for e in heard)
+        await conn.session.close()
+        await recv_until(conn, "session.closed")
