@@ -16,8 +16,9 @@ answer (without it SmolLM2 answered the result with "you're right, I'll be more
 accurate"). The app's first commentary under the delegation's id is that call's output in
 the conversation, so the model relays it as it relays any tool's result (the path a small
 model follows best); later ones are notes to say, as any commentary. The acknowledgement
-is a response of its own, with no tools and kept out of the history, asked for `acknowledgement_delay_ms` after the delegating answer has ended (0 by default,
-as GPT-Live's for non-Decisions sessions); any commentary or thinking appended meanwhile
+is a response of its own, with no tools and kept out of the history, asked for
+`acknowledgement_delay_ms` after the delegating answer has ended (0 by default, as
+GPT-Live's for non-Decisions sessions); any commentary or thinking appended meanwhile
 cancels every pending one (GPT-Live's rule).
 
 A session whose delegation is omitted is a client delegation in GPT-Live's terms too, but
