@@ -73,7 +73,7 @@ from .keys import SessionKeys
 from .leases import LeaseRegistry
 from .metrics import SessionMetrics
 from .ownership import Ownership
-from .process_beat import ProcessBeat, Request, new_process_id
+from .process_beat import Handler, ProcessBeat, Request, new_process_id
 from .redis_link import RedisLink
 from .rehydrate import audio_end_ms, end_unfinished, read_record
 from .session import Session, SessionLimits
@@ -118,6 +118,7 @@ class SessionManager:
         self.clock = clock
         self.link = link or RedisLink(redis)
         self.beat = ProcessBeat(redis, self.process_id, self._on_request, self.link)
+        self._request_handlers: dict[str, Handler] = {}
         self.pipeline = pipeline
         self.limits = limits or SessionLimits()
         self.metrics = metrics or SessionMetrics()
@@ -401,10 +402,20 @@ class SessionManager:
         if task is not None:
             await asyncio.wait({task}, timeout=SHUTDOWN_TIMEOUT_S)
 
+    def serve_requests(self, op: str, handler: Handler) -> None:
+        """Let `handler` answer other processes' requests of kind `op` (a transport's,
+        as the GPT-Live sideband relay: realtime/live/live_relay.py)."""
+        self._request_handlers[op] = handler
+
     async def _on_request(self, request: Request) -> None:
         """A request from another process (process_beat.py)."""
-        if request.get("op") != "let_go":
-            log.warning("unknown request %r", request.get("op"))
+        op = request.get("op")
+        if op != "let_go":
+            handler = self._request_handlers.get(str(op))
+            if handler is None:
+                log.warning("unknown request %r", op)
+                return
+            await handler(request)
             return
         session = self._sessions.get(str(request.get("session_id")))
         if session is not None:  # taken over: it ends here without a trace

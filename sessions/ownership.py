@@ -90,6 +90,13 @@ class Ownership:
         meta = SessionKeys(session_id).meta
         return int(await self._release(keys=[meta], args=[fence])) == 1
 
+    async def owner(self, session_id: str) -> str | None:
+        """The process that owns the session now (None: nobody, or no such session)."""
+        owner = await self._redis.hget(SessionKeys(session_id).meta, "owner")
+        if owner is None:
+            return None
+        return owner.decode() if isinstance(owner, bytes) else str(owner)
+
     async def owns(self, session_id: str, fence: int) -> bool:
         """Whether `fence` is still the session's (or its record is gone)."""
         current = await self._redis.hget(SessionKeys(session_id).meta, "fence")

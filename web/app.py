@@ -29,6 +29,8 @@ from pipeline.tasks import background, cancel_and_wait
 from pipeline.types import Pipeline, ReportsStages
 from realtime.auth import Authenticator
 from realtime.ice import IceSettings, parse_ice_servers
+from realtime.live.live_relay import OP as RELAY_OP
+from realtime.live.live_relay import LiveRelays
 from realtime.webrtc.registry import CallRegistry
 from sessions import SessionManager
 from sessions.process_beat import new_process_id
@@ -148,6 +150,9 @@ async def _serving(app: Starlette, services: Services) -> AsyncIterator[None]:
                                 )
                             )
                         running = Running(manager, calls, sip.calls if sip else None)
+                        relays = LiveRelays(services.redis, services.live_sessions)
+                        stack.push_async_callback(relays.close)
+                        manager.serve_requests(RELAY_OP, relays.on_request)
                         services.running = running
                         yield
                         if services.settings.workers > 1:

@@ -8,12 +8,14 @@ secret>`; a bad key is refused before the upgrade (HTTP 401), as is a caller at 
 
 from __future__ import annotations
 
+import redis.asyncio as aioredis
 from starlette.websockets import WebSocket
 
 from realtime.live.live_accept import serve_live
+from realtime.live.live_relay import relay_sideband
 from realtime.live.live_sideband import LiveSideband
 from realtime.websocket.denial import deny
-from sessions import SessionConfig
+from sessions import SessionConfig, SessionManager
 
 from .services import services_of
 from .ws_admission import admit
@@ -39,7 +41,8 @@ async def live_attach(websocket: WebSocket) -> None:
     """`/v1/live/sessions/{session_id}/attach`: a sideband on a live session of this
     process (realtime/live/live_sideband.py); an unknown or ended one is refused (404)
     before the upgrade. `graceful_close` is accepted: the session's end always closes a
-    sideband normally, after its `session.closed`."""
+    sideband normally, after its `session.closed`. A session another worker process owns
+    is reached through a relay over Redis (realtime/live/live_relay.py)."""
     admitted = await admit(websocket, websocket.headers.get("authorization"), new_session=False)
     if admitted is None:
         return
@@ -48,7 +51,8 @@ async def live_attach(websocket: WebSocket) -> None:
     session_id = websocket.path_params["session_id"]
     primary = services.live_sessions.get(session_id)
     if primary is None or primary.session is None or primary.session.closed:
-        await deny(websocket, 404, "session_not_found", f"no live session {session_id!r}")
+        if not await _relayed(websocket, manager, services.redis, session_id):
+            await deny(websocket, 404, "session_not_found", f"no live session {session_id!r}")
         return
     sideband = LiveSideband(websocket, manager, primary, slow=services.slow_clients)
     attached = primary.attach_sideband(sideband)  # before the upgrade: nothing is missed
@@ -62,3 +66,16 @@ async def live_attach(websocket: WebSocket) -> None:
     finally:
         primary.detach_sideband(sideband)
         await sideband.close_socket()
+
+
+async def _relayed(
+    websocket: WebSocket, manager: SessionManager, redis: aioredis.Redis | None, session_id: str
+) -> bool:
+    """A sideband of a session another worker process owns, relayed from there
+    (realtime/live/live_relay.py); False when no live process has it."""
+    if redis is None:
+        return False
+    owner = await manager.ownership.owner(session_id)
+    if owner is None or owner == manager.process_id or not await manager.beat.alive(owner):
+        return False
+    return await relay_sideband(websocket, redis, manager.beat, owner, session_id)

@@ -16,7 +16,8 @@ sideband is a second connection to the session:
 - Its end leaves the session alone; the session's end closes it (normally, 1000) after the
   `session.closed` it is sent, with or without `graceful_close`.
 
-Sidebands attach to sessions served by this process (`LiveSessions`), whatever carries
+Sidebands attach to sessions served by this process (`LiveSessions`; one on another worker
+process is relayed there: live_relay.py), whatever carries
 the session's audio: what they attach to is the session's `LiveProtocol` (live_protocol.py),
 which a GPT-Live WebSocket and a GPT-Live SIP call (realtime/sip/live_sip_call.py) both host.
 """
