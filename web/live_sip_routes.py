@@ -12,7 +12,8 @@ With `--sip-api live` a SIP call rings while a GPT-Live app decides (its signed
 - `refer` `{"target_uri": "sip:...|sips:...|tel:..."}`: a ringing call is redirected
   there (a 302 whose Contact is the target), as the Realtime flow's refer does.
 - `hangup`: an answered call ends with a BYE (`session.closed` says `close_requested`);
-  a ringing one is declined (603).
+  a ringing one is declined (603). A live session of this process on another transport (a
+  GPT-Live WebSocket or WebRTC call) ends too, as its own `session.close` would end it.
 
 They need the API key (an ephemeral secret is refused: 401) and answer 200 with no body;
 errors are OpenAI's shape (`message`, `type`, `param`, `code`): 404 for a session id that
@@ -197,6 +198,8 @@ async def hangup_session(request: Request) -> Response:
         calls, pending, session_id = _checked(request)
         await _body(request, frozenset())
     except Refused as refused:
+        if refused.status == 404 and _hang_up_live(request):
+            return Response(status_code=200)
         return refused.response()
     if pending.resolve(session_id, Reject(603, "hung up by the app before answering")):
         return Response(status_code=200)
@@ -206,3 +209,13 @@ async def hangup_session(request: Request) -> Response:
         message = f"no SIP session {session_id}"
         return Refused(404, "session_not_found", message, "session_id").response()
     return Response(status_code=200)
+
+
+def _hang_up_live(request: Request) -> bool:
+    """End a live session of this process that is no SIP call (a WebSocket's, a WebRTC
+    call's) as its `session.close` would; False when there is none."""
+    protocol = services_of(request).live_sessions.get(request.path_params["session_id"])
+    if protocol is None or protocol.ended:
+        return False
+    protocol.hang_up()
+    return True

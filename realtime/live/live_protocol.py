@@ -181,6 +181,11 @@ class LiveProtocol:
             sideband.finish(SESSION_ENDED)
         self._errors.close()
 
+    def hang_up(self) -> None:
+        """The app's hangup (`POST /v1/live/sessions/{id}/hangup`): the session ends as its
+        `session.close` would end it (`close_requested`)."""
+        self._close(CLOSE_REQUESTED)
+
     def post(self, message: Message) -> None:
         """A message of the protocol's own (an acknowledgement, an error)."""
         if self._send is not None:

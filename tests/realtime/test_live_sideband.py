@@ -78,3 +78,21 @@ async def test_attaching_to_an_unknown_session_is_refused(server: ServedApp) -> 
         async with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}):
             pass
     assert refused.value.response.status_code == 404
+
+
+async def test_the_apps_hangup_ends_a_websocket_session(server: ServedApp) -> None:
+    """`client.live.sessions.hangup(id)` on a session the device holds over a WebSocket:
+    it ends as its own `session.close` would (`close_requested`); an unknown id is a 404."""
+    import openai
+
+    async with (
+        AsyncOpenAI(api_key=KEY, base_url=f"{server.http_url}/v1") as client,
+        client.live.connect() as device,
+    ):
+        await device.session.start(session=START)
+        session_id = (await until(device, "session.started")).session.id
+        await client.live.sessions.hangup(session_id)
+        closed = await until(device, "session.closed")
+        assert closed.reason == "close_requested"
+        with pytest.raises(openai.NotFoundError):
+            await client.live.sessions.hangup("live_nope")
