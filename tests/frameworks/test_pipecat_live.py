@@ -130,3 +130,45 @@ async def test_pipecat_live_runs_a_delegated_function_and_the_answer_uses_it(
     assert result.function_name == "get_weather"
     assert "paris" in str(result.arguments).lower()
     no_errors(recorder, logged)
+
+
+@pytest.mark.slow
+async def test_pipecat_live_default_client_delegation_is_declined_in_words(
+    parley: ServedApp,
+) -> None:
+    """Pipecat's default delegation is `client` with no backend: Parley's model delegates
+    the question (`on_delegation_created`), Pipecat declines it with commentary under the
+    delegation's id, and the model says so; the conversation goes on without an error."""
+    delegations: list[Any] = []
+    service = live_service(parley)
+
+    @service.event_handler("on_delegation_created")  # type: ignore[untyped-decorator]
+    async def delegated(_: Any, delegation: Any) -> None:
+        delegations.append(delegation)
+
+    with loguru_problems() as logged:
+        async with running(parley, LLMContext(), service) as (task, recorder):
+
+            async def push(data: bytes) -> None:
+                await task.queue_frame(InputAudioRawFrame(data, RATE, 1))
+
+            await task.queue_frame(LLMRunFrame())
+            await push_in_real_time(
+                push, spoken("What is the weather in Paris right now?", RATE), RATE
+            )
+            async with asyncio.timeout(30):
+                while not delegations:
+                    await asyncio.sleep(0.05)
+            heard = len(spoken_audio(recorder))
+            async with asyncio.timeout(30):  # the decline, said after the acknowledgement
+                while len(spoken_audio(recorder)) < heard + 25:
+                    await asyncio.sleep(0.1)
+            async with asyncio.timeout(30):
+                seen = -1
+                while seen != len(said := not_silence(recorder)):
+                    seen = len(said)
+                    await asyncio.sleep(1.5)
+    assert delegations[0].id.startswith("deleg_")
+    declined = [line for line in logged if "no backend is configured" in line]
+    assert declined  # Pipecat's own words for what it did
+    no_errors(recorder, [line for line in logged if line not in declined])
