@@ -54,6 +54,16 @@ def not_silence(recorder: Any) -> list[Any]:
     return [f for f in recorder.frames if not is_silence(f)]
 
 
+async def until_quiet(recorder: Any) -> None:
+    """Until the answer is over: nothing new but the silence streamed between answers for
+    longer than the pause after which Pipecat ends the assistant's turn."""
+    async with asyncio.timeout(30):
+        seen = -1
+        while seen != len(said := not_silence(recorder)):
+            seen = len(said)
+            await asyncio.sleep(1.5)
+
+
 def live_service(
     parley: ServedApp, delegation: ResponsesDelegation | None = None
 ) -> OpenAILiveLLMService:
@@ -85,15 +95,8 @@ async def test_pipecat_live_hears_a_spoken_question_and_plays_the_answer(
                     await asyncio.sleep(0.05)  # half a second of the answer heard
                 while not recorder.of(TTSTextFrame):
                     await asyncio.sleep(0.05)
-            # Pipecat ends the assistant's turn after a pause in its transcript: leave once
-            # the answer is over (nothing new but the silence streamed between answers for
-            # longer than that pause)
             await recorder.wait_for(TTSStoppedFrame)
-            async with asyncio.timeout(30):
-                seen = -1
-                while seen != len(said := not_silence(recorder)):
-                    seen = len(said)
-                    await asyncio.sleep(1.5)
+            await until_quiet(recorder)
     assert recorder.said().strip()
     no_errors(recorder, logged)
 
@@ -121,11 +124,7 @@ async def test_pipecat_live_runs_a_delegated_function_and_the_answer_uses_it(
             async with asyncio.timeout(30):
                 while not any(w in recorder.said().lower() for w in ("sunny", "21")):
                     await asyncio.sleep(0.1)
-            async with asyncio.timeout(30):
-                seen = -1
-                while seen != len(said := not_silence(recorder)):
-                    seen = len(said)
-                    await asyncio.sleep(1.5)
+            await until_quiet(recorder)
     result = recorder.of(FunctionCallResultFrame)[0]
     assert result.function_name == "get_weather"
     assert "paris" in str(result.arguments).lower()
@@ -163,11 +162,7 @@ async def test_pipecat_live_default_client_delegation_is_declined_in_words(
             async with asyncio.timeout(30):  # the decline, said after the acknowledgement
                 while len(spoken_audio(recorder)) < heard + 25:
                     await asyncio.sleep(0.1)
-            async with asyncio.timeout(30):
-                seen = -1
-                while seen != len(said := not_silence(recorder)):
-                    seen = len(said)
-                    await asyncio.sleep(1.5)
+            await until_quiet(recorder)
     assert delegations[0].id.startswith("deleg_")
     declined = [line for line in logged if "no backend is configured" in line]
     assert declined  # Pipecat's own words for what it did

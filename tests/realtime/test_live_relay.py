@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,21 @@ async def apps(tmp_path: Path, redis_url: str) -> AsyncIterator[tuple[ServedApp,
         yield a, b
 
 
+@contextlib.asynccontextmanager
+async def started_on(
+    owner: ServedApp, other: ServedApp
+) -> AsyncIterator[tuple[Any, AsyncOpenAI, str]]:
+    """A device's session on `owner`, and an app's client of `other`."""
+    async with (
+        AsyncOpenAI(api_key=KEY, base_url=f"{owner.http_url}/v1") as device_client,
+        AsyncOpenAI(api_key=KEY, base_url=f"{other.http_url}/v1") as app_client,
+        device_client.live.connect() as device,
+    ):
+        await device.session.start(session=START)
+        session_id = (await until(device, "session.started")).session.id
+        yield device, app_client, session_id
+
+
 async def until(conn: Any, kind: str, timeout_s: float = 10) -> Any:
     async with asyncio.timeout(timeout_s):
         while (event := await conn.recv()).type != kind:
@@ -42,13 +58,7 @@ async def test_a_sideband_on_another_worker_reads_and_controls_the_session(
     apps: tuple[ServedApp, ServedApp],
 ) -> None:
     owner, other = apps
-    async with (
-        AsyncOpenAI(api_key=KEY, base_url=f"{owner.http_url}/v1") as device_client,
-        AsyncOpenAI(api_key=KEY, base_url=f"{other.http_url}/v1") as app_client,
-        device_client.live.connect() as device,
-    ):
-        await device.session.start(session=START)
-        session_id = (await until(device, "session.started")).session.id
+    async with started_on(owner, other) as (device, app_client, session_id):
         assert other.app.state.services.live_sessions.get(session_id) is None  # not local
         async with app_client.live.sideband.connect(session_id=session_id) as controller:
             await controller.session.instructions.append(
@@ -80,13 +90,7 @@ async def test_a_sideband_detaching_leaves_the_session_and_a_gone_one_is_refused
 ) -> None:
     owner, other = apps
     headers = {"Authorization": f"Bearer {KEY}"}
-    async with (
-        AsyncOpenAI(api_key=KEY, base_url=f"{owner.http_url}/v1") as device_client,
-        AsyncOpenAI(api_key=KEY, base_url=f"{other.http_url}/v1") as app_client,
-        device_client.live.connect() as device,
-    ):
-        await device.session.start(session=START)
-        session_id = (await until(device, "session.started")).session.id
+    async with started_on(owner, other) as (device, app_client, session_id):
         async with app_client.live.sideband.connect(session_id=session_id) as controller:
             await controller.session.input_audio.mute(event_id="m1")
             await until(controller, "session.input_audio.muted")

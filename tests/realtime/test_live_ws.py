@@ -221,6 +221,16 @@ async def test_mute_unknown_events_and_g711(server: ServedApp) -> None:
         assert closed["type"] == "session.closed" and closed["reason"] == "close_requested"
 
 
+async def start_and_ask(conn: Any, config: SessionConfigParam, question: str) -> None:
+    """Start the session, then say `question` into it (in appends of 100 ms, at once)."""
+    await conn.session.start(session=config)
+    assert (await conn.recv()).type == "session.started"
+    pcm = utterance(question)
+    step = RATE // 10
+    for begin in range(0, len(pcm), step):
+        await conn.session.input_audio.append(audio=b64(pcm[begin : begin + step].tobytes()))
+
+
 async def said_until(conn: Any, times: int, timeout_s: float = 30) -> list[Any]:
     """Events until the assistant has said the fake engine's answer `times` times whole."""
     heard: list[Any] = []
@@ -342,12 +352,7 @@ async def test_responses_delegation_calls_a_function_and_speaks_with_its_output(
                 "responses": {"model": "parley", "tools": [WEATHER]},
             },
         }
-        await conn.session.start(session=config)
-        assert (await conn.recv()).type == "session.started"
-        pcm = utterance("What is the weather like in Paris?")
-        step = RATE // 10
-        for begin in range(0, len(pcm), step):
-            await conn.session.input_audio.append(audio=b64(pcm[begin : begin + step].tobytes()))
+        await start_and_ask(conn, config, "What is the weather like in Paris?")
         events = await recv_until(conn, "response.event")
         (created,) = [e for e in events if e.type == "session.delegation.created"]
         delegation = created.delegation
@@ -398,12 +403,7 @@ async def test_client_delegation_hands_work_to_the_app_which_answers_by_its_id(
         client.live.connect() as conn,
     ):
         config: SessionConfigParam = {**START, "delegation": {"type": "client"}}  # type: ignore[typeddict-item]
-        await conn.session.start(session=config)
-        assert (await conn.recv()).type == "session.started"
-        pcm = utterance("What is the weather like in Paris?")
-        step = RATE // 10
-        for begin in range(0, len(pcm), step):
-            await conn.session.input_audio.append(audio=b64(pcm[begin : begin + step].tobytes()))
+        await start_and_ask(conn, config, "What is the weather like in Paris?")
         events = await recv_until(conn, "session.delegation.created")
         created = events[-1]
         assert created.delegation.target == "client" and created.delegation.id
