@@ -17,6 +17,7 @@ ENGINES: dict[str, str] = {
     "qwen3_omni.talker": "pipeline.engines.qwen3_omni.talker:TalkerEngine",
     "qwen3_omni.code2wav": "pipeline.engines.qwen3_omni.code2wav:Code2WavEngine",
     "moshi.duplex": "pipeline.engines.moshi.duplex_stage:MoshiStage",
+    "openai_chat.thinker": "pipeline.engines.openai_chat.thinker:ChatThinkerEngine",
 }
 
 

@@ -1,0 +1,1 @@
+"""A Thinker on an OpenAI-compatible model server (vLLM and the like)."""
