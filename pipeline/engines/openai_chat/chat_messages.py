@@ -80,18 +80,22 @@ def image_part(frame: VideoFrame) -> Message:
     return {"type": "image_url", "image_url": {"url": f"data:image/{kind};base64,{data}"}}
 
 
-def tool_list(tools: tuple[ToolSpec, ...]) -> list[Message]:
-    return [
-        {
-            "type": "function",
-            "function": {
-                "name": tool.name,
-                "description": tool.description,
-                "parameters": tool.parameters or {"type": "object", "properties": {}},
-            },
+def tool_list(tools: tuple[ToolSpec, ...], strict: bool = False) -> list[Message]:
+    """The tools as the request lists them; `strict`: ask the server to hold the arguments
+    to each tool's schema (vLLM 0.32 otherwise answered a named call of `get_weather(city)`
+    with the bare `"Paris"`; OpenAI's own API refuses `strict` for a schema that does not
+    require every property)."""
+    listed: list[Message] = []
+    for tool in tools:
+        function: Message = {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.parameters or {"type": "object", "properties": {}},
         }
-        for tool in tools
-    ]
+        if strict:
+            function["strict"] = True
+        listed.append({"type": "function", "function": function})
+    return listed
 
 
 def tool_choice(choice: str, tools: tuple[ToolSpec, ...]) -> str | Message:
@@ -109,6 +113,7 @@ def request_body(
     model: str,
     max_tokens: int,
     sampling: dict[str, Any],
+    strict_tools: bool = False,
 ) -> dict[str, Any]:
     """The `/v1/chat/completions` body: streamed, with the usage in the last chunk."""
     body: dict[str, Any] = {
@@ -121,6 +126,6 @@ def request_body(
     }
     choice = request.tool_choice or "auto"
     if request.tools and choice != "none":
-        body["tools"] = tool_list(request.tools)
+        body["tools"] = tool_list(request.tools, strict_tools)
         body["tool_choice"] = tool_choice(choice, request.tools)
     return body

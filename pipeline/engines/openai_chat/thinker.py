@@ -68,11 +68,13 @@ class ChatThinkerEngine(EntryEngine):
         recognizer: str = DEFAULT_RECOGNIZER,
         default_instructions: str = DEFAULT_INSTRUCTIONS,
         sampling: dict[str, Any] | None = None,
+        strict_tools: bool = False,
     ) -> None:
         """`url`: the server's base, up to `/v1` (`http://host:8000/v1`); `model`: the
         name it serves; `images`: send the turn's camera frames (a vision model);
         `recognizer`: "whisper", "pocketsphinx" or "none" (text turns only); `sampling`:
-        temperature, top_p, top_k, frequency_penalty, presence_penalty, seed."""
+        temperature, top_p, top_k, frequency_penalty, presence_penalty, seed; `strict_tools`:
+        ask the server to hold a call's arguments to its tool's schema (vLLM needs it)."""
         if recognizer not in (*RECOGNIZERS, "none"):
             raise ValueError(f"recognizer must be one of {', '.join(RECOGNIZERS)} or none")
         unknown = sorted(set(sampling or {}) - set(SAMPLING))
@@ -90,6 +92,7 @@ class ChatThinkerEngine(EntryEngine):
         self.recognizer = recognizer
         self.default_instructions = default_instructions
         self.sampling = dict(sampling or {})
+        self.strict_tools = strict_tools
         self.last_usage: dict[str, Any] | None = None
         """The usage of the latest answer (`prompt_tokens_details.cached_tokens`: the
         prefix the server's cache had)."""
@@ -198,6 +201,7 @@ class ChatThinkerEngine(EntryEngine):
                     model=self.model,
                     max_tokens=self.max_tokens,
                     sampling=self.sampling,
+                    strict_tools=self.strict_tools,
                 )
             except ValueError as exc:
                 yield ErrorChunk(message=str(exc), stage=self.name)

@@ -1,0 +1,124 @@
+"""`parley serve --pipeline <the vllm graph>` against a real `vllm serve` (vLLM's CPU build,
+SmolLM2-135M-Instruct): the official SDK's Realtime WebSocket holds a spoken turn answered
+by vLLM, a tool call, a barge-in that aborts vLLM's request (its own metrics say so), and a
+server stuck mid-answer (the response fails with the reason, the next works once it
+moves again)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from openai import AsyncOpenAI
+
+from loadtest.speech import silence, speak, trim_silence
+from pipeline.registry import CONFIGS
+from tests.realtime.apps import ServedApp, served_app
+from web.settings import Settings
+
+from .vllm_server import MODEL, Vllm
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the server may start first
+
+KEY = "sk-test-parley-vllm"
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+
+
+@pytest.fixture
+async def parley(vllm: Vllm, tmp_path: Path, redis_url: str) -> AsyncIterator[ServedApp]:
+    config = yaml.safe_load((CONFIGS / "vllm.yaml").read_text())
+    config["stages"][0]["engine_args"].update(url=vllm.url, model=MODEL, stall_timeout_s=3)
+    graph = tmp_path / "my_vllm.yaml"
+    graph.write_text(yaml.safe_dump(config))
+    settings = Settings(pipeline=str(graph), api_key=KEY, max_sessions=2)
+    async with served_app(settings, redis_url) as served:
+        yield served
+
+
+async def until(conn: Any, kind: str, within_s: float = 90) -> Any:
+    async with asyncio.timeout(within_s):
+        async for event in conn:
+            if event.type == kind:
+                return event
+    raise AssertionError(f"no {kind}")
+
+
+async def say(conn: Any, text: str) -> None:
+    pcm = np.concatenate(
+        [silence(300, 24_000), trim_silence(speak(text, rate=24_000)), silence(900, 24_000)]
+    )
+    raw = pcm.astype("<i2").tobytes()
+    for begin in range(0, len(raw), 4800):
+        chunk = base64.b64encode(raw[begin : begin + 4800]).decode()
+        await conn.input_audio_buffer.append(audio=chunk)
+
+
+async def test_a_spoken_turn_a_tool_call_a_barge_in_and_a_stuck_server(
+    vllm: Vllm, parley: ServedApp
+) -> None:
+    async with (
+        AsyncOpenAI(api_key=KEY, base_url=f"{parley.http_url}/v1") as client,
+        client.realtime.connect(model="parley") as conn,
+    ):
+        await until(conn, "session.created")
+        await say(conn, "What is the capital of France?")
+        done = await until(conn, "response.done")
+        assert done.response.status == "completed", done.response.status_details
+        assert done.response.output[0].content[0].transcript.strip()
+
+        session = {"type": "realtime", "tools": [WEATHER],
+                   "tool_choice": {"type": "function", "name": "get_weather"}}  # fmt: skip
+        await conn.session.update(session=session)  # type: ignore[arg-type]
+        await say(conn, "What is the weather in Paris?")
+        done = await until(conn, "response.done")
+        call = done.response.output[-1]
+        assert call.type == "function_call" and call.name == "get_weather"
+        await conn.session.update(session={"type": "realtime", "tool_choice": "none"})
+        await conn.conversation.item.create(
+            item={"type": "function_call_output", "call_id": call.call_id, "output": "18 C"}
+        )
+        await conn.response.create()
+        done = await until(conn, "response.done")
+        assert done.response.status == "completed", done.response.status_details
+
+        await conn.response.create(
+            response={"instructions": "Count slowly from one to one hundred."}
+        )
+        await until(conn, "response.output_audio_transcript.delta")
+        assert vllm.running_requests() >= 1
+        cancelled = time.monotonic()
+        await conn.response.cancel()
+        async with asyncio.timeout(5):
+            while vllm.running_requests():
+                await asyncio.sleep(0.01)
+        print(f"vLLM stopped {1000 * (time.monotonic() - cancelled):.0f} ms after the cancel")
+        await until(conn, "response.done")
+
+        await conn.response.create()
+        await until(conn, "response.created")
+        vllm.pause()  # stuck mid-answer
+        try:
+            done = await until(conn, "response.done", within_s=30)
+        finally:
+            vllm.resume()
+        assert done.response.status == "failed"
+        assert "sent nothing for 3 s" in str(done.response.status_details)
+        await conn.response.create()
+        done = await until(conn, "response.done")
+        assert done.response.status == "completed", done.response.status_details

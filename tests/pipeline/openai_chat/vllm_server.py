@@ -1,0 +1,173 @@
+"""A real `vllm serve` for the tests: vLLM's CPU build (`make vllm-env` puts it in
+`.venv-vllm`, its own venv) serving the SmolLM2-135M-Instruct checkpoint the cascade
+converts from its package, on a loopback port, for the whole test run.
+
+It takes minutes to start on a small CPU (~2.5 on 2 cores), so it is started once, at the
+first test that asks for it, and stopped at the end of the run. Its `/metrics` gives the
+requests it is running (`vllm:num_requests_running`): the proof that a cancel aborted one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+PYTHON = Path(os.environ.get("PARLEY_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+MODEL = "smollm2"
+START_S = 600.0
+"""How long it may take to serve (about 150 s on this 2-core machine, more when busy)."""
+
+
+@dataclass
+class Vllm:
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def running_requests(self) -> float:
+        """What vLLM's own metrics say it is generating now."""
+        return self._gauge("vllm:num_requests_running")
+
+    def requests_in(self) -> float:
+        """The requests vLLM holds now: generating, or waiting for a place in its batch."""
+        return self._gauge("vllm:num_requests_running") + self._gauge("vllm:num_requests_waiting")
+
+    def _gauge(self, name: str) -> float:
+        text = httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def pause(self) -> None:
+        """Stop the server's processes where they are (a server stuck mid-answer)."""
+        os.killpg(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.killpg(self.process.pid, signal.SIGCONT)
+
+
+def checkpoint() -> Path:
+    """The cascade's converted checkpoint, as vLLM (transformers 5.x) reads it right. The
+    GGUF conversion names the tokenizer `LlamaTokenizer`, which transformers 5.x builds as
+    a SentencePiece one over SmolLM2's byte-level BPE: it cut "Hello there" into other
+    tokens and decoded answers as `ĊI'mĠhere`. Named as the tokenizer its `tokenizer.json`
+    is, with the byte-level decoder, it reads and writes words. Made once, beside the
+    cascade's (hard links, but the two files it changes)."""
+    source = _cascade_checkpoint()
+    target = source.with_name(source.name + "-vllm")
+    if (target / "config.json").is_file():
+        return target
+    staging = source.with_name(f".{source.name}-vllm-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    for item in source.iterdir():
+        if item.name not in ("tokenizer.json", "tokenizer_config.json"):
+            os.link(item, staging / item.name)
+    tokenizer = json.loads((source / "tokenizer.json").read_text())
+    tokenizer["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                            "use_regex": True}  # fmt: skip
+    (staging / "tokenizer.json").write_text(json.dumps(tokenizer))
+    settings = json.loads((source / "tokenizer_config.json").read_text())
+    settings["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (staging / "tokenizer_config.json").write_text(json.dumps(settings))
+    try:
+        staging.rename(target)
+    except OSError:  # another run made it meanwhile
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _cascade_checkpoint() -> Path:
+    """The cascade's converted checkpoint (converted now if it was not yet)."""
+    from pipeline.engines.cascade.errors import model_file
+    from pipeline.engines.cascade.smollm import (
+        DEFAULT_FILE,
+        DEFAULT_PACKAGE,
+        cache_name,
+        cache_root,
+        load_language_model,
+    )
+
+    load_language_model()
+    gguf = model_file(DEFAULT_PACKAGE, DEFAULT_FILE, install="make deps")
+    return cache_root() / "models" / cache_name(gguf, DEFAULT_PACKAGE)
+
+
+def start(workdir: Path) -> Vllm:
+    if not PYTHON.is_file():
+        pytest.fail(f"vLLM's CPU build is not installed at {PYTHON}: run `make vllm-env`")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    log = workdir / "vllm.log"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    env.pop("PYTHONPATH", None)
+    command = [
+        str(PYTHON), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(checkpoint()), "--served-model-name", MODEL,
+        "--dtype", "bfloat16", "--max-model-len", "2048",
+        "--host", "127.0.0.1", "--port", str(port),
+        # tools: a named tool's call needs a parser set (its arguments are then generated
+        # to the tool's schema); hermes is the `<tool_call>` format
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    server = Vllm(process, port, log)
+    deadline = time.monotonic() + START_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:]
+            pytest.fail(f"vllm serve exited ({process.returncode}):\n{tail}")
+        try:
+            if httpx.get(f"{server.url}/models", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    stop(server)
+    pytest.fail(f"vllm serve was not serving after {START_S:g} s: see {log}")
+
+
+def stop(server: Vllm) -> None:
+    with_group = server.process.pid
+    try:
+        os.killpg(with_group, signal.SIGCONT)
+        os.killpg(with_group, signal.SIGTERM)
+        server.process.wait(timeout=30)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        os.killpg(with_group, signal.SIGKILL)
+        server.process.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm]:
+    workdir = tmp_path_factory.mktemp("vllm")
+    server = start(workdir)
+    try:
+        yield server
+    finally:
+        stop(server)
+        shutil.rmtree(workdir, ignore_errors=True)
