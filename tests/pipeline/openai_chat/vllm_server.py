@@ -2,8 +2,8 @@
 `.venv-vllm`, its own venv) serving the SmolLM2-135M-Instruct checkpoint the cascade
 converts from its package, on a loopback port, for the whole test run.
 
-It takes minutes to start on a small CPU (~2.5 on 2 cores), so it is started once, at the
-first test that asks for it, and stopped at the end of the run. Its `/metrics` gives the
+It is started once, at the first test that asks for it (about 40 s on 2 cores, eager), and
+stopped at the end of the run. Its `/metrics` gives the
 requests it is running (`vllm:num_requests_running`): the proof that a cancel aborted one.
 """
 
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[3]
 PYTHON = Path(os.environ.get("PARLEY_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 MODEL = "smollm2"
 START_S = 600.0
-"""How long it may take to serve (about 150 s on this 2-core machine, more when busy)."""
+"""How long it may take to serve (about 40 s on this 2-core machine, more when busy)."""
 
 
 @dataclass
@@ -128,6 +128,9 @@ def start(workdir: Path) -> Vllm:
         # tools: a named tool's call needs a parser set (its arguments are then generated
         # to the tool's schema); hermes is the `<tool_call>` format
         "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        # no torch.compile: up in ~40 s rather than ~150 s on a fresh 2-core machine (and
+        # its greedy answers were the checkpoint's: "The capital of France is Paris.")
+        "--enforce-eager",
     ]  # fmt: skip
     with log.open("wb") as out:
         process = subprocess.Popen(
