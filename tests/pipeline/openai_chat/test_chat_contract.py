@@ -1,5 +1,5 @@
 """What the Thinker needs of a model server, checked on a real `vllm serve` (vLLM's CPU build
-serving SmolLM2-135M-Instruct: tests/pipeline/openai_chat/vllm_server.py) and on the
+serving SmolLM2-135M-Instruct: loadtest/vllm_server.py) and on the
 scripted chat server the failure tests use (tests/fakes/chat_server.py), so the stand-in
 keeps the real one's contract: answers stream and end, a named tool's call streams as
 arguments that parse, a cancel stops the server generating, sessions stream at once."""
@@ -17,13 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from loadtest.vllm_server import MODEL as VLLM_MODEL
+from loadtest.vllm_server import Vllm
 from pipeline.engines.openai_chat.thinker import ChatThinkerEngine
 from pipeline.types import End, PipelineRequest, TextDelta, ToolCallDelta, ToolSpec
 from tests.fakes.chat_server import MODEL as SCRIPTED_MODEL
 from tests.fakes.chat_server import Script, serving
-
-from .vllm_server import MODEL as VLLM_MODEL
-from .vllm_server import Vllm
 
 WEATHER = ToolSpec(
     "get_weather",

@@ -19,11 +19,10 @@ import yaml
 from openai import AsyncOpenAI
 
 from loadtest.speech import silence, speak, trim_silence
+from loadtest.vllm_server import MODEL, Vllm
 from pipeline.registry import CONFIGS
 from tests.realtime.apps import ServedApp, served_app
 from web.settings import Settings
-
-from .vllm_server import MODEL, Vllm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the server may start first
 

@@ -1,10 +1,11 @@
-"""A real `vllm serve` for the tests: vLLM's CPU build (`make vllm-env` puts it in
-`.venv-vllm`, its own venv) serving the SmolLM2-135M-Instruct checkpoint the cascade
-converts from its package, on a loopback port, for the whole test run.
+"""A real `vllm serve` for the tests and the benchmarks: vLLM's CPU build (`make vllm-env`
+puts it in `.venv-vllm`, its own venv) serving the SmolLM2-135M-Instruct checkpoint the
+cascade converts from its package, on a loopback port.
 
-It is started once, at the first test that asks for it (about 40 s on 2 cores, eager), and
-stopped at the end of the run. Its `/metrics` gives the
-requests it is running (`vllm:num_requests_running`): the proof that a cancel aborted one.
+The tests start it once, at the first test that asks for it (about 40 s on 2 cores,
+eager: tests/pipeline/openai_chat/conftest.py), and stop it at the end of the run. Its
+`/metrics` gives the requests it is running (`vllm:num_requests_running`): the proof that a
+cancel aborted one.
 """
 
 from __future__ import annotations
@@ -16,14 +17,12 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[1]
 PYTHON = Path(os.environ.get("PARLEY_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 MODEL = "smollm2"
 START_S = 600.0
@@ -111,9 +110,14 @@ def _cascade_checkpoint() -> Path:
     return cache_root() / "models" / cache_name(gguf, DEFAULT_PACKAGE)
 
 
+class VllmError(RuntimeError):
+    """vLLM is not installed, or did not start: why."""
+
+
 def start(workdir: Path) -> Vllm:
+    """`vllm serve` on a free loopback port, once it answers; VllmError if it cannot."""
     if not PYTHON.is_file():
-        pytest.fail(f"vLLM's CPU build is not installed at {PYTHON}: run `make vllm-env`")
+        raise VllmError(f"vLLM's CPU build is not installed at {PYTHON}: run `make vllm-env`")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])
@@ -141,7 +145,7 @@ def start(workdir: Path) -> Vllm:
     while time.monotonic() < deadline:
         if process.poll() is not None:
             tail = log.read_text(errors="replace")[-3000:]
-            pytest.fail(f"vllm serve exited ({process.returncode}):\n{tail}")
+            raise VllmError(f"vllm serve exited ({process.returncode}):\n{tail}")
         try:
             if httpx.get(f"{server.url}/models", timeout=2).status_code == 200:
                 return server
@@ -149,7 +153,7 @@ def start(workdir: Path) -> Vllm:
             pass
         time.sleep(1.0)
     stop(server)
-    pytest.fail(f"vllm serve was not serving after {START_S:g} s: see {log}")
+    raise VllmError(f"vllm serve was not serving after {START_S:g} s: see {log}")
 
 
 def stop(server: Vllm) -> None:
@@ -163,14 +167,3 @@ def stop(server: Vllm) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(with_group, signal.SIGKILL)
         server.process.wait(timeout=10)
-
-
-@pytest.fixture(scope="session")
-def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm]:
-    workdir = tmp_path_factory.mktemp("vllm")
-    server = start(workdir)
-    try:
-        yield server
-    finally:
-        stop(server)
-        shutil.rmtree(workdir, ignore_errors=True)
