@@ -28,9 +28,17 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 import numpy as np
 
 from pipeline.audio_format import INPUT_SAMPLE_RATE
-from pipeline.duplex import DUPLEX_RATE, DuplexFrame, DuplexModel, DuplexStream
+from pipeline.duplex import (
+    DUPLEX_RATE,
+    DuplexFrame,
+    DuplexFull,
+    DuplexModel,
+    DuplexStream,
+    duplex_model,
+)
 from pipeline.types import AudioChunk, End, OutputChunk, PipelineRequest, TextDelta
 
+from .errors import SessionLimitError
 from .resample import OutputResampler
 
 log = logging.getLogger("parley.sessions.duplex")
@@ -137,6 +145,19 @@ class DuplexTurns:
     def open(cls, model: DuplexModel, session_id: str) -> DuplexTurns:
         """A place on the model for the session; DuplexFull when it holds all it can."""
         return cls(model, model.open(session_id), session_id)
+
+    @classmethod
+    def on(cls, pipeline: object, session_id: str) -> DuplexTurns | None:
+        """The session's place on the pipeline's duplex model, None when it has none;
+        SessionLimitError when the model holds all the sessions it can (as a full server
+        refuses a session: the transports say so in their own words)."""
+        model = duplex_model(pipeline)
+        if model is None:
+            return None
+        try:
+            return cls.open(model, session_id)
+        except DuplexFull as exc:
+            raise SessionLimitError(str(exc)) from None
 
     def hear(self, frames: list[bytes]) -> None:
         """The session's input frames (PCM16 at the input rate) to the model, as they come."""

@@ -53,7 +53,6 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from pipeline.duplex import DuplexFull, duplex_model
 from pipeline.tasks import background, cancel_all, cancel_and_wait
 from pipeline.types import Pipeline
 
@@ -279,16 +278,11 @@ class SessionManager:
         )
 
     def _open_duplex(self, session_id: str) -> DuplexTurns | None:
-        """The session's place on the pipeline's full-duplex model, if it has one;
-        SessionLimitError when the model holds all the sessions it can."""
-        model = duplex_model(self.pipeline)
-        if model is None:
-            return None
         try:
-            return DuplexTurns.open(model, session_id)
-        except DuplexFull as exc:
+            return DuplexTurns.on(self.pipeline, session_id)
+        except SessionLimitError:
             self.metrics.session_limit_rejections.inc()
-            raise SessionLimitError(str(exc)) from None
+            raise
 
     def _start(self, session: Session) -> None:
         session_id = session.session_id
@@ -325,12 +319,6 @@ class SessionManager:
             let_go = {"op": "let_go", "session_id": session_id, "fence": taken.fence}
             if not await self.beat.ask(previous, let_go, LET_GO_TIMEOUT_S):
                 log.warning("session %s: %s did not let go in time", session_id, previous)
-        try:  # a duplex model's state for it is gone: it starts a new stream
-            duplex = self._open_duplex(session_id)
-        except SessionLimitError:
-            with contextlib.suppress(RedisError, OSError):  # else it lapses at its TTL
-                await self.link.call(lambda: self.leases.release(session_id))
-            raise
         session = self._new_session(
             session_id,
             record.config,
@@ -338,23 +326,20 @@ class SessionManager:
             resume_token=record.resume_token,
             fence=taken.fence,
             rehydrated=True,
-            duplex=duplex,
         )
         session.transport = record.transport
-        try:
-            await session.history.load()
-            offset = await self.link.call(lambda: audio_end_ms(self.redis, session_id))
-            owned = session_id not in self._sessions and await session.store.owns()
-        except BaseException:
-            if duplex is not None:
-                duplex.close()
-            raise
-        if not owned:
-            if duplex is not None:
-                duplex.close()
+        await session.history.load()
+        offset = await self.link.call(lambda: audio_end_ms(self.redis, session_id))
+        if session_id in self._sessions or not await session.store.owns():
             return None  # another resume (here or elsewhere) took it meanwhile
         ended = await end_unfinished(session.history, await session.event_log.replay())
         session.recover(offset, ended)
+        try:  # a duplex model's state for it is gone: it starts a new stream
+            session.duplex = self._open_duplex(session_id)
+        except SessionLimitError:
+            with contextlib.suppress(RedisError, OSError):  # else it lapses at its TTL
+                await self.link.call(lambda: self.leases.release(session_id))
+            raise
         if caller is not None and self.key_limits.limits.enabled:
             self._callers[session_id] = caller
             await self._renew_key_slot(caller, session_id)
@@ -403,19 +388,17 @@ class SessionManager:
             await asyncio.wait({task}, timeout=SHUTDOWN_TIMEOUT_S)
 
     def serve_requests(self, op: str, handler: Handler) -> None:
-        """Let `handler` answer other processes' requests of kind `op` (a transport's,
-        as the GPT-Live sideband relay: realtime/live/live_relay.py)."""
+        """Let `handler` answer other processes' `op` requests (live_relay.py's, say)."""
         self._request_handlers[op] = handler
 
     async def _on_request(self, request: Request) -> None:
         """A request from another process (process_beat.py)."""
-        op = request.get("op")
+        op = str(request.get("op"))
         if op != "let_go":
-            handler = self._request_handlers.get(str(op))
-            if handler is None:
+            if (handler := self._request_handlers.get(op)) is None:
                 log.warning("unknown request %r", op)
-                return
-            await handler(request)
+            else:
+                await handler(request)
             return
         session = self._sessions.get(str(request.get("session_id")))
         if session is not None:  # taken over: it ends here without a trace
