@@ -6,44 +6,24 @@ call, and a turn the server fails (the response fails with the reason, the next 
 from __future__ import annotations
 
 import asyncio
-import base64
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import httpx
-import numpy as np
 import pytest
-import yaml
 from openai import AsyncOpenAI
 
-from loadtest.speech import silence, speak, trim_silence
-from pipeline.registry import CONFIGS
 from tests.fakes.chat_server import ANSWER, MODEL, ChatServer, Script, serving
 from tests.realtime.apps import ServedApp, served_app
 from web.settings import Settings
 
+from .realtime_turns import WEATHER, graph_for, say, until
+
 KEY = "sk-test-parley-chat"
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The weather in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-}
 
 
-def graph_for(url: str, directory: Path) -> str:
-    """The shipped `vllm` graph, its Thinker pointed at `url`."""
-    config = yaml.safe_load((CONFIGS / "vllm.yaml").read_text())
-    args = config["stages"][0]["engine_args"]
-    args.update(url=url, model=MODEL, probe_s=0.2, stall_timeout_s=2)
-    path = directory / "my_vllm.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return str(path)
+def chat_graph(url: str, directory: Path) -> str:
+    return graph_for(directory, url=url, model=MODEL, probe_s=0.2, stall_timeout_s=2)
 
 
 @pytest.fixture
@@ -54,33 +34,9 @@ async def chat() -> AsyncIterator[ChatServer]:
 
 @pytest.fixture
 async def parley(chat: ChatServer, tmp_path: Path, redis_url: str) -> AsyncIterator[ServedApp]:
-    settings = Settings(pipeline=graph_for(chat.url, tmp_path), api_key=KEY, max_sessions=2)
+    settings = Settings(pipeline=chat_graph(chat.url, tmp_path), api_key=KEY, max_sessions=2)
     async with served_app(settings, redis_url) as served:
         yield served
-
-
-def question(text: str) -> bytes:
-    pcm = np.concatenate(
-        [silence(300, 24_000), trim_silence(speak(text, rate=24_000)), silence(900, 24_000)]
-    )
-    return pcm.astype("<i2").tobytes()
-
-
-async def until(conn: Any, kind: str, within_s: float = 60) -> Any:
-    async with asyncio.timeout(within_s):
-        async for event in conn:
-            if event.type == kind:
-                return event
-    raise AssertionError(f"no {kind}")
-
-
-async def say(conn: Any, text: str) -> None:
-    raw = question(text)
-    step = 4800
-    for begin in range(0, len(raw), step):
-        await conn.input_audio_buffer.append(
-            audio=base64.b64encode(raw[begin : begin + step]).decode()
-        )
 
 
 @pytest.mark.slow
@@ -129,7 +85,7 @@ async def test_readyz_names_the_model_server_while_it_is_down(
 ) -> None:
     async with serving() as gone:
         url = gone.url
-    settings = Settings(pipeline=graph_for(url, tmp_path), api_key=KEY, max_sessions=2)
+    settings = Settings(pipeline=chat_graph(url, tmp_path), api_key=KEY, max_sessions=2)
     async with served_app(settings, redis_url) as served, httpx.AsyncClient() as http:
         async with asyncio.timeout(30):
             while True:

@@ -7,65 +7,30 @@ moves again)."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
-import yaml
 from openai import AsyncOpenAI
 
-from loadtest.speech import silence, speak, trim_silence
 from loadtest.vllm_server import MODEL, Vllm
-from pipeline.registry import CONFIGS
 from tests.realtime.apps import ServedApp, served_app
 from web.settings import Settings
+
+from .realtime_turns import WEATHER, graph_for, say, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the server may start first
 
 KEY = "sk-test-parley-vllm"
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The weather in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-}
 
 
 @pytest.fixture
 async def parley(vllm: Vllm, tmp_path: Path, redis_url: str) -> AsyncIterator[ServedApp]:
-    config = yaml.safe_load((CONFIGS / "vllm.yaml").read_text())
-    config["stages"][0]["engine_args"].update(url=vllm.url, model=MODEL, stall_timeout_s=3)
-    graph = tmp_path / "my_vllm.yaml"
-    graph.write_text(yaml.safe_dump(config))
-    settings = Settings(pipeline=str(graph), api_key=KEY, max_sessions=2)
+    graph = graph_for(tmp_path, url=vllm.url, model=MODEL, stall_timeout_s=3)
+    settings = Settings(pipeline=graph, api_key=KEY, max_sessions=2)
     async with served_app(settings, redis_url) as served:
         yield served
-
-
-async def until(conn: Any, kind: str, within_s: float = 90) -> Any:
-    async with asyncio.timeout(within_s):
-        async for event in conn:
-            if event.type == kind:
-                return event
-    raise AssertionError(f"no {kind}")
-
-
-async def say(conn: Any, text: str) -> None:
-    pcm = np.concatenate(
-        [silence(300, 24_000), trim_silence(speak(text, rate=24_000)), silence(900, 24_000)]
-    )
-    raw = pcm.astype("<i2").tobytes()
-    for begin in range(0, len(raw), 4800):
-        chunk = base64.b64encode(raw[begin : begin + 4800]).decode()
-        await conn.input_audio_buffer.append(audio=chunk)
 
 
 async def test_a_spoken_turn_a_tool_call_a_barge_in_and_a_stuck_server(
