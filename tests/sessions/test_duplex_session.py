@@ -33,7 +33,7 @@ from tests.fakes.sink import ClockedSink
 
 from .conftest import feed
 
-QUESTION = "What is the weather like in Paris today?"
+QUESTION = "How are you today?"
 
 
 class DuplexPipeline:
@@ -99,7 +99,7 @@ async def open_session(
 
 
 def question() -> np.ndarray:
-    pcm, _ = utterances_with_gaps([QUESTION], gap_ms=1500, lead_ms=300)
+    pcm, _ = utterances_with_gaps([QUESTION], gap_ms=1000, lead_ms=200)
     return pcm
 
 
