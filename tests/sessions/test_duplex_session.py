@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 
 from loadtest.speech import utterances_with_gaps
 from pipeline.types import OutputChunk, PipelineRequest
-from sessions.errors import InvalidRequestError, SessionLimitError
+from sessions.errors import InvalidRequestError
 from sessions.events import (
     ConversationItemCreated,
     OutputAudioDelta,
@@ -176,21 +176,3 @@ async def test_only_the_model_decides_to_speak(
         await session.create_response()
     assert refused.value.code == "duplex_model_decides"
     await session.close()
-
-
-async def test_two_sessions_share_the_model_and_a_third_is_refused(
-    manager: SessionManager, sinks: list[ClockedSink], model: ScriptedDuplex
-) -> None:
-    first, first_sink = await open_session(manager, sinks)
-    second, second_sink = await open_session(manager, sinks)
-    with pytest.raises(SessionLimitError, match="duplex sessions"):
-        await manager.create(ClockedSink())
-    assert len(manager) == 2  # the refused one took no slot
-    await asyncio.gather(
-        feed(first, question(), realtime=True), feed(second, question(), realtime=True)
-    )
-    for sink in (first_sink, second_sink):
-        await sink.wait_for(lambda e: isinstance(e, ResponseDone), timeout=15)
-    await first.close()
-    await second.close()
-    assert model.sessions == 0
