@@ -41,19 +41,30 @@ class Vllm:
 
     def running_requests(self) -> float:
         """What vLLM's own metrics say it is generating now."""
-        return self._gauge("vllm:num_requests_running")
+        return self.metric("vllm:num_requests_running")
 
     def requests_in(self) -> float:
         """The requests vLLM holds now: generating, or waiting for a place in its batch."""
-        return self._gauge("vllm:num_requests_running") + self._gauge("vllm:num_requests_waiting")
+        return self.metric("vllm:num_requests_running") + self.metric("vllm:num_requests_waiting")
 
-    def _gauge(self, name: str) -> float:
+    def answered(self) -> float:
+        """How many requests vLLM has finished since it started (its own counter)."""
+        return self.metric("vllm:request_success_total")
+
+    def metric(self, name: str) -> float:
+        """One of vLLM's Prometheus metrics, summed over its labels."""
         text = httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text
         total = 0.0
         for line in text.splitlines():
-            if line.startswith(name):
+            if line.startswith((name + "{", name + " ")):
                 total += float(line.rsplit(" ", 1)[1])
         return total
+
+    def kill(self) -> None:
+        """The server dies at once (SIGKILL to its process group: the API server and its
+        engine), as a crashed or OOM-killed one does."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
 
     def pause(self) -> None:
         """Stop the server's processes where they are (a server stuck mid-answer)."""
@@ -114,13 +125,15 @@ class VllmError(RuntimeError):
     """vLLM is not installed, or did not start: why."""
 
 
-def start(workdir: Path) -> Vllm:
-    """`vllm serve` on a free loopback port, once it answers; VllmError if it cannot."""
+def start(workdir: Path, port: int | None = None) -> Vllm:
+    """`vllm serve` on a loopback port (a free one unless given), once it answers;
+    VllmError if it cannot."""
     if not PYTHON.is_file():
         raise VllmError(f"vLLM's CPU build is not installed at {PYTHON}: run `make vllm-env`")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    if port is None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
     log = workdir / "vllm.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
     env.pop("PYTHONPATH", None)
@@ -135,8 +148,10 @@ def start(workdir: Path) -> Vllm:
         # no torch.compile: up in ~40 s rather than ~150 s on a fresh 2-core machine (and
         # its greedy answers were the checkpoint's: "The capital of France is Paris.")
         "--enforce-eager",
+        # usage says how much of each prompt came from the prefix cache (cached_tokens)
+        "--enable-prompt-tokens-details",
     ]  # fmt: skip
-    with log.open("wb") as out:
+    with log.open("ab") as out:
         process = subprocess.Popen(
             command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
@@ -167,3 +182,11 @@ def stop(server: Vllm) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(with_group, signal.SIGKILL)
         server.process.wait(timeout=10)
+
+
+def restart(server: Vllm) -> None:
+    """A killed `server` served again on its own port (its URL unchanged), in place."""
+    if server.process.poll() is None:
+        stop(server)
+    again = start(server.log.parent, server.port)
+    server.process = again.process

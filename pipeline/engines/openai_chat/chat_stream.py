@@ -72,6 +72,10 @@ async def chat_chunks(
         raise ChatStreamError(f"the model server at {url} cannot be reached: {exc}") from None
     except httpx.TimeoutException:
         raise ChatStreamError(f"the model server at {url} sent nothing for {stall_s:g} s") from None
+    except httpx.RemoteProtocolError as exc:  # a server that died or dropped the connection
+        raise ChatStreamError(
+            f"the model server at {url} closed the connection mid-answer: {exc}"
+        ) from None
     except httpx.HTTPError as exc:
         raise ChatStreamError(f"the model server's connection failed: {exc!r}") from None
 

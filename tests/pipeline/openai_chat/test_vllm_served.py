@@ -2,7 +2,8 @@
 SmolLM2-135M-Instruct): the official SDK's Realtime WebSocket holds a spoken turn answered
 by vLLM, a tool call, a barge-in that aborts vLLM's request (its own metrics say so), and a
 server stuck mid-answer (the response fails with the reason, the next works once it
-moves again)."""
+moves again), and a server killed mid-answer (the response fails with the reason, /readyz
+says the model server is down, and the next turn works once it serves again)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from loadtest.vllm_server import MODEL, Vllm
+from loadtest.vllm_server import MODEL, Vllm, restart
 from tests.realtime.apps import ServedApp, served_app
 from web.settings import Settings
 
@@ -27,7 +29,7 @@ KEY = "sk-test-parley-vllm"
 
 @pytest.fixture
 async def parley(vllm: Vllm, tmp_path: Path, redis_url: str) -> AsyncIterator[ServedApp]:
-    graph = graph_for(tmp_path, url=vllm.url, model=MODEL, stall_timeout_s=3)
+    graph = graph_for(tmp_path, url=vllm.url, model=MODEL, stall_timeout_s=3, probe_s=1)
     settings = Settings(pipeline=graph, api_key=KEY, max_sessions=2)
     async with served_app(settings, redis_url) as served:
         yield served
@@ -83,6 +85,40 @@ async def test_a_spoken_turn_a_tool_call_a_barge_in_and_a_stuck_server(
             vllm.resume()
         assert done.response.status == "failed"
         assert "sent nothing for 3 s" in str(done.response.status_details)
+        await conn.response.create()
+        done = await until(conn, "response.done")
+        assert done.response.status == "completed", done.response.status_details
+
+
+async def test_a_server_killed_mid_answer_fails_the_answer_and_serves_again(
+    vllm: Vllm, parley: ServedApp
+) -> None:
+    async with (
+        AsyncOpenAI(api_key=KEY, base_url=f"{parley.http_url}/v1") as client,
+        client.realtime.connect(model="parley") as conn,
+        httpx.AsyncClient(base_url=parley.http_url) as http,
+    ):
+        await until(conn, "session.created")
+        await conn.response.create(
+            response={"instructions": "Count slowly from one to one hundred."}
+        )
+        await until(conn, "response.output_audio_transcript.delta")
+        vllm.kill()
+        try:
+            done = await until(conn, "response.done", within_s=30)
+            assert done.response.status == "failed"
+            assert "closed the connection mid-answer" in str(done.response.status_details)
+            async with asyncio.timeout(10):
+                while (await http.get("/readyz")).status_code != 503:
+                    await asyncio.sleep(0.2)
+            down = (await http.get("/readyz")).json()["down_stages"]
+            assert "cannot be reached" in down["thinker"], down
+            assert (await http.get("/healthz")).status_code == 200
+        finally:
+            await asyncio.to_thread(restart, vllm)  # the same port: Parley's URL holds
+        async with asyncio.timeout(10):
+            while (await http.get("/readyz")).status_code != 200:
+                await asyncio.sleep(0.2)
         await conn.response.create()
         done = await until(conn, "response.done")
         assert done.response.status == "completed", done.response.status_details
