@@ -23,7 +23,7 @@ from loadtest.speech import silence, speak, trim_silence
 from loadtest.webrtc_client import Caller
 from web.app import Services
 
-from .apps import fake_app
+from .apps import asgi_client, fake_app
 
 
 @pytest.fixture
@@ -63,7 +63,19 @@ def claim(created: dict[str, Any], last_event_id: str | None = None) -> dict[str
     return headers
 
 
-async def started_call(http: httpx.AsyncClient, callers: list[Caller]) -> tuple[Caller, dict[str, Any]]:
+async def channel_open(caller: Caller) -> None:
+    """Wait until the caller's data channel is open (a re-attach may have nothing to
+    replay, so no event says so)."""
+    if caller.channel.readyState != "open":
+        opened = asyncio.Event()
+        caller.channel.on("open", opened.set)
+        async with asyncio.timeout(10):
+            await opened.wait()
+
+
+async def started_call(
+    http: httpx.AsyncClient, callers: list[Caller]
+) -> tuple[Caller, dict[str, Any]]:
     caller = Caller(http)
     callers.append(caller)
     response = await caller.connect()
@@ -145,3 +157,51 @@ async def test_a_wrong_claim_is_refused_and_an_abandoned_session_ends_after_the_
     late = Caller(http)
     callers.append(late)
     assert (await late.connect(headers=claim(created))).status_code == 404
+
+
+@pytest.fixture
+async def other_app(tmp_path: Path, redis_url: str) -> AsyncIterator[Starlette]:
+    """A second server process on the same Redis."""
+    directory = tmp_path / "other"
+    directory.mkdir()
+    async with fake_app(
+        directory, redis_url, "audio_ms: 6000, realtime_factor: 4.0", max_sessions=4
+    ) as running:
+        yield running
+
+
+async def test_a_call_re_attaches_on_another_worker(
+    http: httpx.AsyncClient, app: Starlette, other_app: Starlette, callers: list[Caller]
+) -> None:
+    first, created = await started_call(http, callers)
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}
+    first.send({"type": "conversation.item.create", "item": item})
+    said = await first.wait_for(lambda e: e["type"] == "conversation.item.added")
+    first.send({"type": "session.update", "session": {"type": "realtime", "instructions": "Hm."}})
+    await first.wait_for(lambda e: e["type"] == "session.updated")
+    last_seen = first.events[-1]["event_id"]
+    await first.pc.close()
+
+    async with asgi_client(other_app) as other_http:
+        second = Caller(other_http)
+        callers.append(second)
+        response = await second.connect(headers=claim(created, last_seen))
+        assert response.status_code == 201, response.text
+        await channel_open(second)
+        second.send({"type": "conversation.item.retrieve", "item_id": said["item"]["id"]})
+        retrieved = await second.wait_for(lambda e: e["type"] == "conversation.item.retrieved")
+        assert retrieved["item"]["content"][0]["text"] == "Hi"
+        second.send({"type": "session.update", "session": {"type": "realtime"}})
+        updated = await second.wait_for(lambda e: e["type"] == "session.updated")
+        assert updated["session"]["id"] == created["session"]["id"]
+        assert updated["session"]["instructions"] == "Hm."
+        here, there = services_of(app).manager, services_of(other_app).manager
+        assert here is not None and there is not None
+        assert len(there) == 1
+        async with asyncio.timeout(10):  # the first worker let go of it
+            while len(here):
+                await asyncio.sleep(0.05)
+        assert second.call_id is not None
+        assert (
+            await other_http.post(f"/v1/realtime/calls/{second.call_id}/hangup")
+        ).status_code == 200
