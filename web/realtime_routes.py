@@ -14,6 +14,16 @@ API key (not an ephemeral secret), answer 200 with no body, 404 for a call that 
 waiting, and 400 with an OpenAI-shaped error (`message`, `type`, `param`, `code`) for a body
 OpenAI would refuse.
 
+Re-attaching a call whose peer connection dropped (a phone that moved from Wi-Fi to mobile
+data): the new offer goes to `POST /v1/realtime/calls` with the session's id and resume
+token (both in `session.created`) and, optionally, the last `event_id` the client got:
+headers `X-Parley-Session-Id`, `X-Parley-Resume-Token`, `X-Parley-Last-Event-Id`, or the
+form's `session` part `{"parley": {"resume": {"session_id", "resume_token",
+"last_event_id"}}}`. The new call joins that session (settings and history kept; other
+settings in the request are ignored, the video rates aside); 404 `session_not_found` when
+there is none to join (it ended, or the token is wrong), 400 `invalid_resume` for half a
+claim.
+
 A call that cannot be made is refused with a JSON error, never a 5xx unless the server is
 at fault: 415 for any other Content-Type (a missing one included), 413 for an offer over
 64 KiB (or a form over 1 MiB), 400 for an offer that is not UTF-8, not SDP, or one that
@@ -25,6 +35,7 @@ them too fast (sessions/key_limits.py). A secret counts against the key that min
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -50,7 +61,7 @@ from realtime.sip.pending_calls import (
     describe,
 )
 from realtime.webrtc.call_options import CallOptions
-from realtime.webrtc.registry import CallNotFound, CallSetupError
+from realtime.webrtc.registry import CallNotFound, CallSetupError, Reattach, ReattachRefused
 from realtime.websocket.denial import TOO_MANY_REQUESTS, retry_after
 from sessions import ConfigError, SessionConfig, SessionLimitError
 from sessions.errors import KeyLimitError
@@ -190,6 +201,47 @@ async def _offer_and_session(request: Request) -> tuple[bytes, dict[str, Any] | 
     return offer, session
 
 
+class InvalidReattach(ValueError):
+    pass
+
+
+def _reattach_headers(request: Request) -> Reattach | None:
+    """A re-attach claimed in the request's headers; None when there is none."""
+    headers = request.headers
+    return _reattach(
+        headers.get("x-parley-session-id"),
+        headers.get("x-parley-resume-token"),
+        headers.get("x-parley-last-event-id"),
+    )
+
+
+def _reattach_form(session: dict[str, Any] | None) -> Reattach | None:
+    """A re-attach claimed in the form's session object (`parley.resume`), which is taken
+    out of it (it is no setting)."""
+    extras = (session or {}).get("parley")
+    if not isinstance(extras, dict) or "resume" not in extras:
+        return None
+    resume = extras.pop("resume")
+    if not isinstance(resume, dict):
+        raise InvalidReattach("session.parley.resume must be an object")
+    return _reattach(
+        resume.get("session_id"), resume.get("resume_token"), resume.get("last_event_id")
+    )
+
+
+def _reattach(session_id: Any, token: Any, last_event_id: Any) -> Reattach | None:
+    if not session_id and not token:
+        return None
+    if not (isinstance(session_id, str) and isinstance(token, str) and session_id and token):
+        raise InvalidReattach(
+            "a re-attach names the session and carries its resume token: give both "
+            "(X-Parley-Session-Id and X-Parley-Resume-Token, or parley.resume's "
+            "session_id and resume_token)"
+        )
+    last = last_event_id if isinstance(last_event_id, str) and last_event_id else None
+    return Reattach(session_id, token, last)
+
+
 def _detail(exc: MultiPartException | HTTPException) -> str:
     return exc.detail if isinstance(exc, HTTPException) else exc.message
 
@@ -205,11 +257,21 @@ async def create_call(request: Request) -> Response:
     except AuthError as exc:
         return error(401, "invalid_api_key", str(exc))
     try:
-        if grant.caller is not None:  # before the offer's (costly) answer
+        claim = _reattach_headers(request)
+        if grant.caller is not None and claim is None:  # before the offer's (costly) answer
             await services.running.manager.check_caller(grant.caller)
         offer, form_session = await _offer_and_session(request)
+        claim = claim or _reattach_form(form_session)
         config, options = _settings({**(grant.session or {}), **(form_session or {})})
-        call, answer = await registry.create(offer, config, options, caller=grant.caller)
+        options = dataclasses.replace(options, grace_s=services.resume_grace_s)
+        if claim is not None:
+            call, answer = await registry.reattach(offer, claim, options, caller=grant.caller)
+        else:
+            call, answer = await registry.create(offer, config, options, caller=grant.caller)
+    except InvalidReattach as exc:
+        return error(400, "invalid_resume", str(exc))
+    except ReattachRefused as exc:
+        return error(404, exc.code, str(exc))
     except UnsupportedMediaType as exc:
         return error(415, "unsupported_media_type", str(exc))
     except OfferTooLarge as exc:

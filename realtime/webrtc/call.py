@@ -10,6 +10,13 @@ never connects or stays disconnected or leaves its data channel unread for the
 slow-client bound (`client_too_slow`: realtime/slow_clients.py), the session closing
 itself).
 
+A peer connection that fails, closes or stays disconnected without a hang-up does not end
+the session: the call detaches it, and it waits `CallOptions.grace_s` for a new offer that
+carries its resume token (registry.py's `reattach`); the answer in progress ends,
+truncated to what was played. So does a call that another one re-attaches to
+(`take_over`), and a re-attached call that never connects. A hang-up, a slow client or
+the session's own end closes the session with the call.
+
 The caller's audio is decoded on the event loop (inline_decode.py), not in a thread of
 aiortc's per call.
 
@@ -32,13 +39,13 @@ from typing import Any, Protocol
 from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
 
 from pipeline.tasks import cancel_all
-from sessions import ParleyError, PlayoutBuffer, Session
+from sessions import ParleyError, PlayoutBuffer, Session, SessionClosedError
 from sessions.resample import SAMPLE_RATE
 
 from ..client_events import ProtocolError
 from ..dispatch import ClientEventDispatcher
 from ..metrics import TransportMetrics
-from ..session_call import SessionCall
+from ..session_call import SESSION_CLOSE_TIMEOUT_S, SessionCall
 from ..slow_clients import DEFAULT_SLOW_CLIENTS, TOO_SLOW, SlowClients
 from .call_options import CallOptions
 from .inbound import drain_audio, drain_video
@@ -57,6 +64,14 @@ MAX_MESSAGE_BYTES = 256 * 1024
 """aiortc's SCTP `max-message-size` in our answer; a conforming client sends no more."""
 ERROR_LIMIT = 20
 """`error` events about the client's own messages per second; the rest are summarised."""
+
+PEER_FAILED = "peer connection failed"
+PEER_CLOSED = "peer connection closed"
+PEER_DISCONNECTED = "peer disconnected"
+NEVER_CONNECTED = "peer never connected"
+TAKEN_OVER = "taken_over"
+DROPPED = frozenset({PEER_FAILED, PEER_CLOSED, PEER_DISCONNECTED, TAKEN_OVER})
+"""Ends that leave the session waiting for a re-attach (the peer may come back)."""
 
 
 _EVENT_ID = re.compile(rb'"event_id"\s*:\s*"([^"\\]{1,256})"')
@@ -87,6 +102,9 @@ class ChannelEvents(Protocol):
 
 
 class WebRTCCall(SessionCall):
+    REATTACHABLE = True
+    """Whether a dropped peer leaves the session for a re-attach (OpenAI Realtime's calls)."""
+
     def __init__(
         self,
         call_id: str,
@@ -111,6 +129,9 @@ class WebRTCCall(SessionCall):
         self._tasks: set[asyncio.Task[None]] = set()
         self._dispatcher: ChannelEvents | None = None
         self._created = time.monotonic()
+        self.reattached = False
+        """A new peer connection for a session that was already there."""
+        self._done = asyncio.Event()
         pc.on("track", self._on_track)
         pc.on("datachannel", self._on_datachannel)
 
@@ -224,13 +245,13 @@ class WebRTCCall(SessionCall):
             if state == "connected":
                 connected, disconnected_since = True, None
             elif state in ("failed", "closed"):
-                self.request_close(f"peer connection {state}")
+                self.request_close(PEER_FAILED if state == "failed" else PEER_CLOSED)
             elif state == "disconnected":
                 disconnected_since = disconnected_since or now
                 if now - disconnected_since >= self.options.disconnected_timeout_s:
-                    self.request_close("peer disconnected")
+                    self.request_close(PEER_DISCONNECTED)
             if not connected and now - self._created >= self.options.connect_timeout_s:
-                self.request_close("peer never connected")
+                self.request_close(NEVER_CONNECTED)
             stalled_s = self.events.stalled_s(now)
             if stalled_s >= self.slow.stall_s and not self._end.is_set():
                 self.request_close(TOO_SLOW)
@@ -250,13 +271,55 @@ class WebRTCCall(SessionCall):
         connection (its sockets) open."""
         if not self._closing(reason):
             return
-        await self._close_session()
-        await self._farewell()
-        self.events.end(self.close_reason)
-        await cancel_all(self._tasks)
-        self._early_tracks.clear()
-        self.track.stop()
-        await close_peer(self.pc)
+        try:
+            if self.resumable:
+                await self._detach_session()
+            else:
+                await self._close_session()
+            await self._farewell()
+            self.events.end(self.close_reason)
+            await cancel_all(self._tasks)
+            self._early_tracks.clear()
+            self.track.stop()
+            await close_peer(self.pc)
+        finally:
+            self._done.set()
+
+    @property
+    def resumable(self) -> bool:
+        """Whether the call ended in a way that leaves its session for a re-attach."""
+        if not self.REATTACHABLE or self.session is None:
+            return False
+        reason = self.close_reason
+        return reason in DROPPED or (self.reattached and reason == NEVER_CONNECTED)
+
+    async def take_over(self) -> None:
+        """A new peer connection re-attaches to this call's session: end this call
+        (detaching the session), and return once it has ended."""
+        self.request_close(TAKEN_OVER)
+        await self._done.wait()
+
+    async def _detach_session(self) -> None:
+        """The peer has gone, maybe for a moment: the answer in progress stops (truncated
+        to what was played), and the session waits `grace_s` for a re-attach."""
+        session = self.session
+        assert session is not None
+        try:
+            async with asyncio.timeout(SESSION_CLOSE_TIMEOUT_S):
+                await session.detach(self.options.grace_s)
+        except SessionClosedError:
+            return
+        except TimeoutError:
+            log.warning("call %s: session not detached in time; closing it", self.call_id)
+            await self._close_session()
+            return
+        log.info(
+            "call %s ended (%s); session %s kept %g s for a re-attach",
+            self.call_id,
+            self.close_reason,
+            session.session_id,
+            self.options.grace_s,
+        )
 
     async def _farewell(self) -> None:
         """Between the session's end and the peer connection's: what the protocol still

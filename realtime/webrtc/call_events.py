@@ -17,6 +17,14 @@ Listeners (sideband WebSockets, `?call_id=`) get the session's events and the pl
 news from the moment they attach, and map them with expanders of their own; when the
 call ends each is told once. A listener that fails is detached (and told the call has
 ended for it): the call and its data channel go on.
+
+A re-attached call (a new peer connection for a session whose old one dropped:
+registry.py) holds the session's live events (`hold`) until `catch_up` has sent what the
+client missed after its `last_event_id`: the session's event log run through this call's
+fresh expander, as a WebSocket resume does (websocket/resume.py), then the held events
+the log did not cover. The playout news has no session event behind it: it is named
+after the last message sent before it, `<that id>~<n>`, so a client's last `event_id`,
+whatever it was, is a place to re-attach from.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from sessions.events import Event, ResponseCreated
 
 from ..ga_events import GAExpander
 from ..server_events import output_audio_buffer_event, to_wire
+from ..websocket.resume import HELD_EVENTS, replay_messages
 
 if TYPE_CHECKING:  # annotations only: sideband WebSockets import this without aiortc
     from aiortc import RTCDataChannel
@@ -73,6 +82,11 @@ class CallEvents:
         self._stall: tuple[float, int] | None = None
         """(since when, the unsent bytes last seen) while the channel's backlog has not
         gone down."""
+        self._held: collections.deque[Event] | None = None
+        """Live session events waiting for a re-attach's catch-up."""
+        self._last_id = "evt"
+        """The last event id sent that a session event gave (`evt` until there is one)."""
+        self._seq = 0
 
     def open(self, channel: RTCDataChannel) -> None:
         """The `oai-events` channel: what waited goes out once it is open."""
@@ -98,21 +112,62 @@ class CallEvents:
         return now - since
 
     def session_event(self, event: Event, *, extra_events: bool) -> None:
+        if self._held is not None:
+            self._held.append(event)
+            return
+        self._tell(lambda listener: listener.event(event))
+        for message in self._expand(event, extra_events):
+            self._send(message)
+
+    def _expand(self, event: Event, extra_events: bool) -> list[Message]:
+        """The data channel's messages of a session event (its state updated)."""
         if isinstance(event, ResponseCreated):
             self._response_id = event.response_id
-        self._tell(lambda listener: listener.event(event))
         wire = to_wire(event, audio="omit", extra_events=extra_events)
-        if wire is not None:
-            for message in self.expander.expand(event, wire):
-                self._send(message)
+        return self.expander.expand(event, wire) if wire is not None else []
+
+    # --- re-attaching --------------------------------------------------------------------
+
+    def hold(self) -> None:
+        """Hold live session events until `catch_up` (a re-attached call)."""
+        self._held = collections.deque(maxlen=HELD_EVENTS)
+
+    def catch_up(
+        self, logged: list[dict[str, Any]] | None, last_event_id: str | None, *, extra_events: bool
+    ) -> None:
+        """Send what the client missed after `last_event_id` (`logged`: the session's
+        event log; None when it could not be read), then the events held meanwhile that
+        the log did not hold yet. A client whose event is no longer logged gets a
+        `resume_gap` error, then everything logged."""
+        if logged is None:
+            self._send(self._own(_error("resume_failed", "the missed events could not be read")))
+            logged = []
+        replay = replay_messages(logged, lambda e: self._expand(e, extra_events), last_event_id)
+        if not replay.found:
+            text = (
+                f"event {last_event_id} is no longer in the session's log; every event "
+                "still logged follows (drop those you have by event_id)"
+            )
+            self._send(self._own(_error("resume_gap", text)))
+        for message in replay.missed:
+            self._send(message)
+        held, self._held = self._held or collections.deque(), None
+        for event in held:
+            if event.event_id not in replay.logged_ids:
+                self.session_event(event, extra_events=extra_events)
 
     def playout(self, news: PlayoutNews) -> None:
         """`output_audio_buffer.<news>` about the latest response's audio."""
-        if self._response_id is None:
+        if self._response_id is None or self._held is not None:
             return
-        message = output_audio_buffer_event(news, self._response_id)
+        message = self._own(output_audio_buffer_event(news, self._response_id))
         self._tell(lambda listener: listener.post(message))
         self._send(message)
+
+    def _own(self, message: Message) -> Message:
+        """A message of the call's own, named after the last event's message sent."""
+        self._seq += 1
+        return {**message, "event_id": f"{self._last_id}~{self._seq}"}
 
     # --- listeners -----------------------------------------------------------------------
 
@@ -165,6 +220,9 @@ class CallEvents:
                 await asyncio.sleep(SENT_POLL_S)
 
     def _send(self, message: Message) -> None:
+        event_id = message.get("event_id")
+        if isinstance(event_id, str) and "~" not in event_id:
+            self._last_id, self._seq = event_id, 0
         text = json.dumps(message, separators=(",", ":"))
         channel = self._channel
         if channel is None or channel.readyState != "open":
@@ -181,3 +239,11 @@ class CallEvents:
         channel = self._channel
         while self._pending and channel is not None and channel.readyState == "open":
             channel.send(self._pending.popleft())
+
+
+def _error(code: str, text: str) -> Message:
+    """An `error` of the call's own (about a re-attach's catch-up)."""
+    return {
+        "type": "error",
+        "error": {"type": "server_error", "code": code, "message": text, "param": None},
+    }

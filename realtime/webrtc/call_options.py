@@ -16,3 +16,7 @@ class CallOptions:
     connect_timeout_s: float = 30.0
     disconnected_timeout_s: float = 15.0
     playout_ms: int = 2_000
+    grace_s: float = 30.0
+    """How long the session outlives a peer connection that failed or closed without a
+    hang-up, for a re-attach (the WebSockets' resume grace: the server's
+    `resume_grace_s`)."""

@@ -49,6 +49,8 @@ GOODBYE_S = 1.0
 
 
 class LiveCall(WebRTCCall):
+    REATTACHABLE = False  # GPT-Live defines no re-attach: a dropped peer ends the session
+
     def __init__(
         self,
         call_id: str,

@@ -11,6 +11,14 @@ is left. aiortc raises all sorts for offers it cannot use (AttributeError, Value
 AssertionError, StopIteration...), so any exception from its three offer/answer calls is
 the offer's fault (OfferError, a 400), except an OSError (no sockets: the server's fault).
 
+Re-attaching (`reattach`): a new offer that names a session and carries its resume token
+joins that session instead of starting one. The session may be here (its old call, if
+still up, is taken over: it ends, detaching the session) or in another process, which
+lets go of it (`claim_session`, as a WebSocket resume does); the new call's data channel
+first gets what the client missed after its `last_event_id`, from the session's event
+log (call_events.py). A wrong token, or a session that ended (its grace passed), is
+`ReattachRefused`.
+
 aiortc (and PyAV under it) is loaded at the first offer, and so are the process-wide ICE
 addresses and the guards set then: every server makes a registry, and one that only ever
 serves WebSockets (or a host without PyAV's FFmpeg) should not pay for WebRTC.
@@ -21,15 +29,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sessions import SessionConfig, SessionManager
+from sessions import Session, SessionClosedError, SessionConfig, SessionManager
 from sessions.events import new_id
 
 from ..ice import IceSettings
 from ..metrics import TransportMetrics
 from ..sdp import OfferError, check_offer
 from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
+from ..websocket.connections import ConnectionRegistry, claim_session
+from ..websocket.resume import read_log
 from .call_options import CallOptions
 
 if TYPE_CHECKING:
@@ -50,6 +61,22 @@ and gathering from STUN/TURN servers up to 5 s."""
 
 class CallNotFound(LookupError):
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class Reattach:
+    """A new offer's claim on an existing session: its id, its resume token (both from
+    `session.created`) and the last event the client got (None: replay the whole log)."""
+
+    session_id: str
+    resume_token: str
+    last_event_id: str | None = None
+
+
+class ReattachRefused(LookupError):
+    """No session to re-attach to: it ended (or never was), or the token is wrong."""
+
+    code = "session_not_found"
 
 
 class CallSetupError(RuntimeError):
@@ -75,6 +102,8 @@ class CallRegistry:
         self.setup_timeout_s = setup_timeout_s
         self._calls: dict[str, WebRTCCall] = {}
         self._owners: dict[str, asyncio.Task[None]] = {}
+        self._by_session: ConnectionRegistry[WebRTCCall] = ConnectionRegistry()
+        """The call that last served each session (up, or ended and resumable)."""
         self._cleanups: set[asyncio.Task[None]] = set()
         self._prepared = False
 
@@ -137,11 +166,76 @@ class CallRegistry:
         except BaseException:
             await self._discard(call)
             raise
-        self._calls[call_id] = call
-        self.metrics.calls.inc()
-        self._owners[call_id] = asyncio.create_task(self._own(call), name=f"{call_id}:owner")
+        self._keep(call)
         log.info("call %s answered (session %s)", call_id, session.session_id)
         return call, answer
+
+    async def reattach(
+        self,
+        offer: bytes,
+        claim: Reattach,
+        options: CallOptions | None = None,
+        *,
+        caller: str | None = None,
+    ) -> tuple[WebRTCCall, str]:
+        """Answer `offer` with a new call for the existing session `claim` names: (the
+        call, the answer SDP). ReattachRefused when there is no such session to join;
+        otherwise the errors of `create`. The session keeps its settings and history."""
+        try:
+            sdp = check_offer(offer)
+        except OfferError:
+            self.metrics.offers_refused.labels(reason="checks").inc()
+            raise
+        from aiortc import RTCPeerConnection
+
+        from .call import WebRTCCall
+
+        self._prepare()
+        pc = RTCPeerConnection(self.ice.rtc_configuration())
+        call = WebRTCCall(new_id("rtc"), pc, options or CallOptions(), self.metrics, self.slow)
+        call.reattached = True
+        try:
+            answer = await self._answer(call, sdp)
+            session = await self._claim(claim, caller)
+            call.events.hold()  # live events wait for what the client missed
+            session.attach(call)
+            call.attach(session)
+            logged = await read_log(session.event_log, session.session_id)
+            extra = session.config.extra_events
+            call.events.catch_up(logged, claim.last_event_id, extra_events=extra)
+        except SessionClosedError:
+            await self._discard(call)
+            raise ReattachRefused(f"the session {claim.session_id} has just ended") from None
+        except BaseException:
+            await self._discard(call)
+            raise
+        self._keep(call)
+        log.info("call %s re-attached to session %s", call.call_id, session.session_id)
+        return call, answer
+
+    async def _claim(self, claim: Reattach, caller: str | None) -> Session:
+        """The session to re-attach to, its old call here (if any) ended first; a
+        session of another process is taken over from Redis (SessionLimitError when
+        this process takes no session now)."""
+        claimed = await claim_session(
+            self.manager, self._by_session, claim.session_id, claim.resume_token, caller=caller
+        )
+        if claimed is None:
+            raise ReattachRefused(
+                f"no session {claim.session_id} to re-attach to: it has ended (a session "
+                "waits for a re-attach only so long after its call dropped), or the resume "
+                "token is not its own"
+            )
+        return claimed[0]
+
+    def _keep(self, call: WebRTCCall) -> None:
+        """An answered call: known by id and by session, owned by a task of its own."""
+        self._calls[call.call_id] = call
+        self._by_session.register(call)
+        self.metrics.calls.inc()
+        self._owners[call.call_id] = asyncio.create_task(
+            self._own(call), name=f"{call.call_id}:owner"
+        )
 
     async def _answer(self, call: WebRTCCall, sdp: str) -> str:
         """aiortc's part: the answer SDP, under the setup deadline."""
@@ -184,6 +278,8 @@ class CallRegistry:
             await call.watch()
         finally:
             await call.close(call.close_reason or "hangup")
+            if not call.resumable:
+                self._by_session.discard(call)
             if self._calls.pop(call.call_id, None) is not None:
                 self.metrics.calls.dec()
             self._owners.pop(call.call_id, None)

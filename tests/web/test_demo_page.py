@@ -230,6 +230,51 @@ async def test_a_wrong_api_key_is_a_readable_error(
     assert not [p for p in problems if "401" not in p], problems
 
 
+ANSWER_LINES = "() => document.querySelectorAll('#transcript > .assistant').length"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.slow
+async def test_the_page_re_attaches_its_call_when_the_connection_drops(
+    echo_server: tuple[Server, str], question_wav: Path, tmp_path: Path
+) -> None:
+    server, base = echo_server
+    problems: list[str] = []
+    async with chromium(tmp_path / "profile", question_wav) as context:
+        page = await open_page(context, f"{base}/", problems)
+        await expect(page.locator("#server")).to_have_attribute("data-state", "ready")
+        await page.click("#connect")
+        status, info = page.locator("#status"), page.locator("#call-info")
+        try:
+            await expect(status).to_have_attribute("data-state", "connected", timeout=WAIT_MS)
+            await page.wait_for_function(f"{ANSWER_LINES} >= 1", timeout=WAIT_MS)
+            before = await info.inner_text()  # "call rtc_… · session sess_…"
+            answers = await page.evaluate(ANSWER_LINES)
+            await page.evaluate("window.parleyDemo.dropConnection()")
+            await expect(info).not_to_have_text(before, timeout=WAIT_MS)
+            await expect(status).to_have_attribute("data-state", "connected", timeout=WAIT_MS)
+            # The microphone's file loops: the same session hears the question again and
+            # answers on the new connection.
+            await page.wait_for_function(f"{ANSWER_LINES} > {answers}", timeout=WAIT_MS)
+        except Exception as exc:
+            events = await page.locator("#events").inner_text()
+            raise AssertionError(
+                f"{exc!r}: status {await status.inner_text()!r}, error "
+                f"{await page.locator('#error').inner_text()!r}, problems {problems}\n"
+                f"events:\n{events}\nserver output:\n{''.join(server.output)}"
+            ) from None
+        after = await info.inner_text()
+        assert before.split(" · ")[1] == after.split(" · ")[1]  # the same session
+        assert before.split(" · ")[0] != after.split(" · ")[0]  # on a new call
+        assert await sessions(base) == 1
+        await page.click("#hangup")
+        deadline = time.monotonic() + 10
+        while await sessions(base) != 0:
+            assert time.monotonic() < deadline, "the hang-up did not end the session"
+            await page.wait_for_timeout(100)
+    assert not problems, problems
+
+
 def _keep(path: Path) -> None:
     """Copy a screenshot to test-artifacts/ at the repo root (ignored by git)."""
     ARTIFACTS.mkdir(exist_ok=True)

@@ -6,6 +6,12 @@
 //      Location: .../calls/{call_id}
 //   4. server events arrive as JSON on the data channel; settings changes go back as
 //      session.update; POST .../calls/{call_id}/hangup ends the call.
+//   5. when the media connection fails (ICE "failed", or "disconnected" for
+//      DISCONNECTED_GRACE_MS), a new peer connection (same microphone and camera) offers
+//      again with X-Parley-Session-Id / X-Parley-Resume-Token / X-Parley-Last-Event-Id:
+//      the server joins it to the same session (history and settings kept) and replays
+//      the events missed. window.parleyDemo.dropConnection() breaks the connection on
+//      purpose (what a network change does), to try it out or test it.
 //
 // Elements tests read: #connect #hangup #status #transcript (.user / .assistant lines)
 // #remote-level (data-level, data-max-level) #error (data-code) #latency (li[data-ms]).
@@ -31,6 +37,7 @@ const REMOTE_AUDIO_LEVEL = 0.01; // received RMS that counts as "the answer is a
 const ASSISTANT_HOLD_MS = 250; // the assistant indicator stays on this long after sound
 const ICE_WAIT_MS = 2000;
 const HANGUP_WAIT_MS = 3000;
+const DISCONNECTED_GRACE_MS = 3000; // "disconnected" this long: re-attach rather than wait
 const MAX_LOGGED_EVENTS = 200;
 
 // --- small helpers -------------------------------------------------------------------------
@@ -546,6 +553,10 @@ class Call {
     this.assistantAudio = false; // between output_audio_buffer.started and stopped/cleared
     this.lastRemoteSound = -Infinity;
     this.updateTimer = null;
+    this.resumeToken = null; // from session.created: what a re-attach proves itself with
+    this.lastEventId = null; // the last server event got: where a re-attach picks up
+    this.reattaching = false;
+    this.disconnectedTimer = null;
   }
 
   async start() {
@@ -580,39 +591,88 @@ class Call {
     if (this.closed) return;
     if (!this.secret) throw new ReadableError("bad_response", "The server sent no session secret.");
 
+    await this.call({}, "starting the call");
+  }
+
+  /** A new peer connection (the microphone, the camera, the event channel), its offer
+   * POSTed with `headers` added, the answer applied. */
+  async call(headers, what) {
     const pc = (this.pc = new RTCPeerConnection());
     pc.addEventListener("track", (event) => this.onTrack(event));
-    pc.addEventListener("connectionstatechange", () => this.onConnectionState());
+    pc.addEventListener("connectionstatechange", () => this.onConnectionState(pc));
+    pc.addEventListener("iceconnectionstatechange", () => this.onIceState(pc));
     const [micTrack] = this.mic.getAudioTracks();
     this.micSender = pc.addTrack(micTrack, this.mic);
-    if (camera) this.videoSender = pc.addTrack(camera.track, camera.stream);
-    this.channel = pc.createDataChannel("oai-events");
-    this.channel.addEventListener("message", (event) => this.onMessage(event.data));
-    this.channel.addEventListener("close", () => {
-      if (!this.closed) this.end("ended", "the server closed the event channel");
+    this.videoSender = camera ? pc.addTrack(camera.track, camera.stream) : null;
+    const channel = (this.channel = pc.createDataChannel("oai-events"));
+    channel.addEventListener("message", (event) => this.onMessage(event.data));
+    channel.addEventListener("close", () => {
+      if (!this.closed && channel === this.channel && !this.reattaching) {
+        this.end("ended", "the server closed the event channel");
+      }
     });
     await pc.setLocalDescription(await pc.createOffer());
     setStatus("connecting", "gathering network candidates…");
     await iceGathered(pc, ICE_WAIT_MS);
     if (this.closed) return;
 
-    setStatus("connecting", "starting the call…");
+    setStatus("connecting", `${what}…`);
     const answer = await post(
       "/v1/realtime/calls",
       {
-        headers: { "Content-Type": "application/sdp", Authorization: `Bearer ${this.secret}` },
+        headers: {
+          "Content-Type": "application/sdp",
+          Authorization: `Bearer ${this.secret}`,
+          ...headers,
+        },
         body: pc.localDescription.sdp,
-        signal,
+        signal: this.abort.signal,
       },
-      "starting the call",
+      what,
     );
-    if (!answer.ok) throw await httpError(answer, "starting the call");
+    if (!answer.ok) throw await httpError(answer, what);
     const where = answer.headers.get("Location") ?? "";
     this.callId = where.split("/").filter(Boolean).pop() ?? null;
     const sdp = await answer.text();
     if (this.closed) return;
     await pc.setRemoteDescription({ type: "answer", sdp });
     setStatus("connecting", "connecting media…");
+  }
+
+  /** The media connection is gone (a network change): call again into the same session,
+   * with the same microphone; the server keeps the session a while for this. */
+  async reattach() {
+    if (this.closed || this.reattaching) return;
+    if (!this.resumeToken || !this.sessionId) {
+      this.end("failed", "media connection failed");
+      return;
+    }
+    this.reattaching = true;
+    clearTimeout(this.disconnectedTimer);
+    setStatus("connecting", "the connection dropped: reconnecting…");
+    this.channel?.close();
+    this.pc?.close();
+    const headers = {
+      "X-Parley-Session-Id": this.sessionId,
+      "X-Parley-Resume-Token": this.resumeToken,
+    };
+    if (this.lastEventId) headers["X-Parley-Last-Event-Id"] = this.lastEventId;
+    try {
+      await this.call(headers, "reconnecting the call");
+    } catch (exc) {
+      if (this.closed) return;
+      const readable = exc instanceof ReadableError ? exc : new ReadableError("reattach_failed", `Could not reconnect: ${exc.message ?? exc}`);
+      showError(readable.code, readable.message);
+      this.end("failed", "the connection dropped and could not be restored", false);
+    } finally {
+      this.reattaching = false;
+    }
+  }
+
+  /** What a network change does to the call, on purpose (for tests and trying it out). */
+  dropConnection() {
+    this.pc?.close(); // a closed connection reports no state change of its own
+    this.reattach();
   }
 
   connected() {
@@ -641,19 +701,33 @@ class Call {
     latency.remoteLevel(level, now);
   }
 
-  onConnectionState() {
-    const state = this.pc?.connectionState;
-    if (this.closed) return;
+  onConnectionState(pc) {
+    if (this.closed || pc !== this.pc) return;
+    const state = pc.connectionState;
     if (state === "connected") {
       this.connected();
-    } else if (state === "disconnected") {
-      setStatus("connecting", "connection interrupted, waiting for it to recover…");
-    } else if (state === "failed") {
+    } else if (state === "failed" && !this.resumeToken) {
       showError(
         "ice_failed",
         "The media connection failed: the browser and the server could not reach each other over UDP.",
       );
       this.end("failed", "media connection failed");
+    }
+  }
+
+  /** A call that was up and lost its path (failed, or disconnected for a few seconds)
+   * is re-attached; a brief "disconnected" often recovers by itself. */
+  onIceState(pc) {
+    if (this.closed || pc !== this.pc) return;
+    const state = pc.iceConnectionState;
+    clearTimeout(this.disconnectedTimer);
+    if (state === "failed" && this.resumeToken) {
+      this.reattach();
+    } else if (state === "disconnected") {
+      setStatus("connecting", "connection interrupted, waiting for it to recover…");
+      this.disconnectedTimer = setTimeout(() => {
+        if (pc === this.pc && pc.iceConnectionState === "disconnected") this.reattach();
+      }, DISCONNECTED_GRACE_MS);
     }
   }
 
@@ -694,11 +768,13 @@ class Call {
       return;
     }
     logEvent("in", event);
+    if (event.event_id) this.lastEventId = event.event_id;
     const now = performance.now();
     const responseId = event.response?.id ?? event.response_id ?? null;
     switch (event.type) {
       case "session.created":
         this.sessionId = event.session?.id ?? null;
+        this.resumeToken = event.session?.parley?.resume_token ?? null;
         this.connected();
         break;
       case "input_audio_buffer.speech_started":
@@ -774,6 +850,7 @@ class Call {
     this.closed = true;
     this.abort.abort();
     clearTimeout(this.updateTimer);
+    clearTimeout(this.disconnectedTimer);
     setStatus(state, text);
     $("call-info").textContent = "";
     if (notify && this.callId && this.secret) {
@@ -936,6 +1013,7 @@ function main() {
   }
   listDevices().catch(() => {});
   checkServer();
+  window.parleyDemo = { dropConnection: () => current?.dropConnection() };
 }
 
 main();
