@@ -3,8 +3,9 @@
 An answer hears its turn (the user's audio, or a typed question) and sees the conversation
 before it: messages as text, function calls and their outputs as such, so a model that
 called a tool reads the result it asked for. An out-of-band answer with its own `input`
-sees only those items. Camera frames are sampled from the cache at the moment the answer
-starts.
+sees only those items. Camera frames come from the turn's own moment (frame_window.py):
+the span of its audio and the moment before it, or, for a typed turn, the moment it was
+asked.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 from pipeline.types import HistoryItem, PipelineRequest, ToolSpec, VideoFrame
 
 from .events import ConversationItem
+from .frame_window import FrameWindow, turn_window
 from .metrics import SessionMetrics
 from .response_options import ResolvedOptions
 from .store import SessionStore
@@ -70,7 +72,7 @@ class RequestBuilder:
             item_ids=(*(item.id for item in items), item_id),
             audio=pcm,
             transcript=transcript,
-            frames=tuple(await self._store.frames.sample()),
+            frames=tuple(await self._store.frames.sample(window=self._window(audio_ms))),
             history=tuple(history_item(item) for item in items if _in_prompt(item)),
             **_options(options, output_sample_rate),
         )
@@ -117,7 +119,8 @@ class RequestBuilder:
             earlier = tuple(item.id for item in items if item.id not in this_turn)
             present = {item.id for item in items}
             item_ids = earlier + tuple(i for i in this_turn if i in present)
-            frames = tuple(await self._store.frames.sample())
+            span = (audio.begin_ms, audio.end_ms) if audio is not None else None
+            frames = tuple(await self._store.frames.sample(window=self._window(span)))
         return PipelineRequest(
             request_id=request_id,
             session_id=self.session_id if options.in_conversation else "",
@@ -129,6 +132,14 @@ class RequestBuilder:
             history=history,
             **_options(options, output_sample_rate),
         )
+
+    def _window(self, audio_ms: tuple[int, int] | None) -> FrameWindow | None:
+        """The frames' window of a turn with audio `audio_ms` (None: a typed turn, asked
+        now); None where the session samples the whole cache."""
+        if self._store.frames.config.frame_window == "cache":
+            return None
+        begin, end = audio_ms if audio_ms is not None else (self._turns.offset_ms,) * 2
+        return turn_window(begin, end)
 
 
 def _options(options: ResolvedOptions, output_sample_rate: int) -> dict[str, Any]:
