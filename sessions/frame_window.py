@@ -1,28 +1,34 @@
 """Which camera frames go with a turn: those of its own moment.
 
 A question about what the camera shows now must be answered from what it showed while the
-user asked, not from a minute ago. So a turn's frames come from its *time window*: the span
-of its speech (with the prefix padding the turn detector already put before it) and the
-`LOOKBACK_MS` just before that, on the session's one clock, the input audio timeline
-(milliseconds of input audio received since the session began; turns.py). Transports stamp
-each frame on that clock: the WebSockets with where the audio stood when the frame
-arrived (neither protocol gives a frame a timestamp of its own), WebRTC with the frame's
-RTP timestamp, converted (realtime/webrtc/frame_clock.py).
+user asked, not from a minute ago. So a turn's frames come from its *time window*: from
+`LOOKBACK_MS` before its audio began (the prefix padding the turn detector puts before the
+speech included) to the moment the turn was committed (the end of speech, or the commit
+or query that closed it; a typed turn: the moment the answer starts).
+
+One clock for audio and frames: the server's wall clock, as things arrive. A frame is
+stamped when it arrives on a WebSocket (neither the OpenAI Realtime `input_image` nor the
+video chat's `video.frame` carries a time of its own), or by its RTP timestamp over WebRTC,
+converted to that clock (realtime/webrtc/frame_clock.py). The audio is placed on it by
+when each stretch of it arrived (audio_arrivals.py). Not the audio timeline itself (ms of
+audio received): it stands still while a client sends no audio (push-to-talk, a video
+chat client that sends the question's audio with the query), and every frame sent
+meanwhile would get the same time.
 
 The rule, `choose_frames`:
 
 - The candidates are the frames inside the window, and before them the frame on screen
-  when the window opened (the last one before it): the similar-frame filter keeps a still
-  picture as one frame, the first of it, so a camera that has shown the same thing for a
-  minute has nothing newer to offer, and that frame is what the user was looking at.
+  when the window opened (the newest one before it): the similar-frame filter keeps a
+  still picture as one frame, the first of it, so a camera that has shown the same thing
+  for a minute has nothing newer to offer, and that frame is what the user was looking at.
 - `num_frames` of the candidates are sampled as the session's `sampling_strategy` says
   (`uniform`: evenly, the first and the last included; `latest`: the newest).
-- When no frame is that old (every frame came after the turn ended, or none came), the
-  newest `num_frames` frames of the cache go instead.
+- When there is none (every frame came after the turn ended, or none came), the newest
+  `num_frames` frames of the cache go instead.
 
 The vLLM-Omni video chat stream keeps that protocol's own rule where its client asks for
-it (a `sampling_strategy` in its `session.config`): `num_frames` sampled from the whole
-cache, with no window (`VideoConfig.frame_window = "cache"`).
+it (by naming a `sampling_strategy` in its `session.config`): `num_frames` sampled from
+the whole cache, with no window (`VideoConfig.frame_window = "cache"`).
 """
 
 from __future__ import annotations
@@ -41,8 +47,7 @@ Strategy = Literal["uniform", "latest"]
 
 @dataclass(frozen=True, slots=True)
 class FrameWindow:
-    """[begin_ms, end_ms] on the session's input audio timeline, both ends included (a
-    frame that arrived with the turn's last audio is part of it)."""
+    """[begin_ms, end_ms] on the frames' clock (wall ms), both ends included."""
 
     begin_ms: int
     end_ms: int
@@ -51,10 +56,10 @@ class FrameWindow:
         return self.begin_ms <= timestamp_ms <= self.end_ms
 
 
-def turn_window(begin_ms: int, end_ms: int, lookback_ms: int = LOOKBACK_MS) -> FrameWindow:
-    """The window of a turn whose audio is [begin_ms, end_ms) on the input timeline (a
-    typed turn: begin and end are both where the audio stood when it was asked)."""
-    return FrameWindow(begin_ms - lookback_ms, max(begin_ms, end_ms))
+def turn_window(arrived_ms: int, ended_ms: int, lookback_ms: int = LOOKBACK_MS) -> FrameWindow:
+    """The window of a turn whose first audio arrived at `arrived_ms` and that ended at
+    `ended_ms` (a typed turn: both are when it was asked)."""
+    return FrameWindow(arrived_ms - lookback_ms, max(arrived_ms, ended_ms))
 
 
 def sample_indices(count: int, n: int, strategy: Strategy) -> list[int]:

@@ -217,11 +217,6 @@ class Session:
     def closed(self) -> bool:
         return self.machine.state is SessionState.CLOSED
 
-    @property
-    def input_audio_ms(self) -> int:
-        """Now on the session's clock: the input audio received, in ms (frame_window.py)."""
-        return self._turns.offset_ms
-
     async def run(self) -> None:
         """The session scope; returns after close, with every task ended and keys deleted."""
         try:
@@ -534,10 +529,9 @@ class Session:
         self._emit(DtmfReceived(digit=digit, received_at=int(time.time())))
 
     async def add_frame(self, image: bytes, timestamp_ms: int | None = None) -> bool:
-        """Cache a camera frame (JPEG or PNG), taken at `timestamp_ms` on the input audio
-        timeline (None: now); False if the similar-frame filter dropped it."""
+        """Cache a camera frame (JPEG or PNG); False if the similar-frame filter dropped it."""
         self._check_open()
-        ts = self._turns.offset_ms if timestamp_ms is None else timestamp_ms
+        ts = round(time.time() * 1000) if timestamp_ms is None else timestamp_ms
         async with self._media_lock:
             self._check_open()
             evicted, filtered = self.frames.evicted, self.frames.filtered

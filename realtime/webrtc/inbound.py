@@ -25,6 +25,7 @@ from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
 from sessions import ParleyError, Session, SessionClosedError, SessionState
+from sessions.audio_arrivals import wall_ms
 
 from . import guards
 from .frame_clock import FrameClock
@@ -83,7 +84,7 @@ async def drain_video(
             return
         # Every frame, sampled or not, is timed: the fastest to arrive sets the offset.
         video = isinstance(frame, av.VideoFrame)
-        taken_ms = clock.stamp(frame.pts, frame.time_base, session.input_audio_ms) if video else 0
+        taken_ms = clock.stamp(frame.pts, frame.time_base, wall_ms()) if video else 0
         now = time.monotonic()
         if now < next_at:
             continue
