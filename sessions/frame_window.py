@@ -15,16 +15,17 @@ audio received): it stands still while a client sends no audio (push-to-talk, a 
 chat client that sends the question's audio with the query), and every frame sent
 meanwhile would get the same time.
 
-The rule, `choose_frames`:
+The rule, `choose_frames`, falls back to the latest frames when the window holds none:
 
-- The candidates are the frames inside the window, and before them the frame on screen
-  when the window opened (the newest one before it): the similar-frame filter keeps a
-  still picture as one frame, the first of it, so a camera that has shown the same thing
-  for a minute has nothing newer to offer, and that frame is what the user was looking at.
-- `num_frames` of the candidates are sampled as the session's `sampling_strategy` says
-  (`uniform`: evenly, the first and the last included; `latest`: the newest).
-- When there is none (every frame came after the turn ended, or none came), the newest
-  `num_frames` frames of the cache go instead.
+- `num_frames` of the frames inside the window, sampled as the session's
+  `sampling_strategy` says (`uniform`: evenly, the first and the last included; `latest`:
+  the newest).
+- None inside: the newest frame before the window, the picture on screen when the user
+  asked. One, not `num_frames`: the similar-frame filter keeps a still picture as one
+  frame, the first of it, so a camera that has shown the same thing for a minute sends
+  nothing newer, and the frames before that one are older scenes.
+- None before it either (every frame came after the turn ended): the newest `num_frames`
+  frames of the cache.
 
 The vLLM-Omni video chat stream keeps that protocol's own rule where its client asks for
 it (by naming a `sampling_strategy` in its `session.config`): `num_frames` sampled from
@@ -82,8 +83,9 @@ def choose_frames(
     if window is None:
         return sample_indices(len(timestamps), n, strategy)
     inside = [i for i, ts in enumerate(timestamps) if window.holds(ts)]
+    if inside:
+        return [inside[i] for i in sample_indices(len(inside), n, strategy)]
     before = [i for i, ts in enumerate(timestamps) if ts < window.begin_ms]
-    candidates = sorted(before[-1:] + inside)
-    if not candidates:
-        return sample_indices(len(timestamps), n, "latest")
-    return [candidates[i] for i in sample_indices(len(candidates), n, strategy)]
+    if before and n > 0:
+        return before[-1:]
+    return sample_indices(len(timestamps), n, "latest")
