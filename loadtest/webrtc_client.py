@@ -115,7 +115,8 @@ class Microphone(MediaStreamTrack):
 
 
 class Camera(MediaStreamTrack):
-    """15 fps of a scene whose brightness keeps changing (a similar-frame filter keeps it)."""
+    """15 fps of a scene whose brightness keeps changing (a similar-frame filter keeps it),
+    or, while `colour` is set, of that colour (RGB)."""
 
     kind = "video"
 
@@ -123,13 +124,14 @@ class Camera(MediaStreamTrack):
         super().__init__()
         self._pts = 0
         self._count = 0
+        self.colour: tuple[int, int, int] | None = None
 
     async def recv(self) -> av.VideoFrame:
         await asyncio.sleep(1 / 15)
         self._pts += 6000
         self._count += 1
         level = (self._count * 7) % 256
-        pixels = np.full((120, 160, 3), level, dtype=np.uint8)
+        pixels = np.full((120, 160, 3), self.colour or level, dtype=np.uint8)
         frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
         frame.pts, frame.time_base = self._pts, fractions.Fraction(1, 90_000)
         return frame

@@ -119,6 +119,9 @@ class VideoConfig(_Model):
     max_frames: MaxFrames = 50
     num_frames: NumFrames = 4
     sampling_strategy: Literal["uniform", "latest"] = "uniform"
+    frame_window: Literal["turn", "cache"] = "turn"
+    """`turn`: a turn's frames come from its own moment (frame_window.py); `cache`: from
+    the whole cache (the rule of vLLM-Omni's video chat, for a client that asks for it)."""
     frame_filter: bool = True
     frame_filter_threshold: Unit = 0.95
 

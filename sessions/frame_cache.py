@@ -3,7 +3,9 @@
 Frames arrive as encoded images (JPEG or PNG) with a timestamp and are stored as they
 came. An optional similar-frame filter drops a frame whose tiny grey thumbnail is nearly
 identical to the last kept one, so a still camera does not flush the cache. Sampling for a
-turn fetches only the frames it picks.
+turn fetches only the frames it picks: a second list holds just the frames' timestamps
+(8 bytes each, trimmed with the frames), so picking by time (frame_window.py) reads the
+timestamps, not the images. The two lists are aligned at their newest ends.
 
 Writes go through the session's spill: while Redis is unreachable the frames are kept
 locally (bounded), a turn samples from the frames kept since, and they are written back
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import io
 import struct
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -27,6 +30,7 @@ from pipeline.types import VideoFrame
 
 from .config import VideoConfig
 from .errors import MediaError, RedisUnavailableError
+from .frame_window import FrameWindow, choose_frames, sample_indices
 from .keys import DEFAULT_KEY_TTL_S, SessionKeys
 from .redis_link import RedisLink
 from .spill import Spill
@@ -56,16 +60,15 @@ def similarity(a: Thumbnail, b: Thumbnail) -> float:
     return 1.0 - float(np.mean(np.abs(a - b))) / 255.0
 
 
-def sample_indices(count: int, n: int, strategy: str) -> list[int]:
-    """Which of `count` frames (oldest first) to send: `n` spread evenly, or the newest `n`."""
-    n = min(n, count)
-    if n <= 0:
-        return []
-    if strategy == "latest":
-        return list(range(count - n, count))
-    if n == 1:
-        return [count - 1]
-    return [round(i * (count - 1) / (n - 1)) for i in range(n)]
+__all__ = ["FrameCache", "sample_indices", "similarity", "thumbnail"]
+
+UNKNOWN_TIME_MS = -(2**62)
+"""The time of a frame whose timestamp Redis does not hold (written before the list of
+timestamps existed): older than any window."""
+
+
+def _time_of(packed: bytes) -> int:
+    return int(_TS.unpack_from(packed)[0])
 
 
 class FrameCache:
@@ -80,6 +83,7 @@ class FrameCache:
         self._spill = spill if spill is not None else Spill(RedisLink(redis))
         self._link = self._spill.link
         self._key = keys.frames
+        self._times_key = keys.frame_times
         self._ttl_s = ttl_s
         self.config = config
         self._last_kept: Thumbnail | None = None
@@ -102,13 +106,17 @@ class FrameCache:
         ):
             self.filtered += 1
             return False
-        key, cap, ttl = self._key, self.config.max_frames, self._ttl_s
-        packed = _TS.pack(timestamp_ms) + image
+        key, times, cap, ttl = self._key, self._times_key, self.config.max_frames, self._ttl_s
+        stamp = _TS.pack(timestamp_ms)
+        packed = stamp + image
 
         def apply(pipe: Pipeline) -> None:
             pipe.rpush(key, packed)
             pipe.ltrim(key, -cap, -1)
             pipe.expire(key, ttl)
+            pipe.rpush(times, stamp)
+            pipe.ltrim(times, -cap, -1)
+            pipe.expire(times, ttl)
 
         results = await self._spill.write("frames", apply, size=len(packed), values=[packed])
         if results is not None:
@@ -122,8 +130,13 @@ class FrameCache:
         """Apply new settings; a smaller cap evicts the oldest frames now."""
         if config.max_frames < self.config.max_frames:
             before = await self.count()
-            key, cap = self._key, config.max_frames
-            await self._spill.write("frames", lambda pipe: pipe.ltrim(key, -cap, -1))
+            keys, cap = (self._key, self._times_key), config.max_frames
+
+            def trim(pipe: Pipeline) -> None:
+                for key in keys:
+                    pipe.ltrim(key, -cap, -1)
+
+            await self._spill.write("frames", trim)
             self.evicted += max(0, before - config.max_frames)
         self.config = config
 
@@ -151,16 +164,23 @@ class FrameCache:
     def _local(self) -> list[bytes]:
         return self._spill.pending("frames")[-self.config.max_frames :]
 
-    async def sample(self, n: int | None = None, strategy: str | None = None) -> list[VideoFrame]:
-        """Pick frames for a turn (oldest first), fetching only the picked ones. During a
-        Redis outage the picks come from the frames kept locally since it began."""
+    async def sample(
+        self,
+        n: int | None = None,
+        strategy: Literal["uniform", "latest"] | None = None,
+        window: FrameWindow | None = None,
+    ) -> list[VideoFrame]:
+        """Pick frames for a turn (oldest first), fetching only the picked ones: from
+        `window` as frame_window.py says, or from the whole cache (None). During a Redis
+        outage the picks come from the frames kept locally since it began."""
         n = self.config.num_frames if n is None else n
         strategy = strategy or self.config.sampling_strategy
         try:
-            raws = await self._sample_redis(n, strategy)
+            raws = await self._sample_redis(n, strategy, window)
         except RedisUnavailableError:
             local = self._local()
-            raws = [local[i] for i in dict.fromkeys(sample_indices(len(local), n, strategy))]
+            times = [_time_of(raw) for raw in local] if window is not None else [0] * len(local)
+            raws = [local[i] for i in choose_frames(times, window, n, strategy)]
         frames = []
         for raw in raws:
             if raw is not None:  # evicted between LLEN and LINDEX
@@ -168,11 +188,18 @@ class FrameCache:
                 frames.append(VideoFrame(image=bytes(raw[_TS.size :]), timestamp_ms=ts))
         return frames
 
-    async def _sample_redis(self, n: int, strategy: str) -> list[bytes | None]:
+    async def _sample_redis(
+        self, n: int, strategy: Literal["uniform", "latest"], window: FrameWindow | None
+    ) -> list[bytes | None]:
         stored, kept = await self._stored()
         held = min(stored + len(kept), self.config.max_frames)
         skip = stored + len(kept) - held  # the oldest, which the write back trims
-        picks = [skip + i for i in dict.fromkeys(sample_indices(held, n, strategy))]
+        if window is None:
+            chosen = sample_indices(held, n, strategy)
+        else:
+            times = await self._times(stored) + [_time_of(raw) for raw in kept]
+            chosen = choose_frames(times[skip:], window, n, strategy)
+        picks = [skip + i for i in chosen]
         in_redis = [index for index in picks if index < stored]
         key = self._key
 
@@ -185,8 +212,19 @@ class FrameCache:
         fetched = dict(zip(in_redis, await self._link.call(fetch), strict=True)) if in_redis else {}
         return [fetched[i] if i < stored else kept[i - stored] for i in picks]
 
+    async def _times(self, stored: int) -> list[int]:
+        """The timestamps of the `stored` frames in Redis, oldest first."""
+        if stored <= 0:
+            return []
+        times_key = self._times_key
+        raw: list[bytes] = await self._link.call(
+            lambda: self._link.redis.lrange(times_key, -stored, -1)
+        )
+        known = [int(_TS.unpack(stamp)[0]) for stamp in raw[-stored:]]
+        return [UNKNOWN_TIME_MS] * (stored - len(known)) + known
+
     async def clear(self) -> None:
         self._spill.discard("frames")
-        key = self._key
-        await self._spill.write("frames", lambda pipe: pipe.delete(key))
+        keys = (self._key, self._times_key)
+        await self._spill.write("frames", lambda pipe: pipe.delete(*keys))
         self._last_kept = None

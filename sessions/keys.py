@@ -32,6 +32,11 @@ class SessionKeys:
         return self._key("frames")
 
     @property
+    def frame_times(self) -> str:
+        """List of the video frames' 8-byte timestamps, aligned with `frames` at the end."""
+        return self._key("frame_times")
+
+    @property
     def history(self) -> str:
         """List of conversation item ids in order."""
         return self._key("history")
@@ -52,7 +57,15 @@ class SessionKeys:
         return self._key("meta")
 
     def all(self) -> tuple[str, ...]:
-        return (self.audio, self.frames, self.history, self.items, self.events, self.meta)
+        return (
+            self.audio,
+            self.frames,
+            self.frame_times,
+            self.history,
+            self.items,
+            self.events,
+            self.meta,
+        )
 
 
 def leases_key(namespace: str = NAMESPACE) -> str:

@@ -3,8 +3,9 @@
 An answer hears its turn (the user's audio, or a typed question) and sees the conversation
 before it: messages as text, function calls and their outputs as such, so a model that
 called a tool reads the result it asked for. An out-of-band answer with its own `input`
-sees only those items. Camera frames are sampled from the cache at the moment the answer
-starts.
+sees only those items. Camera frames come from the turn's own moment (frame_window.py):
+from just before its audio began to its commit, or, for a typed turn, the moment before
+the answer starts.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import numpy as np
 from pipeline.types import HistoryItem, PipelineRequest, ToolSpec, VideoFrame
 
 from .events import ConversationItem
+from .frame_window import FrameWindow, turn_window
 from .metrics import SessionMetrics
 from .response_options import ResolvedOptions
 from .store import SessionStore
-from .turns import TurnInput, Turns
+from .turns import TurnAudio, TurnInput, Turns
 
 
 def history_item(item: ConversationItem) -> HistoryItem:
@@ -70,7 +72,7 @@ class RequestBuilder:
             item_ids=(*(item.id for item in items), item_id),
             audio=pcm,
             transcript=transcript,
-            frames=tuple(await self._store.frames.sample()),
+            frames=tuple(await self._store.frames.sample(window=self._window_ahead(audio_ms))),
             history=tuple(history_item(item) for item in items if _in_prompt(item)),
             **_options(options, output_sample_rate),
         )
@@ -117,7 +119,7 @@ class RequestBuilder:
             earlier = tuple(item.id for item in items if item.id not in this_turn)
             present = {item.id for item in items}
             item_ids = earlier + tuple(i for i in this_turn if i in present)
-            frames = tuple(await self._store.frames.sample())
+            frames = tuple(await self._store.frames.sample(window=self._window(audio)))
         return PipelineRequest(
             request_id=request_id,
             session_id=self.session_id if options.in_conversation else "",
@@ -129,6 +131,23 @@ class RequestBuilder:
             history=history,
             **_options(options, output_sample_rate),
         )
+
+    def _window(self, audio: TurnAudio | None) -> FrameWindow | None:
+        """The frames' window of a committed turn with `audio` (None: a typed turn, asked
+        now); None where the session samples the whole cache."""
+        if self._store.frames.config.frame_window == "cache":
+            return None
+        if audio is None:
+            now = self._turns.arrivals.now_ms()
+            return turn_window(now, now)
+        return turn_window(audio.arrived_ms, audio.committed_ms)
+
+    def _window_ahead(self, audio_ms: tuple[int, int]) -> FrameWindow | None:
+        """The frames' window of a turn still open, with the audio `audio_ms` so far."""
+        if self._store.frames.config.frame_window == "cache":
+            return None
+        arrivals = self._turns.arrivals
+        return turn_window(arrivals.at(audio_ms[0]), arrivals.now_ms())
 
 
 def _options(options: ResolvedOptions, output_sample_rate: int) -> dict[str, Any]:

@@ -9,14 +9,20 @@ then sends the question; an OpenAI client may commit audio, then add a text item
 answer's request carries the speech's audio and the question's text, and neither is
 history yet.
 
+Each turn also keeps its moment on the wall clock, for the camera frames that go with it
+(frame_window.py): when its first audio arrived (audio_arrivals.py) and when it was
+committed.
+
 This is bookkeeping only. The session decides the states, the events and the transitions
 around it, under its media lock.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
+from .audio_arrivals import AudioArrivals, wall_ms
 from .events import new_id
 
 MIN_COMMIT_MS = 100
@@ -25,11 +31,15 @@ MIN_COMMIT_MS = 100
 
 @dataclass(frozen=True, slots=True)
 class TurnAudio:
-    """A committed user item's audio: [begin_ms, end_ms) on the input timeline."""
+    """A committed user item's audio: [begin_ms, end_ms) on the input timeline; on the
+    wall clock, its first audio arrived at `arrived_ms` and it was committed at
+    `committed_ms`."""
 
     item_id: str
     begin_ms: int
     end_ms: int
+    arrived_ms: int = field(default=0, compare=False)
+    committed_ms: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +69,17 @@ class TurnInput:
 
 
 class Turns:
-    def __init__(self) -> None:
+    def __init__(self, now_ms: Callable[[], int] = wall_ms) -> None:
+        self.arrivals = AudioArrivals(now_ms)
+        """When each stretch of the input audio arrived."""
         self.offset_ms = 0
         """End of the input audio received so far, on the session's audio timeline."""
         self.uncommitted_from_ms = 0
         """Start of the input audio that no turn holds yet (cleared audio counts as held)."""
         self.speech_item_id: str | None = None
         """The item of the speech the turn detector is hearing now, if any."""
-        self._ranges: dict[str, tuple[int, int]] = {}
-        """User audio items awaiting an answer -> their range on the audio timeline."""
+        self._ranges: dict[str, TurnAudio] = {}
+        """User audio items awaiting an answer -> their audio."""
         self._user_item: str | None = None
         self._speech: str | None = None
 
@@ -79,6 +91,7 @@ class Turns:
         """`duration_ms` more input audio arrived; returns where it starts."""
         first = self.offset_ms
         self.offset_ms += duration_ms
+        self.arrivals.heard(self.offset_ms)
         return first
 
     def speech_started(self) -> str:
@@ -99,7 +112,8 @@ class Turns:
     def committed(self, item_id: str, begin_ms: int, end_ms: int) -> None:
         """A user audio item holds [begin_ms, end_ms); it is the pending input now."""
         self.uncommitted_from_ms = end_ms
-        self._ranges[item_id] = (begin_ms, end_ms)
+        arrived, now = self.arrivals.at(begin_ms), self.arrivals.now_ms()
+        self._ranges[item_id] = TurnAudio(item_id, begin_ms, end_ms, arrived, now)
         self._user_item = item_id
         self._speech = None
 
@@ -128,8 +142,7 @@ class Turns:
         item_id = user if user in self._ranges else speech
         if item_id is None or item_id not in self._ranges:
             return None
-        begin, end = self._ranges.pop(item_id)
-        return TurnAudio(item_id, begin, end)
+        return self._ranges.pop(item_id)
 
     def forget(self, item_id: str) -> None:
         """The item was deleted from the conversation: no turn answers it any more."""

@@ -4,8 +4,9 @@ An aiortc track that nobody reads queues decoded frames without bound, so each i
 track gets one drain task for the life of the call. Audio goes to the call's `hear` (the
 session, or a duplex model) as it comes, already 16 kHz mono (mic.py: decoded Opus is 48
 kHz stereo). Video is sampled: one frame per `1/fps` seconds (faster while the user
-speaks), JPEG-encoded off the event loop, into the session's frame cache; the frames in
-between are read and dropped.
+speaks), JPEG-encoded off the event loop, into the session's frame cache, stamped on the
+session's clock by its RTP timestamp (frame_clock.py); the frames in between are read and
+dropped.
 
 A drain outlives any one bad frame: a frame that cannot be converted, or that the session
 refuses, is counted (`guards.count`, rate-limited in the log) and the drain reads on. A
@@ -24,8 +25,10 @@ from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
 from sessions import ParleyError, Session, SessionClosedError, SessionState
+from sessions.audio_arrivals import wall_ms
 
 from . import guards
+from .frame_clock import FrameClock
 from .mic import MicConverter
 
 JPEG_QUALITY = 80
@@ -73,12 +76,15 @@ async def drain_video(
     track: MediaStreamTrack, session: Session, fps: Callable[[bool], float]
 ) -> None:
     """`fps(speaking)` gives the sampling rate for the current moment."""
-    next_at = 0.0
+    next_at, clock = 0.0, FrameClock()
     while True:
         try:
             frame = await track.recv()
         except MediaStreamError:
             return
+        # Every frame, sampled or not, is timed: the fastest to arrive sets the offset.
+        video = isinstance(frame, av.VideoFrame)
+        taken_ms = clock.stamp(frame.pts, frame.time_base, wall_ms()) if video else 0
         now = time.monotonic()
         if now < next_at:
             continue
@@ -92,7 +98,7 @@ async def drain_video(
             guards.count("frame", f"a video frame could not be encoded: {exc!r}")
             continue
         try:
-            await session.add_frame(jpeg, round(time.time() * 1000))
+            await session.add_frame(jpeg, taken_ms)
         except SessionClosedError:
             continue
         except ParleyError as exc:

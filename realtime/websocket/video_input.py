@@ -10,6 +10,11 @@ Decisions:
   header is the image. A frame without data is ignored, as by vLLM-Omni.
 - A frame's size is checked before it is decoded (10 MiB of image), so a huge message
   costs no decode.
+- Which frames a query sees: vLLM-Omni's rule, `num_frames` sampled from the whole frame
+  buffer, for a client that asks for it by naming a `sampling_strategy` (`uniform`,
+  `latest` or `latest_frames`); otherwise Parley's, the frames of the query's own moment
+  (sessions/frame_window.py: the audio since the last query and the second before it),
+  so a question about what the camera shows now is not answered from a minute ago.
 - `sampling_params_list`'s thinker `max_tokens` becomes the session's answer cap where the
   session has one (at most `MAX_OUTPUT_TOKENS`); the other sampling knobs have no place
   in Parley's request, whose graph sets sampling.
@@ -53,6 +58,7 @@ def session_settings(config: SessionConfigMessage) -> dict[str, Any]:
             "num_frames": config.num_frames,
             "max_frames": config.max_frames,
             "sampling_strategy": config.sampling_strategy,
+            "frame_window": "cache" if "sampling_strategy" in config.model_fields_set else "turn",
             "frame_filter": config.enable_frame_filter,
             "frame_filter_threshold": config.frame_filter_threshold,
         },

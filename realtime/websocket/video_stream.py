@@ -37,6 +37,10 @@ Decisions:
 
 - Turns are manual. A query commits the audio since the previous query as the user's
   speech, adds the question as text, and asks for an answer: one request with both.
+- The frames a query answers are those of its own moment: from a second before the
+  audio since the last query arrived to the query (sessions/frame_window.py), each frame
+  stamped when it arrived; a client that names a `sampling_strategy` gets vLLM-Omni's
+  rule, `num_frames` from the whole buffer (video_input.py).
 - Until a valid `session.config` arrives, a malformed message gets an `error` and the
   client may try again; any other valid message gets an `error` and the connection
   closes (1008), as does 10 s of silence. A second `session.config` is an error: the

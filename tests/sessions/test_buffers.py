@@ -16,6 +16,7 @@ from sessions.errors import MediaError
 from sessions.event_log import EventLog
 from sessions.events import ConversationItem, OutputAudioDelta, SpeechStarted
 from sessions.frame_cache import FrameCache, sample_indices
+from sessions.frame_window import FrameWindow
 from sessions.history import History
 from sessions.keys import SessionKeys
 
@@ -153,6 +154,25 @@ async def test_frame_cache_shrinks_on_reconfigure(redis: aioredis.Redis, keys: S
     await cache.reconfigure(VideoConfig(max_frames=2, frame_filter=False))
     assert await cache.count() == 2
     assert [f.timestamp_ms for f in await cache.sample(10)] == [4, 5]
+
+
+async def test_frame_cache_samples_a_turns_window(redis: aioredis.Redis, keys: SessionKeys) -> None:
+    config = VideoConfig(max_frames=6, num_frames=4, frame_filter=False)
+    cache = FrameCache(redis, keys, config, ttl_s=50)
+    for i in range(8):  # one a second; the first two are evicted
+        await cache.add(noise_jpeg(i), 1000 * i)
+    assert await redis.llen(keys.frame_times) == 6  # trimmed with the frames
+    assert 0 < await redis.ttl(keys.frame_times) <= 50
+    inside = await cache.sample(window=FrameWindow(3_500, 5_000))
+    assert [f.timestamp_ms for f in inside] == [4_000, 5_000]
+    assert inside[0].image == noise_jpeg(4)
+    # None inside: the one on screen when the window opened; none before: the newest.
+    after = await cache.sample(window=FrameWindow(20_000, 21_000))
+    assert [f.timestamp_ms for f in after] == [7_000]
+    before = await cache.sample(window=FrameWindow(0, 500))
+    assert [f.timestamp_ms for f in before] == [4_000, 5_000, 6_000, 7_000]
+    await cache.clear()
+    assert not await redis.exists(keys.frames, keys.frame_times)
 
 
 async def test_history_appends_updates_and_deletes(
