@@ -43,27 +43,22 @@ from .errors import (
     SessionExpiredError,
 )
 from .events import (
-    AudioBufferCleared,
     AudioBufferCommitted,
     ConversationItem,
     ConversationItemCreated,
     DtmfReceived,
     ErrorEvent,
     Event,
-    InputAudioTimeoutTriggered,
     SessionClosed,
     SessionCreated,
     SessionExpiring,
     SessionStateChanged,
     SessionUpdated,
-    SpeechStarted,
-    SpeechStopped,
     new_id,
 )
-from .idle_timer import IdleTimer
 from .keys import DEFAULT_KEY_TTL_S
 from .metrics import SessionMetrics
-from .prefetch import Prefetch, PrefetchSlot
+from .prefetch import Prefetch
 from .redis_link import RedisLink
 from .request_builder import RequestBuilder
 from .resample import InputResampler
@@ -74,10 +69,8 @@ from .spill import DEFAULT_MAX_BYTES
 from .state import SessionState, StateMachine
 from .store import SessionStore
 from .store_notices import StoreNotices
-from .transcription import Heard, ItemTranscriber, store_transcript
-from .turn_detection import SpeechConfirmed, SpeechEnd, SpeechPause, SpeechStart, TurnDetector
-from .turn_end import sounds_finished
-from .turn_transcript import TurnTranscript
+from .transcription import ItemTranscriber, store_transcript
+from .turn_taking import ModelTurnTaking, ServerTurnTaking, TurnTaking
 from .turns import MIN_COMMIT_MS as MIN_COMMIT_MS  # the transports size their queries by it
 from .turns import TurnInput, Turns
 
@@ -159,35 +152,43 @@ class Session:
         self._notices = StoreNotices(self.link, self.limits.spill_max_bytes)
         """What the client is told, once an episode, when Redis cannot take writes."""
         self.machine = StateMachine(session_id, self._on_transition)
-        self._detector = TurnDetector(config.turn_detection) if config.turn_detection else None
         self._resampler: InputResampler | None = None
         self._turns = Turns()
         self._requests = RequestBuilder(session_id, store, self._turns, self.metrics)
-        self._idle = IdleTimer(clock, session_id)
-        self._turn_transcript = TurnTranscript(
-            session_id,
-            pipeline,
-            self.audio.read,
-            self._emit,
-            heard=self._pause_heard,
-            judge=self._semantic_vad,
-        )
-        self._prefetch = PrefetchSlot(self.metrics.prefetches)
-        """An answer begun at the open turn's last pause."""
+        self._media_lock = asyncio.Lock()
+        self.turn_taking: TurnTaking
+        """Who takes the turns: Parley (or the client), or the duplex model (turn_taking.py)."""
+        if duplex is not None:
+            self.turn_taking = ModelTurnTaking(
+                self, self._turns, self.machine, config.turn_detection, self._media_lock
+            )
+        else:
+            self.turn_taking = ServerTurnTaking(
+                self,
+                self._turns,
+                self.machine,
+                config.turn_detection,
+                self._media_lock,
+                name=session_id,
+                pipeline=pipeline,
+                read_audio=self.audio.read,
+                clock=clock,
+                barge_ins=self.metrics.barge_ins,
+                prefetches=self.metrics.prefetches,
+            )
         self._transcriber = ItemTranscriber(
             session_id,
             pipeline,
             self.history,
             self.audio.read,
-            self._emit,
-            known=self._turn_transcript.result,
+            self.emit,
+            known=self.turn_taking.words,
         )
         self.conversation = Conversation(
-            self.history, self.audio, self._turns, self._transcriber, self._emit
+            self.history, self.audio, self._turns, self._transcriber, self.emit
         )
         self._response: Response | None = None
         self._response_task: asyncio.Task[None] | None = None
-        self._media_lock = asyncio.Lock()
         self._writer_lock = asyncio.Lock()
         self._tg: asyncio.TaskGroup | None = None
         self._started = asyncio.Event()
@@ -235,7 +236,7 @@ class Session:
                 # and comes once the record is written: its resume token works from then on.
                 if not self.rehydrated:
                     await self.store.write_record(self.config, self.resume_token)
-                    self._emit(
+                    self.emit(
                         SessionCreated(
                             session_id=self.session_id,
                             config=self.config,
@@ -299,14 +300,12 @@ class Session:
         elif not await self.store.owns():  # taken over meanwhile: no teardown writes
             self._quiet = True
             await self.spill.aclose()
-        await self._idle.close()
-        await self._turn_transcript.close()
-        await self._prefetch.drop()
+        await self.turn_taking.close()
         async with self._media_lock:  # no media write races the key deletion
             await self._cancel_response(self.close_reason or "session_closed")
             self._sink.clear()
             self.machine.to(SessionState.CLOSED, self.close_reason)
-            self._emit(SessionClosed(reason=self.close_reason))
+            self.emit(SessionClosed(reason=self.close_reason))
             if self.moving:  # the connection alone hears why (it tells its client)
                 self._sink.event(SessionClosed(reason=self.close_reason))
 
@@ -331,7 +330,7 @@ class Session:
         emitted before anything else."""
         self._turns.offset_ms = self._turns.uncommitted_from_ms = offset_ms
         for event in events:
-            self._emit(event)
+            self.emit(event)
 
     # --- Redis outages ---------------------------------------------------------------------
 
@@ -360,7 +359,7 @@ class Session:
 
     def _notify(self, notice: ErrorEvent | None) -> None:
         if notice is not None:
-            self._emit(notice)
+            self.emit(notice)
 
     async def restore_after_outage(self) -> None:
         """Redis answers again: the store puts back what it lost (see SessionStore.restore)."""
@@ -397,13 +396,13 @@ class Session:
                 return
             if not warned and age >= limits.max_lifetime_s - limits.lifetime_warning_s:
                 warned = True
-                self._emit(SessionExpiring(seconds_left=round(limits.max_lifetime_s - age)))
+                self.emit(SessionExpiring(seconds_left=round(limits.max_lifetime_s - age)))
 
     def _expire(self, reason: str, why: str) -> None:
         """The session ends by its own limit: the client is told why in an `error` (the
         event every protocol's client reads; OpenAI sends `session_expired` the same way),
         then the session closes with that reason."""
-        self._emit(
+        self.emit(
             ErrorEvent(
                 code=SessionExpiredError.codes[reason],
                 error_type=SessionExpiredError.error_type,
@@ -434,7 +433,7 @@ class Session:
 
     # --- events --------------------------------------------------------------------------
 
-    def _emit(self, event: Event) -> None:
+    def emit(self, event: Event) -> None:
         if not self.moving:
             self._sink.event(event)
         if not self._quiet:
@@ -444,7 +443,7 @@ class Session:
         """Send a typed error to the client as an `error` event; the session goes on."""
         code = getattr(error, "code", "server_error")
         error_type = getattr(error, "error_type", "server_error")
-        self._emit(
+        self.emit(
             ErrorEvent(
                 code=code,
                 message=str(error),
@@ -455,7 +454,7 @@ class Session:
         )
 
     def _on_transition(self, old: SessionState, new: SessionState, reason: str) -> None:
-        self._emit(SessionStateChanged(previous=old.value, state=new.value, reason=reason))
+        self.emit(SessionStateChanged(previous=old.value, state=new.value, reason=reason))
 
     def _check_open(self) -> None:
         """Every call a client's connection makes starts here: the session must be open,
@@ -475,15 +474,9 @@ class Session:
         async with self._media_lock:
             await self.frames.reconfigure(new.video)
             self.audio.max_seconds = new.max_audio_seconds
-            if new.turn_detection is None:
-                self._detector = None
-                self._sink.resume()  # no detector left to end a pause it began
-            elif self._detector is None:
-                self._detector = TurnDetector(new.turn_detection)
-            else:
-                self._detector.reconfigure(new.turn_detection)
+            self.turn_taking.reconfigure(new.turn_detection)
             self.config = new
-        self._emit(SessionUpdated(session_id=self.session_id, config=new))
+        self.emit(SessionUpdated(session_id=self.session_id, config=new))
         # The record too: a resume on another process goes on with these settings.
         await self.store.write_record(new, self.resume_token)
         return new
@@ -516,17 +509,14 @@ class Session:
                 self.metrics.redis_errors.inc()
                 log.warning("session %s: audio buffer write failed: %s", self.session_id, exc)
             before = self.audio.dropped_frames
-            for i, frame in enumerate(frames):
-                if self._detector is not None:
-                    for signal in self._detector.process(frame, first + i * FRAME_MS):
-                        await self._on_turn_signal(signal)
+            await self.turn_taking.hear(frames, first)
             if self.audio.dropped_frames > before:
                 self.metrics.dropped_frames.labels("audio").inc(self.audio.dropped_frames - before)
 
     def dtmf(self, digit: str) -> None:
         """A keypad digit from the caller (a phone call): told to the client as an event."""
         self._check_open()
-        self._emit(DtmfReceived(digit=digit, received_at=int(time.time())))
+        self.emit(DtmfReceived(digit=digit, received_at=int(time.time())))
 
     async def add_frame(self, image: bytes, timestamp_ms: int | None = None) -> bool:
         """Cache a camera frame (JPEG or PNG); False if the similar-frame filter dropped it."""
@@ -540,82 +530,7 @@ class Session:
         self.metrics.dropped_frames.labels("video_similar").inc(self.frames.filtered - filtered)
         return kept
 
-    # --- turns ---------------------------------------------------------------------------
-
-    async def _on_turn_signal(
-        self, signal: SpeechStart | SpeechConfirmed | SpeechPause | SpeechEnd
-    ) -> None:
-        td = self.config.turn_detection
-        assert td is not None
-        if self.duplex is not None:
-            await self._duplex_signal(signal)
-            return
-        state = self.machine.state
-        match signal:
-            case SpeechStart(start_ms=start):
-                self._idle.disarm()
-                item_id = self._turns.speech_started()
-                self._emit(SpeechStarted(audio_start_ms=start, item_id=item_id))
-                if state is SessionState.LISTENING:
-                    self.machine.to(SessionState.USER_SPEAKING, "speech started")
-                elif td.interrupt_response and self.responding:
-                    self._sink.pause()  # silent at once; cut when confirmed, resumed if not
-            case SpeechConfirmed():
-                if (
-                    state in (SessionState.THINKING, SessionState.SPEAKING)
-                    and td.interrupt_response
-                ):
-                    self.metrics.barge_ins.inc()
-                    await self._cancel_response("barge_in", next_state=SessionState.USER_SPEAKING)
-                elif state is SessionState.LISTENING and self._turns.speech_item_id is not None:
-                    # Speech began over the answer's last moments and the answer ended before
-                    # it was long enough to cut: nothing is left to interrupt, and this is
-                    # the user's next turn (not noise, which is how its end would be taken).
-                    self._sink.resume()
-                    self.machine.to(SessionState.USER_SPEAKING, "speech started")
-            case SpeechPause(start_ms=start, end_ms=end):
-                speech_id = self._turns.speech_item_id
-                if state is SessionState.USER_SPEAKING and speech_id is not None:
-                    begin = self._turns.speech_begin_ms(start, td.prefix_padding_ms)
-                    await self._turn_transcript.pause(speech_id, begin, end)
-            case SpeechEnd(start_ms=start, end_ms=end):
-                item_id = self._turns.speech_stopped()
-                await self._turn_transcript.ended(item_id, end)
-                self._emit(SpeechStopped(audio_end_ms=end, item_id=item_id))
-                if self.machine.state is not SessionState.USER_SPEAKING:
-                    self._sink.resume()  # too short to interrupt the answer: noise
-                    return
-                begin = self._turns.speech_begin_ms(start, td.prefix_padding_ms)
-                await self._commit(item_id, begin, self._turns.offset_ms)
-                words = self._turn_transcript.ready(item_id)
-                if words is not None:  # recognised at the pause: final at speech_stopped
-                    await self._store_transcript(item_id, words)
-                prefetched = await self._prefetch.take(item_id, end)
-                if td.create_response:
-                    await self._start_response(prefetched=prefetched)
-                else:
-                    if words is None:
-                        self._transcriber.request(item_id, begin, self._turns.offset_ms)
-                    self.machine.to(SessionState.LISTENING, "turn committed")
-
-    async def _duplex_signal(
-        self, signal: SpeechStart | SpeechConfirmed | SpeechPause | SpeechEnd
-    ) -> None:
-        """With a duplex model the detector only tells where the user spoke: the speech
-        becomes an item of the conversation, and the model alone decides to answer or
-        yield (no response is started, none is interrupted, no state changes)."""
-        match signal:
-            case SpeechStart(start_ms=start):
-                self._idle.disarm()
-                item_id = self._turns.speech_started()
-                self._emit(SpeechStarted(audio_start_ms=start, item_id=item_id))
-            case SpeechEnd(start_ms=start, end_ms=end):
-                item_id = self._turns.speech_stopped()
-                self._emit(SpeechStopped(audio_end_ms=end, item_id=item_id))
-                td = self.config.turn_detection
-                padding = td.prefix_padding_ms if td is not None else 0
-                begin = self._turns.speech_begin_ms(start, padding)
-                await self._commit(item_id, begin, self._turns.offset_ms)
+    # --- turns (what turn-taking asks of the session: turn_taking.TurnHost) ------------
 
     async def _model_speaks(self, turn: DuplexTurn) -> None:
         """The duplex model began a turn: it is answered as a response of its own."""
@@ -624,39 +539,34 @@ class Session:
         except SessionClosedError:
             await turn.close()
 
-    def _semantic_vad(self) -> bool:
-        td = self.config.turn_detection
-        return td is not None and td.type == "semantic_vad"
+    @property
+    def closing(self) -> bool:
+        return self._close_requested.is_set()
 
-    async def _pause_heard(self, item_id: str, begin_ms: int, end_ms: int, heard: Heard) -> None:
-        """The words up to a pause are known: semantic_vad judges them (by the pipeline's
-        verdict, or failing one by their last word: turn_end.py), and the answer to them
-        starts now (prefetch.py), kept if the turn ends at this pause."""
-        words = heard.words
-        finished = heard.finished if heard.finished is not None else sounds_finished(words)
-        if self._detector is not None:
-            self._detector.judge_pause(end_ms, finished)
-        td = self.config.turn_detection
-        if (
-            td is None
-            or not td.create_response
-            or not words
-            or self.machine.state is not SessionState.USER_SPEAKING
-            or self._turns.speech_item_id != item_id
-        ):
-            return
+    def pause_output(self) -> None:
+        self._sink.pause()
+
+    def resume_output(self) -> None:
+        self._sink.resume()
+
+    async def interrupt(self) -> None:
+        await self._cancel_response("barge_in", next_state=SessionState.USER_SPEAKING)
+
+    async def respond(self, prefetched: Prefetch | None = None) -> None:
+        await self._start_response(prefetched=prefetched)
+
+    def transcribe(self, item_id: str, begin_ms: int, end_ms: int) -> None:
+        self._transcriber.request(item_id, begin_ms, end_ms)
+
+    async def request_ahead(
+        self, item_id: str, span_ms: tuple[int, int], words: str
+    ) -> PipelineRequest:
         options, rate = ResponseOptions().resolve(self.config), self.config.output_sample_rate
-        await self._prefetch.start(
-            self._pipeline,
-            lambda: self._requests.build_ahead(
-                new_id("resp"), item_id, (begin_ms, end_ms), words, options, rate
-            ),
-            item_id=item_id,
-            end_ms=end_ms,
-            name=f"{self.session_id}:prefetch",
+        return await self._requests.build_ahead(
+            new_id("resp"), item_id, span_ms, words, options, rate
         )
 
-    async def _commit(self, item_id: str, begin_ms: int, end_ms: int) -> ConversationItem:
+    async def commit_turn(self, item_id: str, begin_ms: int, end_ms: int) -> ConversationItem:
         item = ConversationItem(id=item_id, role="user", has_audio=True, audio_ms=end_ms - begin_ms)
         try:
             previous = await self.history.append(item)
@@ -666,43 +576,21 @@ class Session:
             previous = None
         self._turns.committed(item_id, begin_ms, end_ms)
         self.metrics.turns.inc()
-        self._emit(AudioBufferCommitted(item_id=item_id, previous_item_id=previous))
-        self._emit(ConversationItemCreated(item=item, previous_item_id=previous))
+        self.emit(AudioBufferCommitted(item_id=item_id, previous_item_id=previous))
+        self.emit(ConversationItemCreated(item=item, previous_item_id=previous))
         return item
 
     async def commit_audio(self) -> ConversationItem:
         """Manual turns: make the uncommitted input audio a user item."""
         self._check_open()
         async with self._media_lock:
-            if self._turns.uncommitted_ms < MIN_COMMIT_MS:
-                raise InvalidRequestError(
-                    "Error committing input audio buffer: the buffer holds "
-                    f"{self._turns.uncommitted_ms} ms of audio; at least {MIN_COMMIT_MS} ms "
-                    "is needed",
-                    "input_audio_buffer_commit_empty",
-                )
-            if self._detector is not None:
-                self._detector.reset()
-            self._sink.resume()
-            if self.machine.state is SessionState.USER_SPEAKING:
-                self.machine.to(SessionState.LISTENING, "buffer committed")
-            turns = self._turns
-            begin, end = turns.uncommitted_from_ms, turns.offset_ms
-            item = await self._commit(new_id("item"), begin, end)
-            self._transcriber.request(item.id, begin, end)
-            return item
+            return await self.turn_taking.commit()
 
     async def clear_audio(self) -> None:
         """Drop the uncommitted input audio."""
         self._check_open()
         async with self._media_lock:
-            self._turns.cleared()
-            if self._detector is not None:
-                self._detector.reset()
-            self._sink.resume()
-            if self.machine.state is SessionState.USER_SPEAKING:
-                self.machine.to(SessionState.LISTENING, "buffer cleared")
-        self._emit(AudioBufferCleared())
+            await self.turn_taking.clear()
 
     async def add_text(self, text: str, role: str = "user") -> ConversationItem:
         """A typed message; the next response answers it."""
@@ -777,20 +665,20 @@ class Session:
         """Start an answer (`prefetched`: adopting the work begun at the turn's pause;
         `pipeline`: a duplex model's turn, which has heard the user's turns itself)."""
         if prefetched is None:
-            await self._prefetch.drop()  # an answer to anything else: that work is moot
+            await self.turn_taking.drop_ahead()  # an answer to anything else: that is moot
         resolved = (options or ResponseOptions()).resolve(self.config)
         async with self._writer_lock:  # one writer: never start while one is torn down
             await self._end_previous_response()
             if self._tg is None:
                 raise SessionClosedError("the session is not running")
-            self._idle.disarm()
+            self.turn_taking.answering()
             # An out-of-band answer leaves the pending turn for the next real one.
             in_turn = resolved.in_conversation and pipeline is None
             turn = self._turns.take() if in_turn else TurnInput(None)
             transcript_item_id = turn.transcript_item_id
             words = None
             if prefetched is not None:  # its words were recognised at the pause
-                words = await self._turn_transcript.result(prefetched.item_id)
+                words = await self.turn_taking.words(prefetched.item_id)
             if transcript_item_id is not None:
                 self._transcriber.answered(transcript_item_id)
                 heard = await self.history.get(transcript_item_id)
@@ -800,7 +688,7 @@ class Session:
                 pipeline=pipeline or self._pipeline,
                 history=self.history,
                 sink=self._sink,
-                emit=self._emit,
+                emit=self.emit,
                 first_audio=self._response_speaking,
                 chunk_timeout_s=self.limits.chunk_timeout_s,
                 clock=self.clock,
@@ -845,7 +733,7 @@ class Session:
         try:
             status = await response.run()
             self.machine.to(SessionState.LISTENING, f"response {status}")
-            self._arm_idle_timeout()
+            self.turn_taking.answered()
         except asyncio.CancelledError:
             raise
         except RedisUnavailableError:  # not a bug: the client hears of the outage once
@@ -897,45 +785,15 @@ class Session:
         again."""
         if item_id is None:
             return None
-        transcript = await self._turn_transcript.result(item_id)
+        transcript = await self.turn_taking.words(item_id)
         if transcript is not None:
-            await self._store_transcript(item_id, transcript)
+            await self.store_transcript(item_id, transcript)
             return transcript
         item = await self.history.get(item_id)
         return item.text if item is not None and item.has_audio and item.text else None
 
-    async def _store_transcript(self, item_id: str, transcript: str) -> None:
-        await store_transcript(self.history, self._emit, item_id, transcript)
-
-    # --- idle timeout ----------------------------------------------------------------------
-
-    def _arm_idle_timeout(self) -> None:
-        """An answer has played out: with `idle_timeout_ms`, silence from now on is timed."""
-        td = self.config.turn_detection
-        if td is None or td.idle_timeout_ms is None or self._close_requested.is_set():
-            return
-        start_ms = self._turns.offset_ms
-        self._idle.arm(td.idle_timeout_ms / 1000, lambda: self._idle_timed_out(start_ms))
-
-    async def _idle_timed_out(self, start_ms: int) -> None:
-        """Nobody spoke: the silence since `start_ms` is the user's turn, and is answered."""
-        async with self._media_lock:
-            if self.closed or self._close_requested.is_set():
-                return
-            if self.machine.state is not SessionState.LISTENING or self.responding:
-                return
-            item_id = new_id("item")
-            end_ms = self._turns.offset_ms
-            begin_ms = max(start_ms, self._turns.uncommitted_from_ms)
-            self._emit(
-                InputAudioTimeoutTriggered(
-                    item_id=item_id, audio_start_ms=begin_ms, audio_end_ms=end_ms
-                )
-            )
-            if self._detector is not None:
-                self._detector.reset()
-            await self._commit(item_id, begin_ms, end_ms)
-        await self._start_response()
+    async def store_transcript(self, item_id: str, words: str) -> None:
+        await store_transcript(self.history, self.emit, item_id, words)
 
     async def truncate_item(self, item_id: str, audio_end_ms: int) -> None:
         """conversation.item.truncate: the answer in progress or just played knows which
