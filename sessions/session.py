@@ -23,13 +23,11 @@ import logging
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
 
 from pipeline.audio_format import FRAME_MS, INPUT_SAMPLE_RATE
-from pipeline.tasks import cancel_and_wait
 from pipeline.types import Pipeline, PipelineRequest
 
 from .clock import REAL_CLOCK, Clock
@@ -38,9 +36,7 @@ from .conversation import Conversation
 from .duplex_turns import DuplexTurn, DuplexTurns
 from .errors import (
     InvalidRequestError,
-    RedisUnavailableError,
     SessionClosedError,
-    SessionExpiredError,
 )
 from .events import (
     AudioBufferCommitted,
@@ -51,53 +47,31 @@ from .events import (
     Event,
     SessionClosed,
     SessionCreated,
-    SessionExpiring,
     SessionStateChanged,
     SessionUpdated,
     new_id,
 )
-from .keys import DEFAULT_KEY_TTL_S
+from .limits import SessionLimits as SessionLimits  # where the manager and tests find it
+from .limits import Watchdog
 from .metrics import SessionMetrics
 from .prefetch import Prefetch
 from .redis_link import RedisLink
 from .request_builder import RequestBuilder
 from .resample import InputResampler
-from .response import Response, ResponseContext
-from .response_options import ResolvedOptions, ResponseOptions
+from .responder import Responder
+from .response_options import ResponseOptions
 from .sink import DetachedSink, OutputSink
-from .spill import DEFAULT_MAX_BYTES
 from .state import SessionState, StateMachine
 from .store import SessionStore
 from .store_notices import StoreNotices
 from .transcription import ItemTranscriber, store_transcript
 from .turn_taking import ModelTurnTaking, ServerTurnTaking, TurnTaking
 from .turns import MIN_COMMIT_MS as MIN_COMMIT_MS  # the transports size their queries by it
-from .turns import TurnInput, Turns
+from .turns import Turns
 
 log = logging.getLogger("parley.sessions.session")
 
 FORGET_TIMEOUT_S = 5.0
-IDLE_TIMEOUT = "idle_timeout"
-MAX_DURATION = "max_duration"
-
-
-@dataclass(frozen=True, slots=True)
-class SessionLimits:
-    idle_timeout_s: float = 60.0
-    """Close after this long with nothing from the client and nothing from the assistant:
-    no media or command came in, and no answer was generating or playing (the time counts
-    from the end of the last answer's playback). 0: never."""
-    max_lifetime_s: float = 3600.0
-    """The maximum session length (OpenAI's is 60 minutes)."""
-    lifetime_warning_s: float = 60.0
-    """Send session.expiring this long before the maximum lifetime."""
-    chunk_timeout_s: float = 30.0
-    """Fail a response when the pipeline sends nothing for this long."""
-    key_ttl_s: int = DEFAULT_KEY_TTL_S
-    watchdog_interval_s: float = 1.0
-    spill_max_bytes: int = DEFAULT_MAX_BYTES
-    """Writes kept in memory per session while Redis is unreachable (oldest media dropped
-    first past this)."""
 
 
 class Session:
@@ -187,19 +161,33 @@ class Session:
         self.conversation = Conversation(
             self.history, self.audio, self._turns, self._transcriber, self.emit
         )
-        self._response: Response | None = None
-        self._response_task: asyncio.Task[None] | None = None
-        self._writer_lock = asyncio.Lock()
+        self._responder = Responder(
+            self,
+            session_id,
+            pipeline=pipeline,
+            history=self.history,
+            turns=self._turns,
+            transcriber=self._transcriber,
+            requests=self._requests,
+            turn_taking=self.turn_taking,
+            machine=self.machine,
+            metrics=self.metrics,
+            clock=clock,
+            chunk_timeout_s=self.limits.chunk_timeout_s,
+        )
         self._tg: asyncio.TaskGroup | None = None
         self._started = asyncio.Event()
         """session.created has gone out: what the client sends is answered after it."""
         self._close_requested = asyncio.Event()
         self._closed = asyncio.Event()
         self.close_reason = ""
-        self._created = clock.now()
-        self._last_activity = self._created
-        """When the client last sent something, or the assistant's last answer ended."""
-        self._detached_until: float | None = None
+        self._watchdog = Watchdog(
+            self.limits,
+            clock,
+            responding=lambda: self.responding,
+            emit=self.emit,
+            close=self.request_close,
+        )
         self.movable = False
         """A transport that can resume it elsewhere serves it (a drain hands it over)."""
         self.moving = False
@@ -224,7 +212,7 @@ class Session:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
                 writer = tg.create_task(self.event_log.run(), name=f"{self.session_id}:events")
-                watchdog = tg.create_task(self._watchdog(), name=f"{self.session_id}:watchdog")
+                watchdog = tg.create_task(self._watchdog.run(), name=f"{self.session_id}:watchdog")
                 transcriber = tg.create_task(
                     self._transcriber.run(), name=f"{self.session_id}:transcriber"
                 )
@@ -302,7 +290,7 @@ class Session:
             await self.spill.aclose()
         await self.turn_taking.close()
         async with self._media_lock:  # no media write races the key deletion
-            await self._cancel_response(self.close_reason or "session_closed")
+            await self._responder.cancel(self.close_reason or "session_closed")
             self._sink.clear()
             self.machine.to(SessionState.CLOSED, self.close_reason)
             self.emit(SessionClosed(reason=self.close_reason))
@@ -345,7 +333,7 @@ class Session:
         if not self._close_requested.is_set():
             self._notify(self._notices.refusal(refusal))
 
-    def _store_trouble(self) -> None:
+    def store_trouble(self) -> None:
         """A call failed for want of the session store: the client hears why, once."""
         if self.link.up and self.link.refusing:
             self.redis_full(self.link.refusals)
@@ -371,46 +359,6 @@ class Session:
         if not self._close_requested.is_set():
             await self.store.write_back()
 
-    async def _watchdog(self) -> None:
-        limits = self.limits
-        warned = False
-        while True:
-            await self.clock.sleep(limits.watchdog_interval_s)
-            now = self.clock.now()
-            age = now - self._created
-            if self._detached_until is not None and now >= self._detached_until:
-                self.request_close("client_gone")
-                return
-            # an answer generating or playing is no idleness (its end stamps the activity)
-            quiet_s = now - self._last_activity
-            if not self.responding and 0 < limits.idle_timeout_s <= quiet_s:
-                self._expire(
-                    IDLE_TIMEOUT, f"nothing was sent or said for {limits.idle_timeout_s:g} s"
-                )
-                return
-            if age >= limits.max_lifetime_s:
-                minutes = limits.max_lifetime_s / 60
-                self._expire(
-                    MAX_DURATION, f"it reached its maximum duration of {minutes:g} minutes"
-                )
-                return
-            if not warned and age >= limits.max_lifetime_s - limits.lifetime_warning_s:
-                warned = True
-                self.emit(SessionExpiring(seconds_left=round(limits.max_lifetime_s - age)))
-
-    def _expire(self, reason: str, why: str) -> None:
-        """The session ends by its own limit: the client is told why in an `error` (the
-        event every protocol's client reads; OpenAI sends `session_expired` the same way),
-        then the session closes with that reason."""
-        self.emit(
-            ErrorEvent(
-                code=SessionExpiredError.codes[reason],
-                error_type=SessionExpiredError.error_type,
-                message=f"The session has ended: {why}.",
-            )
-        )
-        self.request_close(reason)
-
     # --- connections ---------------------------------------------------------------------
 
     def matches_token(self, token: str) -> bool:
@@ -420,16 +368,15 @@ class Session:
         """The client's connection dropped: stop answering, keep the session `grace_s` for a
         resume (its events go on into the event log), then close it."""
         self._check_open()
-        async with self._writer_lock:
-            await self._cancel_response("client_disconnected")
+        await self._responder.stop("client_disconnected")
         self._sink = DetachedSink()
-        self._detached_until = self.clock.now() + grace_s
+        self._watchdog.detached(grace_s)
 
     def attach(self, sink: OutputSink) -> None:
         """A client (re)connected: output goes to `sink` from now on."""
         self._check_open()
         self._sink = sink
-        self._detached_until = None
+        self._watchdog.attached()
 
     # --- events --------------------------------------------------------------------------
 
@@ -461,7 +408,7 @@ class Session:
         and the call is activity (the idle timeout counts from it)."""
         if self._close_requested.is_set() or self.closed:
             raise SessionClosedError("the session is closed")
-        self._last_activity = self.clock.now()
+        self._watchdog.activity()
 
     # --- settings ------------------------------------------------------------------------
 
@@ -535,7 +482,7 @@ class Session:
     async def _model_speaks(self, turn: DuplexTurn) -> None:
         """The duplex model began a turn: it is answered as a response of its own."""
         try:
-            await self._start_response(pipeline=turn)
+            await self._responder.start(pipeline=turn)
         except SessionClosedError:
             await turn.close()
 
@@ -550,13 +497,16 @@ class Session:
         self._sink.resume()
 
     async def interrupt(self) -> None:
-        await self._cancel_response("barge_in", next_state=SessionState.USER_SPEAKING)
+        await self._responder.cancel("barge_in", next_state=SessionState.USER_SPEAKING)
 
     async def respond(self, prefetched: Prefetch | None = None) -> None:
-        await self._start_response(prefetched=prefetched)
+        await self._responder.start(prefetched=prefetched)
 
     def transcribe(self, item_id: str, begin_ms: int, end_ms: int) -> None:
         self._transcriber.request(item_id, begin_ms, end_ms)
+
+    async def store_transcript(self, item_id: str, words: str) -> None:
+        await store_transcript(self.history, self.emit, item_id, words)
 
     async def request_ahead(
         self, item_id: str, span_ms: tuple[int, int], words: str
@@ -627,11 +577,11 @@ class Session:
         self._check_open()
         await self.conversation.delete(item_id)
 
-    # --- responses -----------------------------------------------------------------------
+    # --- responses (responder.py; what it asks of the session: ResponderHost) -----------
 
     @property
     def responding(self) -> bool:
-        return self._response_task is not None and not self._response_task.done()
+        return self._responder.responding
 
     async def create_response(self, options: ResponseOptions | None = None) -> str:
         """response.create: answer the conversation so far, shaped by `options`."""
@@ -642,173 +592,42 @@ class Session:
                 "so a response cannot be created",
                 "duplex_model_decides",
             )
-        if self.responding and self._response is not None and self._response.generating:
+        if (active := self._responder.generating) is not None:
             raise InvalidRequestError(
                 "Conversation already has an active response in progress: "
-                f"{self._response.response_id}. Wait until the response is finished before "
+                f"{active.response_id}. Wait until the response is finished before "
                 "creating a new one.",
                 "conversation_already_has_active_response",
             )
-        return await self._start_response(options)
+        return await self._responder.start(options)
 
     async def cancel_response(self) -> bool:
         """response.cancel: False when nothing was in progress."""
         self._check_open()
-        return await self._cancel_response("client_cancelled")
-
-    async def _start_response(
-        self,
-        options: ResponseOptions | None = None,
-        prefetched: Prefetch | None = None,
-        pipeline: Pipeline | None = None,
-    ) -> str:
-        """Start an answer (`prefetched`: adopting the work begun at the turn's pause;
-        `pipeline`: a duplex model's turn, which has heard the user's turns itself)."""
-        if prefetched is None:
-            await self.turn_taking.drop_ahead()  # an answer to anything else: that is moot
-        resolved = (options or ResponseOptions()).resolve(self.config)
-        async with self._writer_lock:  # one writer: never start while one is torn down
-            await self._end_previous_response()
-            if self._tg is None:
-                raise SessionClosedError("the session is not running")
-            self.turn_taking.answering()
-            # An out-of-band answer leaves the pending turn for the next real one.
-            in_turn = resolved.in_conversation and pipeline is None
-            turn = self._turns.take() if in_turn else TurnInput(None)
-            transcript_item_id = turn.transcript_item_id
-            words = None
-            if prefetched is not None:  # its words were recognised at the pause
-                words = await self.turn_taking.words(prefetched.item_id)
-            if transcript_item_id is not None:
-                self._transcriber.answered(transcript_item_id)
-                heard = await self.history.get(transcript_item_id)
-                if heard is not None and heard.text:  # transcribed already: not again
-                    transcript_item_id = None
-            context = ResponseContext(
-                pipeline=pipeline or self._pipeline,
-                history=self.history,
-                sink=self._sink,
-                emit=self.emit,
-                first_audio=self._response_speaking,
-                chunk_timeout_s=self.limits.chunk_timeout_s,
-                clock=self.clock,
-            )
-            response = Response(
-                new_id("resp"),
-                context,
-                lambda request_id: self._build_request(request_id, turn, resolved),
-                transcript_item_id,
-                resolved,
-                prefetched,
-                heard=words,
-            )
-            if prefetched is not None:
-                self._turns.claim_audio(turn)  # the prefetched request has read it
-            if self.machine.state is not SessionState.THINKING:
-                self.machine.to(SessionState.THINKING, "response started")
-            self._response = response
-            self._response_task = self._tg.create_task(
-                self._run_response(response), name=f"{self.session_id}:{response.response_id}"
-            )
-            return response.response_id
-
-    async def _end_previous_response(self) -> None:
-        """Before a new answer: one that is only playing out its audio hands over (its
-        audio plays on, the new answer's queues after it, as OpenAI's clients expect after
-        response.done); one still generating is cut off."""
-        task, response = self._response_task, self._response
-        playing_out = response is not None and not response.generating
-        if task is not None and response is not None and not task.done() and playing_out:
-            response.hand_over()
-            await cancel_and_wait(task)
-            self._response_task = None
-            return
-        await self._cancel_response("superseded")
-
-    def _response_speaking(self) -> None:
-        """The answer in progress has its first audio."""
-        self.machine.to(SessionState.SPEAKING, "first audio")
-
-    async def _run_response(self, response: Response) -> None:
-        try:
-            status = await response.run()
-            self.machine.to(SessionState.LISTENING, f"response {status}")
-            self.turn_taking.answered()
-        except asyncio.CancelledError:
-            raise
-        except RedisUnavailableError:  # not a bug: the client hears of the outage once
-            self._store_trouble()
-            if self.machine.can(SessionState.LISTENING):
-                self.machine.to(SessionState.LISTENING, "session store unreachable")
-        except Exception:
-            log.exception("session %s: response %s crashed", self.session_id, response.response_id)
-            self.report_error(RuntimeError("the response failed unexpectedly"))
-            if self.machine.can(SessionState.LISTENING):
-                self.machine.to(SessionState.LISTENING, "response crashed")
-        finally:
-            self._last_activity = self.clock.now()  # idle time counts from the answer's end
-            if response.status is not None:
-                self.metrics.responses.labels(response.status).inc()
-            if response.redis_unavailable:
-                self._store_trouble()
-
-    async def _cancel_response(
-        self, reason: str, next_state: SessionState = SessionState.LISTENING
-    ) -> bool:
-        """Stop the answer in progress: sink cleared first, then the turn task cancelled."""
-        task, response = self._response_task, self._response
-        if task is None or response is None or task.done():
-            return False
-        self._sink.clear()
-        response.cancel_reason = reason
-        await cancel_and_wait(task)
-        await response.discard_prefetched()  # if it was cancelled before it began
-        self._sink.resume()
-        # The response stays in `_response`: a client may still truncate its item (OpenAI
-        # clients send response.cancel, then conversation.item.truncate).
-        self._response_task = None
-        if self.machine.state is not next_state and self.machine.can(next_state):
-            self.machine.to(next_state, reason)
-        return True
-
-    async def _build_request(
-        self, request_id: str, turn: TurnInput, options: ResolvedOptions
-    ) -> PipelineRequest:
-        transcript = await self._heard(turn.speech_item_id or turn.user_item_id)
-        return await self._requests.build(
-            request_id, turn, options, self.config.output_sample_rate, transcript
-        )
-
-    async def _heard(self, item_id: str | None) -> str | None:
-        """The words of the spoken turn `item_id`, if they were recognised already (at its
-        pause): stored on its item and announced, so the answer need not recognise them
-        again."""
-        if item_id is None:
-            return None
-        transcript = await self.turn_taking.words(item_id)
-        if transcript is not None:
-            await self.store_transcript(item_id, transcript)
-            return transcript
-        item = await self.history.get(item_id)
-        return item.text if item is not None and item.has_audio and item.text else None
-
-    async def store_transcript(self, item_id: str, words: str) -> None:
-        await store_transcript(self.history, self.emit, item_id, words)
+        return await self._responder.cancel("client_cancelled")
 
     async def truncate_item(self, item_id: str, audio_end_ms: int) -> None:
         """conversation.item.truncate: the answer in progress or just played knows which
         words were heard by then; an older assistant audio item is cut in proportion."""
         self._check_open()
-        response = self._response
-        if response is not None and response.item.id == item_id:
-            await response.truncate(audio_end_ms, by_client=True)
-            return
-        await self.conversation.truncate(item_id, audio_end_ms)
+        if not await self._responder.truncate(item_id, audio_end_ms):
+            await self.conversation.truncate(item_id, audio_end_ms)
+
+    @property
+    def sink(self) -> OutputSink:
+        return self._sink
+
+    @property
+    def task_group(self) -> asyncio.TaskGroup | None:
+        return self._tg
+
+    def answer_ended(self) -> None:
+        self._watchdog.activity()  # idle time counts from the answer's end
 
     def describe(self) -> dict[str, Any]:
         return {
             "session_id": self.session_id,
             "state": self.state.value,
             "input_audio_ms": self._turns.offset_ms,
-            "age_s": round(self.clock.now() - self._created, 1),
+            "age_s": round(self.clock.now() - self._watchdog.created, 1),
         }
