@@ -8,9 +8,9 @@ one that only plays out its audio hand over (its audio plays on and the new one 
 after it). It makes the thinking / speaking / listening transitions of an answer and tells
 turn-taking when one starts and when one has played out (turn_taking.py).
 
-What it uses of the session, besides the parts given at construction, is a
-`ResponderHost`: what changes while the session lives (its settings, its sink, its task
-group) and what the session does when an answer ends or fails.
+What it uses of the session is a `ResponderHost`: the session's parts, what changes
+while it lives (its settings, its sink, its task group), and what the session does when an
+answer ends or fails.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from .config import SessionConfig
 from .errors import RedisUnavailableError, SessionClosedError
 from .events import Event, new_id
 from .history import History
+from .limits import SessionLimits
 from .metrics import SessionMetrics
 from .prefetch import Prefetch
 from .request_builder import RequestBuilder
@@ -44,9 +45,16 @@ _S = SessionState
 
 
 class ResponderHost(Protocol):
-    """What the responder needs from its session."""
+    """What the responder needs from its session: its parts, and what changes while it
+    lives (its settings, its sink, its task group)."""
 
+    session_id: str
     config: SessionConfig
+    limits: SessionLimits
+    clock: Clock
+    history: History
+    machine: StateMachine
+    metrics: SessionMetrics
 
     @property
     def sink(self) -> OutputSink:
@@ -75,31 +83,24 @@ class Responder:
     def __init__(
         self,
         host: ResponderHost,
-        session_id: str,
-        *,
         pipeline: Pipeline,
-        history: History,
         turns: Turns,
         transcriber: ItemTranscriber,
         requests: RequestBuilder,
         turn_taking: TurnTaking,
-        machine: StateMachine,
-        metrics: SessionMetrics,
-        clock: Clock,
-        chunk_timeout_s: float,
     ) -> None:
         self._host = host
-        self._session_id = session_id
+        self._session_id = host.session_id
         self._pipeline = pipeline
-        self._history = history
+        self._history = host.history
         self._turns = turns
         self._transcriber = transcriber
         self._requests = requests
         self._turn_taking = turn_taking
-        self._machine = machine
-        self._metrics = metrics
-        self._clock = clock
-        self._chunk_timeout_s = chunk_timeout_s
+        self._machine = host.machine
+        self._metrics = host.metrics
+        self._clock = host.clock
+        self._chunk_timeout_s = host.limits.chunk_timeout_s
         self.response: Response | None = None
         """The last answer: a client may still truncate its item after it ended."""
         self._task: asyncio.Task[None] | None = None

@@ -27,28 +27,24 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from pipeline.audio_format import FRAME_MS, INPUT_SAMPLE_RATE
+from pipeline.audio_format import INPUT_SAMPLE_RATE
 from pipeline.types import Pipeline, PipelineRequest
 
+from .audio_in import AudioIn
 from .clock import REAL_CLOCK, Clock
 from .config import SessionConfig
-from .conversation import Conversation
+from .conversation import Conversation, text_message
 from .duplex_turns import DuplexTurn, DuplexTurns
-from .errors import (
-    InvalidRequestError,
-    SessionClosedError,
-)
+from .errors import InvalidRequestError, SessionClosedError
 from .events import (
-    AudioBufferCommitted,
     ConversationItem,
-    ConversationItemCreated,
     DtmfReceived,
-    ErrorEvent,
     Event,
     SessionClosed,
     SessionCreated,
     SessionStateChanged,
     SessionUpdated,
+    error_event,
     new_id,
 )
 from .limits import SessionLimits as SessionLimits  # where the manager and tests find it
@@ -57,7 +53,6 @@ from .metrics import SessionMetrics
 from .prefetch import Prefetch
 from .redis_link import RedisLink
 from .request_builder import RequestBuilder
-from .resample import InputResampler
 from .responder import Responder
 from .response_options import ResponseOptions
 from .sink import DetachedSink, OutputSink
@@ -109,6 +104,10 @@ class Session:
         self._pipeline = pipeline
         self._sink = sink
         self.link = link or RedisLink(redis)
+        self._notices = StoreNotices(
+            self.link, self.limits.spill_max_bytes, self.emit, lambda: self.closing
+        )
+        """What the client is told, once an episode, when Redis cannot take writes."""
         self.store = store = SessionStore(
             session_id,
             config,
@@ -117,16 +116,13 @@ class Session:
             ttl_s=self.limits.key_ttl_s,
             spill_max_bytes=self.limits.spill_max_bytes,
             metrics=self.metrics,
-            on_drop=self._spill_dropped,
+            on_drop=self._notices.spill_dropped,
         )
         store.fence = fence
         self.keys, self.spill = store.keys, store.spill
         self.audio, self.frames = store.audio, store.frames
         self.history, self.event_log = store.history, store.event_log
-        self._notices = StoreNotices(self.link, self.limits.spill_max_bytes)
-        """What the client is told, once an episode, when Redis cannot take writes."""
         self.machine = StateMachine(session_id, self._on_transition)
-        self._resampler: InputResampler | None = None
         self._turns = Turns()
         self._requests = RequestBuilder(session_id, store, self._turns, self.metrics)
         self._media_lock = asyncio.Lock()
@@ -143,12 +139,10 @@ class Session:
                 self.machine,
                 config.turn_detection,
                 self._media_lock,
-                name=session_id,
                 pipeline=pipeline,
                 read_audio=self.audio.read,
                 clock=clock,
-                barge_ins=self.metrics.barge_ins,
-                prefetches=self.metrics.prefetches,
+                metrics=self.metrics,
             )
         self._transcriber = ItemTranscriber(
             session_id,
@@ -158,22 +152,10 @@ class Session:
             self.emit,
             known=self.turn_taking.words,
         )
-        self.conversation = Conversation(
-            self.history, self.audio, self._turns, self._transcriber, self.emit
-        )
+        self.conversation = Conversation(store, self._turns, self._transcriber, self.emit)
+        self._audio_in = AudioIn(store, self._turns, self.turn_taking, self._media_lock, duplex)
         self._responder = Responder(
-            self,
-            session_id,
-            pipeline=pipeline,
-            history=self.history,
-            turns=self._turns,
-            transcriber=self._transcriber,
-            requests=self._requests,
-            turn_taking=self.turn_taking,
-            machine=self.machine,
-            metrics=self.metrics,
-            clock=clock,
-            chunk_timeout_s=self.limits.chunk_timeout_s,
+            self, pipeline, self._turns, self._transcriber, self._requests, self.turn_taking
         )
         self._tg: asyncio.TaskGroup | None = None
         self._started = asyncio.Event()
@@ -324,30 +306,15 @@ class Session:
 
     def redis_unavailable(self, outage: int) -> None:
         """Tell the client, once per outage, that the session store is unreachable."""
-        if not self._close_requested.is_set():
-            self._notify(self._notices.outage(outage))
+        self._notices.tell(self._notices.outage(outage))
 
     def redis_full(self, refusal: int) -> None:
         """Tell the client, once per refusal, that the session store refuses writes (it is
         at its memory limit)."""
-        if not self._close_requested.is_set():
-            self._notify(self._notices.refusal(refusal))
+        self._notices.tell(self._notices.refusal(refusal))
 
     def store_trouble(self) -> None:
-        """A call failed for want of the session store: the client hears why, once."""
-        if self.link.up and self.link.refusing:
-            self.redis_full(self.link.refusals)
-        else:
-            self.redis_unavailable(self.link.outages)
-
-    def _spill_dropped(self, kind: str, count: int) -> None:
-        """The spill gave up kept writes: the client hears of it once an episode."""
-        if not self._close_requested.is_set():
-            self._notify(self._notices.dropped(kind))
-
-    def _notify(self, notice: ErrorEvent | None) -> None:
-        if notice is not None:
-            self.emit(notice)
+        self._notices.trouble()
 
     async def restore_after_outage(self) -> None:
         """Redis answers again: the store puts back what it lost (see SessionStore.restore)."""
@@ -388,17 +355,7 @@ class Session:
 
     def report_error(self, error: Exception, client_event_id: str | None = None) -> None:
         """Send a typed error to the client as an `error` event; the session goes on."""
-        code = getattr(error, "code", "server_error")
-        error_type = getattr(error, "error_type", "server_error")
-        self.emit(
-            ErrorEvent(
-                code=code,
-                message=str(error),
-                error_type=error_type,
-                client_event_id=client_event_id,
-                param=getattr(error, "field", None),
-            )
-        )
+        self.emit(error_event(error, client_event_id))
 
     def _on_transition(self, old: SessionState, new: SessionState, reason: str) -> None:
         self.emit(SessionStateChanged(previous=old.value, state=new.value, reason=reason))
@@ -435,30 +392,7 @@ class Session:
     ) -> None:
         """Buffer client audio (PCM16 interleaved, any supported rate) and detect turns."""
         self._check_open()
-        resampler, tail = self._resampler, []
-        if resampler is None or (resampler.sample_rate, resampler.channels) != (
-            sample_rate,
-            channels,
-        ):
-            fresh = InputResampler(sample_rate, channels)  # raises MediaError if unsupported
-            fresh.push(pcm)  # validate on a throwaway before touching the live stream
-            tail = resampler.flush() if resampler is not None else []
-            resampler = self._resampler = InputResampler(sample_rate, channels)
-        frames = tail + resampler.push(pcm)  # validates before changing any state
-        if self.duplex is not None:
-            self.duplex.hear(frames)
-        async with self._media_lock:
-            self._check_open()
-            first = self._turns.received(FRAME_MS * len(frames))
-            try:
-                await self.audio.append(frames, first)
-            except Exception as exc:
-                self.metrics.redis_errors.inc()
-                log.warning("session %s: audio buffer write failed: %s", self.session_id, exc)
-            before = self.audio.dropped_frames
-            await self.turn_taking.hear(frames, first)
-            if self.audio.dropped_frames > before:
-                self.metrics.dropped_frames.labels("audio").inc(self.audio.dropped_frames - before)
+        await self._audio_in.append(pcm, sample_rate, channels, self._check_open)
 
     def dtmf(self, digit: str) -> None:
         """A keypad digit from the caller (a phone call): told to the client as an event."""
@@ -517,18 +451,7 @@ class Session:
         )
 
     async def commit_turn(self, item_id: str, begin_ms: int, end_ms: int) -> ConversationItem:
-        item = ConversationItem(id=item_id, role="user", has_audio=True, audio_ms=end_ms - begin_ms)
-        try:
-            previous = await self.history.append(item)
-        except Exception as exc:  # Redis down: the turn goes on, its answer will say why
-            self.metrics.redis_errors.inc()
-            log.warning("session %s: could not commit turn %s: %s", self.session_id, item_id, exc)
-            previous = None
-        self._turns.committed(item_id, begin_ms, end_ms)
-        self.metrics.turns.inc()
-        self.emit(AudioBufferCommitted(item_id=item_id, previous_item_id=previous))
-        self.emit(ConversationItemCreated(item=item, previous_item_id=previous))
-        return item
+        return await self.conversation.commit_speech(item_id, begin_ms, end_ms)
 
     async def commit_audio(self) -> ConversationItem:
         """Manual turns: make the uncommitted input audio a user item."""
@@ -544,12 +467,7 @@ class Session:
 
     async def add_text(self, text: str, role: str = "user") -> ConversationItem:
         """A typed message; the next response answers it."""
-        if not text.strip():
-            raise InvalidRequestError("empty message")
-        if role not in ("user", "system"):
-            raise InvalidRequestError(f"role must be user or system, not {role!r}")
-        item = ConversationItem(role="user" if role == "user" else "system", text=text)
-        return await self.add_item(item)
+        return await self.add_item(text_message(text, role))
 
     async def add_item(
         self, item: ConversationItem, previous_item_id: str | None = None

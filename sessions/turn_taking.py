@@ -36,8 +36,6 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-from prometheus_client import Counter
-
 from pipeline.audio_format import FRAME_MS
 from pipeline.types import Pipeline, PipelineRequest
 
@@ -54,6 +52,7 @@ from .events import (
     new_id,
 )
 from .idle_timer import IdleTimer
+from .metrics import SessionMetrics
 from .prefetch import Prefetch, PrefetchSlot
 from .state import SessionState, StateMachine
 from .transcription import Heard
@@ -249,26 +248,23 @@ class ServerTurnTaking(TurnTaking):
         config: TurnDetectionConfig | None,
         media_lock: asyncio.Lock,
         *,
-        name: str,
         pipeline: Pipeline,
         read_audio: AudioReader,
         clock: Clock,
-        barge_ins: Counter,
-        prefetches: Counter,
+        metrics: SessionMetrics,
     ) -> None:
         """`pipeline`, `read_audio`: recognise the words at a pause and begin the answer
-        ahead; `name`: the session's id, naming its tasks; `barge_ins`, `prefetches`: the
-        session's counters."""
+        ahead; `metrics`: the session's (barge-ins, answers begun ahead)."""
         super().__init__(host, turns, machine, config, media_lock)
-        self._name = name
+        self._name = name = machine.session_id
         self._pipeline = pipeline
-        self._barge_ins = barge_ins
+        self._barge_ins = metrics.barge_ins
         self._idle = IdleTimer(clock, name)
         self.transcript = TurnTranscript(
             name, pipeline, read_audio, host.emit, heard=self._pause_heard, judge=self._semantic
         )
         """The words of the turn in progress, recognised at its pauses."""
-        self._ahead = PrefetchSlot(prefetches)
+        self._ahead = PrefetchSlot(metrics.prefetches)
         """An answer begun at the open turn's last pause."""
 
     async def _on_signal(self, signal: TurnSignal) -> None:

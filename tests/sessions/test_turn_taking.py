@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
-from prometheus_client import CollectorRegistry, Counter
 
 from loadtest.speech import silence, utterances_with_gaps
 from pipeline.types import End, ErrorChunk, OutputChunk, PipelineRequest, TextDelta
@@ -26,6 +25,7 @@ from sessions.events import (
     SpeechStarted,
     SpeechStopped,
 )
+from sessions.metrics import SessionMetrics
 from sessions.prefetch import Prefetch
 from sessions.state import SessionState, StateMachine
 from sessions.turn_taking import ModelTurnTaking, ServerTurnTaking, TurnTaking
@@ -123,10 +123,6 @@ async def no_audio(begin_ms: int, end_ms: int) -> npt.NDArray[np.int16]:
     return np.zeros((end_ms - begin_ms) * 16, dtype=np.int16)
 
 
-def counter(name: str) -> Counter:
-    return Counter(name, name, ["outcome"], registry=CollectorRegistry())
-
-
 class Rig:
     """A turn-taking with its parts: the host, the turns, the state machine."""
 
@@ -149,12 +145,10 @@ class Rig:
                 self.machine,
                 td,
                 lock,
-                name="s",
                 pipeline=pipeline,
                 read_audio=no_audio,
                 clock=ScaledClock(50.0),
-                barge_ins=Counter("barge_ins", "b", registry=CollectorRegistry()),
-                prefetches=counter("prefetches"),
+                metrics=SessionMetrics(),
             )
 
     async def hear(self, pcm: npt.NDArray[np.int16]) -> None:
