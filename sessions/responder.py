@@ -24,7 +24,7 @@ from pipeline.types import Pipeline, PipelineRequest
 
 from .clock import Clock
 from .config import SessionConfig
-from .errors import RedisUnavailableError, SessionClosedError
+from .errors import InvalidRequestError, RedisUnavailableError, SessionClosedError
 from .events import Event, new_id
 from .history import History
 from .limits import SessionLimits
@@ -42,6 +42,8 @@ from .turns import TurnInput, Turns
 log = logging.getLogger("parley.sessions.responder")
 
 _S = SessionState
+
+FORGET_TIMEOUT_S = 5.0
 
 
 class ResponderHost(Protocol):
@@ -118,6 +120,24 @@ class Responder:
         return (
             response if self.responding and response is not None and response.generating else None
         )
+
+    async def create(self, options: ResponseOptions | None, *, duplex: bool) -> str:
+        """response.create: refused while an answer generates, and in a session whose
+        model is full duplex (it decides by itself when to speak)."""
+        if duplex:
+            raise InvalidRequestError(
+                "this session's model is full duplex: it decides by itself when to speak, "
+                "so a response cannot be created",
+                "duplex_model_decides",
+            )
+        if (active := self.generating) is not None:
+            raise InvalidRequestError(
+                "Conversation already has an active response in progress: "
+                f"{active.response_id}. Wait until the response is finished before "
+                "creating a new one.",
+                "conversation_already_has_active_response",
+            )
+        return await self.start(options)
 
     async def start(
         self,
@@ -248,6 +268,26 @@ class Responder:
             return False
         await response.truncate(audio_end_ms, by_client=True)
         return True
+
+    async def forget_session(self) -> None:
+        """The session ended: the pipeline drops what it kept for it between turns (the
+        Thinker's KV); the answer in flight, if any, was cancelled first, so nothing is kept
+        after this."""
+        try:
+            async with asyncio.timeout(FORGET_TIMEOUT_S):
+                await self._pipeline.forget_session(self._session_id)
+        except Exception as exc:  # the session ends anyway; the engines' budgets evict it
+            log.warning("session %s: the pipeline did not forget it: %r", self._session_id, exc)
+
+    async def request_ahead(
+        self, item_id: str, span_ms: tuple[int, int], words: str
+    ) -> PipelineRequest:
+        """The request of an answer begun ahead, on the words of the turn so far."""
+        config = self._host.config
+        options, rate = ResponseOptions().resolve(config), config.output_sample_rate
+        return await self._requests.build_ahead(
+            new_id("resp"), item_id, span_ms, words, options, rate
+        )
 
     async def _build_request(
         self, request_id: str, turn: TurnInput, options: ResolvedOptions

@@ -1,18 +1,16 @@
-"""One conversation: media in, turns detected, responses out, interruptions honoured.
+"""One conversation: the owner of its parts, and what the transports talk to.
 
-The session is the owner of everything it starts. `run()` is its scope (a TaskGroup, run
-by the SessionManager): the event-log writer, the watchdog, and at most one response task
-(the turn scope), so there is a single writer of output per session. Closing the session
-ends all of it, tells the pipeline to forget it, deletes its Redis keys, and sends a
-goodbye event.
+`run()` is the session's scope (a TaskGroup, run by the SessionManager): the event-log
+writer, the watchdog (limits.py), the transcriber, a duplex model's reader, and at most one
+answer (the turn scope, responder.py), so output has a single writer. Closing the session
+ends all of it, tells the pipeline to forget it, deletes its Redis keys, and sends a goodbye.
 
-The session makes every state transition. Its parts report to it: the turn detector's
-signals, the `Turns` bookkeeping (where each turn's audio lies, what the next answer
-answers), and each `Response` (its first audio, its outcome). It knows no transport: the
-transports call its public methods and give it an `OutputSink`.
-
-Its limits (idle timeout, lifetime, detach grace, a response's chunk timeout) are measured on
-a `Clock`: wall time, unless a test compresses it (sessions.clock).
+Its parts: the input audio path (audio_in.py), turn-taking (turn_taking.py: the user's
+turns), the responder (the answers), the conversation (conversation.py: the items) and its
+output (output.py: the client's sink, the event log). Turn-taking and the responder ask the
+session for what they need through two small protocols (`TurnHost`, `ResponderHost`). It
+knows no transport: transports call its public methods and give it an `OutputSink`. Its
+limits are measured on a `Clock`: wall time, unless a test compresses it (sessions.clock).
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ from .clock import REAL_CLOCK, Clock
 from .config import SessionConfig
 from .conversation import Conversation, text_message
 from .duplex_turns import DuplexTurn, DuplexTurns
-from .errors import InvalidRequestError, SessionClosedError
+from .errors import SessionClosedError
 from .events import (
     ConversationItem,
     DtmfReceived,
@@ -45,17 +43,17 @@ from .events import (
     SessionStateChanged,
     SessionUpdated,
     error_event,
-    new_id,
 )
 from .limits import SessionLimits as SessionLimits  # where the manager and tests find it
 from .limits import Watchdog
 from .metrics import SessionMetrics
+from .output import SessionOutput
 from .prefetch import Prefetch
 from .redis_link import RedisLink
 from .request_builder import RequestBuilder
 from .responder import Responder
 from .response_options import ResponseOptions
-from .sink import DetachedSink, OutputSink
+from .sink import OutputSink
 from .state import SessionState, StateMachine
 from .store import SessionStore
 from .store_notices import StoreNotices
@@ -65,8 +63,6 @@ from .turns import MIN_COMMIT_MS as MIN_COMMIT_MS  # the transports size their q
 from .turns import Turns
 
 log = logging.getLogger("parley.sessions.session")
-
-FORGET_TIMEOUT_S = 5.0
 
 
 class Session:
@@ -102,7 +98,6 @@ class Session:
         self.limits = limits or SessionLimits()
         self.metrics = metrics or SessionMetrics()
         self._pipeline = pipeline
-        self._sink = sink
         self.link = link or RedisLink(redis)
         self._notices = StoreNotices(
             self.link, self.limits.spill_max_bytes, self.emit, lambda: self.closing
@@ -122,6 +117,7 @@ class Session:
         self.keys, self.spill = store.keys, store.spill
         self.audio, self.frames = store.audio, store.frames
         self.history, self.event_log = store.history, store.event_log
+        self.output = SessionOutput(sink, store)
         self.machine = StateMachine(session_id, self._on_transition)
         self._turns = Turns()
         self._requests = RequestBuilder(session_id, store, self._turns, self.metrics)
@@ -172,10 +168,6 @@ class Session:
         )
         self.movable = False
         """A transport that can resume it elsewhere serves it (a drain hands it over)."""
-        self.moving = False
-        """Handed over to another process: it ends here silently and keeps its keys."""
-        self._quiet = False
-        """Nothing more goes into the event log (another process owns it now)."""
         self.duplex = duplex
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -227,21 +219,12 @@ class Session:
             if self.duplex is not None:
                 self.duplex.close()
             await self.audio.aclose()
-            await self._forget_in_pipeline()
+            await self._responder.forget_session()
             if self.moving:
                 await self.spill.aclose()  # the keys stay for the process that resumes it
             else:
                 await self.store.delete()  # fenced: kept when another process owns it
             self._closed.set()
-
-    async def _forget_in_pipeline(self) -> None:
-        """The pipeline drops what it kept for this session between turns (the Thinker's KV);
-        the turn in flight, if any, was cancelled first, so nothing is kept after this."""
-        try:
-            async with asyncio.timeout(FORGET_TIMEOUT_S):
-                await self._pipeline.forget_session(self.session_id)
-        except Exception as exc:  # the session ends anyway; the engines' budgets evict it
-            log.warning("session %s: the pipeline did not forget it: %r", self.session_id, exc)
 
     def request_close(self, reason: str) -> None:
         """Ask the session to end; safe from anywhere, any number of times."""
@@ -259,40 +242,25 @@ class Session:
         in another process (manager.py). The client's connection is told `reason`.
         `flush`: what was recorded so far is written first (False: the session was
         taken over already, so nothing more is written at all)."""
-        self.moving = True
+        self.output.moving = True
         if not flush:
-            self._quiet = True
+            self.output.quiet = True
         self.request_close(reason)
 
     async def _shutdown(self) -> None:
         if self.moving:
-            await self._go_quiet()
+            await self.output.go_quiet()
         elif not await self.store.owns():  # taken over meanwhile: no teardown writes
-            self._quiet = True
+            self.output.quiet = True
             await self.spill.aclose()
         await self.turn_taking.close()
         async with self._media_lock:  # no media write races the key deletion
             await self._responder.cancel(self.close_reason or "session_closed")
-            self._sink.clear()
+            self.output.sink.clear()
             self.machine.to(SessionState.CLOSED, self.close_reason)
             self.emit(SessionClosed(reason=self.close_reason))
             if self.moving:  # the connection alone hears why (it tells its client)
-                self._sink.event(SessionClosed(reason=self.close_reason))
-
-    async def _go_quiet(self) -> None:
-        """Handing over: what was recorded so far reaches Redis, then nothing more does
-        (the answer in progress is ended as cancelled by the next owner, from the log)."""
-        if self._quiet:
-            await self.spill.aclose()
-            return
-        try:
-            async with asyncio.timeout(FORGET_TIMEOUT_S):
-                await self.audio.flush()
-                await self.event_log.flushed()
-        except Exception as exc:
-            log.warning("session %s: handed over with writes unflushed: %r", self.session_id, exc)
-        self._quiet = True
-        await self.spill.aclose()
+                self.output.sink.event(SessionClosed(reason=self.close_reason))
 
     def recover(self, offset_ms: int, events: list[Event]) -> None:
         """A session resumed from Redis: its input audio timeline goes on at `offset_ms`
@@ -336,22 +304,24 @@ class Session:
         resume (its events go on into the event log), then close it."""
         self._check_open()
         await self._responder.stop("client_disconnected")
-        self._sink = DetachedSink()
+        self.output.detach()
         self._watchdog.detached(grace_s)
 
     def attach(self, sink: OutputSink) -> None:
         """A client (re)connected: output goes to `sink` from now on."""
         self._check_open()
-        self._sink = sink
+        self.output.sink = sink
         self._watchdog.attached()
 
     # --- events --------------------------------------------------------------------------
 
     def emit(self, event: Event) -> None:
-        if not self.moving:
-            self._sink.event(event)
-        if not self._quiet:
-            self.event_log.record(event)
+        self.output.emit(event)
+
+    @property
+    def moving(self) -> bool:
+        """Handed over to another process: it ends here silently and keeps its keys."""
+        return self.output.moving
 
     def report_error(self, error: Exception, client_event_id: str | None = None) -> None:
         """Send a typed error to the client as an `error` event; the session goes on."""
@@ -424,12 +394,6 @@ class Session:
     def closing(self) -> bool:
         return self._close_requested.is_set()
 
-    def pause_output(self) -> None:
-        self._sink.pause()
-
-    def resume_output(self) -> None:
-        self._sink.resume()
-
     async def interrupt(self) -> None:
         await self._responder.cancel("barge_in", next_state=SessionState.USER_SPEAKING)
 
@@ -443,12 +407,9 @@ class Session:
         await store_transcript(self.history, self.emit, item_id, words)
 
     async def request_ahead(
-        self, item_id: str, span_ms: tuple[int, int], words: str
+        self, item_id: str, span: tuple[int, int], words: str
     ) -> PipelineRequest:
-        options, rate = ResponseOptions().resolve(self.config), self.config.output_sample_rate
-        return await self._requests.build_ahead(
-            new_id("resp"), item_id, span_ms, words, options, rate
-        )
+        return await self._responder.request_ahead(item_id, span, words)
 
     async def commit_turn(self, item_id: str, begin_ms: int, end_ms: int) -> ConversationItem:
         return await self.conversation.commit_speech(item_id, begin_ms, end_ms)
@@ -504,20 +465,7 @@ class Session:
     async def create_response(self, options: ResponseOptions | None = None) -> str:
         """response.create: answer the conversation so far, shaped by `options`."""
         self._check_open()
-        if self.duplex is not None:
-            raise InvalidRequestError(
-                "this session's model is full duplex: it decides by itself when to speak, "
-                "so a response cannot be created",
-                "duplex_model_decides",
-            )
-        if (active := self._responder.generating) is not None:
-            raise InvalidRequestError(
-                "Conversation already has an active response in progress: "
-                f"{active.response_id}. Wait until the response is finished before "
-                "creating a new one.",
-                "conversation_already_has_active_response",
-            )
-        return await self._responder.start(options)
+        return await self._responder.create(options, duplex=self.duplex is not None)
 
     async def cancel_response(self) -> bool:
         """response.cancel: False when nothing was in progress."""
@@ -533,7 +481,7 @@ class Session:
 
     @property
     def sink(self) -> OutputSink:
-        return self._sink
+        return self.output.sink
 
     @property
     def task_group(self) -> asyncio.TaskGroup | None:

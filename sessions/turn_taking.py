@@ -54,6 +54,7 @@ from .events import (
 from .idle_timer import IdleTimer
 from .metrics import SessionMetrics
 from .prefetch import Prefetch, PrefetchSlot
+from .sink import OutputSink
 from .state import SessionState, StateMachine
 from .transcription import Heard
 from .turn_detection import (
@@ -88,12 +89,10 @@ class TurnHost(Protocol):
         """Tell the client (speech_started, speech_stopped, cleared, timeout_triggered)."""
         ...
 
-    def pause_output(self) -> None:
-        """Silence the answer at once, keeping its audio: speech may be a barge-in."""
-        ...
-
-    def resume_output(self) -> None:
-        """Play on: it was not a barge-in (or nothing is left to hold)."""
+    @property
+    def sink(self) -> OutputSink:
+        """The client's output: paused at once when speech may be a barge-in (its audio
+        kept), resumed when it was not one (or nothing is left to hold)."""
         ...
 
     async def interrupt(self) -> None:
@@ -157,7 +156,7 @@ class TurnTaking:
         """New `turn_detection` settings from the next frame on (None: the client decides)."""
         if config is None:
             self.detector = None
-            self._host.resume_output()  # no detector left to end a pause it began
+            self._host.sink.resume()  # no detector left to end a pause it began
         elif self.detector is None:
             self.detector = TurnDetector(config)
         else:
@@ -192,7 +191,7 @@ class TurnTaking:
     def _forget_speech(self) -> None:
         if self.detector is not None:
             self.detector.reset()
-        self._host.resume_output()
+        self._host.sink.resume()
 
     def _speech_started(self, start_ms: int) -> None:
         item_id = self._turns.speech_started()
@@ -278,7 +277,7 @@ class ServerTurnTaking(TurnTaking):
                 if state is _S.LISTENING:
                     self._machine.to(_S.USER_SPEAKING, "speech started")
                 elif td.interrupt_response and host.responding:
-                    host.pause_output()  # silent at once; cut when confirmed, resumed if not
+                    host.sink.pause()  # silent at once; cut when confirmed, resumed if not
             case SpeechConfirmed():
                 if state in (_S.THINKING, _S.SPEAKING) and td.interrupt_response:
                     self._barge_ins.inc()
@@ -287,7 +286,7 @@ class ServerTurnTaking(TurnTaking):
                     # Speech began over the answer's last moments and the answer ended before
                     # it was long enough to cut: nothing is left to interrupt, and this is
                     # the user's next turn (not noise, which is how its end would be taken).
-                    host.resume_output()
+                    host.sink.resume()
                     self._machine.to(_S.USER_SPEAKING, "speech started")
             case SpeechPause(start_ms=start, end_ms=end):
                 speech_id = turns.speech_item_id
@@ -306,7 +305,7 @@ class ServerTurnTaking(TurnTaking):
         await self.transcript.ended(item_id, end_ms)
         host.emit(SpeechStopped(audio_end_ms=end_ms, item_id=item_id))
         if self._machine.state is not _S.USER_SPEAKING:
-            host.resume_output()  # too short to interrupt the answer: noise
+            host.sink.resume()  # too short to interrupt the answer: noise
             return
         begin = self._speech_begin_ms(start_ms)
         await host.commit_turn(item_id, begin, turns.offset_ms)

@@ -34,6 +34,35 @@ from sessions.turns import Turns
 FRAME = 320  # samples: 20 ms at 16 kHz
 
 
+class StandInSink:
+    """The client's output: only whether it was paused or resumed matters here."""
+
+    def __init__(self, calls: list[tuple[Any, ...]]) -> None:
+        self._calls = calls
+
+    def pause(self) -> None:
+        self._calls.append(("pause_output",))
+
+    def resume(self) -> None:
+        self._calls.append(("resume_output",))
+
+    async def audio(self, pcm: npt.NDArray[np.int16], sample_rate: int) -> None:
+        return None
+
+    def event(self, event: Event) -> None:
+        return None
+
+    def clear(self) -> None:
+        return None
+
+    @property
+    def played_ms(self) -> int:
+        return 0
+
+    async def drained(self) -> None:
+        return None
+
+
 class StandInHost:
     """What a session does for turn-taking, written down instead of done."""
 
@@ -53,11 +82,9 @@ class StandInHost:
     def called(self, name: str) -> list[tuple[Any, ...]]:
         return [c[1:] for c in self.calls if c[0] == name]
 
-    def pause_output(self) -> None:
-        self.calls.append(("pause_output",))
-
-    def resume_output(self) -> None:
-        self.calls.append(("resume_output",))
+    @property
+    def sink(self) -> StandInSink:
+        return StandInSink(self.calls)
 
     async def interrupt(self) -> None:
         self.calls.append(("interrupt",))
