@@ -14,13 +14,14 @@ speech also holds the session's media lock (the caller takes it).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from pipeline.audio_format import FRAME_MS
 
-from .audio_buffer import AudioBuffer
 from .errors import InvalidRequestError
 from .events import (
+    AudioBufferCommitted,
     ConversationItem,
     ConversationItemCreated,
     ConversationItemDeleted,
@@ -28,23 +29,36 @@ from .events import (
     ConversationItemTruncated,
     Event,
 )
-from .history import History
 from .resample import InputResampler
+from .store import SessionStore
 from .transcription import ItemTranscriber
 from .turns import Turns
+
+log = logging.getLogger("parley.sessions.conversation")
+
+
+def text_message(text: str, role: str = "user") -> ConversationItem:
+    """A typed message of `role` user or system (InvalidRequestError otherwise)."""
+    if not text.strip():
+        raise InvalidRequestError("empty message")
+    if role not in ("user", "system"):
+        raise InvalidRequestError(f"role must be user or system, not {role!r}")
+    return ConversationItem(role="user" if role == "user" else "system", text=text)
 
 
 class Conversation:
     def __init__(
         self,
-        history: History,
-        audio: AudioBuffer,
+        store: SessionStore,
         turns: Turns,
         transcriber: ItemTranscriber,
         emit: Callable[[Event], None],
     ) -> None:
-        self._history = history
-        self._audio = audio
+        """`store`: the session's (its history, its input audio, its metrics)."""
+        self._history = store.history
+        self._metrics = store.metrics
+        self._session_id = store.session_id
+        self._audio = store.audio
         self._turns = turns
         self._transcriber = transcriber
         self._emit = emit
@@ -95,6 +109,23 @@ class Conversation:
         end = self._turns.offset_ms
         self._turns.committed(item.id, begin, end)
         self._transcriber.request(item.id, begin, end)
+        self._emit(ConversationItemCreated(item=item, previous_item_id=previous))
+        return item
+
+    async def commit_speech(self, item_id: str, begin_ms: int, end_ms: int) -> ConversationItem:
+        """The user's audio [begin_ms, end_ms) on the input timeline becomes the user item
+        `item_id` (a detected or committed turn). With Redis down the turn goes on (its
+        answer will say why)."""
+        item = ConversationItem(id=item_id, role="user", has_audio=True, audio_ms=end_ms - begin_ms)
+        try:
+            previous = await self._history.append(item)
+        except Exception as exc:
+            self._metrics.redis_errors.inc()
+            log.warning("session %s: could not commit turn %s: %s", self._session_id, item_id, exc)
+            previous = None
+        self._turns.committed(item_id, begin_ms, end_ms)
+        self._metrics.turns.inc()
+        self._emit(AudioBufferCommitted(item_id=item_id, previous_item_id=previous))
         self._emit(ConversationItemCreated(item=item, previous_item_id=previous))
         return item
 

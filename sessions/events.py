@@ -314,3 +314,15 @@ class ErrorEvent(Event):
     error_type: str = "invalid_request_error"
     client_event_id: str | None = None
     param: str | None = None
+
+
+def error_event(error: Exception, client_event_id: str | None = None) -> ErrorEvent:
+    """The `error` event telling a client of `error` (a ParleyError's code, type and field,
+    errors.py; any other exception is a server_error)."""
+    return ErrorEvent(
+        code=getattr(error, "code", "server_error"),
+        message=str(error),
+        error_type=getattr(error, "error_type", "server_error"),
+        client_event_id=client_event_id,
+        param=getattr(error, "field", None),
+    )

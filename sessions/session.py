@@ -1,18 +1,16 @@
-"""One conversation: media in, turns detected, responses out, interruptions honoured.
+"""One conversation: the owner of its parts, and what the transports talk to.
 
-The session is the owner of everything it starts. `run()` is its scope (a TaskGroup, run
-by the SessionManager): the event-log writer, the watchdog, and at most one response task
-(the turn scope), so there is a single writer of output per session. Closing the session
-ends all of it, tells the pipeline to forget it, deletes its Redis keys, and sends a
-goodbye event.
+`run()` is the session's scope (a TaskGroup, run by the SessionManager): the event-log
+writer, the watchdog (limits.py), the transcriber, a duplex model's reader, and at most one
+answer (the turn scope, responder.py), so output has a single writer. Closing the session
+ends all of it, tells the pipeline to forget it, deletes its Redis keys, and sends a goodbye.
 
-The session makes every state transition. Its parts report to it: the turn detector's
-signals, the `Turns` bookkeeping (where each turn's audio lies, what the next answer
-answers), and each `Response` (its first audio, its outcome). It knows no transport: the
-transports call its public methods and give it an `OutputSink`.
-
-Its limits (idle timeout, lifetime, detach grace, a response's chunk timeout) are measured on
-a `Clock`: wall time, unless a test compresses it (sessions.clock).
+Its parts: the input audio path (audio_in.py), turn-taking (turn_taking.py: the user's
+turns), the responder (the answers), the conversation (conversation.py: the items) and its
+output (output.py: the client's sink, the event log). Turn-taking and the responder ask the
+session for what they need through two small protocols (`TurnHost`, `ResponderHost`). It
+knows no transport: transports call its public methods and give it an `OutputSink`. Its
+limits are measured on a `Clock`: wall time, unless a test compresses it (sessions.clock).
 """
 
 from __future__ import annotations
@@ -23,88 +21,48 @@ import logging
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
 
-from pipeline.audio_format import FRAME_MS, INPUT_SAMPLE_RATE
-from pipeline.tasks import cancel_and_wait
+from pipeline.audio_format import INPUT_SAMPLE_RATE
 from pipeline.types import Pipeline, PipelineRequest
 
+from .audio_in import AudioIn
 from .clock import REAL_CLOCK, Clock
 from .config import SessionConfig
-from .conversation import Conversation
+from .conversation import Conversation, text_message
 from .duplex_turns import DuplexTurn, DuplexTurns
-from .errors import (
-    InvalidRequestError,
-    RedisUnavailableError,
-    SessionClosedError,
-    SessionExpiredError,
-)
+from .errors import SessionClosedError
 from .events import (
-    AudioBufferCleared,
-    AudioBufferCommitted,
     ConversationItem,
-    ConversationItemCreated,
     DtmfReceived,
-    ErrorEvent,
     Event,
-    InputAudioTimeoutTriggered,
     SessionClosed,
     SessionCreated,
-    SessionExpiring,
     SessionStateChanged,
     SessionUpdated,
-    SpeechStarted,
-    SpeechStopped,
-    new_id,
+    error_event,
 )
-from .idle_timer import IdleTimer
-from .keys import DEFAULT_KEY_TTL_S
+from .limits import SessionLimits as SessionLimits  # where the manager and tests find it
+from .limits import Watchdog
 from .metrics import SessionMetrics
-from .prefetch import Prefetch, PrefetchSlot
+from .output import SessionOutput
+from .prefetch import Prefetch
 from .redis_link import RedisLink
 from .request_builder import RequestBuilder
-from .resample import InputResampler
-from .response import Response, ResponseContext
-from .response_options import ResolvedOptions, ResponseOptions
-from .sink import DetachedSink, OutputSink
-from .spill import DEFAULT_MAX_BYTES
+from .responder import Responder
+from .response_options import ResponseOptions
+from .sink import OutputSink
 from .state import SessionState, StateMachine
 from .store import SessionStore
 from .store_notices import StoreNotices
-from .transcription import Heard, ItemTranscriber, store_transcript
-from .turn_detection import SpeechConfirmed, SpeechEnd, SpeechPause, SpeechStart, TurnDetector
-from .turn_end import sounds_finished
-from .turn_transcript import TurnTranscript
+from .transcription import ItemTranscriber, store_transcript
+from .turn_taking import ModelTurnTaking, ServerTurnTaking, TurnTaking
 from .turns import MIN_COMMIT_MS as MIN_COMMIT_MS  # the transports size their queries by it
-from .turns import TurnInput, Turns
+from .turns import Turns
 
 log = logging.getLogger("parley.sessions.session")
-
-FORGET_TIMEOUT_S = 5.0
-IDLE_TIMEOUT = "idle_timeout"
-MAX_DURATION = "max_duration"
-
-
-@dataclass(frozen=True, slots=True)
-class SessionLimits:
-    idle_timeout_s: float = 60.0
-    """Close after this long with nothing from the client and nothing from the assistant:
-    no media or command came in, and no answer was generating or playing (the time counts
-    from the end of the last answer's playback). 0: never."""
-    max_lifetime_s: float = 3600.0
-    """The maximum session length (OpenAI's is 60 minutes)."""
-    lifetime_warning_s: float = 60.0
-    """Send session.expiring this long before the maximum lifetime."""
-    chunk_timeout_s: float = 30.0
-    """Fail a response when the pipeline sends nothing for this long."""
-    key_ttl_s: int = DEFAULT_KEY_TTL_S
-    watchdog_interval_s: float = 1.0
-    spill_max_bytes: int = DEFAULT_MAX_BYTES
-    """Writes kept in memory per session while Redis is unreachable (oldest media dropped
-    first past this)."""
 
 
 class Session:
@@ -140,8 +98,11 @@ class Session:
         self.limits = limits or SessionLimits()
         self.metrics = metrics or SessionMetrics()
         self._pipeline = pipeline
-        self._sink = sink
         self.link = link or RedisLink(redis)
+        self._notices = StoreNotices(
+            self.link, self.limits.spill_max_bytes, self.emit, lambda: self.closing
+        )
+        """What the client is told, once an episode, when Redis cannot take writes."""
         self.store = store = SessionStore(
             session_id,
             config,
@@ -150,61 +111,63 @@ class Session:
             ttl_s=self.limits.key_ttl_s,
             spill_max_bytes=self.limits.spill_max_bytes,
             metrics=self.metrics,
-            on_drop=self._spill_dropped,
+            on_drop=self._notices.spill_dropped,
         )
         store.fence = fence
         self.keys, self.spill = store.keys, store.spill
         self.audio, self.frames = store.audio, store.frames
         self.history, self.event_log = store.history, store.event_log
-        self._notices = StoreNotices(self.link, self.limits.spill_max_bytes)
-        """What the client is told, once an episode, when Redis cannot take writes."""
+        self.output = SessionOutput(sink, store)
         self.machine = StateMachine(session_id, self._on_transition)
-        self._detector = TurnDetector(config.turn_detection) if config.turn_detection else None
-        self._resampler: InputResampler | None = None
         self._turns = Turns()
         self._requests = RequestBuilder(session_id, store, self._turns, self.metrics)
-        self._idle = IdleTimer(clock, session_id)
-        self._turn_transcript = TurnTranscript(
-            session_id,
-            pipeline,
-            self.audio.read,
-            self._emit,
-            heard=self._pause_heard,
-            judge=self._semantic_vad,
-        )
-        self._prefetch = PrefetchSlot(self.metrics.prefetches)
-        """An answer begun at the open turn's last pause."""
+        self._media_lock = asyncio.Lock()
+        self.turn_taking: TurnTaking
+        """Who takes the turns: Parley (or the client), or the duplex model (turn_taking.py)."""
+        if duplex is not None:
+            self.turn_taking = ModelTurnTaking(
+                self, self._turns, self.machine, config.turn_detection, self._media_lock
+            )
+        else:
+            self.turn_taking = ServerTurnTaking(
+                self,
+                self._turns,
+                self.machine,
+                config.turn_detection,
+                self._media_lock,
+                pipeline=pipeline,
+                read_audio=self.audio.read,
+                clock=clock,
+                metrics=self.metrics,
+            )
         self._transcriber = ItemTranscriber(
             session_id,
             pipeline,
             self.history,
             self.audio.read,
-            self._emit,
-            known=self._turn_transcript.result,
+            self.emit,
+            known=self.turn_taking.words,
         )
-        self.conversation = Conversation(
-            self.history, self.audio, self._turns, self._transcriber, self._emit
+        self.conversation = Conversation(store, self._turns, self._transcriber, self.emit)
+        self._audio_in = AudioIn(store, self._turns, self.turn_taking, self._media_lock, duplex)
+        self._responder = Responder(
+            self, pipeline, self._turns, self._transcriber, self._requests, self.turn_taking
         )
-        self._response: Response | None = None
-        self._response_task: asyncio.Task[None] | None = None
-        self._media_lock = asyncio.Lock()
-        self._writer_lock = asyncio.Lock()
         self._tg: asyncio.TaskGroup | None = None
         self._started = asyncio.Event()
         """session.created has gone out: what the client sends is answered after it."""
         self._close_requested = asyncio.Event()
         self._closed = asyncio.Event()
         self.close_reason = ""
-        self._created = clock.now()
-        self._last_activity = self._created
-        """When the client last sent something, or the assistant's last answer ended."""
-        self._detached_until: float | None = None
+        self._watchdog = Watchdog(
+            self.limits,
+            clock,
+            responding=lambda: self.responding,
+            emit=self.emit,
+            close=self.request_close,
+        )
         self.movable = False
         """A transport that can resume it elsewhere serves it (a drain hands it over)."""
-        self.moving = False
-        """Handed over to another process: it ends here silently and keeps its keys."""
-        self._quiet = False
-        """Nothing more goes into the event log (another process owns it now)."""
         self.duplex = duplex
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -223,7 +186,7 @@ class Session:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
                 writer = tg.create_task(self.event_log.run(), name=f"{self.session_id}:events")
-                watchdog = tg.create_task(self._watchdog(), name=f"{self.session_id}:watchdog")
+                watchdog = tg.create_task(self._watchdog.run(), name=f"{self.session_id}:watchdog")
                 transcriber = tg.create_task(
                     self._transcriber.run(), name=f"{self.session_id}:transcriber"
                 )
@@ -235,7 +198,7 @@ class Session:
                 # and comes once the record is written: its resume token works from then on.
                 if not self.rehydrated:
                     await self.store.write_record(self.config, self.resume_token)
-                    self._emit(
+                    self.emit(
                         SessionCreated(
                             session_id=self.session_id,
                             config=self.config,
@@ -256,21 +219,12 @@ class Session:
             if self.duplex is not None:
                 self.duplex.close()
             await self.audio.aclose()
-            await self._forget_in_pipeline()
+            await self._responder.forget_session()
             if self.moving:
                 await self.spill.aclose()  # the keys stay for the process that resumes it
             else:
                 await self.store.delete()  # fenced: kept when another process owns it
             self._closed.set()
-
-    async def _forget_in_pipeline(self) -> None:
-        """The pipeline drops what it kept for this session between turns (the Thinker's KV);
-        the turn in flight, if any, was cancelled first, so nothing is kept after this."""
-        try:
-            async with asyncio.timeout(FORGET_TIMEOUT_S):
-                await self._pipeline.forget_session(self.session_id)
-        except Exception as exc:  # the session ends anyway; the engines' budgets evict it
-            log.warning("session %s: the pipeline did not forget it: %r", self.session_id, exc)
 
     def request_close(self, reason: str) -> None:
         """Ask the session to end; safe from anywhere, any number of times."""
@@ -288,42 +242,25 @@ class Session:
         in another process (manager.py). The client's connection is told `reason`.
         `flush`: what was recorded so far is written first (False: the session was
         taken over already, so nothing more is written at all)."""
-        self.moving = True
+        self.output.moving = True
         if not flush:
-            self._quiet = True
+            self.output.quiet = True
         self.request_close(reason)
 
     async def _shutdown(self) -> None:
         if self.moving:
-            await self._go_quiet()
+            await self.output.go_quiet()
         elif not await self.store.owns():  # taken over meanwhile: no teardown writes
-            self._quiet = True
+            self.output.quiet = True
             await self.spill.aclose()
-        await self._idle.close()
-        await self._turn_transcript.close()
-        await self._prefetch.drop()
+        await self.turn_taking.close()
         async with self._media_lock:  # no media write races the key deletion
-            await self._cancel_response(self.close_reason or "session_closed")
-            self._sink.clear()
+            await self._responder.cancel(self.close_reason or "session_closed")
+            self.output.sink.clear()
             self.machine.to(SessionState.CLOSED, self.close_reason)
-            self._emit(SessionClosed(reason=self.close_reason))
+            self.emit(SessionClosed(reason=self.close_reason))
             if self.moving:  # the connection alone hears why (it tells its client)
-                self._sink.event(SessionClosed(reason=self.close_reason))
-
-    async def _go_quiet(self) -> None:
-        """Handing over: what was recorded so far reaches Redis, then nothing more does
-        (the answer in progress is ended as cancelled by the next owner, from the log)."""
-        if self._quiet:
-            await self.spill.aclose()
-            return
-        try:
-            async with asyncio.timeout(FORGET_TIMEOUT_S):
-                await self.audio.flush()
-                await self.event_log.flushed()
-        except Exception as exc:
-            log.warning("session %s: handed over with writes unflushed: %r", self.session_id, exc)
-        self._quiet = True
-        await self.spill.aclose()
+                self.output.sink.event(SessionClosed(reason=self.close_reason))
 
     def recover(self, offset_ms: int, events: list[Event]) -> None:
         """A session resumed from Redis: its input audio timeline goes on at `offset_ms`
@@ -331,36 +268,21 @@ class Session:
         emitted before anything else."""
         self._turns.offset_ms = self._turns.uncommitted_from_ms = offset_ms
         for event in events:
-            self._emit(event)
+            self.emit(event)
 
     # --- Redis outages ---------------------------------------------------------------------
 
     def redis_unavailable(self, outage: int) -> None:
         """Tell the client, once per outage, that the session store is unreachable."""
-        if not self._close_requested.is_set():
-            self._notify(self._notices.outage(outage))
+        self._notices.tell(self._notices.outage(outage))
 
     def redis_full(self, refusal: int) -> None:
         """Tell the client, once per refusal, that the session store refuses writes (it is
         at its memory limit)."""
-        if not self._close_requested.is_set():
-            self._notify(self._notices.refusal(refusal))
+        self._notices.tell(self._notices.refusal(refusal))
 
-    def _store_trouble(self) -> None:
-        """A call failed for want of the session store: the client hears why, once."""
-        if self.link.up and self.link.refusing:
-            self.redis_full(self.link.refusals)
-        else:
-            self.redis_unavailable(self.link.outages)
-
-    def _spill_dropped(self, kind: str, count: int) -> None:
-        """The spill gave up kept writes: the client hears of it once an episode."""
-        if not self._close_requested.is_set():
-            self._notify(self._notices.dropped(kind))
-
-    def _notify(self, notice: ErrorEvent | None) -> None:
-        if notice is not None:
-            self._emit(notice)
+    def store_trouble(self) -> None:
+        self._notices.trouble()
 
     async def restore_after_outage(self) -> None:
         """Redis answers again: the store puts back what it lost (see SessionStore.restore)."""
@@ -372,46 +294,6 @@ class Session:
         if not self._close_requested.is_set():
             await self.store.write_back()
 
-    async def _watchdog(self) -> None:
-        limits = self.limits
-        warned = False
-        while True:
-            await self.clock.sleep(limits.watchdog_interval_s)
-            now = self.clock.now()
-            age = now - self._created
-            if self._detached_until is not None and now >= self._detached_until:
-                self.request_close("client_gone")
-                return
-            # an answer generating or playing is no idleness (its end stamps the activity)
-            quiet_s = now - self._last_activity
-            if not self.responding and 0 < limits.idle_timeout_s <= quiet_s:
-                self._expire(
-                    IDLE_TIMEOUT, f"nothing was sent or said for {limits.idle_timeout_s:g} s"
-                )
-                return
-            if age >= limits.max_lifetime_s:
-                minutes = limits.max_lifetime_s / 60
-                self._expire(
-                    MAX_DURATION, f"it reached its maximum duration of {minutes:g} minutes"
-                )
-                return
-            if not warned and age >= limits.max_lifetime_s - limits.lifetime_warning_s:
-                warned = True
-                self._emit(SessionExpiring(seconds_left=round(limits.max_lifetime_s - age)))
-
-    def _expire(self, reason: str, why: str) -> None:
-        """The session ends by its own limit: the client is told why in an `error` (the
-        event every protocol's client reads; OpenAI sends `session_expired` the same way),
-        then the session closes with that reason."""
-        self._emit(
-            ErrorEvent(
-                code=SessionExpiredError.codes[reason],
-                error_type=SessionExpiredError.error_type,
-                message=f"The session has ended: {why}.",
-            )
-        )
-        self.request_close(reason)
-
     # --- connections ---------------------------------------------------------------------
 
     def matches_token(self, token: str) -> bool:
@@ -421,48 +303,39 @@ class Session:
         """The client's connection dropped: stop answering, keep the session `grace_s` for a
         resume (its events go on into the event log), then close it."""
         self._check_open()
-        async with self._writer_lock:
-            await self._cancel_response("client_disconnected")
-        self._sink = DetachedSink()
-        self._detached_until = self.clock.now() + grace_s
+        await self._responder.stop("client_disconnected")
+        self.output.detach()
+        self._watchdog.detached(grace_s)
 
     def attach(self, sink: OutputSink) -> None:
         """A client (re)connected: output goes to `sink` from now on."""
         self._check_open()
-        self._sink = sink
-        self._detached_until = None
+        self.output.sink = sink
+        self._watchdog.attached()
 
     # --- events --------------------------------------------------------------------------
 
-    def _emit(self, event: Event) -> None:
-        if not self.moving:
-            self._sink.event(event)
-        if not self._quiet:
-            self.event_log.record(event)
+    def emit(self, event: Event) -> None:
+        self.output.emit(event)
+
+    @property
+    def moving(self) -> bool:
+        """Handed over to another process: it ends here silently and keeps its keys."""
+        return self.output.moving
 
     def report_error(self, error: Exception, client_event_id: str | None = None) -> None:
         """Send a typed error to the client as an `error` event; the session goes on."""
-        code = getattr(error, "code", "server_error")
-        error_type = getattr(error, "error_type", "server_error")
-        self._emit(
-            ErrorEvent(
-                code=code,
-                message=str(error),
-                error_type=error_type,
-                client_event_id=client_event_id,
-                param=getattr(error, "field", None),
-            )
-        )
+        self.emit(error_event(error, client_event_id))
 
     def _on_transition(self, old: SessionState, new: SessionState, reason: str) -> None:
-        self._emit(SessionStateChanged(previous=old.value, state=new.value, reason=reason))
+        self.emit(SessionStateChanged(previous=old.value, state=new.value, reason=reason))
 
     def _check_open(self) -> None:
         """Every call a client's connection makes starts here: the session must be open,
         and the call is activity (the idle timeout counts from it)."""
         if self._close_requested.is_set() or self.closed:
             raise SessionClosedError("the session is closed")
-        self._last_activity = self.clock.now()
+        self._watchdog.activity()
 
     # --- settings ------------------------------------------------------------------------
 
@@ -475,15 +348,9 @@ class Session:
         async with self._media_lock:
             await self.frames.reconfigure(new.video)
             self.audio.max_seconds = new.max_audio_seconds
-            if new.turn_detection is None:
-                self._detector = None
-                self._sink.resume()  # no detector left to end a pause it began
-            elif self._detector is None:
-                self._detector = TurnDetector(new.turn_detection)
-            else:
-                self._detector.reconfigure(new.turn_detection)
+            self.turn_taking.reconfigure(new.turn_detection)
             self.config = new
-        self._emit(SessionUpdated(session_id=self.session_id, config=new))
+        self.emit(SessionUpdated(session_id=self.session_id, config=new))
         # The record too: a resume on another process goes on with these settings.
         await self.store.write_record(new, self.resume_token)
         return new
@@ -495,38 +362,12 @@ class Session:
     ) -> None:
         """Buffer client audio (PCM16 interleaved, any supported rate) and detect turns."""
         self._check_open()
-        resampler, tail = self._resampler, []
-        if resampler is None or (resampler.sample_rate, resampler.channels) != (
-            sample_rate,
-            channels,
-        ):
-            fresh = InputResampler(sample_rate, channels)  # raises MediaError if unsupported
-            fresh.push(pcm)  # validate on a throwaway before touching the live stream
-            tail = resampler.flush() if resampler is not None else []
-            resampler = self._resampler = InputResampler(sample_rate, channels)
-        frames = tail + resampler.push(pcm)  # validates before changing any state
-        if self.duplex is not None:
-            self.duplex.hear(frames)
-        async with self._media_lock:
-            self._check_open()
-            first = self._turns.received(FRAME_MS * len(frames))
-            try:
-                await self.audio.append(frames, first)
-            except Exception as exc:
-                self.metrics.redis_errors.inc()
-                log.warning("session %s: audio buffer write failed: %s", self.session_id, exc)
-            before = self.audio.dropped_frames
-            for i, frame in enumerate(frames):
-                if self._detector is not None:
-                    for signal in self._detector.process(frame, first + i * FRAME_MS):
-                        await self._on_turn_signal(signal)
-            if self.audio.dropped_frames > before:
-                self.metrics.dropped_frames.labels("audio").inc(self.audio.dropped_frames - before)
+        await self._audio_in.append(pcm, sample_rate, channels, self._check_open)
 
     def dtmf(self, digit: str) -> None:
         """A keypad digit from the caller (a phone call): told to the client as an event."""
         self._check_open()
-        self._emit(DtmfReceived(digit=digit, received_at=int(time.time())))
+        self.emit(DtmfReceived(digit=digit, received_at=int(time.time())))
 
     async def add_frame(self, image: bytes, timestamp_ms: int | None = None) -> bool:
         """Cache a camera frame (JPEG or PNG); False if the similar-frame filter dropped it."""
@@ -540,178 +381,54 @@ class Session:
         self.metrics.dropped_frames.labels("video_similar").inc(self.frames.filtered - filtered)
         return kept
 
-    # --- turns ---------------------------------------------------------------------------
-
-    async def _on_turn_signal(
-        self, signal: SpeechStart | SpeechConfirmed | SpeechPause | SpeechEnd
-    ) -> None:
-        td = self.config.turn_detection
-        assert td is not None
-        if self.duplex is not None:
-            await self._duplex_signal(signal)
-            return
-        state = self.machine.state
-        match signal:
-            case SpeechStart(start_ms=start):
-                self._idle.disarm()
-                item_id = self._turns.speech_started()
-                self._emit(SpeechStarted(audio_start_ms=start, item_id=item_id))
-                if state is SessionState.LISTENING:
-                    self.machine.to(SessionState.USER_SPEAKING, "speech started")
-                elif td.interrupt_response and self.responding:
-                    self._sink.pause()  # silent at once; cut when confirmed, resumed if not
-            case SpeechConfirmed():
-                if (
-                    state in (SessionState.THINKING, SessionState.SPEAKING)
-                    and td.interrupt_response
-                ):
-                    self.metrics.barge_ins.inc()
-                    await self._cancel_response("barge_in", next_state=SessionState.USER_SPEAKING)
-                elif state is SessionState.LISTENING and self._turns.speech_item_id is not None:
-                    # Speech began over the answer's last moments and the answer ended before
-                    # it was long enough to cut: nothing is left to interrupt, and this is
-                    # the user's next turn (not noise, which is how its end would be taken).
-                    self._sink.resume()
-                    self.machine.to(SessionState.USER_SPEAKING, "speech started")
-            case SpeechPause(start_ms=start, end_ms=end):
-                speech_id = self._turns.speech_item_id
-                if state is SessionState.USER_SPEAKING and speech_id is not None:
-                    begin = self._turns.speech_begin_ms(start, td.prefix_padding_ms)
-                    await self._turn_transcript.pause(speech_id, begin, end)
-            case SpeechEnd(start_ms=start, end_ms=end):
-                item_id = self._turns.speech_stopped()
-                await self._turn_transcript.ended(item_id, end)
-                self._emit(SpeechStopped(audio_end_ms=end, item_id=item_id))
-                if self.machine.state is not SessionState.USER_SPEAKING:
-                    self._sink.resume()  # too short to interrupt the answer: noise
-                    return
-                begin = self._turns.speech_begin_ms(start, td.prefix_padding_ms)
-                await self._commit(item_id, begin, self._turns.offset_ms)
-                words = self._turn_transcript.ready(item_id)
-                if words is not None:  # recognised at the pause: final at speech_stopped
-                    await self._store_transcript(item_id, words)
-                prefetched = await self._prefetch.take(item_id, end)
-                if td.create_response:
-                    await self._start_response(prefetched=prefetched)
-                else:
-                    if words is None:
-                        self._transcriber.request(item_id, begin, self._turns.offset_ms)
-                    self.machine.to(SessionState.LISTENING, "turn committed")
-
-    async def _duplex_signal(
-        self, signal: SpeechStart | SpeechConfirmed | SpeechPause | SpeechEnd
-    ) -> None:
-        """With a duplex model the detector only tells where the user spoke: the speech
-        becomes an item of the conversation, and the model alone decides to answer or
-        yield (no response is started, none is interrupted, no state changes)."""
-        match signal:
-            case SpeechStart(start_ms=start):
-                self._idle.disarm()
-                item_id = self._turns.speech_started()
-                self._emit(SpeechStarted(audio_start_ms=start, item_id=item_id))
-            case SpeechEnd(start_ms=start, end_ms=end):
-                item_id = self._turns.speech_stopped()
-                self._emit(SpeechStopped(audio_end_ms=end, item_id=item_id))
-                td = self.config.turn_detection
-                padding = td.prefix_padding_ms if td is not None else 0
-                begin = self._turns.speech_begin_ms(start, padding)
-                await self._commit(item_id, begin, self._turns.offset_ms)
+    # --- turns (what turn-taking asks of the session: turn_taking.TurnHost) ------------
 
     async def _model_speaks(self, turn: DuplexTurn) -> None:
         """The duplex model began a turn: it is answered as a response of its own."""
         try:
-            await self._start_response(pipeline=turn)
+            await self._responder.start(pipeline=turn)
         except SessionClosedError:
             await turn.close()
 
-    def _semantic_vad(self) -> bool:
-        td = self.config.turn_detection
-        return td is not None and td.type == "semantic_vad"
+    @property
+    def closing(self) -> bool:
+        return self._close_requested.is_set()
 
-    async def _pause_heard(self, item_id: str, begin_ms: int, end_ms: int, heard: Heard) -> None:
-        """The words up to a pause are known: semantic_vad judges them (by the pipeline's
-        verdict, or failing one by their last word: turn_end.py), and the answer to them
-        starts now (prefetch.py), kept if the turn ends at this pause."""
-        words = heard.words
-        finished = heard.finished if heard.finished is not None else sounds_finished(words)
-        if self._detector is not None:
-            self._detector.judge_pause(end_ms, finished)
-        td = self.config.turn_detection
-        if (
-            td is None
-            or not td.create_response
-            or not words
-            or self.machine.state is not SessionState.USER_SPEAKING
-            or self._turns.speech_item_id != item_id
-        ):
-            return
-        options, rate = ResponseOptions().resolve(self.config), self.config.output_sample_rate
-        await self._prefetch.start(
-            self._pipeline,
-            lambda: self._requests.build_ahead(
-                new_id("resp"), item_id, (begin_ms, end_ms), words, options, rate
-            ),
-            item_id=item_id,
-            end_ms=end_ms,
-            name=f"{self.session_id}:prefetch",
-        )
+    async def interrupt(self) -> None:
+        await self._responder.cancel("barge_in", next_state=SessionState.USER_SPEAKING)
 
-    async def _commit(self, item_id: str, begin_ms: int, end_ms: int) -> ConversationItem:
-        item = ConversationItem(id=item_id, role="user", has_audio=True, audio_ms=end_ms - begin_ms)
-        try:
-            previous = await self.history.append(item)
-        except Exception as exc:  # Redis down: the turn goes on, its answer will say why
-            self.metrics.redis_errors.inc()
-            log.warning("session %s: could not commit turn %s: %s", self.session_id, item_id, exc)
-            previous = None
-        self._turns.committed(item_id, begin_ms, end_ms)
-        self.metrics.turns.inc()
-        self._emit(AudioBufferCommitted(item_id=item_id, previous_item_id=previous))
-        self._emit(ConversationItemCreated(item=item, previous_item_id=previous))
-        return item
+    async def respond(self, prefetched: Prefetch | None = None) -> None:
+        await self._responder.start(prefetched=prefetched)
+
+    def transcribe(self, item_id: str, begin_ms: int, end_ms: int) -> None:
+        self._transcriber.request(item_id, begin_ms, end_ms)
+
+    async def store_transcript(self, item_id: str, words: str) -> None:
+        await store_transcript(self.history, self.emit, item_id, words)
+
+    async def request_ahead(
+        self, item_id: str, span: tuple[int, int], words: str
+    ) -> PipelineRequest:
+        return await self._responder.request_ahead(item_id, span, words)
+
+    async def commit_turn(self, item_id: str, begin_ms: int, end_ms: int) -> ConversationItem:
+        return await self.conversation.commit_speech(item_id, begin_ms, end_ms)
 
     async def commit_audio(self) -> ConversationItem:
         """Manual turns: make the uncommitted input audio a user item."""
         self._check_open()
         async with self._media_lock:
-            if self._turns.uncommitted_ms < MIN_COMMIT_MS:
-                raise InvalidRequestError(
-                    "Error committing input audio buffer: the buffer holds "
-                    f"{self._turns.uncommitted_ms} ms of audio; at least {MIN_COMMIT_MS} ms "
-                    "is needed",
-                    "input_audio_buffer_commit_empty",
-                )
-            if self._detector is not None:
-                self._detector.reset()
-            self._sink.resume()
-            if self.machine.state is SessionState.USER_SPEAKING:
-                self.machine.to(SessionState.LISTENING, "buffer committed")
-            turns = self._turns
-            begin, end = turns.uncommitted_from_ms, turns.offset_ms
-            item = await self._commit(new_id("item"), begin, end)
-            self._transcriber.request(item.id, begin, end)
-            return item
+            return await self.turn_taking.commit()
 
     async def clear_audio(self) -> None:
         """Drop the uncommitted input audio."""
         self._check_open()
         async with self._media_lock:
-            self._turns.cleared()
-            if self._detector is not None:
-                self._detector.reset()
-            self._sink.resume()
-            if self.machine.state is SessionState.USER_SPEAKING:
-                self.machine.to(SessionState.LISTENING, "buffer cleared")
-        self._emit(AudioBufferCleared())
+            await self.turn_taking.clear()
 
     async def add_text(self, text: str, role: str = "user") -> ConversationItem:
         """A typed message; the next response answers it."""
-        if not text.strip():
-            raise InvalidRequestError("empty message")
-        if role not in ("user", "system"):
-            raise InvalidRequestError(f"role must be user or system, not {role!r}")
-        item = ConversationItem(role="user" if role == "user" else "system", text=text)
-        return await self.add_item(item)
+        return await self.add_item(text_message(text, role))
 
     async def add_item(
         self, item: ConversationItem, previous_item_id: str | None = None
@@ -739,218 +456,44 @@ class Session:
         self._check_open()
         await self.conversation.delete(item_id)
 
-    # --- responses -----------------------------------------------------------------------
+    # --- responses (responder.py; what it asks of the session: ResponderHost) -----------
 
     @property
     def responding(self) -> bool:
-        return self._response_task is not None and not self._response_task.done()
+        return self._responder.responding
 
     async def create_response(self, options: ResponseOptions | None = None) -> str:
         """response.create: answer the conversation so far, shaped by `options`."""
         self._check_open()
-        if self.duplex is not None:
-            raise InvalidRequestError(
-                "this session's model is full duplex: it decides by itself when to speak, "
-                "so a response cannot be created",
-                "duplex_model_decides",
-            )
-        if self.responding and self._response is not None and self._response.generating:
-            raise InvalidRequestError(
-                "Conversation already has an active response in progress: "
-                f"{self._response.response_id}. Wait until the response is finished before "
-                "creating a new one.",
-                "conversation_already_has_active_response",
-            )
-        return await self._start_response(options)
+        return await self._responder.create(options, duplex=self.duplex is not None)
 
     async def cancel_response(self) -> bool:
         """response.cancel: False when nothing was in progress."""
         self._check_open()
-        return await self._cancel_response("client_cancelled")
-
-    async def _start_response(
-        self,
-        options: ResponseOptions | None = None,
-        prefetched: Prefetch | None = None,
-        pipeline: Pipeline | None = None,
-    ) -> str:
-        """Start an answer (`prefetched`: adopting the work begun at the turn's pause;
-        `pipeline`: a duplex model's turn, which has heard the user's turns itself)."""
-        if prefetched is None:
-            await self._prefetch.drop()  # an answer to anything else: that work is moot
-        resolved = (options or ResponseOptions()).resolve(self.config)
-        async with self._writer_lock:  # one writer: never start while one is torn down
-            await self._end_previous_response()
-            if self._tg is None:
-                raise SessionClosedError("the session is not running")
-            self._idle.disarm()
-            # An out-of-band answer leaves the pending turn for the next real one.
-            in_turn = resolved.in_conversation and pipeline is None
-            turn = self._turns.take() if in_turn else TurnInput(None)
-            transcript_item_id = turn.transcript_item_id
-            words = None
-            if prefetched is not None:  # its words were recognised at the pause
-                words = await self._turn_transcript.result(prefetched.item_id)
-            if transcript_item_id is not None:
-                self._transcriber.answered(transcript_item_id)
-                heard = await self.history.get(transcript_item_id)
-                if heard is not None and heard.text:  # transcribed already: not again
-                    transcript_item_id = None
-            context = ResponseContext(
-                pipeline=pipeline or self._pipeline,
-                history=self.history,
-                sink=self._sink,
-                emit=self._emit,
-                first_audio=self._response_speaking,
-                chunk_timeout_s=self.limits.chunk_timeout_s,
-                clock=self.clock,
-            )
-            response = Response(
-                new_id("resp"),
-                context,
-                lambda request_id: self._build_request(request_id, turn, resolved),
-                transcript_item_id,
-                resolved,
-                prefetched,
-                heard=words,
-            )
-            if prefetched is not None:
-                self._turns.claim_audio(turn)  # the prefetched request has read it
-            if self.machine.state is not SessionState.THINKING:
-                self.machine.to(SessionState.THINKING, "response started")
-            self._response = response
-            self._response_task = self._tg.create_task(
-                self._run_response(response), name=f"{self.session_id}:{response.response_id}"
-            )
-            return response.response_id
-
-    async def _end_previous_response(self) -> None:
-        """Before a new answer: one that is only playing out its audio hands over (its
-        audio plays on, the new answer's queues after it, as OpenAI's clients expect after
-        response.done); one still generating is cut off."""
-        task, response = self._response_task, self._response
-        playing_out = response is not None and not response.generating
-        if task is not None and response is not None and not task.done() and playing_out:
-            response.hand_over()
-            await cancel_and_wait(task)
-            self._response_task = None
-            return
-        await self._cancel_response("superseded")
-
-    def _response_speaking(self) -> None:
-        """The answer in progress has its first audio."""
-        self.machine.to(SessionState.SPEAKING, "first audio")
-
-    async def _run_response(self, response: Response) -> None:
-        try:
-            status = await response.run()
-            self.machine.to(SessionState.LISTENING, f"response {status}")
-            self._arm_idle_timeout()
-        except asyncio.CancelledError:
-            raise
-        except RedisUnavailableError:  # not a bug: the client hears of the outage once
-            self._store_trouble()
-            if self.machine.can(SessionState.LISTENING):
-                self.machine.to(SessionState.LISTENING, "session store unreachable")
-        except Exception:
-            log.exception("session %s: response %s crashed", self.session_id, response.response_id)
-            self.report_error(RuntimeError("the response failed unexpectedly"))
-            if self.machine.can(SessionState.LISTENING):
-                self.machine.to(SessionState.LISTENING, "response crashed")
-        finally:
-            self._last_activity = self.clock.now()  # idle time counts from the answer's end
-            if response.status is not None:
-                self.metrics.responses.labels(response.status).inc()
-            if response.redis_unavailable:
-                self._store_trouble()
-
-    async def _cancel_response(
-        self, reason: str, next_state: SessionState = SessionState.LISTENING
-    ) -> bool:
-        """Stop the answer in progress: sink cleared first, then the turn task cancelled."""
-        task, response = self._response_task, self._response
-        if task is None or response is None or task.done():
-            return False
-        self._sink.clear()
-        response.cancel_reason = reason
-        await cancel_and_wait(task)
-        await response.discard_prefetched()  # if it was cancelled before it began
-        self._sink.resume()
-        # The response stays in `_response`: a client may still truncate its item (OpenAI
-        # clients send response.cancel, then conversation.item.truncate).
-        self._response_task = None
-        if self.machine.state is not next_state and self.machine.can(next_state):
-            self.machine.to(next_state, reason)
-        return True
-
-    async def _build_request(
-        self, request_id: str, turn: TurnInput, options: ResolvedOptions
-    ) -> PipelineRequest:
-        transcript = await self._heard(turn.speech_item_id or turn.user_item_id)
-        return await self._requests.build(
-            request_id, turn, options, self.config.output_sample_rate, transcript
-        )
-
-    async def _heard(self, item_id: str | None) -> str | None:
-        """The words of the spoken turn `item_id`, if they were recognised already (at its
-        pause): stored on its item and announced, so the answer need not recognise them
-        again."""
-        if item_id is None:
-            return None
-        transcript = await self._turn_transcript.result(item_id)
-        if transcript is not None:
-            await self._store_transcript(item_id, transcript)
-            return transcript
-        item = await self.history.get(item_id)
-        return item.text if item is not None and item.has_audio and item.text else None
-
-    async def _store_transcript(self, item_id: str, transcript: str) -> None:
-        await store_transcript(self.history, self._emit, item_id, transcript)
-
-    # --- idle timeout ----------------------------------------------------------------------
-
-    def _arm_idle_timeout(self) -> None:
-        """An answer has played out: with `idle_timeout_ms`, silence from now on is timed."""
-        td = self.config.turn_detection
-        if td is None or td.idle_timeout_ms is None or self._close_requested.is_set():
-            return
-        start_ms = self._turns.offset_ms
-        self._idle.arm(td.idle_timeout_ms / 1000, lambda: self._idle_timed_out(start_ms))
-
-    async def _idle_timed_out(self, start_ms: int) -> None:
-        """Nobody spoke: the silence since `start_ms` is the user's turn, and is answered."""
-        async with self._media_lock:
-            if self.closed or self._close_requested.is_set():
-                return
-            if self.machine.state is not SessionState.LISTENING or self.responding:
-                return
-            item_id = new_id("item")
-            end_ms = self._turns.offset_ms
-            begin_ms = max(start_ms, self._turns.uncommitted_from_ms)
-            self._emit(
-                InputAudioTimeoutTriggered(
-                    item_id=item_id, audio_start_ms=begin_ms, audio_end_ms=end_ms
-                )
-            )
-            if self._detector is not None:
-                self._detector.reset()
-            await self._commit(item_id, begin_ms, end_ms)
-        await self._start_response()
+        return await self._responder.cancel("client_cancelled")
 
     async def truncate_item(self, item_id: str, audio_end_ms: int) -> None:
         """conversation.item.truncate: the answer in progress or just played knows which
         words were heard by then; an older assistant audio item is cut in proportion."""
         self._check_open()
-        response = self._response
-        if response is not None and response.item.id == item_id:
-            await response.truncate(audio_end_ms, by_client=True)
-            return
-        await self.conversation.truncate(item_id, audio_end_ms)
+        if not await self._responder.truncate(item_id, audio_end_ms):
+            await self.conversation.truncate(item_id, audio_end_ms)
+
+    @property
+    def sink(self) -> OutputSink:
+        return self.output.sink
+
+    @property
+    def task_group(self) -> asyncio.TaskGroup | None:
+        return self._tg
+
+    def answer_ended(self) -> None:
+        self._watchdog.activity()  # idle time counts from the answer's end
 
     def describe(self) -> dict[str, Any]:
         return {
             "session_id": self.session_id,
             "state": self.state.value,
             "input_audio_ms": self._turns.offset_ms,
-            "age_s": round(self.clock.now() - self._created, 1),
+            "age_s": round(self.clock.now() - self._watchdog.created, 1),
         }

@@ -63,7 +63,7 @@ class SessionStore:
         self.event_log = EventLog(redis, self.keys, ttl_s=ttl_s, spill=spill)
         self._redis = redis
         self._ttl_s = ttl_s
-        self._metrics = metrics
+        self.metrics = metrics
         self._created = time.time()
         self.fence = 0
         """This process's fence on the session (ownership.py); 0: unfenced."""
@@ -145,7 +145,7 @@ class SessionStore:
             async with asyncio.timeout(DELETE_TIMEOUT_S):
                 await self.link.call(self._delete_keys)
         except Exception as exc:
-            self._metrics.redis_errors.inc()
+            self.metrics.redis_errors.inc()
             log.debug("session %s: could not delete keys: %s", self.session_id, exc)
 
     async def _delete_keys(self) -> None:

@@ -9,6 +9,8 @@ them; the messages say what is kept, what is lost and what no longer works meanw
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .errors import RedisFullError, RedisUnavailableError, RedisWritesDroppedError
 from .events import ErrorEvent
 from .redis_link import RedisLink
@@ -23,8 +25,18 @@ _WHAT = {
 
 
 class StoreNotices:
-    def __init__(self, link: RedisLink, spill_max_bytes: int) -> None:
+    def __init__(
+        self,
+        link: RedisLink,
+        spill_max_bytes: int,
+        emit: Callable[[ErrorEvent], None] | None = None,
+        closing: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """`emit`: how `tell` tells the client; `closing()`: the session ends (nothing more
+        is told)."""
         self._link = link
+        self._emit = emit
+        self._closing = closing
         self._mib = spill_max_bytes / (1024 * 1024)
         self._outage = 0
         """The number of the last outage the client was told of."""
@@ -73,6 +85,21 @@ class StoreNotices:
             f"dropped and will never be stored, media first (now: {_WHAT.get(kind, kind)}), "
             "events and conversation items last. The conversation goes on.",
         )
+
+    def tell(self, notice: ErrorEvent | None) -> None:
+        """Send `notice` to the client, unless it was given already or the session ends."""
+        if notice is not None and self._emit is not None and not self._closing():
+            self._emit(notice)
+
+    def trouble(self) -> None:
+        """A call failed for want of the session store: the client hears why, once."""
+        link = self._link
+        full = link.up and link.refusing
+        self.tell(self.refusal(link.refusals) if full else self.outage(link.outages))
+
+    def spill_dropped(self, kind: str, count: int) -> None:
+        """The spill gave up kept writes: the client hears of it once an episode."""
+        self.tell(self.dropped(kind))
 
 
 def _notice(error: type[RedisUnavailableError], message: str) -> ErrorEvent:

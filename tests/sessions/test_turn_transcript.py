@@ -16,6 +16,7 @@ from sessions.events import (
     SpeechStopped,
 )
 from sessions.turn_end import sounds_finished
+from sessions.turn_taking import ServerTurnTaking
 from tests.fakes.fake_engine import FakeEngine
 from tests.metrics import metric_value
 
@@ -63,11 +64,12 @@ async def test_a_mid_turn_pause_gives_a_partial_and_speaking_on_discards_it(
     assert sink.events.index(deltas[0]) < sink.events.index(stopped[0])  # while speaking
     lengths = [len(r.audio) for r in engine.transcriptions]
     assert len(lengths) == 2 and lengths[1] > lengths[0]  # the end heard all of it, once
-    assert session._turn_transcript.discarded == 1  # the first pause's work
+    assert isinstance(session.turn_taking, ServerTurnTaking)
+    assert session.turn_taking.transcript.discarded == 1  # the first pause's work
     (completed,) = sink.of(InputTranscriptionCompleted)  # no answer: transcribed all the same
     (item,) = await session.history.items()
     assert item.text == completed.transcript == f"heard {lengths[1] // 16} ms"
-    assert not session._turn_transcript._kept
+    assert not session.turn_taking.transcript._kept
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,394 @@
+"""Turn-taking: when the user's turn starts and ends, and when the assistant yields.
+
+A session holds one `TurnTaking`. It is chosen when the session starts, by who decides
+the turns:
+
+* `ServerTurnTaking`: Parley decides (a turn-based pipeline). With `turn_detection` set,
+  the detector (turn_detection.py) hears the input audio; speech interrupts an answer,
+  the end of speech commits the turn and answers it, words recognised at a pause let
+  semantic_vad end the turn sooner or later and let the answer begin ahead (prefetch.py),
+  and a silence after an answer can become a turn (`idle_timeout_ms`, idle_timer.py).
+  With `turn_detection` null the client decides: nothing is detected, and only
+  `commit()` and `clear()` move the turns (OpenAI's manual mode).
+* `ModelTurnTaking`: a full-duplex model decides (duplex_turns.py), so Parley's turn-taking
+  stands aside: no answer is started, interrupted or prompted by silence here, and no
+  state changes. The detector, if `turn_detection` is set, only tells where the user
+  spoke, so that speech becomes items of the conversation (speech_started/stopped, a
+  committed item); with `turn_detection` null the session runs with no detector at all.
+
+What turn-taking is told (its methods, all called by the session; the media ones under
+the session's media lock, which turn-taking takes itself only for the idle timeout):
+`hear(frames, first_ms)` (input audio), `commit()` and `clear()` (the client's manual
+turn), `reconfigure(config)` (a session.update), `answering()` and `answered()` (an
+answer starts; one has played out), `words(item_id)` (the words recognised at the pause
+where a turn ended, for its answer), `drop_ahead()` (an answer to something else
+starts: the one begun ahead is moot) and `close()` (cancels and awaits its tasks).
+
+What it reads and drives of the session: two plain parts given at construction, the
+`Turns` bookkeeping (where each turn's audio lies) and the `StateMachine` (it makes the
+listening / user_speaking transitions), and a `TurnHost` (below): what the session does
+for it. It knows no transport, no Redis and no response: a test drives it with a stand-in
+host, a `Turns`, a `StateMachine` and a tiny pipeline (tests/sessions/test_turn_taking.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from pipeline.audio_format import FRAME_MS
+from pipeline.types import Pipeline, PipelineRequest
+
+from .clock import Clock
+from .config import TurnDetectionConfig
+from .errors import InvalidRequestError
+from .events import (
+    AudioBufferCleared,
+    ConversationItem,
+    Event,
+    InputAudioTimeoutTriggered,
+    SpeechStarted,
+    SpeechStopped,
+    new_id,
+)
+from .idle_timer import IdleTimer
+from .metrics import SessionMetrics
+from .prefetch import Prefetch, PrefetchSlot
+from .sink import OutputSink
+from .state import SessionState, StateMachine
+from .transcription import Heard
+from .turn_detection import (
+    SpeechConfirmed,
+    SpeechEnd,
+    SpeechPause,
+    SpeechStart,
+    TurnDetector,
+    TurnSignal,
+)
+from .turn_end import sounds_finished
+from .turn_transcript import AudioReader, TurnTranscript
+from .turns import MIN_COMMIT_MS, Turns
+
+_S = SessionState
+
+
+class TurnHost(Protocol):
+    """What turn-taking needs from its session."""
+
+    @property
+    def responding(self) -> bool:
+        """An answer is generating or playing."""
+        ...
+
+    @property
+    def closing(self) -> bool:
+        """The session is ending: a silence no longer becomes a turn."""
+        ...
+
+    def emit(self, event: Event) -> None:
+        """Tell the client (speech_started, speech_stopped, cleared, timeout_triggered)."""
+        ...
+
+    @property
+    def sink(self) -> OutputSink:
+        """The client's output: paused at once when speech may be a barge-in (its audio
+        kept), resumed when it was not one (or nothing is left to hold)."""
+        ...
+
+    async def interrupt(self) -> None:
+        """Barge-in: cut the answer in progress; the state becomes user_speaking."""
+        ...
+
+    async def commit_turn(self, item_id: str, begin_ms: int, end_ms: int) -> ConversationItem:
+        """The user's audio [begin_ms, end_ms) becomes the user item `item_id`."""
+        ...
+
+    async def respond(self, prefetched: Prefetch | None = None) -> None:
+        """Answer the committed turn now (adopting the answer begun ahead, if any)."""
+        ...
+
+    def transcribe(self, item_id: str, begin_ms: int, end_ms: int) -> None:
+        """A committed turn no answer follows: recognise its audio for its transcript."""
+        ...
+
+    async def store_transcript(self, item_id: str, words: str) -> None:
+        """The words of a committed turn, recognised at its pause: stored and announced."""
+        ...
+
+    async def request_ahead(
+        self, item_id: str, span_ms: tuple[int, int], words: str
+    ) -> PipelineRequest:
+        """The request an answer to `words` (the turn `item_id` so far) would make."""
+        ...
+
+
+class TurnTaking:
+    """What every turn-taking does: the detector (or none), the client's manual commit and
+    clear, and a new configuration. Subclasses say what the detector's signals mean."""
+
+    def __init__(
+        self,
+        host: TurnHost,
+        turns: Turns,
+        machine: StateMachine,
+        config: TurnDetectionConfig | None,
+        media_lock: asyncio.Lock,
+    ) -> None:
+        self._host = host
+        self._turns = turns
+        self._machine = machine
+        self._lock = media_lock
+        self.config = config
+        self.detector = TurnDetector(config) if config is not None else None
+
+    async def hear(self, frames: list[bytes], first_ms: int) -> None:
+        """Input audio: 20 ms frames starting at `first_ms` on the input timeline."""
+        for i, frame in enumerate(frames):
+            if self.detector is None:
+                return
+            for signal in self.detector.process(frame, first_ms + i * FRAME_MS):
+                await self._on_signal(signal)
+
+    async def _on_signal(self, signal: TurnSignal) -> None:
+        raise NotImplementedError
+
+    def reconfigure(self, config: TurnDetectionConfig | None) -> None:
+        """New `turn_detection` settings from the next frame on (None: the client decides)."""
+        if config is None:
+            self.detector = None
+            self._host.sink.resume()  # no detector left to end a pause it began
+        elif self.detector is None:
+            self.detector = TurnDetector(config)
+        else:
+            self.detector.reconfigure(config)
+        self.config = config
+
+    async def commit(self) -> ConversationItem:
+        """input_audio_buffer.commit: the uncommitted audio becomes a user item."""
+        if self._turns.uncommitted_ms < MIN_COMMIT_MS:
+            raise InvalidRequestError(
+                "Error committing input audio buffer: the buffer holds "
+                f"{self._turns.uncommitted_ms} ms of audio; at least {MIN_COMMIT_MS} ms "
+                "is needed",
+                "input_audio_buffer_commit_empty",
+            )
+        self._forget_speech()
+        if self._machine.state is _S.USER_SPEAKING:
+            self._machine.to(_S.LISTENING, "buffer committed")
+        begin, end = self._turns.uncommitted_from_ms, self._turns.offset_ms
+        item = await self._host.commit_turn(new_id("item"), begin, end)
+        self._host.transcribe(item.id, begin, end)
+        return item
+
+    async def clear(self) -> None:
+        """input_audio_buffer.clear: the uncommitted audio is dropped."""
+        self._turns.cleared()
+        self._forget_speech()
+        if self._machine.state is _S.USER_SPEAKING:
+            self._machine.to(_S.LISTENING, "buffer cleared")
+        self._host.emit(AudioBufferCleared())
+
+    def _forget_speech(self) -> None:
+        if self.detector is not None:
+            self.detector.reset()
+        self._host.sink.resume()
+
+    def _speech_started(self, start_ms: int) -> None:
+        item_id = self._turns.speech_started()
+        self._host.emit(SpeechStarted(audio_start_ms=start_ms, item_id=item_id))
+
+    def _speech_begin_ms(self, start_ms: int) -> int:
+        padding = self.config.prefix_padding_ms if self.config is not None else 0
+        return self._turns.speech_begin_ms(start_ms, padding)
+
+    # --- what the session's answers tell it (no-ops unless Parley takes the turns) ---
+
+    def answering(self) -> None:
+        """An answer starts."""
+
+    def answered(self) -> None:
+        """An answer has played out."""
+
+    async def words(self, item_id: str) -> str | None:
+        """The words recognised at the pause where the turn `item_id` ended, if any."""
+        return None
+
+    async def drop_ahead(self) -> None:
+        """An answer to anything else starts: the one begun ahead, if any, is dropped."""
+
+    async def close(self) -> None:
+        """Cancel and await whatever it began. Idempotent."""
+
+
+class ModelTurnTaking(TurnTaking):
+    """A full-duplex model takes the turns: the detector only marks where the user spoke."""
+
+    async def _on_signal(self, signal: TurnSignal) -> None:
+        """The speech becomes an item of the conversation, and the model alone decides to
+        answer or yield (no answer is started, none is interrupted, no state changes)."""
+        match signal:
+            case SpeechStart(start_ms=start):
+                self._speech_started(start)
+            case SpeechEnd(start_ms=start, end_ms=end):
+                item_id = self._turns.speech_stopped()
+                self._host.emit(SpeechStopped(audio_end_ms=end, item_id=item_id))
+                begin = self._speech_begin_ms(start)
+                await self._host.commit_turn(item_id, begin, self._turns.offset_ms)
+
+
+class ServerTurnTaking(TurnTaking):
+    """Parley takes the turns (server_vad, semantic_vad), or the client does (none)."""
+
+    def __init__(
+        self,
+        host: TurnHost,
+        turns: Turns,
+        machine: StateMachine,
+        config: TurnDetectionConfig | None,
+        media_lock: asyncio.Lock,
+        *,
+        pipeline: Pipeline,
+        read_audio: AudioReader,
+        clock: Clock,
+        metrics: SessionMetrics,
+    ) -> None:
+        """`pipeline`, `read_audio`: recognise the words at a pause and begin the answer
+        ahead; `metrics`: the session's (barge-ins, answers begun ahead)."""
+        super().__init__(host, turns, machine, config, media_lock)
+        self._name = name = machine.session_id
+        self._pipeline = pipeline
+        self._barge_ins = metrics.barge_ins
+        self._idle = IdleTimer(clock, name)
+        self.transcript = TurnTranscript(
+            name, pipeline, read_audio, host.emit, heard=self._pause_heard, judge=self._semantic
+        )
+        """The words of the turn in progress, recognised at its pauses."""
+        self._ahead = PrefetchSlot(metrics.prefetches)
+        """An answer begun at the open turn's last pause."""
+
+    async def _on_signal(self, signal: TurnSignal) -> None:
+        td = self.config
+        assert td is not None
+        state, host, turns = self._machine.state, self._host, self._turns
+        match signal:
+            case SpeechStart(start_ms=start):
+                self._idle.disarm()
+                self._speech_started(start)
+                if state is _S.LISTENING:
+                    self._machine.to(_S.USER_SPEAKING, "speech started")
+                elif td.interrupt_response and host.responding:
+                    host.sink.pause()  # silent at once; cut when confirmed, resumed if not
+            case SpeechConfirmed():
+                if state in (_S.THINKING, _S.SPEAKING) and td.interrupt_response:
+                    self._barge_ins.inc()
+                    await host.interrupt()
+                elif state is _S.LISTENING and turns.speech_item_id is not None:
+                    # Speech began over the answer's last moments and the answer ended before
+                    # it was long enough to cut: nothing is left to interrupt, and this is
+                    # the user's next turn (not noise, which is how its end would be taken).
+                    host.sink.resume()
+                    self._machine.to(_S.USER_SPEAKING, "speech started")
+            case SpeechPause(start_ms=start, end_ms=end):
+                speech_id = turns.speech_item_id
+                if state is _S.USER_SPEAKING and speech_id is not None:
+                    begin = self._speech_begin_ms(start)
+                    await self.transcript.pause(speech_id, begin, end)
+            case SpeechEnd(start_ms=start, end_ms=end):
+                await self._speech_ended(td, start, end)
+
+    async def _speech_ended(self, td: TurnDetectionConfig, start_ms: int, end_ms: int) -> None:
+        """The user's speech ended at `end_ms`: the turn is committed and answered (or
+        transcribed, with `create_response` off); speech too short to interrupt the
+        answer it began over was noise."""
+        host, turns = self._host, self._turns
+        item_id = turns.speech_stopped()
+        await self.transcript.ended(item_id, end_ms)
+        host.emit(SpeechStopped(audio_end_ms=end_ms, item_id=item_id))
+        if self._machine.state is not _S.USER_SPEAKING:
+            host.sink.resume()  # too short to interrupt the answer: noise
+            return
+        begin = self._speech_begin_ms(start_ms)
+        await host.commit_turn(item_id, begin, turns.offset_ms)
+        words = self.transcript.ready(item_id)
+        if words is not None:  # recognised at the pause: final at speech_stopped
+            await host.store_transcript(item_id, words)
+        prefetched = await self._ahead.take(item_id, end_ms)
+        if td.create_response:
+            await host.respond(prefetched)
+        else:
+            if words is None:
+                host.transcribe(item_id, begin, turns.offset_ms)
+            self._machine.to(_S.LISTENING, "turn committed")
+
+    def _semantic(self) -> bool:
+        return self.config is not None and self.config.type == "semantic_vad"
+
+    async def _pause_heard(self, item_id: str, begin_ms: int, end_ms: int, heard: Heard) -> None:
+        """The words up to a pause are known: semantic_vad judges them (by the pipeline's
+        verdict, or failing one by their last word: turn_end.py), and the answer to them
+        starts now (prefetch.py), kept if the turn ends at this pause."""
+        words = heard.words
+        finished = heard.finished if heard.finished is not None else sounds_finished(words)
+        if self.detector is not None:
+            self.detector.judge_pause(end_ms, finished)
+        td = self.config
+        if (
+            td is None
+            or not td.create_response
+            or not words
+            or self._machine.state is not _S.USER_SPEAKING
+            or self._turns.speech_item_id != item_id
+        ):
+            return
+        await self._ahead.start(
+            self._pipeline,
+            lambda: self._host.request_ahead(item_id, (begin_ms, end_ms), words),
+            item_id=item_id,
+            end_ms=end_ms,
+            name=f"{self._name}:prefetch",
+        )
+
+    # --- the idle timeout ---------------------------------------------------------------
+
+    def answering(self) -> None:
+        self._idle.disarm()
+
+    def answered(self) -> None:
+        """An answer has played out: with `idle_timeout_ms`, silence from now on is timed."""
+        td = self.config
+        if td is None or td.idle_timeout_ms is None or self._host.closing:
+            return
+        start_ms = self._turns.offset_ms
+        self._idle.arm(td.idle_timeout_ms / 1000, lambda: self._idle_timed_out(start_ms))
+
+    async def _idle_timed_out(self, start_ms: int) -> None:
+        """Nobody spoke: the silence since `start_ms` is the user's turn, and is answered."""
+        host, turns = self._host, self._turns
+        async with self._lock:
+            if host.closing or self._machine.state is not _S.LISTENING or host.responding:
+                return
+            item_id = new_id("item")
+            end_ms = turns.offset_ms
+            begin_ms = max(start_ms, turns.uncommitted_from_ms)
+            host.emit(
+                InputAudioTimeoutTriggered(
+                    item_id=item_id, audio_start_ms=begin_ms, audio_end_ms=end_ms
+                )
+            )
+            if self.detector is not None:
+                self.detector.reset()
+            await host.commit_turn(item_id, begin_ms, end_ms)
+        await host.respond()
+
+    # --- the work begun at a pause ------------------------------------------------------
+
+    async def words(self, item_id: str) -> str | None:
+        return await self.transcript.result(item_id)
+
+    async def drop_ahead(self) -> None:
+        await self._ahead.drop()
+
+    async def close(self) -> None:
+        await self._idle.close()
+        await self.transcript.close()
+        await self._ahead.drop()

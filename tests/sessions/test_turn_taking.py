@@ -1,0 +1,355 @@
+"""Turn-taking on its own: no transport, no Redis, no response. A stand-in host records
+what turn-taking asks of its session, a tiny pipeline recognises the words at a pause, and
+real speech (espeak-ng) goes through the real detector."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from loadtest.speech import silence, utterances_with_gaps
+from pipeline.types import End, ErrorChunk, OutputChunk, PipelineRequest, TextDelta
+from sessions.clock import ScaledClock
+from sessions.config import TurnDetectionConfig
+from sessions.errors import InvalidRequestError
+from sessions.events import (
+    AudioBufferCleared,
+    ConversationItem,
+    Event,
+    InputAudioTimeoutTriggered,
+    SpeechStarted,
+    SpeechStopped,
+)
+from sessions.metrics import SessionMetrics
+from sessions.prefetch import Prefetch
+from sessions.state import SessionState, StateMachine
+from sessions.turn_taking import ModelTurnTaking, ServerTurnTaking, TurnTaking
+from sessions.turns import Turns
+
+FRAME = 320  # samples: 20 ms at 16 kHz
+
+
+class StandInSink:
+    """The client's output: only whether it was paused or resumed matters here."""
+
+    def __init__(self, calls: list[tuple[Any, ...]]) -> None:
+        self._calls = calls
+
+    def pause(self) -> None:
+        self._calls.append(("pause_output",))
+
+    def resume(self) -> None:
+        self._calls.append(("resume_output",))
+
+    async def audio(self, pcm: npt.NDArray[np.int16], sample_rate: int) -> None:
+        return None
+
+    def event(self, event: Event) -> None:
+        return None
+
+    def clear(self) -> None:
+        return None
+
+    @property
+    def played_ms(self) -> int:
+        return 0
+
+    async def drained(self) -> None:
+        return None
+
+
+class StandInHost:
+    """What a session does for turn-taking, written down instead of done."""
+
+    def __init__(self) -> None:
+        self.responding = False
+        self.closing = False
+        self.events: list[Event] = []
+        self.calls: list[tuple[Any, ...]] = []
+        self.responded = asyncio.Event()
+
+    def emit(self, event: Event) -> None:
+        self.events.append(event)
+
+    def of(self, kind: type[Event]) -> list[Any]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+    def called(self, name: str) -> list[tuple[Any, ...]]:
+        return [c[1:] for c in self.calls if c[0] == name]
+
+    @property
+    def sink(self) -> StandInSink:
+        return StandInSink(self.calls)
+
+    async def interrupt(self) -> None:
+        self.calls.append(("interrupt",))
+        self.responding = False
+
+    async def commit_turn(self, item_id: str, begin_ms: int, end_ms: int) -> ConversationItem:
+        self.calls.append(("commit_turn", item_id, begin_ms, end_ms))
+        return ConversationItem(id=item_id, role="user", has_audio=True)
+
+    async def respond(self, prefetched: Prefetch | None = None) -> None:
+        self.calls.append(("respond", prefetched))
+        self.responded.set()
+        if prefetched is not None:
+            await prefetched.discard()
+
+    def transcribe(self, item_id: str, begin_ms: int, end_ms: int) -> None:
+        self.calls.append(("transcribe", item_id, begin_ms, end_ms))
+
+    async def store_transcript(self, item_id: str, words: str) -> None:
+        self.calls.append(("store_transcript", item_id, words))
+
+    async def request_ahead(
+        self, item_id: str, span_ms: tuple[int, int], words: str
+    ) -> PipelineRequest:
+        self.calls.append(("request_ahead", item_id, span_ms, words))
+        return PipelineRequest(request_id="ahead", audio=np.zeros(0, np.int16))
+
+
+class TinyPipeline:
+    """Recognises every audio as `words` (None: it cannot), and judges them `verdict` when
+    asked."""
+
+    name = "tiny"
+
+    def __init__(self, words: str | None = None, verdict: str | None = None) -> None:
+        self.words, self.verdict = words, verdict
+
+    async def generate(self, request: PipelineRequest) -> AsyncGenerator[OutputChunk, None]:
+        words = self.words
+        if request.transcribe_only and words is None:
+            yield ErrorChunk("no recogniser here")
+            return
+        if request.transcribe_only and words is not None:
+            yield TextDelta(words, kind="input_transcript")
+            if request.judge_turn_end and self.verdict is not None:
+                yield TextDelta(self.verdict, kind="turn_end")
+        yield End()
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def active_requests(self) -> int:
+        return 0
+
+    async def forget_session(self, session_id: str) -> None:
+        return None
+
+
+async def no_audio(begin_ms: int, end_ms: int) -> npt.NDArray[np.int16]:
+    return np.zeros((end_ms - begin_ms) * 16, dtype=np.int16)
+
+
+class Rig:
+    """A turn-taking with its parts: the host, the turns, the state machine."""
+
+    def __init__(
+        self, config: dict[str, Any] | None, *, duplex: bool = False, pipeline: TinyPipeline
+    ) -> None:
+        self.host = StandInHost()
+        self.turns = Turns()
+        self.transitions: list[tuple[SessionState, str]] = []
+        self.machine = StateMachine("s", lambda old, new, why: self.transitions.append((new, why)))
+        td = TurnDetectionConfig.model_validate(config) if config is not None else None
+        lock = asyncio.Lock()
+        self.tt: TurnTaking
+        if duplex:
+            self.tt = ModelTurnTaking(self.host, self.turns, self.machine, td, lock)
+        else:
+            self.tt = ServerTurnTaking(
+                self.host,
+                self.turns,
+                self.machine,
+                td,
+                lock,
+                pipeline=pipeline,
+                read_audio=no_audio,
+                clock=ScaledClock(50.0),
+                metrics=SessionMetrics(),
+            )
+
+    async def hear(self, pcm: npt.NDArray[np.int16]) -> None:
+        """`pcm` in 20 ms frames, as the session passes them on (under its media lock)."""
+        frames = [pcm[i : i + FRAME].tobytes() for i in range(0, len(pcm) - FRAME + 1, FRAME)]
+        first = self.turns.received(20 * len(frames))
+        await self.tt.hear(frames, first)
+
+    async def silence_until_stopped(self, limit_ms: int = 3000) -> int:
+        """Silence, 20 ms at a time, until the turn ends; how much of it passed. The words
+        at a pause are known before the next frame: the tiny pipeline answers without
+        waiting, so the transcription begun at the pause runs to its end in the one turn
+        of the event loop that `sleep(0)` gives it."""
+        for waited in range(0, limit_ms, 20):
+            if self.host.of(SpeechStopped):
+                return waited
+            await self.hear(silence(20))
+            await asyncio.sleep(0)
+        raise AssertionError("the turn never ended")
+
+    async def close(self) -> None:
+        await self.tt.close()
+
+
+def speech(*texts: str, gap_ms: int = 0) -> npt.NDArray[np.int16]:
+    pcm, _ = utterances_with_gaps(list(texts), gap_ms=gap_ms, lead_ms=300)
+    return pcm
+
+
+@pytest.fixture
+async def rigs() -> AsyncGenerator[list[Rig], None]:
+    made: list[Rig] = []
+    yield made
+    for rig in made:
+        await rig.close()
+
+
+def rig(
+    rigs: list[Rig],
+    config: dict[str, Any] | None,
+    *,
+    duplex: bool = False,
+    words: str | None = None,
+    verdict: str | None = None,
+) -> Rig:
+    made = Rig(config, duplex=duplex, pipeline=TinyPipeline(words, verdict))
+    rigs.append(made)
+    return made
+
+
+async def test_a_spoken_turn_is_committed_from_its_padding_and_answered(rigs: list[Rig]) -> None:
+    r = rig(rigs, {"type": "server_vad"}, words="hello there")
+    await r.hear(speech("Hello there."))
+    assert r.machine.state is SessionState.USER_SPEAKING
+    (started,) = r.host.of(SpeechStarted)
+    await r.silence_until_stopped()
+    (stopped,) = r.host.of(SpeechStopped)
+    assert stopped.item_id == started.item_id
+    ((item_id, begin, end),) = r.host.called("commit_turn")
+    assert item_id == started.item_id
+    assert begin == started.audio_start_ms - 300  # the prefix padding
+    assert end == r.turns.offset_ms > stopped.audio_end_ms
+    # The words at the pause were final at the end, and the answer begun there is adopted.
+    assert r.host.called("store_transcript") == [(item_id, "hello there")]
+    ((prefetched,),) = r.host.called("respond")
+    assert isinstance(prefetched, Prefetch) and prefetched.item_id == item_id
+
+
+async def test_without_create_response_the_turn_is_transcribed_and_left(rigs: list[Rig]) -> None:
+    r = rig(rigs, {"type": "server_vad", "create_response": False})  # no words at a pause
+    await r.hear(speech("Hello there."))
+    await r.silence_until_stopped()
+    ((item_id, begin, end),) = r.host.called("commit_turn")
+    assert r.host.called("transcribe") == [(item_id, begin, end)]
+    assert not r.host.called("respond") and not r.host.called("request_ahead")
+    assert r.machine.state is SessionState.LISTENING
+    assert r.transitions[-1] == (SessionState.LISTENING, "turn committed")
+
+
+async def test_speech_over_an_answer_pauses_it_then_barges_in(rigs: list[Rig]) -> None:
+    r = rig(rigs, {"type": "server_vad", "min_speech_ms": 200})
+    r.machine.to(SessionState.THINKING, "response started")
+    r.machine.to(SessionState.SPEAKING, "first audio")
+    r.host.responding = True
+    await r.hear(speech("Stop, please wait a moment."))
+    assert r.host.called("pause_output") == [()]  # silent at once...
+    assert r.host.called("interrupt") == [()]  # ...cut once it lasted min_speech_ms
+
+
+async def test_noise_over_an_answer_does_not_interrupt_it(rigs: list[Rig]) -> None:
+    r = rig(rigs, {"type": "server_vad", "min_speech_ms": 2000})
+    r.machine.to(SessionState.THINKING, "response started")
+    r.host.responding = True
+    await r.hear(speech("Hm."))
+    await r.silence_until_stopped()
+    assert r.host.called("pause_output") == [()]
+    assert not r.host.called("interrupt") and not r.host.called("commit_turn")
+    assert r.host.called("resume_output") == [()]  # too short: noise, the answer plays on
+    assert r.machine.state is SessionState.THINKING
+
+
+async def test_manual_commit_and_clear(rigs: list[Rig]) -> None:
+    r = rig(rigs, None)  # turn_detection null: the client takes the turns
+    await r.hear(speech("Hello there."))
+    assert not r.host.of(SpeechStarted)  # nothing is detected
+    r.turns.uncommitted_from_ms = r.turns.offset_ms - 60
+    with pytest.raises(InvalidRequestError):
+        await r.tt.commit()  # 60 ms is too little to commit
+    r.turns.uncommitted_from_ms = 0
+    item = await r.tt.commit()
+    assert r.host.called("commit_turn") == [(item.id, 0, r.turns.offset_ms)]
+    assert r.host.called("transcribe") == [(item.id, 0, r.turns.offset_ms)]
+    await r.hear(silence(200))
+    await r.tt.clear()
+    assert r.turns.uncommitted_ms == 0 and r.host.of(AudioBufferCleared)
+
+
+async def test_a_silence_after_an_answer_becomes_a_turn(rigs: list[Rig]) -> None:
+    r = rig(rigs, {"type": "server_vad", "idle_timeout_ms": 5000})  # 100 ms at 50x
+    await r.hear(silence(400))
+    r.tt.answered()
+    await r.hear(silence(200))
+    async with asyncio.timeout(5):
+        await r.host.responded.wait()
+    (timeout,) = r.host.of(InputAudioTimeoutTriggered)
+    assert (timeout.audio_start_ms, timeout.audio_end_ms) == (400, 600)
+    assert r.host.called("commit_turn") == [(timeout.item_id, 400, 600)]
+    assert r.host.called("respond") == [(None,)]
+
+
+async def test_speech_disarms_the_idle_timeout(rigs: list[Rig]) -> None:
+    r = rig(rigs, {"type": "server_vad", "idle_timeout_ms": 5000, "create_response": False})
+    r.tt.answered()
+    await r.hear(speech("Hello there."))
+    await asyncio.sleep(0.3)  # three times the (compressed) timeout: nothing may fire
+    assert not r.host.of(InputAudioTimeoutTriggered)
+
+
+@pytest.mark.parametrize(
+    ("words", "verdict", "sooner"),
+    [
+        ("what is the capital of france", None, True),  # sounds finished: ends at once
+        ("what is the capital of the", None, False),  # broken off: waited out longer
+        ("set a timer", "unfinished", False),  # the pipeline's verdict outranks the rule
+    ],
+)
+async def test_semantic_vad_ends_a_turn_by_its_words(
+    rigs: list[Rig], words: str, verdict: str | None, sooner: bool
+) -> None:
+    vad = {"type": "semantic_vad", "eagerness": "medium", "create_response": False}
+    r = rig(rigs, vad, words=words, verdict=verdict)
+    await r.hear(speech("What is the capital of France?"))
+    waited = await r.silence_until_stopped()
+    # medium waits 700 ms on silence alone; finished words end the turn sooner
+    assert (waited < 700) if sooner else (waited > 700), waited
+
+
+async def test_a_duplex_model_takes_the_turns(rigs: list[Rig]) -> None:
+    """The model decides: speech only becomes items; nothing is answered or interrupted."""
+    r = rig(rigs, {"type": "server_vad"}, duplex=True)
+    r.machine.to(SessionState.THINKING, "response started")
+    r.host.responding = True
+    await r.hear(speech("Hello there, how are you?"))
+    await r.silence_until_stopped()
+    (started,) = r.host.of(SpeechStarted)
+    ((item_id, _, _),) = r.host.called("commit_turn")
+    assert item_id == started.item_id
+    assert not r.host.called("respond") and not r.host.called("interrupt")
+    assert not r.host.called("pause_output")
+    assert r.machine.state is SessionState.THINKING  # no state changes
+    r.tt.answered()  # no idle timer: the model decides when to speak
+
+
+async def test_no_detector_at_all(rigs: list[Rig]) -> None:
+    r = rig(rigs, None, duplex=True)
+    await r.hear(speech("Hello there."))
+    assert r.tt.detector is None and not r.host.events and not r.host.calls
