@@ -25,7 +25,9 @@ topped up by the next write, unless `seal()` said that something (an event) now 
 A buffer with a fixed `sample_rate` converts audio at another rate through one resampler
 stream per response, so chunk boundaries leave no trace. The stream holds back its filter's
 look-ahead: that tail is queued when the response ends (`drained()`), or at once when
-playback runs dry mid-answer (play what we have, as for a partial frame); `clear()` drops it.
+playback runs dry mid-answer (play what we have, as for a partial frame); `clear()` drops it,
+so a barge-in's next answer starts a clean stream. `set_rate()` changes the rate it plays at
+(a client that asked for another output format): what is queued stays as it is.
 """
 
 from __future__ import annotations
@@ -139,6 +141,20 @@ class PlayoutBuffer:
                 start += self._add(data[start:], rate)
         finally:
             self._writers -= 1
+
+    def set_rate(self, sample_rate: int) -> None:
+        """Play at `sample_rate` from the next write on (a fixed-rate buffer). The current
+        stream's tail is queued first, at the old rate, unless a write is under way (then
+        it is dropped: a few ms at a format change)."""
+        if self.sample_rate is None or sample_rate == self.sample_rate:
+            return
+        self._queue_tail()
+        if self._resampler is not None:
+            self._resampler.discard()
+        self._resampler = None
+        self.sample_rate = sample_rate
+        self.frame_samples = frame_samples(sample_rate, self.piece_ms)
+        self.silence = np.zeros(self.frame_samples, dtype=np.int16)
 
     def seal(self) -> None:
         """The last queued piece is complete: the next write starts a new one."""

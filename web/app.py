@@ -28,9 +28,8 @@ from pipeline.registry import load_pipeline
 from pipeline.tasks import background, cancel_and_wait
 from pipeline.types import Pipeline, ReportsStages
 from realtime.auth import Authenticator
+from realtime.call_index import CallIndex
 from realtime.ice import IceSettings, parse_ice_servers
-from realtime.live.live_relay import OP as RELAY_OP
-from realtime.live.live_relay import LiveRelays
 from realtime.webrtc.registry import CallRegistry
 from sessions import SessionManager
 from sessions.process_beat import new_process_id
@@ -43,6 +42,7 @@ from .services import Running, Services, services_of
 
 __all__ = ["Services", "create_app"]
 from .settings import Settings
+from .sidebands import serve_sidebands
 from .sip_service import sip_service
 
 log = logging.getLogger("parley.web")
@@ -149,10 +149,9 @@ async def _serving(app: Starlette, services: Services) -> AsyncIterator[None]:
                                     services.settings, manager, app.state, services.live_sessions
                                 )
                             )
-                        running = Running(manager, calls, sip.calls if sip else None)
-                        relays = LiveRelays(services.redis, services.live_sessions)
-                        stack.push_async_callback(relays.close)
-                        manager.serve_requests(RELAY_OP, relays.on_request)
+                        index = CallIndex(services.redis, manager.process_id)
+                        running = Running(manager, calls, sip.calls if sip else None, index)
+                        await stack.enter_async_context(serve_sidebands(services, running))
                         services.running = running
                         yield
                         if services.settings.workers > 1:

@@ -8,17 +8,19 @@ secret>`; a bad key is refused before the upgrade (HTTP 401), as is a caller at 
 
 from __future__ import annotations
 
-import redis.asyncio as aioredis
 from starlette.websockets import WebSocket
 
 from realtime.live.live_accept import serve_live
-from realtime.live.live_relay import relay_sideband
-from realtime.live.live_sideband import LiveSideband
+from realtime.live.live_sideband import find_live_sideband
+from realtime.sideband_relay import relay_sideband
 from realtime.websocket.denial import deny
-from sessions import SessionConfig, SessionManager
+from sessions import SessionConfig
 
 from .services import services_of
 from .ws_admission import admit
+
+LIVE_SIDEBAND = "live"
+"""The protocol's name among relayed sidebands (realtime/sideband_relay.py)."""
 
 
 async def live_sessions(websocket: WebSocket) -> None:
@@ -42,40 +44,20 @@ async def live_attach(websocket: WebSocket) -> None:
     process (realtime/live/live_sideband.py); an unknown or ended one is refused (404)
     before the upgrade. `graceful_close` is accepted: the session's end always closes a
     sideband normally, after its `session.closed`. A session another worker process owns
-    is reached through a relay over Redis (realtime/live/live_relay.py)."""
+    is reached through a relay over Redis (realtime/sideband_relay.py)."""
     admitted = await admit(websocket, websocket.headers.get("authorization"), new_session=False)
     if admitted is None:
         return
     _, manager = admitted
     services = services_of(websocket)
     session_id = websocket.path_params["session_id"]
-    primary = services.live_sessions.get(session_id)
-    if primary is None or primary.session is None or primary.session.closed:
-        if not await _relayed(websocket, manager, services.redis, session_id):
-            await deny(websocket, 404, "session_not_found", f"no live session {session_id!r}")
+    serve = find_live_sideband(services.live_sessions, manager, session_id, services.slow_clients)
+    if serve is not None:
+        await serve(websocket, None)
         return
-    sideband = LiveSideband(websocket, manager, primary, slow=services.slow_clients)
-    attached = primary.attach_sideband(sideband)  # before the upgrade: nothing is missed
-    try:
-        await websocket.accept()
-        if not attached:
-            sideband.finish("session_ended")
-            await sideband.close_socket()
+    if services.redis is not None:
+        owner = await manager.ownership.owner(session_id)
+        request = {"protocol": LIVE_SIDEBAND, "target": session_id}
+        if await relay_sideband(websocket, services.redis, manager.beat, owner, request):
             return
-        await sideband.serve(None)
-    finally:
-        primary.detach_sideband(sideband)
-        await sideband.close_socket()
-
-
-async def _relayed(
-    websocket: WebSocket, manager: SessionManager, redis: aioredis.Redis | None, session_id: str
-) -> bool:
-    """A sideband of a session another worker process owns, relayed from there
-    (realtime/live/live_relay.py); False when no live process has it."""
-    if redis is None:
-        return False
-    owner = await manager.ownership.owner(session_id)
-    if owner is None or owner == manager.process_id or not await manager.beat.alive(owner):
-        return False
-    return await relay_sideband(websocket, redis, manager.beat, owner, session_id)
+    await deny(websocket, 404, "session_not_found", f"no live session {session_id!r}")

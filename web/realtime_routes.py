@@ -288,6 +288,8 @@ async def create_call(request: Request) -> Response:
         return error(503, "session_limit", str(exc), "server_error")
     except CallSetupError as exc:
         return error(503, exc.code, str(exc), "server_error")
+    if services.running.call_index is not None:  # a sideband may come to any worker at once
+        await services.running.call_index.add([call.call_id])
     return Response(
         answer,
         status_code=201,

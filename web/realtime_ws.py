@@ -19,17 +19,21 @@ from typing import Any
 from starlette.websockets import WebSocket
 
 from realtime.client_events import ProtocolError, SessionUpdate, session_patch
+from realtime.sideband_relay import Serve, relay_sideband
+from realtime.slow_clients import SlowClients
 from realtime.webrtc.registry import CallNotFound
 from realtime.websocket.denial import deny
 from realtime.websocket.openai_accept import ConnectRequest, serve_openai_realtime
 from realtime.websocket.sideband import serve_sideband
 from sessions import ConfigError, SessionConfig, SessionManager
 
-from .services import services_of
+from .services import Running, services_of
 from .ws_admission import admit
 
 KEY_PROTOCOL = "openai-insecure-api-key."
 BETA_PROTOCOL = "openai-beta.realtime-v1"
+CALL_SIDEBAND = "realtime_call"
+"""The protocol's name among relayed sidebands (realtime/sideband_relay.py)."""
 
 
 async def openai_realtime(websocket: WebSocket) -> None:
@@ -76,14 +80,35 @@ async def openai_realtime(websocket: WebSocket) -> None:
 async def _sideband(
     websocket: WebSocket, manager: SessionManager, call_id: str, subprotocol: str | None
 ) -> None:
-    running = services_of(websocket).running
-    try:
-        if running is None:
-            raise CallNotFound(call_id)
-        call = running.call(call_id)
-        if call.events.ended or call.session is None or call.session.closed:
-            raise CallNotFound(call_id)  # hanging up: nothing left to attach to
-    except CallNotFound:
-        await deny(websocket, 404, "call_not_found", f"no live call {call_id!r}")
+    services = services_of(websocket)
+    running = services.running
+    serve = find_call_sideband(running, manager, call_id, services.slow_clients)
+    if serve is not None:
+        await serve(websocket, subprotocol)
         return
-    await serve_sideband(websocket, manager, call, subprotocol, services_of(websocket).slow_clients)
+    if running is not None and running.call_index is not None and services.redis is not None:
+        owner = await running.call_index.owner(call_id)
+        request = {"protocol": CALL_SIDEBAND, "target": call_id, "subprotocol": subprotocol}
+        if await relay_sideband(websocket, services.redis, manager.beat, owner, request):
+            return
+    await deny(websocket, 404, "call_not_found", f"no live call {call_id!r}")
+
+
+def find_call_sideband(
+    running: Running | None, manager: SessionManager, call_id: str, slow: SlowClients
+) -> Serve | None:
+    """How to serve a sideband of this process's live call `call_id` (WebRTC or SIP) on
+    a WebSocket; None when there is no such call here, or it is hanging up."""
+    if running is None:
+        return None
+    try:
+        call = running.call(call_id)
+    except CallNotFound:
+        return None
+    if call.events.ended or call.session is None or call.session.closed:
+        return None  # hanging up: nothing left to attach to
+
+    async def serve(websocket: WebSocket, subprotocol: str | None) -> None:
+        await serve_sideband(websocket, manager, call, subprotocol, slow)
+
+    return serve

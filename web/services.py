@@ -10,6 +10,7 @@ to re-check. `services_of()` is how a route finds the app's Services.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
@@ -17,6 +18,7 @@ from starlette.requests import HTTPConnection
 
 from pipeline.types import Pipeline
 from realtime.auth import Authenticator
+from realtime.call_index import CallIndex
 from realtime.live.live_sideband import LiveSessions
 from realtime.metrics import TransportMetrics
 from realtime.sip.media_calls import SipCallNotFound, SipMediaCalls
@@ -39,6 +41,8 @@ class Running:
     calls: CallRegistry
     sip: SipMediaCalls | None = None
     """SIP calls (`--sip-port`), else None."""
+    call_index: CallIndex | None = None
+    """Which process holds each call, for sidebands landing on another worker."""
 
     def call(self, call_id: str) -> SidebandCall:
         """The live WebRTC or SIP call `call_id` (a SIP call also by the app's id in
@@ -52,6 +56,18 @@ class Running:
             return self.sip.get(call_id)
         except SipCallNotFound:
             raise CallNotFound(call_id) from None
+
+    def call_ids(self) -> set[str]:
+        """Every id a live call here may be found by (`call`): the sideband's call index
+        (realtime/call_index.py) says so in Redis."""
+        ids = set(self.calls.call_ids())
+        if self.sip is not None:
+            for sip_id in self.sip.call_ids():
+                ids.add(sip_id)
+                with contextlib.suppress(SipCallNotFound):
+                    if (app_id := self.sip.get(sip_id).app_call_id) is not None:
+                        ids.add(app_id)
+        return ids
 
     async def hangup(self, call_id: str) -> None:
         """End the WebRTC or SIP call `call_id`; raises CallNotFound."""

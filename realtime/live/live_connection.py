@@ -76,7 +76,14 @@ class LiveConnection(MessageConnection):
         formats: AudioFormats,
         slow: SlowClients = DEFAULT_SLOW_CLIENTS,
     ) -> None:
-        super().__init__(websocket, manager, self._audio_message, grace_s=0, slow=slow)
+        super().__init__(
+            websocket,
+            manager,
+            self._audio_message,
+            grace_s=0,
+            slow=slow,
+            output_rate=formats.output_rate,
+        )
         self.silence_ms = SILENCE_MS  # the output never pauses: silence between answers
         self.silence_rate = formats.output_rate
         self.formats = formats

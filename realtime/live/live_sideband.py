@@ -17,7 +17,7 @@ sideband is a second connection to the session:
   `session.closed` it is sent, with or without `graceful_close`.
 
 Sidebands attach to sessions served by this process (`LiveSessions`; one on another worker
-process is relayed there: live_relay.py), whatever carries
+process is relayed there and served the same way: realtime/sideband_relay.py), whatever carries
 the session's audio: what they attach to is the session's `LiveProtocol` (live_protocol.py),
 which a GPT-Live WebSocket and a GPT-Live SIP call (realtime/sip/live_sip_call.py) both host.
 """
@@ -34,6 +34,7 @@ from starlette.websockets import WebSocket
 
 from sessions import SessionManager
 
+from ..sideband_relay import Serve
 from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 from ..websocket.connection import CLOSE_NORMAL, MessageConnection
 from ..websocket.sender import Message
@@ -66,6 +67,46 @@ class LiveSessions:
 
     def __len__(self) -> int:
         return len(self._by_id)
+
+
+def find_live_sideband(
+    live_sessions: LiveSessions,
+    manager: SessionManager,
+    session_id: str,
+    slow: SlowClients = DEFAULT_SLOW_CLIENTS,
+) -> Serve | None:
+    """How to serve a sideband of this process's live session `session_id` on a
+    WebSocket; None when there is no such session here, or it has ended."""
+    primary = live_sessions.get(session_id)
+    if primary is None or primary.session is None or primary.session.closed:
+        return None
+
+    async def serve(websocket: WebSocket, subprotocol: str | None) -> None:
+        await serve_live_sideband(websocket, manager, primary, slow)
+
+    return serve
+
+
+async def serve_live_sideband(
+    websocket: WebSocket,
+    manager: SessionManager,
+    primary: LiveProtocol,
+    slow: SlowClients = DEFAULT_SLOW_CLIENTS,
+) -> None:
+    """Serve one sideband WebSocket (not yet accepted) on `primary`'s session until
+    either ends."""
+    sideband = LiveSideband(websocket, manager, primary, slow=slow)
+    attached = primary.attach_sideband(sideband)  # before the upgrade: nothing is missed
+    try:
+        await websocket.accept()
+        if not attached:
+            sideband.finish(SESSION_ENDED)
+            await sideband.close_socket()
+            return
+        await sideband.serve(None)
+    finally:
+        primary.detach_sideband(sideband)
+        await sideband.close_socket()
 
 
 class LiveSideband(MessageConnection):

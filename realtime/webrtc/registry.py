@@ -285,6 +285,10 @@ class CallRegistry:
             self._owners.pop(call.call_id, None)
             log.info("call %s closed (%s)", call.call_id, call.close_reason)
 
+    def call_ids(self) -> list[str]:
+        """The ids of the answered calls."""
+        return list(self._calls)
+
     def get(self, call_id: str) -> WebRTCCall:
         try:
             return self._calls[call_id]

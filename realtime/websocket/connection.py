@@ -123,8 +123,13 @@ class MessageConnection(PacedSender):
         *,
         grace_s: float = DEFAULT_GRACE_S,
         slow: SlowClients = DEFAULT_SLOW_CLIENTS,
+        output_rate: int | None = None,
     ) -> None:
-        super().__init__(self._send_message, audio_message, stall_s=slow.stall_s)
+        """`output_rate`: the rate the client hears (its audio resampled once, as a
+        stream); None: each piece at the rate the session wrote it."""
+        super().__init__(
+            self._send_message, audio_message, stall_s=slow.stall_s, sample_rate=output_rate
+        )
         self.slow = slow
         self.websocket = websocket
         self.manager = manager

@@ -88,8 +88,10 @@ def ga_messages(
 def output_payload(
     pcm: npt.NDArray[np.int16], rate: int, formats: AudioFormats, codec: G711
 ) -> bytes:
-    """A piece of the session's speech (PCM16 at `rate`) in the client's output format:
-    resampled to its rate, G.711-coded where it asked for that."""
+    """A piece of the session's speech (PCM16 at `rate`) in the client's output format,
+    G.711-coded where it asked for that. The connection's playout has resampled it to the
+    client's rate already, as one stream per response; only a piece queued before the
+    client changed its output format comes at another rate, and is resampled on its own."""
     if rate != formats.output_rate:
         pcm = soxr.resample(pcm, rate, formats.output_rate).astype(np.int16)
     if formats.output in (PCMU, PCMA):
@@ -114,7 +116,14 @@ class OpenAIRealtimeConnection(MessageConnection):
         grace_s: float = DEFAULT_GRACE_S,
         slow: SlowClients = DEFAULT_SLOW_CLIENTS,
     ) -> None:
-        super().__init__(websocket, manager, self._audio_message, grace_s=grace_s, slow=slow)
+        super().__init__(
+            websocket,
+            manager,
+            self._audio_message,
+            grace_s=grace_s,
+            slow=slow,
+            output_rate=formats.output_rate,
+        )
         self.expander = GAExpander(beta=beta)
         self.dispatcher: ClientEventDispatcher | None = None
         self._formats = formats
@@ -131,6 +140,7 @@ class OpenAIRealtimeConnection(MessageConnection):
         connection had them)."""
         if formats is not None:
             self._formats = formats
+            self.playout.set_rate(formats.output_rate)
         self.session = session
         self.dispatcher = self.new_dispatcher(session)
         self.dispatcher.formats = self._formats
@@ -158,6 +168,7 @@ class OpenAIRealtimeConnection(MessageConnection):
         if formats is not self._formats:  # a session.update (identity first: 50 appends a second)
             changed, self._formats = formats != self._formats, formats
             if changed:
+                self.playout.set_rate(formats.output_rate)
                 await self.remember_transport()
         return False
 

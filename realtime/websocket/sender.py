@@ -96,11 +96,14 @@ class PacedSender(PlayoutSink):
         max_queued_ms: int = DEFAULT_MAX_QUEUED_MS,
         stall_s: float = DEFAULT_STALL_S,
         silence_ms: int = 0,
+        sample_rate: int | None = None,
     ) -> None:
-        # Each piece goes out at the rate it was written: the wire message says its rate.
+        # `sample_rate`: the client's output rate, other rates resampled as one stream per
+        # response (the playout's); None: each piece goes out at the rate it was written
+        # (the wire message says its rate).
         super().__init__(
             PlayoutBuffer(
-                None,
+                sample_rate,
                 max_queued_ms,
                 piece_ms=piece_ms,
                 admit=self._admit_audio,
