@@ -78,6 +78,15 @@ async def level(engine: Any, sessions: int, seconds: float) -> dict[str, Any]:
     await asyncio.gather(*(one(k) for k in range(sessions)))
     steps = engine.stats.steps - steps_before
     late = engine.stats.late_steps - late_before
+    if not latencies:  # the model made no frame after hearing one: far behind
+        return {
+            "frames_heard": 0,
+            "latency_ms": None,
+            "heard_by_client_ms": None,
+            "steps": steps,
+            "late_steps": late,
+            "real_time": False,
+        }
     p50, p95 = statistics.median(latencies), percentile(latencies, 0.95)
     return {
         "frames_heard": len(latencies),
@@ -109,6 +118,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             result = await level(engine, n, args.seconds)
             report["levels"][str(n)] = result
             lat, heard = result["latency_ms"], result["heard_by_client_ms"]
+            if lat is None or heard is None:
+                print(f"  {n:3d} sessions: no frame made after hearing one: BEHIND", flush=True)
+                continue
             print(
                 f"  {n:3d} sessions: engine latency p50 {lat['p50']:6.1f} / p95 "
                 f"{lat['p95']:6.1f} ms (as heard, with the model's 160 ms: p50 {heard['p50']:.0f})"

@@ -1,5 +1,6 @@
 """The duplex latency benchmark runs the engine's own clock and reports, per level, what a
-client would hear and whether the level held real time."""
+client would hear and whether the level held real time (a level whose model fell far
+behind, as on a busy machine, says so rather than failing)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ def test_the_latency_benchmark_reports_each_level() -> None:
         + ["--sessions", "1,2", "--seconds", "1.5"]
     )
     assert set(report["levels"]) == {"1", "2"}
+    assert report["levels"]["1"]["frames_heard"] > 0
     for level in report["levels"].values():
-        assert level["frames_heard"] > 5
         lat, heard = level["latency_ms"], level["heard_by_client_ms"]
+        if lat is None:
+            assert level["frames_heard"] == 0 and not level["real_time"]
+            continue
         assert 0 < lat["p50"] <= lat["p95"]
         assert heard["p50"] == lat["p50"] + MODEL_DELAY_MS
     assert report["most_sessions_in_real_time"] in (0, 1, 2)
