@@ -118,9 +118,12 @@ class TaskSet:
 
     async def close(self) -> None:
         """Start no more tasks; cancel the running ones and wait until every one has ended.
-        Idempotent (a second call waits for whatever is still ending)."""
+        Idempotent (a second call waits for whatever is still ending). Called from one of
+        its own tasks, it stops the others and leaves that one to end by itself (a task
+        cannot wait for its own end)."""
         self._closed = True
-        await cancel_all(list(self._tasks))
+        current = asyncio.current_task()
+        await cancel_all([task for task in self._tasks if task is not current])
 
     async def __aenter__(self) -> Self:
         return self
