@@ -33,7 +33,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from pipeline.tasks import cancel_all
+from pipeline.tasks import TaskSet, cancel_all
 from sessions.keys import NAMESPACE
 from sessions.process_beat import ProcessBeat, Request
 
@@ -161,28 +161,27 @@ class LiveRelays:
     def __init__(self, redis: aioredis.Redis, live_sessions: LiveSessions) -> None:
         self._redis = redis
         self._live_sessions = live_sessions
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet("live-relays")
+        """Owns each relay run here; `close()` closes it."""
 
     async def on_request(self, request: Request) -> None:
         """Another worker asks to relay a sideband of a session here (`OP`)."""
         relay_id = str(request.get("relay", ""))
         protocol = self._live_sessions.get(str(request.get("session_id")))
-        if not relay_id:
+        if not relay_id or self._tasks.closed:
             return
         if protocol is None:
             await self._redis.publish(channels(relay_id)[0], control(MISSING))
             return
         relay = RelayedSideband(self._redis, protocol, relay_id)
         attached = protocol.attach_sideband(relay)
-        task = asyncio.create_task(relay.run(attached), name=f"live-relay:{relay_id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.create_task(relay.run(attached), name=f"live-relay:{relay_id}")
 
     def __len__(self) -> int:
         return len(self._tasks)
 
     async def close(self) -> None:
-        await cancel_all(list(self._tasks))
+        await self._tasks.close()
 
 
 async def relay_sideband(

@@ -23,6 +23,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from pipeline.tasks import TaskSet
 from sessions import SessionConfig, SessionManager
 from sessions.events import new_id
 
@@ -76,6 +77,7 @@ class CallRegistry:
         self._calls: dict[str, WebRTCCall] = {}
         self._owners: dict[str, asyncio.Task[None]] = {}
         self._cleanups: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet("webrtc-calls")  # owns the owners and the clean-ups
         self._prepared = False
 
     def _prepare(self) -> None:
@@ -139,7 +141,7 @@ class CallRegistry:
             raise
         self._calls[call_id] = call
         self.metrics.calls.inc()
-        self._owners[call_id] = asyncio.create_task(self._own(call), name=f"{call_id}:owner")
+        self._owners[call_id] = self._tasks.create_task(self._own(call), name=f"{call_id}:owner")
         log.info("call %s answered (session %s)", call_id, session.session_id)
         return call, answer
 
@@ -174,7 +176,9 @@ class CallRegistry:
     async def _discard(self, call: WebRTCCall) -> None:
         """Close a call that was never answered. It runs in a task of its own, so that a
         cancelled request still leaves nothing behind; `close()` waits for those tasks."""
-        cleanup = asyncio.create_task(call.close("setup failed"), name=f"{call.call_id}:discard")
+        cleanup = self._tasks.create_task(
+            call.close("setup failed"), name=f"{call.call_id}:discard"
+        )
         self._cleanups.add(cleanup)
         cleanup.add_done_callback(self._cleanups.discard)
         await asyncio.shield(cleanup)
@@ -207,5 +211,8 @@ class CallRegistry:
         for call in list(self._calls.values()):
             call.request_close(reason)
         pending = [*self._owners.values(), *self._cleanups]
-        if pending:
-            await asyncio.wait(pending)
+        try:
+            if pending:
+                await asyncio.wait(pending)
+        finally:
+            await self._tasks.close()
