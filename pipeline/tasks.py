@@ -116,6 +116,13 @@ class TaskSet:
     def closed(self) -> bool:
         return self._closed
 
+    async def join(self) -> None:
+        """Wait, cancelling nothing, until none of its tasks is running, those they start
+        meanwhile included (an owner whose tasks end by themselves once told to)."""
+        current = asyncio.current_task()
+        while pending := [task for task in self._tasks if task is not current]:
+            await asyncio.wait(pending)
+
     async def close(self) -> None:
         """Start no more tasks; cancel the running ones and wait until every one has ended.
         Idempotent (a second call waits for whatever is still ending). Called from one of
