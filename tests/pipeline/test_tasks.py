@@ -101,7 +101,7 @@ async def test_a_task_set_stops_what_runs_and_logs_what_failed(
     sleeping = tasks.create_task(sleeper(), name="sleeper")
     tasks.create_task(failing(), name="failing")
     read = tasks.create_task(read_by_its_caller(), log_failure=False)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="the caller's to report"):
         await read
     await asyncio.sleep(0.01)
     assert len(tasks) == 1  # the ended ones are forgotten
@@ -121,9 +121,33 @@ async def test_a_task_set_as_a_scope_stops_its_tasks_and_lets_errors_through() -
         started.set()
         await asyncio.Event().wait()
 
-    with pytest.raises(KeyError):  # as it is, not in an ExceptionGroup
+    owned: list[asyncio.Task[None]] = []
+
+    async def scope() -> None:
         async with TaskSet("scope") as tasks:
-            task = tasks.create_task(forever())
+            owned.append(tasks.create_task(forever()))
             await started.wait()
             raise KeyError("body")
-    assert task.cancelled()
+
+    with pytest.raises(KeyError):  # as it is, not in an ExceptionGroup
+        await scope()
+    assert owned[0].cancelled()
+
+
+async def test_a_task_set_joined_waits_for_tasks_started_meanwhile() -> None:
+    ended: list[str] = []
+    tasks = TaskSet("handlers")
+
+    async def second() -> None:
+        await asyncio.sleep(0.02)
+        ended.append("second")
+
+    async def first() -> None:
+        await asyncio.sleep(0.01)
+        tasks.create_task(second())  # started while the owner already waits
+        ended.append("first")
+
+    tasks.create_task(first())
+    await tasks.join()
+    assert ended == ["first", "second"] and len(tasks) == 0
+    await tasks.close()
