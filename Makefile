@@ -24,6 +24,7 @@ check: deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/pytest -q tests/test_task_ownership.py -p no:cacheprovider
 
 deps: system-deps $(STAMP)
 

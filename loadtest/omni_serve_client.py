@@ -28,6 +28,8 @@ import numpy as np
 import numpy.typing as npt
 from websockets.asyncio.client import ClientConnection, connect
 
+from pipeline.tasks import TaskSet
+
 RATE = 24_000
 CHUNK = RATE // 50
 """Samples in one 20 ms chunk."""
@@ -153,22 +155,18 @@ class Client:
         """Say the question (chunks from `chunks()`), then listen until its answer is done
         and would have finished playing; the microphone sends silence meanwhile."""
         spoken_at = await self._send_on_clock(speech, time.monotonic())
-        microphone: asyncio.Task[None] | None = None
-        if self.manual:
-            await self.ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
-            await self.ws.send(json.dumps({"type": "response.create"}))
-            spoken_at = time.monotonic()
-        else:
-            microphone = asyncio.create_task(self._silence_forever(), name="microphone")
-        try:
-            async with asyncio.timeout(ANSWER_TIMEOUT_S):
-                await self._listen(spoken_at, request)
-        except TimeoutError:
-            request.error = f"no answer within {ANSWER_TIMEOUT_S:g} s"
-        finally:
-            if microphone is not None:
-                microphone.cancel()
-                await asyncio.gather(microphone, return_exceptions=True)
+        async with TaskSet("omni-serve-client") as tasks:  # the microphone, if any
+            if self.manual:
+                await self.ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                await self.ws.send(json.dumps({"type": "response.create"}))
+                spoken_at = time.monotonic()
+            else:
+                tasks.create_task(self._silence_forever(), name="microphone")
+            try:
+                async with asyncio.timeout(ANSWER_TIMEOUT_S):
+                    await self._listen(spoken_at, request)
+            except TimeoutError:
+                request.error = f"no answer within {ANSWER_TIMEOUT_S:g} s"
         return request
 
     async def _listen(self, spoken_at: float, request: Request) -> None:

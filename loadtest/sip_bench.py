@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 import psutil
 
+from pipeline.tasks import TaskSet
+
 from .served import free_port, parley_serve
 from .sip_probe import Probe
 from .sip_sipp import SippRun
@@ -133,7 +135,8 @@ async def step(
     meter = _CpuMeter(server)
     sipp = SippRun(sip_port, calls - probes, seconds + ramp, question, work, ramp)
     peers = [Probe(("127.0.0.1", sip_port)) for _ in range(probes)]
-    lag_task = asyncio.create_task(_loop_lag(lags))
+    lag_watch = TaskSet("sip-bench:loop-lag")
+    lag_watch.create_task(_loop_lag(lags))
     try:
         await sipp.start()
         await asyncio.sleep(ramp)
@@ -141,18 +144,15 @@ async def step(
         lags.clear()
         await asyncio.gather(*(p.dial() for p in peers))
         answered_at = time.monotonic()
-        talkers = [asyncio.create_task(_talk(p, question)) for p in peers]
-        await asyncio.sleep(seconds)
-        for task in talkers:
-            task.cancel()
-        await asyncio.gather(*talkers, return_exceptions=True)
+        async with TaskSet("sip-bench:talkers") as talkers:
+            for p in peers:
+                talkers.create_task(_talk(p, question))
+            await asyncio.sleep(seconds)
     finally:
         await asyncio.gather(*(p.hang_up() for p in peers), return_exceptions=True)
         sipp_result = await sipp.finish()
         server_cpu, loop_cpu, server_wait = meter.stop()
-        lag_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await lag_task
+        await lag_watch.close()
     late = received = audible = 0
     gaps: list[float] = []
     for p in peers:

@@ -46,6 +46,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from pipeline.tasks import TaskSet
+
 from .proc_cpu import cpu_seconds, is_redis, tree
 from .served import metric_total, parley_serve
 from .speech import silence, speak, trim_silence
@@ -174,7 +176,8 @@ async def loop_calls(
             answers[i] += 1
             await asyncio.sleep(0.3)
 
-    tasks = [asyncio.create_task(talk(i, c)) for i, c in enumerate(callers)]
+    talkers = TaskSet("webrtc-bench")  # their failures are counted below
+    tasks = [talkers.create_task(talk(i, c), log_failure=False) for i, c in enumerate(callers)]
     try:
         await asyncio.sleep(warm_s + min(9.0, 0.3 * n))
         late0, frames0 = await late_frames(http)
@@ -196,9 +199,7 @@ async def loop_calls(
         failed = [t for t in tasks if t.done() and t.exception() is not None]
     finally:
         stop.set()
-        for task in tasks:
-            task.cancel()
-        await asyncio.wait(tasks)
+        await talkers.close()
         await asyncio.gather(*(c.close() for c in callers))
     frames = frames1 - frames0
     return {

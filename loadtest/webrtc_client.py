@@ -25,6 +25,7 @@ from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSes
 from aiortc.mediastreams import MediaStreamError
 from av.stream import Stream
 
+from pipeline.tasks import TaskSet
 from realtime.webrtc.inline_decode import decode_inline
 from realtime.webrtc.outbound import sends_opus
 
@@ -148,7 +149,7 @@ class Caller:
         self.call_id: str | None = None
         self.session_id: str | None = None
         self._new_event = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = TaskSet("caller")
         self.channel = self.pc.createDataChannel("oai-events")
         self.channel.on("message", self._on_message)
         self.pc.on("track", self._on_track)
@@ -164,7 +165,7 @@ class Caller:
             for transceiver in self.pc.getTransceivers():
                 if transceiver.receiver.track is track:
                     decode_inline(transceiver.receiver)
-            self._tasks.append(asyncio.create_task(self._listen(track)))
+            self._tasks.create_task(self._listen(track))
 
     async def _listen(self, track: MediaStreamTrack) -> None:
         while True:
@@ -256,8 +257,5 @@ class Caller:
         return [t for t, level in self.heard if t >= since and level > LOUD]
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(self._tasks)
+        await self._tasks.close()
         await self.pc.close()

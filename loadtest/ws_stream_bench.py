@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.tasks import TaskSet
 from web import event_loop
 
 from .proc_cpu import cpu_seconds, is_redis, tree
@@ -197,21 +198,19 @@ class Generator:
 
 async def _generate(plan: Plan) -> dict[str, Any]:
     gen = Generator(plan)
-    ticker = asyncio.create_task(gen.ticker())
-    tasks = []
-    for i in range(plan.sessions):
-        tasks.append(asyncio.create_task(gen.session(i)))
-        await asyncio.sleep(plan.ramp_s / max(plan.sessions, 1))
-    cpu: list[float] = []
-    await asyncio.sleep(max(0.0, plan.start_at - time.time()))
-    cpu.append(_self_cpu())
-    await asyncio.sleep(max(0.0, plan.end_at - time.time()))
-    cpu.append(_self_cpu())
-    await ticker
-    failed = [t for t in tasks if t.done() and t.exception() is not None]
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    async with TaskSet("ws-stream-bench") as owned:  # the ticker and the sessions
+        ticker = owned.create_task(gen.ticker())
+        tasks = []
+        for i in range(plan.sessions):  # their failures are counted below
+            tasks.append(owned.create_task(gen.session(i), log_failure=False))
+            await asyncio.sleep(plan.ramp_s / max(plan.sessions, 1))
+        cpu: list[float] = []
+        await asyncio.sleep(max(0.0, plan.start_at - time.time()))
+        cpu.append(_self_cpu())
+        await asyncio.sleep(max(0.0, plan.end_at - time.time()))
+        cpu.append(_self_cpu())
+        await ticker
+        failed = [t for t in tasks if t.done() and t.exception() is not None]
     return {
         "lag": gen.lag,
         "send_lag": gen.send_lag,

@@ -31,7 +31,7 @@ from .graph_config import (
     wrong_engine_kind,
 )
 from .metrics import PipelineMetrics, RequestKind
-from .tasks import cancel_all
+from .tasks import TaskSet
 from .types import (
     AudioChunk,
     Chunk,
@@ -167,14 +167,13 @@ class StageGraph:
             if stage.name not in self._entry:
                 inputs[stage.name] = Channel(self.channel_size)
                 open_upstreams[stage.name] = len(self.config.upstream(stage.name))
-        # tasks and not a TaskGroup: their scope spans this generator's yields
-        tasks = [
-            asyncio.create_task(
+        # a TaskSet and not a TaskGroup: its scope spans this generator's yields
+        tasks = TaskSet(request.request_id)
+        for stage in self.config.stages:
+            tasks.create_task(
                 self._run_stage(stage, request, inputs, open_upstreams, out),
                 name=f"{request.request_id}:{stage.name}",
             )
-            for stage in self.config.stages
-        ]
         pending_outputs = set(self._outputs)
         try:
             while pending_outputs:
@@ -190,7 +189,7 @@ class StageGraph:
             out.discard()
             for channel in inputs.values():
                 channel.discard()
-            await cancel_all(tasks)
+            await tasks.close()
 
     async def _run_stage(
         self,

@@ -25,7 +25,7 @@ from .connectors.redis_client import open_redis
 from .connectors.redis_streams import RedisStreamLink
 from .link_messages import Alive, Fatal, Ready
 from .stage_client import RETRY_S, LinkedStage
-from .tasks import cancel_and_wait
+from .tasks import TaskSet
 
 log = logging.getLogger("parley.pipeline.remote")
 
@@ -50,14 +50,15 @@ class RemoteEngine(LinkedStage):
         self.link_name = link_name
         self.redis_url = redis_url
         self._redis: aioredis.Redis | None = None
-        self._waiter: asyncio.Task[None] | None = None
+        self._waiting = TaskSet(f"remote:{stage}")
+        """Owns the wait for the remote side's `Ready`; `close()` closes it."""
         self._pending: RedisStreamLink | None = None
 
     async def start(self) -> None:
         """Open our end and wait (in the background) for the remote side's `Ready`."""
         self._redis = await _redis(self.redis_url)
         link = self._pending = RedisStreamLink.end(self._redis, self.link_name, "a")
-        self._waiter = asyncio.create_task(self._await_ready(link), name=f"remote:{self.name}")
+        self._waiting.create_task(self._await_ready(link), name=f"remote:{self.name}")
 
     async def _await_ready(self, link: RedisStreamLink) -> None:
         """Wait for the remote side's first word: `Ready`, or `Alive` from a stage that was
@@ -84,8 +85,7 @@ class RemoteEngine(LinkedStage):
 
     async def close(self) -> None:
         self._closing = True
-        waiter, self._waiter = self._waiter, None
-        await cancel_and_wait(waiter)
+        await self._waiting.close()
         if self._pending is not None:  # the remote side never came
             await self._pending.close()
             self._pending = None

@@ -48,7 +48,7 @@ from .link_messages import (
     StatsReply,
     Stuck,
 )
-from .tasks import background, cancel_and_wait
+from .tasks import TaskSet, background, cancel_and_wait
 from .types import Chunk, End, EntryEngine, ErrorChunk, PipelineRequest, StageInput, StreamEngine
 
 log = logging.getLogger("parley.pipeline.stage_client")
@@ -68,6 +68,8 @@ class LinkedStage(EntryEngine, StreamEngine):
         self.down_reason: str | None = None
         """Why the stage is down (hung, its link lost or unavailable); None while it answers."""
         self._link: Link | None = None
+        self._readers = TaskSet(f"stage:{name}")
+        """Owns the link's reader (one per attached link); `_detach()` closes it."""
         self._reader: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._heard = 0.0
@@ -89,7 +91,7 @@ class LinkedStage(EntryEngine, StreamEngine):
         self._link = link
         self._heard = asyncio.get_running_loop().time()
         self._mark_up()
-        self._reader = asyncio.create_task(self._read(link), name=f"stage:{self.name}:reader")
+        self._reader = self._readers.create_task(self._read(link), name=f"stage:{self.name}:reader")
         if self.liveness_s is not None and self._watchdog is None:
             # a watch that ended silently would leave a hung stage unnoticed: logged at once
             self._watchdog = background(
@@ -122,7 +124,7 @@ class LinkedStage(EntryEngine, StreamEngine):
         # while this waits for it (seen as a 60 s hang under load).
         if link is not None:
             await link.close()
-        await cancel_and_wait(reader)
+        await self._readers.close()
 
     # --- the reader ----------------------------------------------------------------------
 
@@ -282,13 +284,13 @@ class LinkedStage(EntryEngine, StreamEngine):
                 request, upstream = inputs.request, inputs
             case PipelineRequest():
                 request, upstream = inputs, None
-        feeder: asyncio.Task[None] | None = None
+        # a TaskSet and not a TaskGroup: its scope spans this generator's yields
+        feeding = TaskSet(f"{key}:feeder")
         finished = False
         try:
             await link.send(Generate(key, request, streamed=upstream is not None))
             if upstream is not None:
-                # a task and not a TaskGroup: its scope spans this generator's yields
-                feeder = asyncio.create_task(self._feed(link, key, upstream))
+                feeding.create_task(self._feed(link, key, upstream))
             async for chunk in channel:
                 yield chunk
                 if isinstance(chunk, End | ErrorChunk):
@@ -303,7 +305,7 @@ class LinkedStage(EntryEngine, StreamEngine):
             self._mark_down(str(exc))
             yield ErrorChunk(f"the {self.name} stage is not answering ({exc})", self.name)
         finally:
-            await cancel_and_wait(feeder)
+            await feeding.close()
             if finished:
                 self._forget(request_id, key)
             else:

@@ -35,7 +35,7 @@ from dataclasses import asdict
 from .connectors.base import LinkClosed
 from .connectors.shm_dial import BadHello, answer
 from .link_messages import Ready
-from .tasks import background, cancel_all
+from .tasks import TaskSet, background, cancel_all
 from .types import Engine
 from .worker_main import BEAT_S, StageServer, StageStartError, WorkerSpec, start_engine
 
@@ -140,7 +140,7 @@ class _Host:
         self.stage = stage
         self.engine = engine
         self.hang_s = hang_s
-        self.connections: set[asyncio.Task[None]] = set()
+        self.connections = TaskSet(f"stage-host:{stage}")
         self._count = 0
 
     async def accept(self, listener: socket.socket) -> None:
@@ -154,11 +154,9 @@ class _Host:
                 sock.close()
                 continue
             self._count += 1
-            task = asyncio.create_task(
+            self.connections.create_task(
                 self._serve(sock, self._count), name=f"stage-host:c{self._count}"
             )
-            self.connections.add(task)
-            task.add_done_callback(self.connections.discard)
 
     async def _serve(self, sock: socket.socket, number: int) -> None:
         try:
@@ -186,7 +184,7 @@ class _Host:
 
     async def close(self) -> None:
         """End every connection (their requests first); idempotent."""
-        await cancel_all(list(self.connections))
+        await self.connections.close()
 
 
 if __name__ == "__main__":

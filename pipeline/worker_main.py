@@ -56,7 +56,7 @@ from .link_messages import (
     StatsReply,
     Stuck,
 )
-from .tasks import background, cancel_all, cancel_and_wait
+from .tasks import TaskSet, background, cancel_and_wait
 from .types import (
     Chunk,
     End,
@@ -209,7 +209,10 @@ class StageServer:
         self.engine_prefix = engine_prefix
         self.hang_s = hang_s
         self.heartbeat_s = heartbeat_s
+        self._requests = TaskSet(f"stage:{stage}:requests")
+        """Owns the requests in flight; `stop()` closes it."""
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        """The same tasks by request id (for `Abort`)."""
         self.inputs: dict[str, Channel[Chunk]] = {}
 
     async def serve(self) -> None:
@@ -239,7 +242,7 @@ class StageServer:
             match await self.link.recv():
                 case Generate(rid, request, streamed):
                     stream = self._open(rid, request, streamed)
-                    self.tasks[rid] = asyncio.create_task(self._run(rid, stream), name=rid)
+                    self.tasks[rid] = self._requests.create_task(self._run(rid, stream), name=rid)
                 case Input(rid, chunk):
                     if (target := self.inputs.get(rid)) is not None:
                         with contextlib.suppress(ChannelClosed):
@@ -303,7 +306,7 @@ class StageServer:
 
     async def stop(self) -> None:
         """Cancel every request in flight and wait until each has ended."""
-        await cancel_all(self.tasks.values())
+        await self._requests.close()
 
 
 async def _refuse(message: str) -> AsyncGenerator[Chunk, None]:

@@ -48,7 +48,7 @@ from starlette import status
 from starlette.types import Message as AsgiMessage
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from pipeline.tasks import cancel_all
+from pipeline.tasks import TaskSet, cancel_all
 from sessions.keys import NAMESPACE
 from sessions.process_beat import ProcessBeat, Request
 
@@ -207,7 +207,7 @@ class SidebandRelays:
         self._redis = redis
         self._beat = beat
         self._finders: dict[str, Find] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet("sideband-relays")
 
     def serve(self, protocol: str, find: Find) -> None:
         """Serve relayed sidebands of `protocol`, finding their targets with `find`."""
@@ -228,11 +228,11 @@ class SidebandRelays:
             return
         subprotocol = request.get("subprotocol")
         chosen = subprotocol if isinstance(subprotocol, str) else None
-        task = asyncio.create_task(
+        if self._tasks.closed:
+            return
+        self._tasks.create_task(
             self._relay(relay_id, taker, serve, chosen), name=f"sideband-relay:{relay_id}"
         )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _relay(
         self, relay_id: str, taker: str, serve: Serve, subprotocol: str | None
@@ -247,7 +247,7 @@ class SidebandRelays:
             await socket.aclose()
 
     async def close(self) -> None:
-        await cancel_all(list(self._tasks))
+        await self._tasks.close()
 
 
 async def relay_sideband(

@@ -33,6 +33,7 @@ from redis.asyncio.client import Pipeline
 
 from pipeline.audio_format import FRAME_MS
 from pipeline.audio_format import INPUT_FRAME_BYTES as FRAME_BYTES
+from pipeline.tasks import TaskSet
 
 from .errors import RedisUnavailableError
 from .keys import DEFAULT_KEY_TTL_S, SessionKeys
@@ -76,6 +77,8 @@ class AudioBuffer:
         self.write_behind = write_behind
         """A full batch is written by a task of its own rather than by `append()`."""
         self._writer: asyncio.Task[None] | None = None
+        self._writes = TaskSet("sessions:audio-write")
+        """Owns the write-behind task (`_writer`); `aclose()` waits for it, then closes it."""
         self._recent: collections.deque[tuple[int, bytes]] = collections.deque(
             maxlen=recent_seconds * FRAMES_PER_SECOND
         )
@@ -93,8 +96,8 @@ class AudioBuffer:
             return
         if not self.write_behind:
             await self.flush()
-        elif self._writer is None:
-            self._writer = asyncio.create_task(self._write_behind(), name="sessions:audio-write")
+        elif self._writer is None and not self._writes.closed:  # closed: the session ended
+            self._writer = self._writes.create_task(self._write_behind(), name=self._writes.name)
 
     async def _write_behind(self) -> None:
         """Write full batches until fewer frames than a batch are pending. The caller (the
@@ -109,8 +112,11 @@ class AudioBuffer:
 
     async def aclose(self) -> None:
         """Wait for a batch being written behind (the spill bounds how long). Idempotent."""
-        if self._writer is not None:
-            await asyncio.wait({self._writer})
+        try:
+            if self._writer is not None:
+                await asyncio.wait({self._writer})
+        finally:
+            await self._writes.close()  # a cancelled wait stops the writer too
 
     async def flush(self) -> None:
         """Write the pending frames now (or keep them in the spill while Redis is down)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from pipeline.tasks import cancel_and_wait
+from pipeline.tasks import TaskSet
 
 from .clock import Clock
 
@@ -20,19 +20,22 @@ from .clock import Clock
 class IdleTimer:
     def __init__(self, clock: Clock, name: str) -> None:
         self._clock = clock
-        self._name = name
         self._waiting: asyncio.Task[None] | None = None
-        self._firing: asyncio.Task[None] | None = None
+        self._tasks = TaskSet(f"{name}:idle")
+        """Owns the pending timeout, a disarmed one until it has ended and the one firing;
+        `close()` closes it."""
 
     @property
     def armed(self) -> bool:
         return self._waiting is not None and not self._waiting.done()
 
     def arm(self, seconds: float, fire: Callable[[], Awaitable[None]]) -> None:
-        """Call `fire` after `seconds` unless disarmed first."""
+        """Call `fire` after `seconds` unless disarmed first (a closed timer: never)."""
         self.disarm()
-        loop = asyncio.get_running_loop()
-        self._waiting = loop.create_task(self._wait(seconds, fire), name=f"{self._name}:idle")
+        if not self._tasks.closed:
+            self._waiting = self._tasks.create_task(
+                self._wait(seconds, fire), name=self._tasks.name
+            )
 
     def disarm(self) -> None:
         """Drop the pending timeout, if any (a timeout already firing runs to its end)."""
@@ -44,13 +47,10 @@ class IdleTimer:
         await self._clock.sleep(seconds)
         # From here on this is the firing task: a disarm by what `fire` starts (a new
         # answer) must not cancel it halfway.
-        self._waiting, self._firing = None, asyncio.current_task()
+        self._waiting = None
         await fire()
 
     async def close(self) -> None:
         """Cancel and await the timer's tasks. Idempotent."""
-        waiting, firing = self._waiting, self._firing
-        self._waiting = self._firing = None
-        for task in (waiting, firing):
-            if task is not None and task is not asyncio.current_task():
-                await cancel_and_wait(task)
+        self._waiting = None
+        await self._tasks.close()  # not the calling task, if it is the one firing

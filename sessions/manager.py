@@ -53,7 +53,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from pipeline.tasks import background, cancel_all, cancel_and_wait
+from pipeline.tasks import TaskSet, background, cancel_and_wait
 from pipeline.types import Pipeline
 
 from .clock import REAL_CLOCK, Clock
@@ -126,7 +126,10 @@ class SessionManager:
         self._callers: dict[str, str] = {}
         """Per live session started for a caller: the caller its slot counts against."""
         self._sessions: dict[str, Session] = {}
+        self._owners = TaskSet("sessions")
+        """Owns each session's task (`_own`); `close()` closes it."""
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        """The same tasks by session id."""
         self._background: list[asyncio.Task[None]] = []
         self._lease_locks: dict[str, asyncio.Lock] = {}
         """Per live session: its lease's renewal and its release take turns. A renewal
@@ -289,7 +292,7 @@ class SessionManager:
         self._sessions[session_id] = session
         self._lease_locks[session_id] = asyncio.Lock()
         self.metrics.active_sessions.inc()
-        self._tasks[session_id] = asyncio.create_task(self._own(session), name=session_id)
+        self._tasks[session_id] = self._owners.create_task(self._own(session), name=session_id)
 
     async def resume(
         self, session_id: str, token: str | None, *, caller: str | None = None
@@ -468,8 +471,8 @@ class SessionManager:
             session.request_close(reason)
         tasks = list(self._tasks.values())
         if tasks:  # each session says goodbye and tears down; past the timeout it is cut
-            _, slow = await asyncio.wait(tasks, timeout=SHUTDOWN_TIMEOUT_S)
-            await cancel_all(slow)
+            await asyncio.wait(tasks, timeout=SHUTDOWN_TIMEOUT_S)
+        await self._owners.close()  # those past the timeout are cut
         self._tasks.clear()
         background, self._background = self._background, []
         await cancel_and_wait(*background)

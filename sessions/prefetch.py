@@ -21,7 +21,7 @@ from contextlib import aclosing
 
 from prometheus_client import Counter
 
-from pipeline.tasks import cancel_and_wait
+from pipeline.tasks import TaskSet
 from pipeline.types import OutputChunk, Pipeline, PipelineRequest
 
 QUEUE_CHUNKS = 256
@@ -44,7 +44,9 @@ class Prefetch:
         self._pipeline = pipeline
         self._request: asyncio.Future[PipelineRequest] = asyncio.get_running_loop().create_future()
         self._queue: asyncio.Queue[OutputChunk | BaseException | None] = asyncio.Queue(QUEUE_CHUNKS)
-        self._task = asyncio.get_running_loop().create_task(self._pump(build), name=name)
+        self._pumping = TaskSet(name)
+        """Owns the pump; `discard()` closes it."""
+        self._pumping.create_task(self._pump(build), name=name)
 
     def matches(self, item_id: str, end_ms: int) -> bool:
         """Whether this is the answer to the turn `item_id` ending at `end_ms`."""
@@ -69,7 +71,7 @@ class Prefetch:
 
     async def discard(self) -> None:
         """Abort the work (the pipeline request in every stage) and wait for it."""
-        await cancel_and_wait(self._task)
+        await self._pumping.close()
         if not self._request.done():
             self._request.cancel()
         elif not self._request.cancelled():

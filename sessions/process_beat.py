@@ -26,7 +26,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 
-from pipeline.tasks import background, cancel_all, cancel_and_wait
+from pipeline.tasks import TaskSet, background, cancel_and_wait
 
 from .keys import NAMESPACE
 from .redis_link import RedisLink
@@ -66,12 +66,15 @@ class ProcessBeat:
         self._redis = redis
         self._handler = handler
         self._tasks: list[asyncio.Task[None]] = []
-        self._handling: set[asyncio.Task[None]] = set()
+        self._handling = TaskSet(f"{process_id}:requests")
+        """Owns the requests being handled; `stop` closes it (`start` opens a new one)."""
         self._answers: dict[str, asyncio.Future[None]] = {}
         self._listening = asyncio.Event()
 
     def start(self) -> None:
         """Start beating and listening (tasks owned here until `stop`)."""
+        if self._handling.closed:  # started again after a stop
+            self._handling = TaskSet(self._handling.name)
         self._tasks = [
             background(self._beat(), f"{self.process_id}:beat"),
             background(self._listen(), f"{self.process_id}:mailbox"),
@@ -86,7 +89,7 @@ class ProcessBeat:
         that says so is not taken for dead meanwhile)."""
         tasks, self._tasks = self._tasks, []
         await cancel_and_wait(*tasks)
-        await cancel_all(list(self._handling))
+        await self._handling.close()
         for answer in self._answers.values():
             answer.cancel()
         if clean:  # bounded: a store that hangs must not hold a shutdown (the key expires)
@@ -153,9 +156,8 @@ class ProcessBeat:
             if answer is not None and not answer.done():
                 answer.set_result(None)
             return
-        task = asyncio.create_task(self._handle(body), name=f"{self.process_id}:request")
-        self._handling.add(task)
-        task.add_done_callback(self._handling.discard)
+        if not self._handling.closed:  # stopping: the asker's wait times out
+            self._handling.create_task(self._handle(body), name=f"{self.process_id}:request")
 
     async def _handle(self, body: Request) -> None:
         try:

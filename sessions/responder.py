@@ -153,7 +153,7 @@ class Responder:
         resolved = (options or ResponseOptions()).resolve(host.config)
         async with self._writer_lock:  # one writer: never start while one is torn down
             await self._end_previous()
-            tg = host.task_group
+            tg: asyncio.TaskGroup | None = host.task_group
             if tg is None:
                 raise SessionClosedError("the session is not running")
             self._turn_taking.answering()

@@ -31,6 +31,8 @@ from typing import Any, TypeVar
 from redis.asyncio.client import Pipeline
 from redis.exceptions import OutOfMemoryError, RedisError
 
+from pipeline.tasks import TaskSet
+
 from .errors import RedisFullError, RedisUnavailableError
 from .metrics import SessionMetrics
 from .redis_link import RedisLink
@@ -83,6 +85,9 @@ class Spill:
         }
         self._lock = asyncio.Lock()
         self._closed = False
+        self._writes = TaskSet("spill")
+        """Owns each write in flight (one carried on past a cancelled caller included);
+        `aclose()` closes it."""
         self.bytes = 0
         self.kept = 0
         """Writes kept locally so far (the session's lifetime)."""
@@ -116,7 +121,10 @@ class Spill:
         ahead of it and the link's call timeout.
 
         Raises only for a Redis error that is not an outage (a bug in the commands)."""
-        return await _finished(asyncio.ensure_future(self._write(kind, apply, size, values)))
+        if self._closed:
+            return None
+        write = self._writes.create_task(self._write(kind, apply, size, values), log_failure=False)
+        return await _finished(write)
 
     async def _write(
         self, kind: str, apply: Apply, size: int, values: Sequence[Any]
@@ -157,6 +165,7 @@ class Spill:
         async with self._lock:
             for kind in DROP_ORDER:
                 self.discard(kind)
+        await self._writes.close()  # a write let go on alone after its caller's cancel
 
     # --- internals -------------------------------------------------------------------------
 
@@ -192,13 +201,14 @@ class Spill:
         for kind in reversed(DROP_ORDER):
             queue = self._queues[kind]
             while queue:
-                if not self.link.writable:
+                if not self.link.writable or self._closed:
                     return
                 batch = _Counted([w.apply for w in itertools.islice(queue, DRAIN_BATCH)])
-                call = asyncio.ensure_future(
+                call = self._writes.create_task(
                     self.link.call(
                         functools.partial(self._execute, batch.applies, raise_on_error=False)
-                    )
+                    ),
+                    log_failure=False,
                 )
                 try:
                     results = await _finished(call)

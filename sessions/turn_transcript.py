@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.tasks import cancel_and_wait
+from pipeline.tasks import TaskSet, cancel_and_wait
 from pipeline.types import Pipeline
 
 from .events import Event, InputTranscriptionDelta
@@ -64,16 +64,19 @@ class TurnTranscript:
         """The partial transcript sent for the turn so far (as deltas)."""
         self._kept: dict[str, asyncio.Task[str | None]] = {}
         """Transcripts of ended turns, until their answer asks (`result`)."""
-        self._waiting: set[asyncio.Task[str | None]] = set()
+        self._tasks = TaskSet(f"{session_id}:turn-asr")
+        """Owns every transcription (running, kept, waited for); `close()` closes it."""
         self.kept = 0
         self.discarded = 0
 
     async def pause(self, item_id: str, begin_ms: int, end_ms: int) -> None:
         """The voice paused: transcribe the turn's audio [begin_ms, end_ms) from now."""
         await self._drop()
+        if self._tasks.closed:
+            return
         self._covers = (item_id, end_ms)
-        self._task = asyncio.get_running_loop().create_task(
-            self._transcribe(item_id, begin_ms, end_ms), name=f"{self._session_id}:turn-asr"
+        self._task = self._tasks.create_task(  # its outcome is read by `ready` or `result`
+            self._transcribe(item_id, begin_ms, end_ms), name=self._tasks.name, log_failure=False
         )
 
     async def ended(self, item_id: str, end_ms: int) -> None:
@@ -108,14 +111,12 @@ class TurnTranscript:
         task = self._kept.pop(item_id, None)
         if task is None:
             return None
-        self._waiting.add(task)
         try:
             async with asyncio.timeout(FINAL_WAIT_S):
                 text = await asyncio.shield(task)
         except TimeoutError:
             return None
         finally:
-            self._waiting.discard(task)
             if not task.done():  # timed out, or the answer was cancelled meanwhile
                 await cancel_and_wait(task)
         self.kept += text is not None
@@ -129,9 +130,8 @@ class TurnTranscript:
     async def close(self) -> None:
         """Cancel and await everything in progress. Idempotent."""
         await self._drop()
-        kept, self._kept = list(self._kept.values()), {}
-        for task in (*kept, *self._waiting):
-            await cancel_and_wait(task)
+        self._kept = {}
+        await self._tasks.close()  # the kept ones and those an answer waits for
 
     async def _drop(self) -> None:
         task, self._task, self._covers = self._task, None, None

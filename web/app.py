@@ -25,7 +25,7 @@ from starlette.staticfiles import StaticFiles
 from pipeline.connectors.redis_client import open_redis
 from pipeline.metrics import PipelineMetrics
 from pipeline.registry import load_pipeline
-from pipeline.tasks import background, cancel_and_wait
+from pipeline.tasks import TaskSet, background, cancel_and_wait
 from pipeline.types import Pipeline, ReportsStages
 from realtime.auth import Authenticator
 from realtime.call_index import CallIndex
@@ -113,14 +113,15 @@ async def _serving(app: Starlette, services: Services) -> AsyncIterator[None]:
         if services.pipeline is None:
             yield
             return
-        # A task the lifespan owns, not a TaskGroup: it must run across the `yield`, which
-        # a TaskGroup in an async generator cannot span.
-        loader = asyncio.create_task(_start_pipeline(services, services.pipeline))
+        # Tasks the lifespan owns, not a TaskGroup: the loader must run across the `yield`,
+        # which a TaskGroup in an async generator cannot span.
+        loading = TaskSet("pipeline-start")
+        loader = loading.create_task(_start_pipeline(services, services.pipeline))
         if services.settings.workers > 1:
             # A worker listens only once it can serve: its socket joins the shared port's
             # group at uvicorn's start, after this, and until then the others get them all.
             # A stop while it loads ends the wait (uvicorn checks for it only after this).
-            stopping = asyncio.create_task(services.stopping.wait())
+            stopping = loading.create_task(services.stopping.wait())
             await asyncio.wait({loader, stopping}, return_when=asyncio.FIRST_COMPLETED)
             await cancel_and_wait(stopping)
         manager = SessionManager(
@@ -162,7 +163,7 @@ async def _serving(app: Starlette, services: Services) -> AsyncIterator[None]:
                     services.running = None
         finally:
             services.running = None
-            await cancel_and_wait(loader)
+            await loading.close()
     finally:
         if services.pipeline is not None:
             await services.pipeline.close()

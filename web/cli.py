@@ -32,7 +32,7 @@ from pipeline.gpu_sharing import GpuSharingError
 from pipeline.graph_config import GraphConfigError, load_graph
 from pipeline.registry import PipelineNotFound, graph_path
 from pipeline.remote import serve_remote_stage
-from pipeline.tasks import cancel_and_wait
+from pipeline.tasks import TaskSet
 from realtime.ice import is_loopback
 from realtime.websocket.connection import MAX_MESSAGE_BYTES
 
@@ -155,20 +155,22 @@ async def _serve(settings: Settings, redis_url: str) -> None:
     )
     server = _Server(config, on_exit=services.stopping.set)
     log.info("event loop: %s", event_loop.name(asyncio.get_running_loop()))
-    # a task and not a TaskGroup: the server's end must stop it rather than wait for it, and
-    # its PipelineFailed is read below rather than raised inside an ExceptionGroup
+    # a TaskSet and not a TaskGroup: the server's end must stop the announcing task rather
+    # than wait for it, and its PipelineFailed is read below rather than raised inside an
+    # ExceptionGroup
     sockets = None
-    if settings.worker_ready_fd is not None:  # a worker: its own socket on the shared port
-        sockets = [listening_socket(settings.host, settings.port)]
-        announce = asyncio.create_task(
-            _report_ready(server, services, app.state.process_id, settings.worker_ready_fd)
-        )
-    else:
-        announce = asyncio.create_task(_announce_when_ready(server, services, settings))
     try:
-        await server.serve(sockets=sockets)
+        async with TaskSet("announce") as announcing:
+            if settings.worker_ready_fd is not None:  # a worker: its own socket on the port
+                sockets = [listening_socket(settings.host, settings.port)]
+                ready = _report_ready(
+                    server, services, app.state.process_id, settings.worker_ready_fd
+                )
+            else:
+                ready = _announce_when_ready(server, services, settings)
+            announce = announcing.create_task(ready, log_failure=False)  # read below
+            await server.serve(sockets=sockets)
     finally:
-        await cancel_and_wait(announce)
         gc.unfreeze()  # what exits frees its objects as usual (native modules check)
     if not announce.cancelled() and isinstance(announce.exception(), PipelineFailed):
         print(f"parley: {announce.exception()}", file=sys.stderr, flush=True)

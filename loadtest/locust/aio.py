@@ -36,16 +36,18 @@ class LoopHost:
     def __init__(self, on_lag: Callable[[float], None]) -> None:
         self.loop = asyncio.new_event_loop()
         self._on_lag = on_lag
+        self._stop = asyncio.Event()
         self._greenlet = gevent.spawn(self._run)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.create_task(self._tick())
-        self.loop.run_forever()
+        # The ticker is the loop's main coroutine, no task of its own: `stop()` ends it,
+        # and the loop with it.
+        self.loop.run_until_complete(self._tick())
 
     async def _tick(self) -> None:
         count = 0
-        while True:
+        while not self._stop.is_set():
             due = time.monotonic() + YIELD_S
             await asyncio.sleep(YIELD_S)
             lag = time.monotonic() - due
@@ -79,5 +81,5 @@ class LoopHost:
         return value
 
     def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.loop.call_soon_threadsafe(self._stop.set)
         self._greenlet.join(timeout=5)

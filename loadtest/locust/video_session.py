@@ -26,6 +26,8 @@ import soxr
 from PIL import Image
 from websockets.asyncio.client import ClientConnection, connect
 
+from pipeline.tasks import TaskSet
+
 from .inbox import Inbox, Stamped
 from .stats import BARGE_IN, CONNECT, PROCESSING, VOICE_TO_VOICE, Recorder
 
@@ -142,21 +144,15 @@ async def video_session(
     began = time.monotonic()
     async with connect(f"{ws_base}/v1/video/chat/stream", proxy=None, max_size=None) as ws:
         inbox = Inbox()
-        reader = asyncio.create_task(_read(ws, inbox))
-        camera: asyncio.Task[None] | None = None
-        try:
+        async with TaskSet("video-session") as tasks:  # the reader and the camera
+            tasks.create_task(_read(ws, inbox))
             config = {"type": "session.config", "parley": {"extras": True}}
             await ws.send(json.dumps(config))
             await inbox.wait_type("session.created", 0, 30)
             rec.time(PROTOCOL, CONNECT, (time.monotonic() - began) * 1000)
-            camera = asyncio.create_task(_camera(ws))
+            tasks.create_task(_camera(ws))
             for i in range(turns):
                 barge = barge_every > 0 and (start + i) % barge_every == barge_every - 1
                 await _ask(ws, inbox, rec, question, stop if barge else None, text)
             await ws.send(json.dumps({"type": "video.done"}))
             await inbox.wait_type("session.done", 0, 30)
-        finally:
-            tasks = [t for t in (camera, reader) if t is not None]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 from websockets.asyncio.client import ClientConnection, connect
 
+from pipeline.tasks import TaskSet
+
 from ..voice_mic import RATE, Microphone, Pcm
 from .inbox import Inbox
 from .stats import BARGE_IN, CHUNK_LAG, CONNECT, PROCESSING, VOICE_TO_VOICE, Recorder
@@ -139,19 +141,11 @@ async def ws_session(
     began = time.monotonic()
     async with connect(f"{ws_base}/v1/realtime?model=parley", proxy=None, max_size=None) as ws:
         call = WsCall(ws, rec)
-        reader = asyncio.create_task(_read(ws, call.inbox))
-        mic: asyncio.Task[None] | None = None
-        try:
+        async with TaskSet("ws-session") as tasks:  # the reader and the microphone
+            tasks.create_task(_read(ws, call.inbox))
             await call.inbox.wait_type("session.created", 0, 30)
             rec.time(PROTOCOL, CONNECT, (time.monotonic() - began) * 1000)
-            mic = asyncio.create_task(call.mic.run())
+            tasks.create_task(call.mic.run())
             for i in range(turns):
                 barge = barge_every > 0 and (start + i) % barge_every == barge_every - 1
                 await call.ask(speech, barge)
-        finally:
-            for task in (mic, reader):
-                if task is not None:
-                    task.cancel()
-            await asyncio.gather(
-                *(t for t in (mic, reader) if t is not None), return_exceptions=True
-            )

@@ -11,13 +11,13 @@ Opus for every call too), so a step's figures are a lower bound for the server a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from loadtest.peers.measures import QUESTION, Target, ask, utterance
+from pipeline.tasks import TaskSet
 
 ANSWER_WITHIN_S = 15.0
 
@@ -72,23 +72,20 @@ async def step(target: Target, n: int, plan: Plan) -> dict[str, Any]:
                 answers[i] += 1
             await asyncio.sleep(0.3)
 
-    tasks = [asyncio.create_task(talk(i)) for i in range(n)]
     try:
-        await asyncio.sleep(plan.stagger_s + plan.warm_s)
-        before = await target.stats(reset=True)
-        own_before = await own_late_frames(target)
-        started = time.monotonic()
-        counting.set()
-        await asyncio.sleep(plan.window_s)
-        after = await target.stats()
-        wall = time.monotonic() - started
-        own_after = await own_late_frames(target)
+        async with TaskSet("capacity") as talkers:
+            for i in range(n):
+                talkers.create_task(talk(i))
+            await asyncio.sleep(plan.stagger_s + plan.warm_s)
+            before = await target.stats(reset=True)
+            own_before = await own_late_frames(target)
+            started = time.monotonic()
+            counting.set()
+            await asyncio.sleep(plan.window_s)
+            after = await target.stats()
+            wall = time.monotonic() - started
+            own_after = await own_late_frames(target)
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
         await asyncio.gather(*(c.close() for c in callers), return_exceptions=True)
     frames = after["frames"]
     own = None

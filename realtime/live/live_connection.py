@@ -34,7 +34,6 @@ to name), resume after a dropped connection (a drop ends the session: `connectio
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 from typing import Any, ClassVar, Self
@@ -43,7 +42,7 @@ import numpy as np
 import numpy.typing as npt
 from starlette.websockets import WebSocket
 
-from pipeline.tasks import cancel_and_wait
+from pipeline.tasks import TaskSet
 from sessions import MediaError, Session, SessionManager
 from sessions.events import Event
 
@@ -101,11 +100,11 @@ class LiveConnection(MessageConnection):
 
     async def serve(self, registry: ConnectionRegistry[Self] | None) -> None:
         """The connection's life, with the task that speaks commentary when it may."""
-        speaker = asyncio.create_task(self.protocol.run(), name="live:protocol")
         try:
-            await super().serve(registry)
+            async with TaskSet("live:protocol") as speaking:
+                speaking.create_task(self.protocol.run(), name=speaking.name)
+                await super().serve(registry)
         finally:
-            await cancel_and_wait(speaker)
             self.protocol.end()  # the session has ended: so have its sidebands
 
     # --- out ------------------------------------------------------------------------------

@@ -17,11 +17,10 @@ once accepted, the session itself carry.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any, Literal
 
-from pipeline.tasks import cancel_and_wait
+from pipeline.tasks import TaskSet
 from sessions.events import new_id
 
 from .handler import IncomingCall
@@ -67,12 +66,12 @@ class WebhookCallGate:
         # The decision may come while the webhook is in flight (apps often accept from
         # inside their webhook handler), so delivery runs beside the wait, in a task this
         # call owns and ends before returning.
-        delivery = asyncio.create_task(self._deliver(call_id, event), name=f"{call_id}:webhook")
-        try:
-            decision = await self.pending.wait(call_id)
-        finally:
-            self._ids.pop(call.call_id, None)
-            await cancel_and_wait(delivery)
+        async with TaskSet(f"{call_id}:webhook") as delivering:
+            delivering.create_task(self._deliver(call_id, event), name=delivering.name)
+            try:
+                decision = await self.pending.wait(call_id)
+            finally:
+                self._ids.pop(call.call_id, None)
         log.info("SIP call %s (%s): %s", call.call_id, call_id, describe(decision))
         return decision
 

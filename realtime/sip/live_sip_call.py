@@ -15,10 +15,9 @@ commentary when it may lives as long as the call (`watch`).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 
-from pipeline.tasks import cancel_and_wait
+from pipeline.tasks import TaskSet
 from sessions import Session
 from sessions.events import Event, SessionClosed
 
@@ -66,11 +65,9 @@ class LiveSipCall(SipMediaCall):
     # --- the call's life -----------------------------------------------------------------
 
     async def watch(self) -> None:
-        speaker = asyncio.create_task(self.protocol.run(), name=f"sip:{self.call_id}:live")
-        try:
+        async with TaskSet(f"sip:{self.call_id}:live") as speaking:
+            speaking.create_task(self.protocol.run(), name=speaking.name)
             await super().watch()
-        finally:
-            await cancel_and_wait(speaker)
 
     async def close(self, reason: str = "hangup") -> None:
         """As a SIP call's, then the sidebands end (after their `session.closed`)."""

@@ -26,6 +26,7 @@ import secrets
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pipeline.tasks import TaskSet
 from sessions import SessionConfig, SessionLimitError, SessionManager
 from sessions.events import new_id
 
@@ -80,6 +81,9 @@ class SipMediaCalls:
         self.playout_ms = playout_ms
         self.rtcp_interval_s = rtcp_interval_s
         self._calls: dict[str, SipMediaCall] = {}
+        self._tasks = TaskSet("sip-calls")
+        """Owns each call's owner task and the clean-up of a call whose setup failed;
+        `close()` closes it."""
         self._owners: dict[str, asyncio.Task[None]] = {}
         self._answering: set[str] = set()
         self._cancelled: set[str] = set()
@@ -167,18 +171,28 @@ class SipMediaCalls:
             await media.close("no sockets")
             return Rejection(503, "Service Unavailable")
         except BaseException:
-            await asyncio.shield(media.close("setup failed"))
+            if self._tasks.closed:
+                await media.close("setup failed")
+                raise
+            # in a task of its own: a cancelled setup still closes the call (`close()` waits)
+            cleanup = self._tasks.create_task(
+                media.close("setup failed"), name=f"sip:{call.call_id}:discard"
+            )
+            await asyncio.shield(cleanup)
             raise
         if call.call_id in self._cancelled:
             await media.close(f"{SIP_ENDED}cancelled")
             return Rejection(487, "Request Terminated")
+        if self._tasks.closed:  # closed during the setup: no owner for the call any more
+            await media.close("server_shutdown")
+            return Rejection(503, "Service Unavailable")
         self._calls[call.call_id] = media
         if app_id is not None:
             self._app_ids[app_id] = call.call_id
             media.app_call_id = app_id
         if isinstance(media, LiveSipCall) and self.live_sessions is not None:
             self.live_sessions.add(session.session_id, media.protocol)
-        self._owners[call.call_id] = asyncio.create_task(
+        self._owners[call.call_id] = self._tasks.create_task(
             self._own(media), name=f"sip:{call.call_id}:owner"
         )
         sdp_id = secrets.randbelow(1 << 31)
@@ -247,5 +261,8 @@ class SipMediaCalls:
         for call in list(self._calls.values()):
             call.request_close(reason)
         pending = list(self._owners.values())
-        if pending:
-            await asyncio.wait(pending)
+        try:
+            if pending:
+                await asyncio.wait(pending)
+        finally:
+            await self._tasks.close()

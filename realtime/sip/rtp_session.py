@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pipeline.tasks import cancel_all
+from pipeline.tasks import TaskSet
 from sessions import PlayoutBuffer
 
 from .. import g711
@@ -99,7 +99,8 @@ class RtpEndpoint:
         self._inbound: asyncio.Queue[bytes] = asyncio.Queue(INBOUND_PACKETS)
         self._rtp: asyncio.DatagramTransport | None = None
         self._rtcp: asyncio.DatagramTransport | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet("rtp")
+        """Owns the send, read and RTCP loops; `close()` closes it."""
 
     async def open(self, host: str) -> None:
         """Bind an even RTP port on `host` and RTCP on the next one, and start sending."""
@@ -127,8 +128,7 @@ class RtpEndpoint:
             (self._read_loop(), "rtp-in"),
             (self._rtcp_loop(), "rtcp"),
         ):
-            task = loop.create_task(coro, name=f"rtp:{self.port}:{name}")
-            self._tasks.add(task)
+            self._tasks.create_task(coro, name=f"rtp:{self.port}:{name}")
 
     def update(self, media: Negotiated) -> None:
         """A re-INVITE: a new direction, perhaps a new address (re-latched from it)."""
@@ -138,8 +138,7 @@ class RtpEndpoint:
 
     async def close(self) -> None:
         """Stop the tasks and close the sockets. Idempotent."""
-        await cancel_all(self._tasks)
-        self._tasks.clear()
+        await self._tasks.close()
         for transport in (self._rtp, self._rtcp):
             if transport is not None:
                 transport.close()

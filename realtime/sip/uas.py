@@ -16,6 +16,8 @@ import re
 import socket
 from collections.abc import Awaitable, Iterable
 
+from pipeline.tasks import TaskSet
+
 from .allow import Allowlist, check_bind
 from .dialog import Call, CallState, new_tag, response_destination, stamp_via
 from .digest import DigestAuth
@@ -86,7 +88,8 @@ class SipServer:
         self.transactions = TransactionTable(t1)
         self.transport = SipTransport(self._receive, host, port)
         self.calls: dict[str, Call] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet("sip")
+        """Owns the handlers' tasks (`_spawn`); `close()` waits for them, then closes it."""
         self._closed = False
         self.malformed = 0
         """Messages refused as malformed (answered 400 or dropped), for metrics."""
@@ -114,10 +117,7 @@ class SipServer:
             except Exception:
                 log.exception("sip handler failed")
 
-        task = asyncio.get_running_loop().create_task(guarded())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        return self._tasks.create_task(guarded())
 
     # ---- receiving ---------------------------------------------------------------------
 
@@ -446,6 +446,7 @@ class SipServer:
                 await asyncio.wait_for(asyncio.gather(*byes), CLOSE_BYE_WAIT_S)
         self.transactions.close()
         await self.transport.close()
-        while self._tasks:
-            tasks = list(self._tasks)
-            await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            await self._tasks.join()  # the handlers end by themselves (`ended` told last)
+        finally:
+            await self._tasks.close()

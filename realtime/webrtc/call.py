@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
 
-from pipeline.tasks import cancel_all
+from pipeline.tasks import TaskSet
 from sessions import ParleyError, PlayoutBuffer, Session, SessionClosedError
 from sessions.resample import SAMPLE_RATE
 
@@ -126,7 +126,7 @@ class WebRTCCall(SessionCall):
         self._early_tracks: list[MediaStreamTrack] = []
         self.refused_messages = 0
         """Client messages dropped (inbox full) or refused (too large)."""
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet(call_id)
         self._dispatcher: ChannelEvents | None = None
         self._created = time.monotonic()
         self.reattached = False
@@ -166,9 +166,7 @@ class WebRTCCall(SessionCall):
     def _spawn(self, coro: Any, what: str) -> None:
         # Not a TaskGroup: these tasks outlive the callback that starts them (a track or
         # the data channel arriving); `close()` is their owner and ends them.
-        task = asyncio.get_running_loop().create_task(coro, name=f"{self.call_id}:{what}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.create_task(coro, name=f"{self.call_id}:{what}")
 
     def _on_track(self, track: MediaStreamTrack) -> None:
         if self._closed:
@@ -278,7 +276,7 @@ class WebRTCCall(SessionCall):
                 await self._close_session()
             await self._farewell()
             self.events.end(self.close_reason)
-            await cancel_all(self._tasks)
+            await self._tasks.close()
             self._early_tracks.clear()
             self.track.stop()
             await close_peer(self.pc)

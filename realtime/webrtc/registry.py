@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pipeline.tasks import TaskSet
 from sessions import Session, SessionClosedError, SessionConfig, SessionManager
 from sessions.events import new_id
 
@@ -105,6 +106,7 @@ class CallRegistry:
         self._by_session: ConnectionRegistry[WebRTCCall] = ConnectionRegistry()
         """The call that last served each session (up, or ended and resumable)."""
         self._cleanups: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet("webrtc-calls")  # owns the owners and the clean-ups
         self._prepared = False
 
     def _prepare(self) -> None:
@@ -233,7 +235,7 @@ class CallRegistry:
         self._calls[call.call_id] = call
         self._by_session.register(call)
         self.metrics.calls.inc()
-        self._owners[call.call_id] = asyncio.create_task(
+        self._owners[call.call_id] = self._tasks.create_task(
             self._own(call), name=f"{call.call_id}:owner"
         )
 
@@ -268,7 +270,9 @@ class CallRegistry:
     async def _discard(self, call: WebRTCCall) -> None:
         """Close a call that was never answered. It runs in a task of its own, so that a
         cancelled request still leaves nothing behind; `close()` waits for those tasks."""
-        cleanup = asyncio.create_task(call.close("setup failed"), name=f"{call.call_id}:discard")
+        cleanup = self._tasks.create_task(
+            call.close("setup failed"), name=f"{call.call_id}:discard"
+        )
         self._cleanups.add(cleanup)
         cleanup.add_done_callback(self._cleanups.discard)
         await asyncio.shield(cleanup)
@@ -307,5 +311,8 @@ class CallRegistry:
         for call in list(self._calls.values()):
             call.request_close(reason)
         pending = [*self._owners.values(), *self._cleanups]
-        if pending:
-            await asyncio.wait(pending)
+        try:
+            if pending:
+                await asyncio.wait(pending)
+        finally:
+            await self._tasks.close()

@@ -50,7 +50,7 @@ from typing import Any, ClassVar, Self
 from starlette import status
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from pipeline.tasks import cancel_and_wait
+from pipeline.tasks import TaskSet, cancel_and_wait
 from sessions import Session, SessionClosedError, SessionManager
 from sessions.events import Event, SessionClosed
 
@@ -320,13 +320,12 @@ class MessageConnection(PacedSender):
             session.movable = True  # a drain hands it over: the client can resume it
             await self.remember_transport()
         name = session.session_id
-        reader: asyncio.Task[None] | None = None
-        sender: asyncio.Task[None] | None = None
+        tasks = TaskSet(f"{name}:ws")
         try:
             # Not a TaskGroup: the reader stops first, and the sender may still have the
             # goodbye to send after it; each stops at its own step below.
-            reader = asyncio.create_task(self._read(), name=f"{name}:ws-in")
-            sender = asyncio.create_task(self._run_sender(), name=f"{name}:ws-out")
+            reader = tasks.create_task(self._read(), name=f"{name}:ws-in")
+            sender = tasks.create_task(self._run_sender(), name=f"{name}:ws-out")
             await self._end.wait()
             await cancel_and_wait(reader)
             if not self.resumable or not self.OWNS_SESSION:
@@ -339,7 +338,7 @@ class MessageConnection(PacedSender):
                             await self.flushed()
         finally:
             self.finish(SERVER_SHUTDOWN, CLOSE_GOING_AWAY)  # when the route itself was cancelled
-            await cancel_and_wait(reader, sender)
+            await tasks.close()
             self.close()
             self.on_close()
             await self.close_socket()

@@ -28,7 +28,7 @@ from typing import Any
 
 from starlette.websockets import WebSocket
 
-from pipeline.tasks import cancel_and_wait
+from pipeline.tasks import TaskSet, cancel_and_wait
 from sessions import Session, SessionClosedError, SessionConfig, SessionLimitError, SessionManager
 from sessions.errors import InvalidRequestError
 from sessions.events import Event, SessionClosed
@@ -92,13 +92,15 @@ class TwilioStream(TwilioPlayout):
         self.close_code: int | None = CLOSE_NORMAL
         self._reader: asyncio.Task[None] | None = None
         self._sender: asyncio.Task[None] | None = None
+        self._tasks = TaskSet("twilio")
+        """Owns the reader and the sender; `close()` stops each at its step, then closes it."""
         self._closed = False
 
     # --- the stream's life ---------------------------------------------------------------
 
     async def serve(self) -> None:
         """Read the caller's messages until the stream ends, then close it."""
-        self._reader = asyncio.create_task(self._read(), name="twilio:read")
+        self._reader = self._tasks.create_task(self._read(), name="twilio:read")
         try:
             try:
                 await asyncio.wait_for(self.stopped.wait(), START_TIMEOUT_S)
@@ -130,6 +132,7 @@ class TwilioStream(TwilioPlayout):
                 log.warning("stream %s: the session did not close in time", self.stream_sid)
         self.playout.close()
         await cancel_and_wait(self._sender)
+        await self._tasks.close()
         if self.close_code is not None:
             with contextlib.suppress(*SOCKET_ERRORS, TimeoutError):
                 async with asyncio.timeout(FLUSH_TIMEOUT_S):  # a peer that does not read
@@ -204,7 +207,7 @@ class TwilioStream(TwilioPlayout):
             self.finish(exc.code, CLOSE_TRY_AGAIN)
             return
         self.session, self.stream_sid, self.call_sid = session, start.stream_sid, start.call_sid
-        self._sender = asyncio.create_task(self.send_answer(), name="twilio:send")
+        self._sender = self._tasks.create_task(self.send_answer(), name="twilio:send")
         log.info("stream %s (call %s): %s", start.stream_sid, start.call_sid, session.session_id)
 
     async def _media(self, media: Media) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ...tasks import cancel_and_wait
+from ...tasks import TaskSet
 from .frame_step import FrameStepper, RowsFull, Sampling
 from .mimi_frames import FRAME_SAMPLES, MimiFrames
 from .text_stream import TextPieces, load_text_tokenizer, skipped_ids
@@ -159,13 +159,15 @@ class MoshiDuplexEngine:
         self._tokenizer: Any | None = None
         self._pieces: dict[str, TextPieces] = {}
         """Per session, on the model's thread: its text tokens so far, as words."""
+        self._tasks = TaskSet("moshi")
+        """Owns the clock task (`_ticker`); `close()` closes it."""
         self._ticker: asyncio.Task[None] | None = None
         self._closed = False
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._thread, self._load)
-        self._ticker = asyncio.create_task(self._tick(), name="moshi:clock")
+        self._ticker = self._tasks.create_task(self._tick(), name="moshi:clock")
 
     def _load(self) -> None:
         import torch
@@ -222,8 +224,7 @@ class MoshiDuplexEngine:
         if self._closed:
             return
         self._closed = True
-        if self._ticker is not None:
-            await cancel_and_wait(self._ticker)
+        await self._tasks.close()
         for session_id in list(self._sessions):
             self.leave(session_id)
         await asyncio.to_thread(self._thread.shutdown, True)  # a frame in flight ends first

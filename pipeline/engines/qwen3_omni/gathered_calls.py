@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from ...tasks import cancel_and_wait
+from ...tasks import TaskSet
 from .model_thread import ModelThread
 from .waiting_list import WaitingList, answer, fail
 
@@ -42,15 +42,17 @@ class GatheredCalls(Generic[ItemT]):
         """The most calls one batch has run (for tests and metrics)."""
         self._waiting: WaitingList[ItemT, None] = WaitingList()
         self._task: asyncio.Task[None] | None = None
+        self._tasks = TaskSet(name)
+        """Owns the dispatcher (`_task`); `close()` closes it."""
 
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.create_task(self._dispatch(), name=f"{self.name}:gathered")
+            self._task = self._tasks.create_task(self._dispatch(), name=f"{self.name}:gathered")
 
     async def close(self) -> None:
         """Stop; calls still waiting fail. Idempotent."""
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
+        self._task = None
+        await self._tasks.close()
         self._waiting.fail_all(f"{self.name} is closed")
 
     async def call(self, item: ItemT) -> None:

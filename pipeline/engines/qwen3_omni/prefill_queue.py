@@ -24,7 +24,7 @@ import contextlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from ...tasks import cancel_and_wait
+from ...tasks import TaskSet
 from .model_thread import ModelThread
 from .thinker_runner import (
     PrefillJob,
@@ -69,6 +69,8 @@ class PrefillQueue:
         self.gather_s = gather_s
         self._waiting: WaitingList[Waiting, Prefilled] = WaitingList()
         self._task: asyncio.Task[None] | None = None
+        self._tasks = TaskSet(name)
+        """Owns the dispatcher (`_task`); `close()` closes it."""
         self._building = 0
         """prompts on the prep threads now: the next batch waits a moment for them"""
         self._prep: ThreadPoolExecutor | None = None
@@ -78,12 +80,12 @@ class PrefillQueue:
             self._prep = ThreadPoolExecutor(
                 self.prep_threads, thread_name_prefix=f"{self.name}-prep"
             )
-            self._task = asyncio.create_task(self._dispatch(), name=f"{self.name}:prefill")
+            self._task = self._tasks.create_task(self._dispatch(), name=f"{self.name}:prefill")
 
     async def close(self) -> None:
         """Stop; prefills still waiting fail. Idempotent."""
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
+        self._task = None
+        await self._tasks.close()
         prep, self._prep = self._prep, None
         if prep is not None:
             await asyncio.to_thread(prep.shutdown, wait=True, cancel_futures=True)

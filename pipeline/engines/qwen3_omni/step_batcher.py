@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from ...tasks import cancel_and_wait
+from ...tasks import TaskSet
 from .model_thread import ModelThread
 
 log = logging.getLogger("parley.pipeline.qwen3_omni")
@@ -109,17 +109,19 @@ class StepBatcher(Generic[ItemT, ResultT]):
         self._queue: list[_Step[ItemT, ResultT]] = []
         self._arrived = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._tasks = TaskSet(name)
+        """Owns the dispatcher (`_task`); `close()` closes it."""
         self._members = 0
         self.tally = BatchTally(since=time.perf_counter())
 
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.create_task(self._dispatch(), name=f"{self.name}:batcher")
+            self._task = self._tasks.create_task(self._dispatch(), name=f"{self.name}:batcher")
 
     async def close(self) -> None:
         """Stop dispatching; steps still waiting fail. Idempotent."""
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
+        self._task = None
+        await self._tasks.close()
         for step in self._queue:
             if not step.waiter.done():
                 step.waiter.set_exception(RuntimeError(f"{self.name} is closed"))

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from ...tasks import cancel_and_wait
+from ...tasks import TaskSet
 from ...types import Chunk, CodecCodes, End, ErrorChunk, HiddenStates, StageInput, StreamEngine
 from .config import TOKENS
 from .frame_predictor import FramePredictor
@@ -209,7 +209,8 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
         self._requests.begin(request_id)
         playback = Playback(self.clock)  # from the request's arrival here
         chunks = aiter(inputs.chunks)
-        reader: asyncio.Task[None] | None = None
+        # a TaskSet and not a TaskGroup: its scope spans the generator's yields
+        tasks = TaskSet(f"{request_id}:talker")
         state: TalkerState | None = None
         try:
             prompt = await _first_prompt(chunks)
@@ -221,9 +222,10 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
             state = runner.open(prompt, inputs.request.voice)
             self._requests.set_state(request_id, state)
             wake = self._wakes[request_id] = asyncio.Event()
-            # a task and not a TaskGroup: its scope spans the generator's yields
-            reader = asyncio.create_task(
-                self._drain(runner, state, chunks, wake), name=f"{request_id}:talker-reader"
+            reader = tasks.create_task(  # its error ends the request (`_until` raises it)
+                self._drain(runner, state, chunks, wake),
+                name=f"{request_id}:talker-reader",
+                log_failure=False,
             )
 
             def can_start() -> bool:
@@ -262,7 +264,7 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
         except UpstreamError as exc:
             yield exc.chunk
         finally:
-            await cancel_and_wait(reader)  # its error, if any, already ended the request
+            await tasks.close()  # the reader's error, if any, already ended the request
             self._requests.end(request_id)
             if state is not None:  # finished, aborted or cancelled: its cache row goes back
                 self.thread.post(runner.release, state)
