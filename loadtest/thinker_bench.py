@@ -12,12 +12,16 @@ context), three ways:
 
 Per way: time to the first token and to the first clause's words (the Talker's first clause),
 and the decode time per token; for the fresh way also the key-word hit rate of the answers.
+Then batched: the first `--batch` questions at once, fresh, as one batch of that many rows
+(its ms per token is per step of the batch, every row gaining a token per step).
 
-Each thread count runs in its own process, started as Parley starts its workers (OpenMP's idle
-threads sleeping, `pipeline/worker.py`). `--busy` keeps one core busy with another process
-the whole time, as other sessions' work would.
+Each thread count and weight format (`--weights fp32,int8`: the Thinker's `weights` engine
+argument, `int8_weights.py`) runs in its own process, started as Parley starts its workers
+(OpenMP's idle threads sleeping, `pipeline/worker.py`). `--busy` keeps one core busy with
+another process the whole time, as other sessions' work would.
 
-    .venv/bin/python -m loadtest.thinker_bench [--threads 1,2] [--busy] [--json PATH]
+    .venv/bin/python -m loadtest.thinker_bench [--threads 1,2] [--weights fp32,int8]
+        [--batch 4,8] [--busy] [--json PATH]
 """
 
 from __future__ import annotations
@@ -87,11 +91,27 @@ def _summary(turns: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-async def _measure(threads: int) -> dict[str, Any]:
+async def _batched(engine: Any, size: int) -> dict[str, Any]:
+    """The first `size` questions at once, as one batch; their answers' key-word hits."""
+    engine.forget_prompts()
+    asked = QUESTIONS[:size]
+    turns = await asyncio.gather(
+        *(_answer(engine, f"b{size}-{i}", q.text, ()) for i, q in enumerate(asked))
+    )
+    hit = sum(hits(t["answer"], q.keywords) for t, q in zip(turns, asked, strict=True))
+    return {
+        "rows": engine.batch_size,
+        "first_token_ms": _p50([t["first_token_ms"] for t in turns]),
+        "ms_per_token": _p50([t["ms_per_token"] for t in turns]),
+        "keyword_hits": f"{hit}/{size}",
+    }
+
+
+async def _measure(threads: int, weights: str, batches: list[int]) -> dict[str, Any]:
     from pipeline.engines.cascade.thinker import ThinkerEngine
     from pipeline.types import HistoryItem
 
-    engine = ThinkerEngine(max_new_tokens=48, context_tokens=512, threads=threads)
+    engine = ThinkerEngine(max_new_tokens=48, context_tokens=512, threads=threads, weights=weights)
     await engine.start()
     try:
         await _answer(engine, "warm-up", "Hello!", ())
@@ -109,8 +129,11 @@ async def _measure(threads: int) -> dict[str, Any]:
             await _answer(engine, f"r{i}", q.text, history)  # keep this turn's KV again
             history += (HistoryItem("user", q.text), HistoryItem("assistant", turn["answer"]))
         hit = sum(hits(t["answer"], q.keywords) for t, q in zip(fresh, QUESTIONS, strict=True))
+        batched = {str(size): await _batched(engine, size) for size in batches}
         return {
             "threads": threads,
+            "weights": weights,
+            "batched": batched,
             "fresh": _summary(fresh),
             "shared_start": _summary(shared),
             "conversation_kept": _summary(kept),
@@ -135,9 +158,10 @@ def _busy_core(busy: bool) -> Iterator[None]:
         hog.wait()
 
 
-def _run_child(threads: int) -> dict[str, Any]:
+def _run_child(threads: int, weights: str, batches: str) -> dict[str, Any]:
+    child = ["--child", str(threads), "--weights", weights, "--batch", batches]
     done = subprocess.run(
-        [sys.executable, "-m", "loadtest.thinker_bench", "--child", str(threads)],
+        [sys.executable, "-m", "loadtest.thinker_bench", *child],
         env=stage_environment(),
         capture_output=True,
         text=True,
@@ -153,6 +177,7 @@ def _table(results: list[dict[str, Any]], busy: bool) -> str:
         f"  {'threads / way':34} {'first token':>14} {'first clause':>14} {'ms/token':>10}",
     ]
     for result in results:
+        label = f"{result['threads']} {result['weights']}"
         for way in ("fresh", "shared_start", "conversation_kept", "conversation_full"):
             s = result[way]
             cells = [
@@ -160,26 +185,42 @@ def _table(results: list[dict[str, Any]], busy: bool) -> str:
                 for k in ("first_token_ms", "first_clause_ms")
             ]
             lines.append(
-                f"  {result['threads']} {way:32} {cells[0]:>14} {cells[1]:>14} "
+                f"  {label} {way:27} {cells[0]:>14} {cells[1]:>14} "
                 f"{s['ms_per_token']['p50']:>10.1f}"
             )
-        lines.append(f"  {result['threads']} key-word hit rate {result['keyword_hit_rate']:.0%}")
-    lines.append("  (p50/p95 ms; conversation_full: the same prompts with no KV kept)")
+        for size, b in result["batched"].items():
+            lines.append(
+                f"  {label} batch of {size} ({b['rows']} rows){'':12} "
+                f"{b['first_token_ms']:>14.0f} {'':>14} {b['ms_per_token']:>10.1f}"
+                f"  hits {b['keyword_hits']}"
+            )
+        lines.append(f"  {label} key-word hit rate {result['keyword_hit_rate']:.0%}")
+    lines.append(
+        "  (p50/p95 ms; conversation_full: the same prompts with no KV kept; a batch: p50 of"
+        " its rows)"
+    )
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", default="1,2", help="thread counts to compare")
+    parser.add_argument("--weights", default="fp32", help="weight formats to compare")
+    parser.add_argument("--batch", default="4", help="batch sizes to measure (empty: none)")
     parser.add_argument("--busy", action="store_true", help="keep one core busy meanwhile")
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        print(json.dumps(asyncio.run(_measure(args.child))))
+        batches = [int(b) for b in args.batch.split(",") if b]
+        print(json.dumps(asyncio.run(_measure(args.child, args.weights, batches))))
         return
     with _busy_core(args.busy):
-        results = [_run_child(int(t)) for t in args.threads.split(",")]
+        results = [
+            _run_child(int(t), w, args.batch)
+            for t in args.threads.split(",")
+            for w in args.weights.split(",")
+        ]
     print(_table(results, args.busy))
     if args.json:
         args.json.write_text(json.dumps({"busy": args.busy, "results": results}, indent=2))

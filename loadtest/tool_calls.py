@@ -12,7 +12,11 @@ arguments right?). Printed per model:
   (the expected values appear), for auto and for required;
 - latency from the request to its first ToolCallDelta (median, p90) and the model's load time.
 
+Each model runs once per weight format in `--weights` (the Thinker's `weights` engine
+argument: fp32, or int8 matrices, `int8_weights.py`).
+
     .venv/bin/python -m loadtest.tool_calls [--model PACKAGE:FILE ...] [--threshold -7]
+        [--weights fp32,int8]
 """
 
 from __future__ import annotations
@@ -197,11 +201,16 @@ def report_calls(label: str, cases: list[Case], outcomes: list[Outcome]) -> None
     print(f"  {label}: first ToolCallDelta {latency([o for _, o in called])}")
 
 
-async def evaluate(package: str, filename: str, threshold: float, verbose: bool) -> None:
-    engine = ThinkerEngine(model_package=package, model_file=filename, call_threshold=threshold)
+async def evaluate(
+    package: str, filename: str, threshold: float, verbose: bool, weights: str = "fp32"
+) -> None:
+    engine = ThinkerEngine(
+        model_package=package, model_file=filename, call_threshold=threshold, weights=weights
+    )
     started = time.perf_counter()
     await engine.start()
-    print(f"\n== {package}:{filename} (started in {time.perf_counter() - started:.1f} s)")
+    took = time.perf_counter() - started
+    print(f"\n== {package}:{filename}, {weights} weights (started in {took:.1f} s)")
     try:
         needed = [c for c in CASES if c.tool]
         auto = [await run(engine, c, "auto") for c in CASES]
@@ -237,12 +246,14 @@ def main() -> None:
         "--model", action="append", default=[], help="PACKAGE:FILE (default: SmolLM2-135M)"
     )
     parser.add_argument("--threshold", type=float, default=CALL_THRESHOLD)
+    parser.add_argument("--weights", default="fp32", help="weight formats, e.g. fp32,int8")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
     for spec in args.model or [f"{DEFAULT_PACKAGE}:{DEFAULT_FILE}"]:
         package, _, filename = spec.partition(":")
-        asyncio.run(evaluate(package, filename, args.threshold, args.verbose))
+        for weights in args.weights.split(","):
+            asyncio.run(evaluate(package, filename, args.threshold, args.verbose, weights))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ Two kinds, each a score in [0, 1] (None: no words, leave the end to the silence)
   fixed start cached;
 * `lm-raw`, `lm-bare`: the same model on the whole prompt with the words as Whisper wrote
   them, and without the punctuation at their end. Whisper puts a "?" or "." after a
-  fragment too ("What is the capital of?"), which these show misleads the model.
+  fragment too ("What is the capital of?"), which these show misleads the model;
+* `lm-int8`: `lm` on the model with int8 matrices (the Thinker's `weights: int8`).
 """
 
 from __future__ import annotations
@@ -42,20 +43,22 @@ def bare(words: str) -> str:
 LM_VARIANTS: dict[str, Callable[[str], str]] = {"lm-raw": as_written, "lm-bare": bare}
 
 
-def model_scorer() -> Score:
+def model_scorer(weights: str = "fp32") -> Score:
     """`TurnEndModel.probability` on the Thinker's model (blocking: loads it)."""
     from pipeline.engines.cascade.smollm import load_language_model
     from pipeline.engines.cascade.turn_end_model import TurnEndModel
 
-    return TurnEndModel(load_language_model()).probability
+    return TurnEndModel(load_language_model(weights=weights)).probability
 
 
 def scorer(name: str) -> Score:
-    """The judge called `name`: "rule", "lm" or one of LM_VARIANTS."""
+    """The judge called `name`: "rule", "lm", "lm-int8" or one of LM_VARIANTS."""
     if name == "rule":
         return rule_score
     if name == "lm":
         return model_scorer()
+    if name == "lm-int8":
+        return model_scorer("int8")
     return lm_scorer(LM_VARIANTS[name])
 
 

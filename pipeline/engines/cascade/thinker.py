@@ -39,7 +39,7 @@ import torch
 from ...requests import RequestTracker
 from ...types import Chunk, End, EntryEngine, ErrorChunk, PipelineRequest, TextDelta
 from .asr import DEFAULT_RECOGNIZER, RECOGNIZERS, Recognizer, make_recognizer
-from .smollm import DEFAULT_FILE, DEFAULT_PACKAGE, LanguageModel, load_language_model
+from .smollm import DEFAULT_FILE, DEFAULT_PACKAGE, WEIGHTS, LanguageModel, load_language_model
 from .textgen import GenerationFailed, TextGenerator
 from .tool_decoding import CallConstraint, ToolGrammarError, prepare
 from .tool_prompt import call_grammar, history_messages, tools_system_text
@@ -103,6 +103,7 @@ class ThinkerEngine(EntryEngine):
         max_call_tokens: int = 256,
         call_threshold: float = CALL_THRESHOLD,
         recognizer: str = DEFAULT_RECOGNIZER,
+        weights: str = "fp32",
     ) -> None:
         self.max_new_tokens = max_new_tokens
         self.max_call_tokens = max_call_tokens
@@ -125,6 +126,11 @@ class ThinkerEngine(EntryEngine):
         """Which speech recogniser transcribes spoken turns: "whisper" or "pocketsphinx"."""
         if recognizer not in RECOGNIZERS:
             raise ValueError(f"recognizer must be 'whisper' or 'pocketsphinx', not {recognizer!r}")
+        self.weights = weights
+        """How SmolLM2's Linear layers are held: "fp32", or "int8" per output channel
+        (`int8_weights.py`), which decodes faster on a CPU (`loadtest.thinker_bench`)."""
+        if weights not in WEIGHTS:
+            raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, not {weights!r}")
         self._lm: LanguageModel | None = None
         self._recognizer: Recognizer | None = None
         self._turn_end: TurnEndModel | None = None
@@ -158,7 +164,9 @@ class ThinkerEngine(EntryEngine):
 
     def _load(self) -> LanguageModel:
         torch.set_num_threads(self.threads)
-        lm = load_language_model(self.model_package, self.model_file, self.cache_dir)
+        lm = load_language_model(
+            self.model_package, self.model_file, self.cache_dir, weights=self.weights
+        )
         _page_in(lm)
         prepare(lm)
         return lm

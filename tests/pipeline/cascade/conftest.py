@@ -31,6 +31,15 @@ def language_model() -> LanguageModel:
 
 
 @pytest.fixture(scope="session")
+def int8_language_model() -> LanguageModel:
+    """SmolLM2 with int8 matrices (the Thinker's `weights: int8`), kept beside the float one."""
+    started = time.perf_counter()
+    lm = load_language_model(weights="int8")
+    print(f"\nSmolLM2 (int8) loaded in {time.perf_counter() - started:.2f} s")
+    return lm
+
+
+@pytest.fixture(scope="session")
 def voice() -> PiperVoice:
     return load_voice()
 
