@@ -11,7 +11,8 @@ context), three ways:
   history's KV kept from the turn before (and, to compare, the same prompts prefilled in full).
 
 Per way: time to the first token and to the first clause's words (the Talker's first clause),
-and the decode time per token; for the fresh way also the key-word hit rate of the answers.
+and the decode time per token; the key-word hit rate of the fresh way's answers and of the
+conversation's.
 Then batched: the first `--batch` questions at once, fresh, as one batch of that many rows
 (its ms per token is per step of the batch, every row gaining a token per step).
 
@@ -129,6 +130,7 @@ async def _measure(threads: int, weights: str, batches: list[int]) -> dict[str, 
             await _answer(engine, f"r{i}", q.text, history)  # keep this turn's KV again
             history += (HistoryItem("user", q.text), HistoryItem("assistant", turn["answer"]))
         hit = sum(hits(t["answer"], q.keywords) for t, q in zip(fresh, QUESTIONS, strict=True))
+        talk = sum(hits(t["answer"], q.keywords) for t, q in zip(kept, QUESTIONS, strict=True))
         batched = {str(size): await _batched(engine, size) for size in batches}
         return {
             "threads": threads,
@@ -139,7 +141,9 @@ async def _measure(threads: int, weights: str, batches: list[int]) -> dict[str, 
             "conversation_kept": _summary(kept),
             "conversation_full": _summary(full),
             "keyword_hit_rate": round(hit / len(QUESTIONS), 3),
+            "conversation_hit_rate": round(talk / len(QUESTIONS), 3),
             "answers": [t["answer"] for t in fresh],
+            "conversation_answers": [t["answer"] for t in kept],
         }
     finally:
         await engine.close()
@@ -194,7 +198,10 @@ def _table(results: list[dict[str, Any]], busy: bool) -> str:
                 f"{b['first_token_ms']:>14.0f} {'':>14} {b['ms_per_token']:>10.1f}"
                 f"  hits {b['keyword_hits']}"
             )
-        lines.append(f"  {label} key-word hit rate {result['keyword_hit_rate']:.0%}")
+        lines.append(
+            f"  {label} key-word hit rate {result['keyword_hit_rate']:.0%} (questions alone),"
+            f" {result['conversation_hit_rate']:.0%} (in one conversation)"
+        )
     lines.append(
         "  (p50/p95 ms; conversation_full: the same prompts with no KV kept; a batch: p50 of"
         " its rows)"

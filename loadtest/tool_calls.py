@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from pipeline.engines.cascade.smollm import DEFAULT_FILE, DEFAULT_PACKAGE
-from pipeline.engines.cascade.thinker import CALL_THRESHOLD, ThinkerEngine
+from pipeline.engines.cascade.thinker import ThinkerEngine
 from pipeline.engines.cascade.tool_prompt import CALL_OPEN
 from pipeline.types import ErrorChunk, PipelineRequest, TextDelta, ToolCallDelta, ToolSpec
 
@@ -202,7 +202,7 @@ def report_calls(label: str, cases: list[Case], outcomes: list[Outcome]) -> None
 
 
 async def evaluate(
-    package: str, filename: str, threshold: float, verbose: bool, weights: str = "fp32"
+    package: str, filename: str, threshold: float | None, verbose: bool, weights: str = "fp32"
 ) -> None:
     engine = ThinkerEngine(
         model_package=package, model_file=filename, call_threshold=threshold, weights=weights
@@ -210,6 +210,7 @@ async def evaluate(
     started = time.perf_counter()
     await engine.start()
     took = time.perf_counter() - started
+    threshold = engine.call_threshold
     print(f"\n== {package}:{filename}, {weights} weights (started in {took:.1f} s)")
     try:
         needed = [c for c in CASES if c.tool]
@@ -245,7 +246,9 @@ def main() -> None:
     parser.add_argument(
         "--model", action="append", default=[], help="PACKAGE:FILE (default: SmolLM2-135M)"
     )
-    parser.add_argument("--threshold", type=float, default=CALL_THRESHOLD)
+    parser.add_argument(
+        "--threshold", type=float, help="call threshold (default: the weight format's)"
+    )
     parser.add_argument("--weights", default="fp32", help="weight formats, e.g. fp32,int8")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args()

@@ -50,6 +50,9 @@ from .vision import describe_frames
 DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant. Answer in one or two short sentences."
 NOT_HEARD = "Sorry, I did not catch that."
 CALL_THRESHOLD = -6.0
+CALL_THRESHOLDS = {"fp32": CALL_THRESHOLD, "int8": -5.5}
+"""The default call threshold per weight format: int8 weights raise log P(call marker) by
+~0.4 on every prompt of `loadtest.tool_calls`, so the same decisions need a higher bar."""
 TRIM_MESSAGES = 8
 """Messages dropped at a time from the start of a conversation that outgrows the context."""
 SPEAK_FIRST = "(The user is waiting for you to speak.)"
@@ -101,7 +104,7 @@ class ThinkerEngine(EntryEngine):
         default_instructions: str = DEFAULT_INSTRUCTIONS,
         context_tokens: int = 1024,
         max_call_tokens: int = 256,
-        call_threshold: float = CALL_THRESHOLD,
+        call_threshold: float | None = None,
         recognizer: str = DEFAULT_RECOGNIZER,
         weights: str = "fp32",
     ) -> None:
@@ -109,9 +112,12 @@ class ThinkerEngine(EntryEngine):
         self.max_call_tokens = max_call_tokens
         """A tool call's budget (its arguments are bounded by the schema, see tool_prompt); a
         call that still outgrows it ends in an ErrorChunk, never in arguments that do not parse."""
-        self.call_threshold = call_threshold
+        if weights not in WEIGHTS:
+            raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, not {weights!r}")
+        self.call_threshold = CALL_THRESHOLDS[weights] if call_threshold is None else call_threshold
         """tool_choice auto calls a tool when log P(call marker) at the first step is at least
-        this (tool_decoding.py; measured by `python -m loadtest.tool_calls`)."""
+        this (tool_decoding.py; measured by `python -m loadtest.tool_calls`); by default the
+        weight format's (`CALL_THRESHOLDS`)."""
         self.context_tokens = context_tokens
         """Prompt plus reply stay within this many tokens: older turns are dropped first.
         SmolLM2 takes far more, but on a CPU a long prompt costs first-token latency."""
@@ -129,8 +135,6 @@ class ThinkerEngine(EntryEngine):
         self.weights = weights
         """How SmolLM2's Linear layers are held: "fp32", or "int8" per output channel
         (`int8_weights.py`), which decodes faster on a CPU (`loadtest.thinker_bench`)."""
-        if weights not in WEIGHTS:
-            raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, not {weights!r}")
         self._lm: LanguageModel | None = None
         self._recognizer: Recognizer | None = None
         self._turn_end: TurnEndModel | None = None
