@@ -16,10 +16,13 @@ as one batched `generate`; see `textgen.py`. Transcription happens before that, 
 one utterance at a time (Whisper base takes ~150 ms for a short question, pocketsphinx ~300 ms).
 
 Torch's thread count is process-wide, and the `threads` engine argument sets it (the cascade
-config asks for 2). Alone on this 2-core machine, two threads decode a token of SmolLM2 in
-~17-20 ms against ~52 ms on one; with another process busy on a core they were ruinous while
-OpenMP's idle threads spun, and fall back to about the one-thread speed now that a worker's
-idle threads sleep (see `pipeline/worker.py`; `python -m loadtest.thinker_bench`).
+config asks for 1). Alone on this 2-core machine, two threads decode a token of float32
+SmolLM2 in ~17-20 ms against ~52 ms on one; with another process busy on a core they were
+ruinous while OpenMP's idle threads spun, and fall back to about the one-thread speed now that
+a worker's idle threads sleep (see `pipeline/worker.py`; `python -m loadtest.thinker_bench`).
+The cascade takes one: the other core is Piper's, and with two the first clause's audio came
+later. The `weights` engine argument "int8" holds the matrices as int8 (`int8_weights.py`),
+~1.8x faster to decode.
 
 The prompt's KV is reused between requests (`prefix_cache.py`): a conversation's next turn
 prefills only what it adds. To keep that prefix stable when a conversation outgrows the
