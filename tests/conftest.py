@@ -128,6 +128,12 @@ async def _no_leaked_tasks() -> AsyncIterator[None]:
     """Fail a test that leaves asyncio tasks running in its loop."""
     before = asyncio.all_tasks()
     yield
+    await fail_on_tasks_left(before)
+
+
+async def fail_on_tasks_left(before: set[asyncio.Task[Any]]) -> None:
+    """Fail the test if tasks not in `before` still run in this loop (a directory whose tests
+    share a module's loop runs this in that loop: tests/frameworks/conftest.py)."""
     current = asyncio.current_task()
     for _ in range(20):  # let tasks that are already finishing finish
         leaked = [t for t in asyncio.all_tasks() - before if t is not current and not t.done()]
