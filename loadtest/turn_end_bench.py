@@ -18,9 +18,10 @@ Judges (`loadtest.turn_end_judges`): the session's rule, and SmolLM2 scoring the
 three ways, each at the threshold that best separates labelled transcripts (whole question:
 finished; words before a hesitation pause: not) by balanced accuracy; and Smart Turn v3.2
 (`smart-turn`, sessions/smart_turn.py) scoring the audio itself up to the pause, with no
-recognition before it, its threshold chosen the same way on the labelled pauses' audio. The
-threshold is cross-validated: chosen on half of the sentences (even or odd) and measured on
-the other.
+recognition before it, its threshold chosen the same way on the labelled pauses' audio;
+and `lm+smart-turn`, SmolLM2's verdict with a "finished" the sound disagrees with left to
+the silence window (`vetoed`). The threshold is cross-validated: chosen on half of the
+sentences (even or odd) and measured on the other.
 
 Voice detectors (the `vad` column): webrtcvad, the session's, and Silero VAD v6
 (sessions/silero_vad.py) in its place, with server_vad's window at 500 ms and shorter.
