@@ -74,14 +74,19 @@ def redis_url(redis_socket: str) -> Iterator[str]:
     """A URL to the test server; fails the test if it leaves keys behind."""
     url = f"unix://{redis_socket}?db=0"
     yield url
-    client = redis_sync.Redis(unix_socket_path=redis_socket)
+    fail_on_keys_left(redis_socket, 0, "test")
+
+
+def fail_on_keys_left(redis_socket: str, db: int, who: str) -> None:
+    """Fail if database `db` of the test server holds keys (emptied either way)."""
+    client = redis_sync.Redis(unix_socket_path=redis_socket, db=db)
     try:
         left = sorted(k.decode() for k in client.keys("*"))
         client.flushdb()
     finally:
         client.close()
     if left:
-        pytest.fail(f"test left Redis keys behind: {left[:10]}")
+        pytest.fail(f"{who} left Redis keys behind: {left[:10]}")
 
 
 @pytest.fixture

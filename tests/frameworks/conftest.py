@@ -13,13 +13,12 @@ from functools import lru_cache
 import numpy as np
 import pytest
 import pytest_asyncio
-import redis as redis_sync
 import soxr
 from piper import SynthesisConfig
 
 from loadtest.speech import Pcm, silence, trim_silence
 from pipeline.engines.cascade.voice import clause_phoneme_ids, load_voice
-from tests.conftest import fail_on_tasks_left
+from tests.conftest import fail_on_keys_left, fail_on_tasks_left
 from tests.realtime.apps import ServedApp, served_app
 from web.settings import Settings
 
@@ -51,14 +50,7 @@ async def parley_server(redis_socket: str) -> AsyncIterator[ServedApp]:
     settings = Settings(pipeline="cascade", api_key=KEY, max_sessions=2)
     async with served_app(settings, url) as served:
         yield served
-    client = redis_sync.Redis(unix_socket_path=redis_socket, db=FRAMEWORKS_DB)
-    try:
-        left = sorted(k.decode() for k in client.keys("*"))
-        client.flushdb()
-    finally:
-        client.close()
-    if left:
-        pytest.fail(f"the frameworks' server left Redis keys behind: {left[:10]}")
+    fail_on_keys_left(redis_socket, FRAMEWORKS_DB, "the frameworks' server")
 
 
 @pytest_asyncio.fixture(loop_scope="module")
