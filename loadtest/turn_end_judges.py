@@ -14,6 +14,9 @@ Two kinds, each a score in [0, 1] (None: no words, leave the end to the silence)
   them, and without the punctuation at their end. Whisper puts a "?" or "." after a
   fragment too ("What is the capital of?"), which these show misleads the model;
 * `lm-int8`: `lm` on the model with int8 matrices (the Thinker's `weights: int8`).
+
+And one that judges the audio, with no words: `smart-turn`, Pipecat's Smart Turn v3.2
+(sessions/smart_turn.py), P(the turn is complete) from the turn's last 8 s of sound.
 """
 
 from __future__ import annotations
@@ -21,9 +24,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from loadtest.speech_set import Pcm
 from sessions.turn_end import sounds_finished
 
 Score = Callable[[str], float | None]
+AudioScore = Callable[[Pcm], float]
+AUDIO_JUDGES = ("smart-turn",)
 
 
 def rule_score(words: str) -> float | None:
@@ -90,3 +96,15 @@ def lm_scorer(shape: Callable[[str], str]) -> Score:
         return float(torch.softmax(logits.float(), dim=-1)[end_id])
 
     return score
+
+
+def audio_scorer(name: str) -> AudioScore:
+    """The audio judge called `name` (one of AUDIO_JUDGES), loaded (blocking)."""
+    from sessions import smart_turn
+
+    if name != "smart-turn":
+        raise ValueError(f"no audio judge {name!r}")
+    model = smart_turn.shared()
+    if model is None:
+        raise RuntimeError("Smart Turn needs the pipecat-ai package (its model ships there)")
+    return model.probability

@@ -7,7 +7,12 @@ pause of 400, 700 or 1000 ms at two fixed points, after a function word ("What i
 capital of | France") and, harder for a judge of the words, after a content word ("Set a
 timer | for ten minutes"), where the words so far could be a whole request.
 
-Each part is spoken on its own, trimmed to its voice, and joined by exactly the pause. The
+Each part is spoken on its own, trimmed to its voice, and joined by exactly the pause: the
+first part then ends as a whole sentence would, its pitch falling ("What is the capital
+of."), as if the speaker had finished and then thought of more. With `cut` (`piper_cutter`,
+`turn_end_bench --breaks cut`) the first part is instead the whole sentence's audio cut at the
+word where it breaks (Piper's phoneme alignment), so it ends mid-sentence in sound as well as
+in words, as a speaker who hesitates does: what an audio judge (Smart Turn) hears. The
 turn sits in low microphone noise (about -60 dBFS, seeded per turn), with lead-in for the
 detector's noise floor and enough trailing silence for the longest window.
 """
@@ -18,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import soxr
 
 from loadtest.speech_set import SENTENCES, Pcm
 from pipeline.types import INPUT_SAMPLE_RATE
@@ -121,13 +127,55 @@ def _turn(name: str, kind: str, parts: list[Pcm], pause_ms: int, sentence: int) 
     return Turn(name, sentence, kind, pause_ms, pcm, end_ms, resume_ms)
 
 
+Cutter = Callable[[str, int], tuple[Pcm, Pcm]]
+"""(sentence, n) -> the sentence spoken whole, cut after its n-th word."""
+
+
+def piper_cutter() -> Cutter:
+    """`Cutter` with the cascade's Piper voice (its prosody noise off, as `piper_speaker`):
+    the cut is where the phoneme alignment puts the end of the n words' phonemes (as far as
+    they are the whole sentence's: espeak-ng may join words)."""
+    from piper import SynthesisConfig
+
+    from pipeline.engines.cascade.voice import clause_phoneme_ids, load_voice
+
+    voice = load_voice()
+    fixed = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
+    rate = voice.config.sample_rate
+
+    def cut(sentence: str, n: int) -> tuple[Pcm, Pcm]:
+        whole = [p for part in voice.phonemize(sentence) for p in part]
+        first = [p for part in voice.phonemize(" ".join(sentence.split()[:n])) for p in part]
+        shared = next(
+            (i for i, (a, b) in enumerate(zip(whole, first, strict=False)) if a != b),
+            len(first),
+        )
+        ids = [int(i) for i in clause_phoneme_ids(voice, sentence)]
+        spoken = voice.phoneme_ids_to_audio(ids, fixed, include_alignments=True)
+        assert isinstance(spoken, tuple), "the voice is loaded with alignments"
+        audio, samples = spoken
+        # ids: "^", pad, then each phoneme and a pad: the first `shared` phonemes are 2 + 2k
+        at = int(np.sum(np.asarray(samples)[: 2 + 2 * shared]))
+        wave = np.asarray(audio, dtype=np.float32).reshape(-1)
+        wave = wave / max(0.01, float(np.abs(wave).max()))
+        halves = []
+        for half in (wave[:at], wave[at:]):
+            resampled = np.asarray(soxr.resample(half, rate, INPUT_SAMPLE_RATE), np.float32)
+            halves.append((np.clip(resampled, -1, 1) * 32767).astype(np.int16))
+        return halves[0], halves[1]
+
+    return cut
+
+
 def turns(
     say: Callable[[str], Pcm],
     sentences: tuple[str, ...] = SENTENCES,
     pauses_ms: tuple[int, ...] = PAUSES_MS,
     kinds: tuple[str, ...] = ("whole", "function", "content"),
+    cut: Cutter | None = None,
 ) -> list[Turn]:
-    """The benchmark's turns for `sentences`, spoken by `say` (`piper_speaker()`)."""
+    """The benchmark's turns for `sentences`, spoken by `say` (`piper_speaker()`), the
+    broken ones cut from the whole sentence by `cut` if given."""
     out: list[Turn] = []
     for sentence in sentences:
         index = SENTENCES.index(sentence)
@@ -137,7 +185,10 @@ def turns(
             if kind not in kinds:
                 continue
             first, rest = split(sentence, word)
-            parts = [trimmed(say(first)), trimmed(say(rest))]
+            if cut is None:
+                parts = [trimmed(say(first)), trimmed(say(rest))]
+            else:
+                parts = [trimmed(part) for part in cut(sentence, len(first.split()))]
             for pause in pauses_ms:
                 out.append(_turn(f"{first} | {rest}", kind, parts, pause, index))
     return out

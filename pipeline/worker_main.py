@@ -305,8 +305,10 @@ class StageServer:
         await self.engine.abort(self.engine_prefix + rid)
 
     async def stop(self) -> None:
-        """Cancel every request in flight and wait until each has ended."""
-        await self._requests.close()
+        """Cancel every request in flight and wait until each has ended. The server may
+        serve again after (a link back from an outage), with a fresh owner."""
+        requests, self._requests = self._requests, TaskSet(f"stage:{self.stage}:requests")
+        await requests.close()
 
 
 async def _refuse(message: str) -> AsyncGenerator[Chunk, None]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,9 +109,14 @@ class _Frame:
 class TurnDetector:
     """Feeds frames to webrtcvad and reports where turns start, firm up and end."""
 
-    def __init__(self, config: TurnDetectionConfig) -> None:
+    def __init__(
+        self, config: TurnDetectionConfig, voice: Callable[[bytes], bool] | None = None
+    ) -> None:
+        """`voice`: another detector's verdict on each frame (silero_vad.py) in place of
+        webrtcvad's; the level gate applies to either."""
         self._config = config
         self._vad = webrtcvad.Vad(config.aggressiveness)
+        self._voice = voice
         self._floor_dbfs: float | None = None
         self._frames_seen = 0
         self._recent: deque[_Frame] = deque(maxlen=START_WINDOW + EDGE_FRAMES)
@@ -162,9 +168,12 @@ class TurnDetector:
             raise ValueError(
                 f"a frame is {INPUT_FRAME_BYTES} bytes of 16 kHz PCM16, got {len(frame)}"
             )
-        voiced = (
-            self._vad.is_speech(frame, INPUT_SAMPLE_RATE) and self._frames_seen >= VAD_WARMUP_FRAMES
+        heard = (
+            self._vad.is_speech(frame, INPUT_SAMPLE_RATE)
+            if self._voice is None
+            else self._voice(frame)
         )
+        voiced = heard and self._frames_seen >= VAD_WARMUP_FRAMES
         self._frames_seen += 1
         level = _level_dbfs(frame)
         rise = FLOOR_RISE_IN_SPEECH_DB if voiced and self.in_speech else FLOOR_RISE_DB

@@ -74,14 +74,19 @@ def redis_url(redis_socket: str) -> Iterator[str]:
     """A URL to the test server; fails the test if it leaves keys behind."""
     url = f"unix://{redis_socket}?db=0"
     yield url
-    client = redis_sync.Redis(unix_socket_path=redis_socket)
+    fail_on_keys_left(redis_socket, 0, "test")
+
+
+def fail_on_keys_left(redis_socket: str, db: int, who: str) -> None:
+    """Fail if database `db` of the test server holds keys (emptied either way)."""
+    client = redis_sync.Redis(unix_socket_path=redis_socket, db=db)
     try:
         left = sorted(k.decode() for k in client.keys("*"))
         client.flushdb()
     finally:
         client.close()
     if left:
-        pytest.fail(f"test left Redis keys behind: {left[:10]}")
+        pytest.fail(f"{who} left Redis keys behind: {left[:10]}")
 
 
 @pytest.fixture
@@ -128,6 +133,12 @@ async def _no_leaked_tasks() -> AsyncIterator[None]:
     """Fail a test that leaves asyncio tasks running in its loop."""
     before = asyncio.all_tasks()
     yield
+    await fail_on_tasks_left(before)
+
+
+async def fail_on_tasks_left(before: set[asyncio.Task[Any]]) -> None:
+    """Fail the test if tasks not in `before` still run in this loop (a directory whose tests
+    share a module's loop runs this in that loop: tests/frameworks/conftest.py)."""
     current = asyncio.current_task()
     for _ in range(20):  # let tasks that are already finishing finish
         leaked = [t for t in asyncio.all_tasks() - before if t is not current and not t.done()]

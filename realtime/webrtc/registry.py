@@ -137,11 +137,7 @@ class CallRegistry:
         cap, KeyLimitError at `caller`'s limits. Nothing is left behind on failure.
         `make_call` makes the call (an OpenAI Realtime call if not given); the call's
         `start()` runs once its session is attached."""
-        try:
-            sdp = check_offer(offer)
-        except OfferError:
-            self.metrics.offers_refused.labels(reason="checks").inc()
-            raise
+        sdp = self._checked(offer)
         from aiortc import RTCPeerConnection
 
         from .call import WebRTCCall
@@ -183,11 +179,7 @@ class CallRegistry:
         """Answer `offer` with a new call for the existing session `claim` names: (the
         call, the answer SDP). ReattachRefused when there is no such session to join;
         otherwise the errors of `create`. The session keeps its settings and history."""
-        try:
-            sdp = check_offer(offer)
-        except OfferError:
-            self.metrics.offers_refused.labels(reason="checks").inc()
-            raise
+        sdp = self._checked(offer)
         from aiortc import RTCPeerConnection
 
         from .call import WebRTCCall
@@ -229,6 +221,14 @@ class CallRegistry:
                 "token is not its own"
             )
         return claimed[0]
+
+    def _checked(self, offer: bytes) -> str:
+        """The offer's SDP, checked (OfferError, counted as refused, if it fails)."""
+        try:
+            return check_offer(offer)
+        except OfferError:
+            self.metrics.offers_refused.labels(reason="checks").inc()
+            raise
 
     def _keep(self, call: WebRTCCall) -> None:
         """An answered call: known by id and by session, owned by a task of its own."""

@@ -12,25 +12,64 @@ from functools import lru_cache
 
 import numpy as np
 import pytest
+import pytest_asyncio
 import soxr
 from piper import SynthesisConfig
 
 from loadtest.speech import Pcm, silence, trim_silence
 from pipeline.engines.cascade.voice import clause_phoneme_ids, load_voice
+from tests.conftest import fail_on_keys_left, fail_on_tasks_left
 from tests.realtime.apps import ServedApp, served_app
 from web.settings import Settings
 
 KEY = "sk-test-parley-frameworks"
+FRAMEWORKS_DB = 1
+"""The frameworks' servers' database on the test redis-server (the tests' own is 0)."""
+LOOP = pytest.mark.asyncio(loop_scope="module")
+"""Each module's tests run in its loop, the loop its server runs in."""
 QUESTION = "What is the capital of France?"
 INSTRUCTIONS = "You are a helpful assistant. Answer in one short sentence."
 
 
-@pytest.fixture
-async def parley(redis_url: str) -> AsyncIterator[ServedApp]:
-    """The default pipeline served with an API key; two sessions at most."""
+@pytest_asyncio.fixture(autouse=True, loop_scope="module")
+async def _no_leaked_tasks() -> AsyncIterator[None]:
+    """The suite's leak check, in the module's loop where these tests run (the suite's own
+    would look at a loop of its own and see nothing)."""
+    before = asyncio.all_tasks()
+    yield
+    await fail_on_tasks_left(before)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def parley_server(redis_socket: str) -> AsyncIterator[ServedApp]:
+    """The default pipeline served with an API key, two sessions at most: one server per
+    module, as its start (the cascade's models, its worker) is most of a test's time. It
+    keeps its state in a database of its own on the test redis-server, which must be empty
+    once the server has stopped."""
+    url = f"unix://{redis_socket}?db={FRAMEWORKS_DB}"
     settings = Settings(pipeline="cascade", api_key=KEY, max_sessions=2)
-    async with served_app(settings, redis_url) as served:
+    async with served_app(settings, url) as served:
         yield served
+    fail_on_keys_left(redis_socket, FRAMEWORKS_DB, "the frameworks' server")
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def parley(parley_server: ServedApp) -> AsyncIterator[ServedApp]:
+    """The module's server, with no session of an earlier test on it; a test whose
+    sessions outlive it by more than a few seconds fails."""
+    await sessions_ended(parley_server)
+    yield parley_server
+    await sessions_ended(parley_server)
+
+
+async def sessions_ended(server: ServedApp, within_s: float = 10.0) -> None:
+    manager = server.manager
+    try:
+        async with asyncio.timeout(within_s):
+            while len(manager):
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        pytest.fail(f"{len(manager)} session(s) still open {within_s:g} s after the test")
 
 
 @lru_cache(maxsize=8)

@@ -29,6 +29,7 @@ from tests.realtime.apps import ServedApp
 from .conftest import (
     INSTRUCTIONS,
     KEY,
+    LOOP,
     QUESTION,
     Records,
     live_instructions,
@@ -38,6 +39,8 @@ from .conftest import (
 
 RATE = 24_000  # the SDK's default input format: pcm16 at 24 kHz
 Match = Callable[[RealtimeSessionEvent], bool]
+
+pytestmark = LOOP
 
 
 class Listener:

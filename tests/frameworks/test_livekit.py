@@ -24,6 +24,7 @@ from tests.realtime.apps import ServedApp
 from .conftest import (
     INSTRUCTIONS,
     KEY,
+    LOOP,
     QUESTION,
     Records,
     live_instructions,
@@ -32,6 +33,8 @@ from .conftest import (
 )
 
 RATE = 24_000  # the plugin's own rate: frames at another rate are resampled first
+
+pytestmark = LOOP
 
 
 @dataclass

@@ -19,10 +19,12 @@ from livekit.agents.llm._realtime.gpt_live import GPTLiveModel
 
 from tests.realtime.apps import ServedApp
 
-from .conftest import INSTRUCTIONS, KEY, QUESTION, Records, push_in_real_time, spoken
+from .conftest import INSTRUCTIONS, KEY, LOOP, QUESTION, Records, push_in_real_time, spoken
 from .test_livekit import get_weather
 
 RATE = 24_000
+
+pytestmark = LOOP
 
 
 @dataclass

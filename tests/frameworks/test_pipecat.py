@@ -17,7 +17,15 @@ from loguru import logger
 
 from tests.realtime.apps import ServedApp
 
-from .conftest import INSTRUCTIONS, KEY, QUESTION, live_instructions, push_in_real_time, spoken
+from .conftest import (
+    INSTRUCTIONS,
+    KEY,
+    LOOP,
+    QUESTION,
+    live_instructions,
+    push_in_real_time,
+    spoken,
+)
 
 if TYPE_CHECKING:
     from loguru import Record  # only in loguru's type stubs
@@ -47,7 +55,7 @@ with warnings.catch_warnings():
     from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
     from pipecat.workers.runner import WorkerRunner
 
-pytestmark = pytest.mark.filterwarnings(f"ignore:{AUDIOOP}:DeprecationWarning")
+pytestmark = [LOOP, pytest.mark.filterwarnings(f"ignore:{AUDIOOP}:DeprecationWarning")]
 
 RATE = 24_000
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.realtime.apps import ServedApp
 
-from .conftest import INSTRUCTIONS, KEY, QUESTION, push_in_real_time, spoken
+from .conftest import INSTRUCTIONS, KEY, LOOP, QUESTION, push_in_real_time, spoken
 from .test_pipecat import (
     AUDIOOP,
     RATE,
@@ -38,7 +38,7 @@ with warnings.catch_warnings():
     from pipecat.services.openai.live.llm import OpenAILiveLLMService, ResponsesDelegation
     from pipecat.services.openai.responses.llm import OpenAIResponsesLLMSettings
 
-pytestmark = pytest.mark.filterwarnings(f"ignore:{AUDIOOP}:DeprecationWarning")
+pytestmark = [LOOP, pytest.mark.filterwarnings(f"ignore:{AUDIOOP}:DeprecationWarning")]
 
 
 def is_silence(frame: Any) -> bool:

@@ -119,6 +119,7 @@ async def test_a_webrtc_call_carries_the_models_voice_and_its_turn(server: Serve
             hushed = time.monotonic()
             await asyncio.sleep(1.0)
             assert len(caller.loud_since(hushed)) <= 3  # silent at once (a packet in flight)
+            await http.post(f"/v1/realtime/calls/{caller.call_id}/hangup", headers=AUTH)
         finally:
-            await caller.close()
+            await caller.close()  # after a hang-up: a drop alone keeps the session to re-attach
     await engine_idle(server)

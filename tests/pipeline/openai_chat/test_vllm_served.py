@@ -29,7 +29,14 @@ KEY = "sk-test-parley-vllm"
 
 @pytest.fixture
 async def parley(vllm: Vllm, tmp_path: Path, redis_url: str) -> AsyncIterator[ServedApp]:
-    graph = graph_for(tmp_path, url=vllm.url, model=MODEL, stall_timeout_s=3, probe_s=1)
+    graph = graph_for(
+        tmp_path,
+        url=vllm.url,
+        model=MODEL,
+        stall_timeout_s=3,
+        probe_s=1,
+        sampling={"temperature": 0.0},  # greedy: short answers, the same on every run
+    )
     settings = Settings(pipeline=graph, api_key=KEY, max_sessions=2)
     async with served_app(settings, redis_url) as served:
         yield served
@@ -43,6 +50,10 @@ async def test_a_spoken_turn_a_tool_call_a_barge_in_and_a_stuck_server(
         client.realtime.connect(model="parley") as conn,
     ):
         await until(conn, "session.created")
+        # the answers play out in real time: short ones keep the test short
+        await conn.session.update(
+            session={"type": "realtime", "instructions": "Answer in one short sentence."}
+        )
         await say(conn, "What is the capital of France?")
         done = await until(conn, "response.done")
         assert done.response.status == "completed", done.response.status_details
@@ -99,6 +110,9 @@ async def test_a_server_killed_mid_answer_fails_the_answer_and_serves_again(
         httpx.AsyncClient(base_url=parley.http_url) as http,
     ):
         await until(conn, "session.created")
+        await conn.session.update(
+            session={"type": "realtime", "instructions": "Answer in one short sentence."}
+        )
         await conn.response.create(
             response={"instructions": "Count slowly from one to one hundred."}
         )
