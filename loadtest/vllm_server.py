@@ -47,9 +47,10 @@ class Vllm:
         """The requests vLLM holds now: generating, or waiting for a place in its batch."""
         return self.metric("vllm:num_requests_running") + self.metric("vllm:num_requests_waiting")
 
-    def answered(self) -> float:
-        """How many requests vLLM has finished since it started (its own counter)."""
-        return self.metric("vllm:request_success_total")
+    def prompt_tokens(self) -> float:
+        """How many prompt tokens vLLM has read since it started: it rises for every
+        request it began, finished or aborted (an answer cut by a hang-up is not "success")."""
+        return self.metric("vllm:prompt_tokens_total")
 
     def metric(self, name: str) -> float:
         """One of vLLM's Prometheus metrics, summed over its labels."""

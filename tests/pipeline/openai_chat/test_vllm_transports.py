@@ -3,7 +3,8 @@
 WebRTC (an aiortc call: a spoken question, the answer's audio on the track), GPT-Live's
 WebSocket (the official SDK's `client.live`: a spoken question, the answer's words and
 voice) and SIP (sipp dials: a spoken question, the answer as RTP audio). vLLM's own
-counter says it answered each."""
+counter says it read each question (the call may end before its answer does: the prompt
+tokens it read, not the requests it finished)."""
 
 from __future__ import annotations
 
@@ -41,15 +42,15 @@ async def parley(vllm: Vllm, tmp_path: Path, redis_url: str) -> AsyncIterator[Se
         yield served
 
 
-async def answered_since(vllm: Vllm, before: float) -> bool:
+async def read_since(vllm: Vllm, before: float) -> bool:
     async with asyncio.timeout(30):
-        while await asyncio.to_thread(vllm.answered) <= before:
+        while await asyncio.to_thread(vllm.prompt_tokens) <= before:
             await asyncio.sleep(0.2)
     return True
 
 
 async def test_a_webrtc_call_hears_vllms_answer(vllm: Vllm, parley: ServedApp) -> None:
-    before = vllm.answered()
+    before = vllm.prompt_tokens()
     auth = {"Authorization": f"Bearer {KEY}"}
     async with httpx.AsyncClient(base_url=parley.http_url, headers=auth) as http:
         caller = Caller(http)
@@ -66,11 +67,11 @@ async def test_a_webrtc_call_hears_vllms_answer(vllm: Vllm, parley: ServedApp) -
             assert "error" not in caller.types(), caller.events
         finally:
             await caller.close()
-    assert await answered_since(vllm, before)
+    assert await read_since(vllm, before)
 
 
 async def test_a_gpt_live_session_hears_vllms_answer(vllm: Vllm, parley: ServedApp) -> None:
-    before = vllm.answered()
+    before = vllm.prompt_tokens()
     pcm = (
         np.concatenate(
             [
@@ -102,17 +103,17 @@ async def test_a_gpt_live_session_hears_vllms_answer(vllm: Vllm, parley: ServedA
                     audio = np.frombuffer(base64.b64decode(event.delta), "<i2")
                     voiced += int(np.count_nonzero(np.abs(audio) > 500))
         await conn.session.close()
-    assert await answered_since(vllm, before)
+    assert await read_since(vllm, before)
 
 
 @requires_sipp
 async def test_a_phone_call_hears_vllms_answer(
     vllm: Vllm, parley: ServedApp, tmp_path: Path
 ) -> None:
-    before = vllm.answered()
+    before = vllm.prompt_tokens()
     sipp = await dial(parley, tmp_path)
     call = await the_call(parley)
     _, stderr = await sipp.communicate()
     assert sipp.returncode == 0, stderr.decode(errors="replace")
     assert call.rtp.audible_packets > 25  # the answer, as audio on the phone
-    assert await answered_since(vllm, before)
+    assert await read_since(vllm, before)
