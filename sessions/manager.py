@@ -126,10 +126,8 @@ class SessionManager:
         self._callers: dict[str, str] = {}
         """Per live session started for a caller: the caller its slot counts against."""
         self._sessions: dict[str, Session] = {}
-        self._owners = TaskSet("sessions")
-        """Owns each session's task (`_own`); `close()` closes it."""
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        """The same tasks by session id."""
+        self._owners = TaskSet("sessions")  # each session's `_own` task; close() closes it
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # the same tasks, by session id
         self._background: list[asyncio.Task[None]] = []
         self._lease_locks: dict[str, asyncio.Lock] = {}
         """Per live session: its lease's renewal and its release take turns. A renewal
