@@ -16,6 +16,14 @@ A frame whose work ends past its time is late: it is still produced (a duplex mo
 skipped frames would lose its place in the conversation), the clock moves on from when it
 ended, and `stats` counts it and the worst lateness. A session that reads its voice too
 slowly loses the oldest frames of its outbox, counted, rather than holding the clock back.
+
+The model hears one microphone frame a tick, and a microphone sends one frame every 80 ms,
+so frames that piled up once (a late frame, a client that sent a burst) would wait in the
+inbox for the rest of the call: the model would hear the user that much later, for ever.
+Each session watches its inbox as a jitter buffer does: when frames have been waiting at
+every tick for a second (a standing queue, not a burst that drains), it drops the quietest
+of the waiting frames down to one, counted in `stats.skipped_in`. A burst that drains on
+its own (a client sending 200 ms or 1 s chunks in real time) is never cut.
 """
 
 from __future__ import annotations
@@ -41,6 +49,10 @@ INBOX_FRAMES = 25
 """Microphone frames a session may have waiting (2 s); past this the oldest are dropped."""
 OUTBOX_FRAMES = 50
 """Voice frames waiting for a slow reader (4 s); past this the oldest are dropped."""
+STANDING_TICKS = 12
+"""Ticks (~1 s) an inbox must never have drained to one frame before it is cut back."""
+RECENT_STEPS = 2048
+"""Per-step timings the engine keeps (`DuplexStats.recent`), for benchmarks and metrics."""
 
 Pcm = npt.NDArray[np.int16]
 
@@ -56,8 +68,24 @@ class VoiceFrame:
     words: str = ""
     """What that token adds to the model's transcript ("" for padding, or no tokenizer)."""
     heard: int = 0
-    """Microphone frames the model had heard when it made this frame (its latency as a
-    client hears it: loadtest/duplex_latency.py)."""
+    """Microphone frames the model had taken when it made this frame, heard or cut from a
+    standing queue (its latency as a client hears it: loadtest/duplex_latency.py)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimes:
+    """One tick's work, in ms: what a late frame spent its time on."""
+
+    at: float
+    """When the tick's work began (the engine's clock)."""
+    sessions: int
+    rows: float
+    """Joins and leaves applied before the frame."""
+    encode: float
+    step: float
+    decode: float
+    total: float
+    """The tick's whole work as the clock saw it (the model thread's queue included)."""
 
 
 @dataclass
@@ -69,7 +97,12 @@ class DuplexStats:
     unheard_frames: int = 0
     """Frames a session's microphone had not supplied in time (heard as silence)."""
     dropped_in: int = 0
+    skipped_in: int = 0
+    """Microphone frames dropped from a standing queue so the model hears the user live."""
     dropped_out: int = 0
+    recent: collections.deque[StepTimes] = field(
+        default_factory=lambda: collections.deque(maxlen=RECENT_STEPS)
+    )
 
 
 class SessionClosed(Exception):
@@ -84,6 +117,10 @@ class DuplexSession:
     _partial: Pcm = field(default_factory=lambda: np.zeros(0, np.int16))
     _outbox: collections.deque[VoiceFrame] = field(default_factory=collections.deque)
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
+    _depths: collections.deque[int] = field(
+        default_factory=lambda: collections.deque(maxlen=STANDING_TICKS)
+    )
+    """The inbox's depth at each of the last ticks, before the tick took its frame."""
     closed: bool = False
     frames_out: int = 0
     frames_heard: int = 0
@@ -100,11 +137,26 @@ class DuplexSession:
         self._partial = joined[whole:]
 
     def next_heard(self) -> Pcm:
+        """The frame the model hears this tick (silence when none came in time)."""
+        self._depths.append(len(self._inbox))
+        if len(self._depths) == STANDING_TICKS and min(self._depths) > 1:
+            self._cut_standing_queue(min(self._depths) - 1)
         if self._inbox:
             self.frames_heard += 1
             return self._inbox.popleft()
         self.stats.unheard_frames += 1
         return np.zeros(FRAME_SAMPLES, np.int16)
+
+    def _cut_standing_queue(self, excess: int) -> None:
+        """Drop the `excess` quietest waiting frames (speech is kept before silence)."""
+        loudness = [float(np.abs(frame.astype(np.int32)).mean()) for frame in self._inbox]
+        quietest = set(sorted(range(len(loudness)), key=loudness.__getitem__)[:excess])
+        kept = [frame for k, frame in enumerate(self._inbox) if k not in quietest]
+        self._inbox.clear()
+        self._inbox.extend(kept)
+        self.stats.skipped_in += excess
+        self.frames_heard += excess  # passed over: the microphone's stream moved on
+        self._depths.clear()
 
     def deliver(self, frame: VoiceFrame) -> None:
         if len(self._outbox) >= OUTBOX_FRAMES:
@@ -163,6 +215,9 @@ class MoshiDuplexEngine:
         """Owns the clock task (`_ticker`); `close()` closes it."""
         self._ticker: asyncio.Task[None] | None = None
         self._closed = False
+        self._rows_ms = 0.0
+        self._phases = (0.0, 0.0, 0.0)
+        """The last frame's joins and leaves; its encode, step and decode (ms, model thread)."""
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -184,8 +239,12 @@ class MoshiDuplexEngine:
         self._stepper = FrameStepper(model, rows=self.rows, sampling=self.sampling)
         self._stepper.warm()
         self._codec = MimiFrames(
-            model.audio_encoder, codebooks=self._stepper.codebooks, context=self.codec_context
+            model.audio_encoder,
+            codebooks=self._stepper.codebooks,
+            context=self.codec_context,
+            largest=self.rows,
         )
+        self._codec.warm()
         self._tokenizer = load_text_tokenizer(
             tiny=bool(self.options["tiny"]),
             vocab_size=int(model.config.vocab_size),
@@ -263,6 +322,11 @@ class MoshiDuplexEngine:
             ended = self.clock()
             self.stats.steps += 1
             self.stats.step_ms_last = (ended - began) * 1000
+            encode_ms, step_ms, decode_ms = self._phases
+            total_ms = (ended - began) * 1000
+            self.stats.recent.append(
+                StepTimes(began, len(live), self._rows_ms, encode_ms, step_ms, decode_ms, total_ms)
+            )
             late_ms = (ended - due) * 1000 - FRAME_S * 1000
             if late_ms > 0:  # the frame's work ended after the next frame was due
                 self.stats.late_steps += 1
@@ -279,7 +343,10 @@ class MoshiDuplexEngine:
     def _rows_and_frame(
         self, changes: tuple[list[str], list[str]], heard: dict[str, Pcm]
     ) -> dict[str, tuple[Pcm, int, str]]:
+        began = time.perf_counter()
         self._apply_rows(changes)
+        self._rows_ms = (time.perf_counter() - began) * 1000
+        self._phases = (0.0, 0.0, 0.0)
         spoken = self._frame(heard) if heard else {}
         return {s: (pcm, text, self._words(s, text)) for s, (pcm, text) in spoken.items()}
 
@@ -293,14 +360,27 @@ class MoshiDuplexEngine:
         return pieces.push(token)
 
     def _frame(self, heard: dict[str, Pcm]) -> dict[str, tuple[Pcm, int]]:
-        """On the model thread: the codec in, the frame step, the codec out."""
+        """On the model thread: the codec in, the frame step, the codec out (each timed:
+        the results are read back to the host, so each phase has ended when it is timed)."""
         assert self._stepper is not None and self._codec is not None
+        t0 = time.perf_counter()
         codes = self._codec.encode(heard)
+        t1 = time.perf_counter()
         out = self._stepper.step(codes)
         voice = {s: o.codes for s, o in out.items() if o.codes is not None}
+        t2 = time.perf_counter()
         audio = self._codec.decode(voice)
+        t3 = time.perf_counter()
+        self._phases = ((t1 - t0) * 1000, (t2 - t1) * 1000, (t3 - t2) * 1000)
         silence = np.zeros(FRAME_SAMPLES, np.int16)
         return {s: (audio.get(s, silence), o.text) for s, o in out.items()}
 
 
-__all__ = ["DuplexSession", "MoshiDuplexEngine", "RowsFull", "SessionClosed", "VoiceFrame"]
+__all__ = [
+    "DuplexSession",
+    "MoshiDuplexEngine",
+    "RowsFull",
+    "SessionClosed",
+    "StepTimes",
+    "VoiceFrame",
+]

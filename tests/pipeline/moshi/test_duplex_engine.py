@@ -1,6 +1,6 @@
 """The duplex engine on the toy Moshi (and its scripted stand-in), in real time: one clock
 for every session, sessions joining mid-stream, late frames counted and never skipped, a
-full model saying so."""
+standing queue of microphone frames cut back, a full model saying so."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ import pytest
 
 from pipeline.engines.moshi.duplex_engine import (
     FRAME_S,
+    STANDING_TICKS,
     DuplexSession,
+    DuplexStats,
     MoshiDuplexEngine,
     RowsFull,
     SessionClosed,
@@ -124,3 +126,26 @@ async def test_a_closed_engine_ends_its_sessions_and_opens_none() -> None:
     await asyncio.wait_for(reader, 5)  # the voice stream ended with the engine
     with pytest.raises(SessionClosed):
         engine.open("b")
+
+
+async def test_frames_piled_up_by_a_stall_are_cut_back_and_speech_is_kept() -> None:
+    """A stall leaves frames waiting; a microphone in real time never drains them, so the
+    model would hear the user late for the rest of the call. The inbox cuts the standing
+    queue back (the quiet frames first), and a burst that drains by itself is never cut."""
+    session = DuplexSession("a", DuplexStats())
+    quiet, loud = np.zeros(FRAME_SAMPLES, np.int16), np.full(FRAME_SAMPLES, 4000, np.int16)
+    session.feed(np.concatenate([loud] * 5))  # a stall left five frames waiting
+    heard = []
+    for tick in range(STANDING_TICKS + 4):  # a microphone in real time: a frame a tick
+        session.feed(loud if tick % 2 else quiet)  # words and the gaps between them
+        heard.append(session.next_heard())
+    assert session.stats.skipped_in == 5  # down to the frame due now
+    assert heard[STANDING_TICKS - 1].any()  # of the six waiting, the quiet ones went first
+    assert len(session._inbox) == 0
+
+    bursty = DuplexSession("b", DuplexStats())
+    for tick in range(4 * STANDING_TICKS):  # 1 s chunks, in real time
+        if tick % 12 == 0:
+            bursty.feed(np.concatenate([loud] * 12))
+        bursty.next_heard()
+    assert bursty.stats.skipped_in == 0
