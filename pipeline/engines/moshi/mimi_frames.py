@@ -12,14 +12,17 @@ frame step is), reading static buffers: the codec's kernels are small and many, 
 its time was launches (16 ms to encode one session's frame on an H200 beside a busy event
 loop, against 9.5 ms alone). `warm` captures every bucket before the first session, so no
 join meets a new batch size (its kernels chosen and loaded: a late frame each). A bucket
-larger than the sessions computes spare rows nothing reads. Where a capture fails (a
-transformers version whose codec reads a value back to the host), the codec runs eagerly
-at the bucket's size, still warmed. On a CPU each batch simply runs at its own size.
+larger than the sessions computes spare rows nothing reads. Mimi's convolutions keep their
+stride and kernel size as buffers, which moved to the GPU with the model, and compute their
+padding from them: a read back to the host, which no capture allows. They are shape
+arithmetic only, so they go back to the CPU (`_shapes_on_host`). A capture that fails all
+the same (another transformers version) leaves CUDA's random state unusable, so it stops
+the engine's start with the reason rather than running on. On a CPU each batch simply
+runs at its own size.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,8 +34,6 @@ from ..qwen3_omni.step_graphs import StepGraphs
 
 FRAME_SAMPLES = 1920
 RATE = 24_000
-
-log = logging.getLogger(__name__)
 
 
 class MimiFrames:
@@ -64,6 +65,7 @@ class MimiFrames:
         """Bucketed steps over the static buffers: captured on a GPU; on a CPU (a test of
         this path, `bucketed=True`) the same steps run plainly."""
         if bucketed:
+            _shapes_on_host(codec)
             self._encoder = StepGraphs(self._encode_rows, largest=rows, device=self.device)
             self._decoder = StepGraphs(self._decode_rows, largest=rows, device=self.device)
 
@@ -73,18 +75,17 @@ class MimiFrames:
         return any(g is not None and g.capture for g in (self._encoder, self._decoder))
 
     def warm(self) -> None:
-        """Capture (or, where capture fails, run once) every bucket both ways."""
+        """Capture (on a CPU: run once) every bucket both ways."""
         for name, graphs in (("encode", self._encoder), ("decode", self._decoder)):
             if graphs is None:
                 continue
             try:
                 graphs.warm()
             except RuntimeError as exc:  # the codec does something no capture allows
-                log.warning("Mimi's %s runs eagerly: it could not be captured (%s)", name, exc)
-                graphs.capture = False
-                with torch.inference_mode():
-                    for size in graphs.buckets:
-                        graphs.run(size)
+                raise RuntimeError(
+                    f"Mimi's {name} could not be captured as a CUDA graph ({exc}); this "
+                    "transformers version's codec reads a value back to the host"
+                ) from exc
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
@@ -156,3 +157,12 @@ class MimiFrames:
         """[n, codebooks, context] code windows -> the newest frame as PCM16, [n, 1920]."""
         audio: torch.Tensor = self.codec.decode(codes).audio_values[:, 0, -FRAME_SAMPLES:]
         return (audio.float().clamp(-1, 1) * 32767).round().to(torch.int16)
+
+
+def _shapes_on_host(codec: Any) -> None:
+    """Each convolution's stride, kernel size and padding back on the CPU (see above)."""
+    for module in codec.modules():
+        for name in ("stride", "kernel_size", "padding_total"):
+            value = module._buffers.get(name)
+            if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+                module._buffers[name] = value.cpu()
