@@ -56,8 +56,12 @@ CALL_THRESHOLD = -6.0
 CALL_THRESHOLDS = {"fp32": CALL_THRESHOLD, "int8": -5.5}
 """The default call threshold per weight format: int8 weights raise log P(call marker) by
 ~0.4 on every prompt of `loadtest.tool_calls`, so the same decisions need a higher bar."""
-TRIM_MESSAGES = 8
-"""Messages dropped at a time from the start of a conversation that outgrows the context."""
+TRIM_MESSAGES = 16
+"""Messages dropped at a time from the start of a conversation that outgrows the context.
+A trim costs the next turn a prefill of all that is kept (the prompt's start changed), so
+the more it drops, the rarer and the cheaper that turn is: with 8 the 512-token context
+trimmed every fourth turn and kept ~400 tokens, and those turns' first audio came ~450 ms
+late (`voice_bench --n 20`, one session); 16 keeps the last few exchanges."""
 SPEAK_FIRST = "(The user is waiting for you to speak.)"
 """The user turn of a request that has none (response.create with instructions only): with
 no user turn at all SmolLM2 repeats its system message ("Greet the user warmly." back)."""
