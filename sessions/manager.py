@@ -8,7 +8,8 @@ start them (`create`, `__aenter__`), so no TaskGroup can hold them (it would hav
 them with `cancel_and_wait`. Admission goes through `LeaseRegistry`, so the session cap
 holds across every process sharing the Redis, and, for a session started on behalf of a
 caller (an API key or an address: `create(..., caller=)`), through `KeyLimiter`, so one
-caller cannot take every slot: its sessions' slots are renewed and freed with their leases.
+caller cannot take every slot (both in admission.py): its sessions' slots are renewed and
+freed with their leases.
 
 A Redis outage: every live session's client is told once; sessions go on with their writes
 kept locally; new sessions are refused (the cap cannot be checked). When Redis answers
@@ -45,7 +46,6 @@ teardown after losing the fence writes nothing (store.py, session.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -56,11 +56,11 @@ from redis.exceptions import RedisError
 from pipeline.tasks import TaskSet, background, cancel_and_wait
 from pipeline.types import Pipeline
 
+from .admission import FULL, Admission
 from .clock import REAL_CLOCK, Clock
 from .config import SessionConfig
 from .duplex_turns import DuplexTurns
 from .errors import (
-    KeyLimitError,
     RedisFullError,
     RedisUnavailableError,
     SessionLimitError,
@@ -86,10 +86,6 @@ LET_GO_TIMEOUT_S = 0.5
 """How long a resume waits for a live old owner to let its session go."""
 MOVED = "session_moved"
 DRAINING = "server_draining"
-FULL = (
-    "the session store (Redis) is full (out of memory) and refuses writes, so no new "
-    "session can be stored; try again shortly"
-)
 
 
 class SessionManager:
@@ -123,6 +119,7 @@ class SessionManager:
         self.metrics = metrics or SessionMetrics()
         self.leases = LeaseRegistry(redis, max_sessions, ttl_s=lease_ttl_s)
         self.key_limits = KeyLimiter(redis, key_limits or KeyLimits(), ttl_s=lease_ttl_s)
+        self.admission = Admission(self.link, self.leases, self.key_limits, self.metrics)
         self._callers: dict[str, str] = {}
         """Per live session started for a caller: the caller its slot counts against."""
         self._sessions: dict[str, Session] = {}
@@ -190,26 +187,7 @@ class SessionManager:
     ) -> Session:
         if not self._accepting:
             raise SessionLimitError("the server is shutting down")
-        if self.link.up and self.link.refusing:
-            self.metrics.session_limit_rejections.inc()
-            raise SessionLimitError(FULL)
-        try:
-            admitted = await self.link.call(lambda: self.leases.acquire(session_id))
-        except RedisUnavailableError as exc:
-            self.metrics.session_limit_rejections.inc()
-            if isinstance(exc, RedisFullError):
-                raise SessionLimitError(FULL) from None
-            raise SessionLimitError(
-                "the session store (Redis) is unreachable, so no new session can be counted; "
-                "try again shortly"
-            ) from None
-        if not admitted:
-            self.metrics.session_limit_rejections.inc()
-            raise SessionLimitError(
-                f"all {self.leases.cap} session slots are in use; try again shortly"
-            )
-        if caller is not None and self.key_limits.limits.enabled:
-            await self._count_against(caller, session_id)
+        await self.admission.admit(session_id, caller)
         try:
             fence = await self.link.call(
                 lambda: self.ownership.claim(session_id, self.limits.key_ttl_s)
@@ -217,50 +195,20 @@ class SessionManager:
         except RedisFullError:  # the lease script got in (it deletes first), the claim not
             self.metrics.redis_write_refusals.labels("oom").inc()
             self.metrics.session_limit_rejections.inc()
-            with contextlib.suppress(RedisError, OSError):  # else it lapses at its TTL
-                await self.link.call(lambda: self.leases.release(session_id))
+            await self.admission.release_quietly(session_id)
             raise SessionLimitError(FULL) from None
         except (RedisError, OSError) as exc:  # admitted a moment ago: it goes on unfenced
             log.warning("session %s: ownership not recorded: %s", session_id, exc)
             fence = 0
         session = self._new_session(session_id, config, sink, fence=fence, duplex=duplex)
-        if caller is not None and self.key_limits.limits.enabled:
+        if caller is not None and self.admission.counts(caller):
             self._callers[session_id] = caller
         self._start(session)
         return session
 
     async def check_caller(self, caller: str) -> None:
-        """KeyLimitError if `caller` could not start a session now. It takes nothing (a
-        refusal before a WebSocket upgrade; `create` decides for good), and says nothing
-        when Redis cannot answer (`create` will)."""
-        if not self.key_limits.limits.enabled:
-            return
-        try:
-            await self.link.call(lambda: self.key_limits.check(caller))
-        except KeyLimitError as exc:
-            self.metrics.key_limit_rejections.inc()
-            log.warning("caller %s refused a session: %s", caller, exc)
-            raise
-        except (RedisError, OSError):
-            pass
-
-    async def _count_against(self, caller: str, session_id: str) -> None:
-        """Take a slot of `caller`'s for a session that has just taken its lease; the lease
-        goes back if the caller is at its limit (KeyLimitError) or Redis is unreachable."""
-        try:
-            await self.link.call(lambda: self.key_limits.acquire(caller, session_id))
-        except (KeyLimitError, RedisUnavailableError) as exc:
-            with contextlib.suppress(RedisError, OSError):  # else it lapses after its TTL
-                await self.link.call(lambda: self.leases.release(session_id))
-            if isinstance(exc, KeyLimitError):
-                self.metrics.key_limit_rejections.inc()
-                log.warning("caller %s refused a session: %s", caller, exc)
-                raise
-            self.metrics.session_limit_rejections.inc()
-            raise SessionLimitError(
-                "the session store (Redis) is unreachable, so no new session can be counted; "
-                "try again shortly"
-            ) from None
+        """KeyLimitError if `caller` could not start a session now (admission.py)."""
+        await self.admission.check_caller(caller)
 
     def _new_session(
         self, session_id: str, config: SessionConfig, sink: OutputSink, **resumed: Any
@@ -338,10 +286,9 @@ class SessionManager:
         try:  # a duplex model's state for it is gone: it starts a new stream
             session.duplex = self._open_duplex(session_id)
         except SessionLimitError:
-            with contextlib.suppress(RedisError, OSError):  # else it lapses at its TTL
-                await self.link.call(lambda: self.leases.release(session_id))
+            await self.admission.release_quietly(session_id)
             raise
-        if caller is not None and self.key_limits.limits.enabled:
+        if caller is not None and self.admission.counts(caller):
             self._callers[session_id] = caller
             await self._renew_key_slot(caller, session_id)
         self._start(session)
