@@ -65,6 +65,12 @@ PAUSE_MS = 160
 """Silence after speech that is reported as a pause (at most half the silence window): long
 enough to pass over the gaps between words, early enough to leave most of a 500 ms window
 for work begun on the pause."""
+SEMANTIC_PAUSE_MS = 80
+"""semantic_vad's pause comes sooner: there the turn ends when the words' verdict comes, so
+the pause starts the clock of that verdict (recognition and judgement, ~290 ms). A pause
+inside a sentence costs a recognition that speech resuming makes moot (its verdict is for
+a pause that is over, and is ignored), and cuts nothing off: only a pause that outlasts
+the verdict can end the turn, as at 160 ms."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +237,7 @@ class TurnDetector:
         if self._verdict_pending():
             window += VERDICT_WAIT_MS
         if silent_ms < window:
-            pause_ms = min(PAUSE_MS, self._config.silence_duration_ms // 2)
+            pause_ms = min(self._pause_ms(), self._config.silence_duration_ms // 2)
             if self._paused or silent_ms < pause_ms:
                 return []
             self._paused = True
@@ -239,6 +245,9 @@ class TurnDetector:
         end = SpeechEnd(self._start_ms, self._last_speech_end_ms)
         self.reset()
         return [end]
+
+    def _pause_ms(self) -> int:
+        return SEMANTIC_PAUSE_MS if self._config.type == "semantic_vad" else PAUSE_MS
 
     def _verdict_pending(self) -> bool:
         """semantic_vad reported a pause whose words are not judged yet."""

@@ -324,4 +324,5 @@ class ThinkerEngine(EntryEngine):
             )
             if not turns or len(tokenizer(prompt).input_ids) <= budget:
                 return prompt
-            del turns[:TRIM_MESSAGES]
+            # a few long turns too many: an exchange at a time, so the latest ones stay
+            del turns[: TRIM_MESSAGES if len(turns) > TRIM_MESSAGES else 2]
