@@ -19,7 +19,7 @@
 const $ = (id) => document.getElementById(id);
 
 const DEFAULTS = Object.freeze({
-  instructions: "You are a helpful voice assistant. Answer briefly.",
+  instructions: "You are a helpful voice assistant. Answer briefly, in the language the user speaks.",
   threshold: 0.5,
   prefix_padding_ms: 300,
   silence_duration_ms: 500,
