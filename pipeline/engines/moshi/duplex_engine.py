@@ -93,7 +93,6 @@ class DuplexStats:
     steps: int = 0
     late_steps: int = 0
     worst_late_ms: float = 0.0
-    step_ms_last: float = 0.0
     unheard_frames: int = 0
     """Frames a session's microphone had not supplied in time (heard as silence)."""
     dropped_in: int = 0
@@ -103,6 +102,11 @@ class DuplexStats:
     recent: collections.deque[StepTimes] = field(
         default_factory=lambda: collections.deque(maxlen=RECENT_STEPS)
     )
+
+    @property
+    def step_ms_last(self) -> float:
+        """The last tick's whole work in ms (0 before the first)."""
+        return self.recent[-1].total if self.recent else 0.0
 
 
 class SessionClosed(Exception):
@@ -139,8 +143,9 @@ class DuplexSession:
     def next_heard(self) -> Pcm:
         """The frame the model hears this tick (silence when none came in time)."""
         self._depths.append(len(self._inbox))
-        if len(self._depths) == STANDING_TICKS and min(self._depths) > 1:
-            self._cut_standing_queue(min(self._depths) - 1)
+        standing = min(self._depths) if len(self._depths) == STANDING_TICKS else 0
+        if standing > 1:
+            self._cut_standing_queue(standing - 1)
         if self._inbox:
             self.frames_heard += 1
             return self._inbox.popleft()
@@ -321,7 +326,6 @@ class MoshiDuplexEngine:
             spoken = await loop.run_in_executor(self._thread, self._rows_and_frame, changes, heard)
             ended = self.clock()
             self.stats.steps += 1
-            self.stats.step_ms_last = (ended - began) * 1000
             encode_ms, step_ms, decode_ms = self._phases
             total_ms = (ended - began) * 1000
             self.stats.recent.append(

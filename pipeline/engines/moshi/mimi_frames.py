@@ -53,13 +53,14 @@ class MimiFrames:
         """Per session: its last `context` frames of microphone audio, [context * 1920]."""
         self._said: dict[str, torch.Tensor] = {}
         """Per session: its voice's last `context` frames of codes, [codebooks, context]."""
-        rows = largest or 1
-        self._audio = torch.zeros(rows, 1, context * FRAME_SAMPLES, device=self.device)
-        self._audio = self._audio.to(self.dtype)
-        self._codes = torch.zeros(rows, codebooks, context, dtype=torch.long, device=self.device)
-        """The captured steps' inputs: each step's windows are copied into the first rows."""
         if bucketed is None:
             bucketed = largest is not None and self.device.type == "cuda"
+        rows = (largest or 1) if bucketed else 0
+        shape = (rows, 1, context * FRAME_SAMPLES)
+        self._audio = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self._codes = torch.zeros(rows, codebooks, context, dtype=torch.long, device=self.device)
+        """The bucketed steps' inputs (none unbucketed): each step's windows are copied into
+        the first rows."""
         self._encoder: StepGraphs[torch.Tensor] | None = None
         self._decoder: StepGraphs[torch.Tensor] | None = None
         """Bucketed steps over the static buffers: captured on a GPU; on a CPU (a test of
