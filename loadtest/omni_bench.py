@@ -20,6 +20,8 @@ in its own process so that one's GPU memory is free for the next:
     python -m loadtest.omni_bench --out bench.json                       # on the GPU
     python -m loadtest.omni_bench --tiny --device cpu --dtype float32    # the plumbing, here
     python -m loadtest.omni_bench --merge a.json b.json --out all.json   # phases run apart
+    python -m loadtest.omni_bench --layouts one,split,replicas --concurrency 1,4,10,32,64
+        # two GPUs: the parley phase once per layout (omni_bench_options.LAYOUTS), in one run
 
 prints one table and writes everything, with the header that makes it reproducible, as JSON.
 `--time-limit-s` bounds the whole command: a phase starts no round it cannot finish in time
@@ -179,7 +181,7 @@ def graph_yaml(args: argparse.Namespace) -> str:
     """The bench's graph: each stage in a worker process (`worker`), all in the bench's own
     process (`main`), or all in one worker process as a `subgraph` (what a server would run
     to have the stages share one GPU's time without a process boundary between them)."""
-    model = f"device: '{args.device}', dtype: {args.dtype}, tiny: {str(args.tiny).lower()}"
+    model = f"dtype: {args.dtype}, tiny: {str(args.tiny).lower()}"
     if args.model_path:
         model += f", model_path: '{args.model_path}'"
     frames = frames_for_speech(args.speech_s)
@@ -188,13 +190,14 @@ def graph_yaml(args: argparse.Namespace) -> str:
     prefill_batch = args.prefill_batch or batch
     rows = f"decode_rows: {args.decode_rows}, max_context: {args.max_context}"
     inner = "main" if args.placement == "subgraph" else args.placement
+    thinker_on, audio_on = layout_devices(args)
     stages = f"""\
   - name: thinker
     engine: qwen3_omni.thinker
     engine_args: {{{model}, max_new_tokens: {think}, min_new_tokens: {think}, max_batch: {batch},
                   prefix_cache_tokens: 65536, {rows}, prefill_batch: {prefill_batch},
                   prefill_chunk_tokens: {args.prefill_chunk_tokens}}}
-    placement: {{process: {inner}}}
+    placement: {{process: {inner}, devices: {thinker_on}}}
     hang_s: {HANG_S:g}
   - name: talker
     engine: qwen3_omni.talker
@@ -202,14 +205,14 @@ def graph_yaml(args: argparse.Namespace) -> str:
                   {rows}, stream_priority: {args.audio_priority},
                   compile_predictor: {str(args.compile_predictor).lower()},
                   prefill_batch: {args.talker_prefill_batch}}}
-    placement: {{process: {inner}}}
+    placement: {{process: {inner}, devices: {audio_on}}}
     hang_s: {HANG_S:g}
   - name: code2wav
     engine: qwen3_omni.code2wav
     engine_args: {{{model}, first_chunk: {args.first_chunk}, chunk: {args.chunk},
                   left_context: {args.left_context}, max_batch: {batch},
                   stream_priority: {args.audio_priority}}}
-    placement: {{process: {inner}}}
+    placement: {{process: {inner}, devices: {audio_on}}}
     hang_s: {HANG_S:g}
 """
     wiring = """\
@@ -235,6 +238,22 @@ stages:
     hang_s: {HANG_S:g}
 outputs: [omni]
 """
+
+
+def layout_devices(args: argparse.Namespace) -> tuple[str, str]:
+    """The Thinker's devices and the Talker's and Code2Wav's, as graph-file lists, for
+    `--layout` (LAYOUTS in omni_bench_options.py)."""
+    first, second = args.device, args.second_device
+    if args.layout == "split":
+        return json.dumps([first]), json.dumps([second])
+    if args.layout == "replicas":
+        return json.dumps([first, second]), json.dumps([second])
+    return json.dumps([first]), json.dumps([first])
+
+
+def phase_name(phase: str, layout: str) -> str:
+    """The report's key for a phase: the parley phase's gets its layout, except `one`."""
+    return f"{phase}_{layout}" if phase == "parley" and layout != "one" else phase
 
 
 async def one_request(graph: Any, request: Any, rep: int) -> dict[str, Any]:
@@ -488,13 +507,23 @@ def main(argv: list[str] | None = None) -> None:
     if args.time_limit_s is not None:
         args.deadline_epoch = time.time() + args.time_limit_s
     report: dict[str, Any] = {"header": header(args)}
-    for phase in phases:
+    runs = [
+        (phase, layout)
+        for phase in phases
+        for layout in (args.layouts if phase == "parley" else ["one"])
+    ]
+    for phase, layout in runs:
+        name = phase_name(phase, layout)
         started = time.perf_counter()
         if out_of_time(args):
-            report[phase] = {"error": "not started: time limit"}
+            report[name] = {"error": "not started: time limit"}
             continue
-        report[phase] = run_phase_in_child(phase, child_argv, args)
-        report[phase]["phase_s"] = time.perf_counter() - started
+        report[name] = run_phase_in_child(phase, [*child_argv, "--layout", layout], args)
+        report[name]["phase_s"] = time.perf_counter() - started
+        if layout != "one":
+            report[name]["graph"] = graph_yaml(
+                argparse.Namespace(**{**vars(args), "layout": layout})
+            )
         Path(args.out).write_text(json.dumps(report, indent=1))
     print_table(report)
     print(f"\nfull report: {args.out}")

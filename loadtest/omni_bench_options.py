@@ -11,6 +11,19 @@ DESCRIPTION = (
     "Benchmark: Qwen3-Omni through Parley's stage graph, and the plain transformers baseline."
 )
 PHASES = ("parley", "kv_reuse", "code2wav", "baseline")
+LAYOUTS = ("one", "split", "replicas")
+"""Where the graph's stages run (the `parley` phase once per layout asked for): all on
+--device (`one`); the Thinker on --device and the Talker and Code2Wav on --second-device
+(`split`, vLLM-Omni's two-GPU deployment); a Thinker replica on each device, sessions spread
+over them, with the Talker and Code2Wav on --second-device (`replicas`)."""
+
+
+def layouts(text: str) -> list[str]:
+    found = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = sorted(set(found) - set(LAYOUTS))
+    if unknown or not found:
+        raise argparse.ArgumentTypeError(f"layouts are any of {', '.join(LAYOUTS)}")
+    return found
 
 
 def levels(text: str) -> list[int]:
@@ -21,6 +34,16 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=DESCRIPTION)
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--device", default="cuda:0")
+    p.add_argument(
+        "--second-device", default="cuda:1", help="the other GPU of the split and replica layouts"
+    )
+    p.add_argument(
+        "--layouts",
+        type=layouts,
+        default=["one"],
+        help=f"the parley phase once per layout, any of {','.join(LAYOUTS)} (see LAYOUTS)",
+    )
+    p.add_argument("--layout", default="one", choices=LAYOUTS, help=argparse.SUPPRESS)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--model-path", default=None)
     p.add_argument("--audio-s", type=float, default=10.0)

@@ -197,7 +197,8 @@ def table_lines(report: dict[str, Any]) -> list[str]:
         f"  {'row':48} {'conc':>4} {'first audio ms':>17} {'RTF':>6} {'tok/s':>13}"
         f" {'frames/s':>13} {'GPU GiB':>8} {'stall ms':>15}",
     ]
-    for name in ("parley", "baseline"):
+    names = ["parley", *(k for k in report if k.startswith("parley_")), "baseline"]
+    for name in names:
         phase = report.get(name) or {}
         if "error" in phase:
             lines.append(f"  {name:48} {phase['error']}")

@@ -23,6 +23,7 @@ takes the upstream chunks); the runtime checks each engine against its stage's k
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -51,13 +52,39 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
+DEVICE_PATTERN = r"^(cpu|cuda:[0-9]+)$"
+
+
 class Placement(_Model):
     """Where a stage runs: this process, a worker process, or another host (`remote`,
-    served by `parley stage` over the Redis link named `link`)."""
+    served by `parley stage` over the Redis link named `link`), and on which devices.
+
+    `devices` names one device per replica of the stage: `[cuda:1]` runs it on the second
+    GPU, `[cuda:0, cuda:1]` runs two replicas, one on each, with sessions spread over them
+    (replicas.py). A stage on a CUDA device gets it as its engine's `device` argument."""
 
     process: Literal["main", "worker", "remote"] = "main"
-    devices: tuple[str, ...] = ("cpu",)
+    devices: tuple[str, ...] = Field(default=("cpu",), min_length=1, max_length=16)
     link: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
+
+    @field_validator("devices")
+    @classmethod
+    def _device_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for device in value:
+            if not re.fullmatch(DEVICE_PATTERN, device):
+                raise ValueError(
+                    f"{device!r} is not a device: cpu, or cuda:N (cuda:0, cuda:1, ...)"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _replicas_stay_local(self) -> Placement:
+        if self.process == "remote" and len(self.devices) > 1:
+            raise _At(
+                ("devices",),
+                "a remote stage is one `parley stage` host: run one host per replica instead",
+            )
+        return self
 
 
 DEFAULT_HANG_S = 5.0
@@ -73,6 +100,38 @@ class StageConfig(_Model):
     (stopped, or its loop blocked), or its engine's model thread spent longer than this in
     one step (a step known to be longer, a CUDA graph capture, declares its own bound). A
     hung worker or stage host is killed and started again, like one that died."""
+
+    @model_validator(mode="after")
+    def _one_device_setting(self) -> StageConfig:
+        """`engine_args.device` (the older way to name a stage's device) may stay beside
+        `placement.devices` only where both say the same single device."""
+        given = self.engine_args.get("device")
+        if given is None or "devices" not in self.placement.model_fields_set:
+            return self
+        if self.placement.devices != (given,):
+            raise _At(
+                ("engine_args", "device"),
+                f"{given!r} disagrees with placement.devices {list(self.placement.devices)}: "
+                "name the devices in placement.devices only",
+            )
+        return self
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The devices of the stage's replicas: `placement.devices` where the file names
+        them, else the engine's own `device` argument, else the CPU."""
+        if "devices" in self.placement.model_fields_set:
+            return self.placement.devices
+        given = self.engine_args.get("device")
+        return (given,) if isinstance(given, str) else self.placement.devices
+
+    def replica_args(self, device: str) -> dict[str, Any]:
+        """The engine arguments of the replica on `device`: a CUDA device is given to the
+        engine as its `device`; on the CPU the arguments are the file's."""
+        args = dict(self.engine_args)
+        if device != "cpu":
+            args["device"] = device
+        return args
 
 
 class EdgeConfig(_Model):
@@ -246,8 +305,8 @@ def validate_graph(
         err = exc.errors()[0]
         loc = tuple(err["loc"])
         cause = err.get("ctx", {}).get("error")
-        if isinstance(cause, _At):
-            loc, message = cause.loc, str(cause)
+        if isinstance(cause, _At):  # its path is below the model that raised it
+            loc, message = (*loc, *cause.loc), str(cause)
         else:
             message = str(err["msg"]).removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":

@@ -9,15 +9,16 @@ the others when the `StageGraph` is built.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .engines.registry import create_engine
 from .gpu_sharing import MpsDaemon
 from .graph import StageGraph
-from .graph_config import GraphConfig, load_graph
+from .graph_config import GraphConfig, StageConfig, load_graph
 from .metrics import PipelineMetrics
 from .remote import RemoteEngine
+from .replicas import StageReplicas
 from .shared_stage import SharedStageEngine
 from .types import Engine, Pipeline
 from .worker import WorkerEngine
@@ -53,41 +54,62 @@ def link_name(config: GraphConfig, stage: str) -> str:
     return config.stage(stage).placement.link or f"{config.name}.{stage}"
 
 
-def worker_spec(config: GraphConfig, stage: str) -> WorkerSpec:
-    """What a process serving `stage` away from the main process needs to build it."""
+def worker_spec(config: GraphConfig, stage: str, device: str | None = None) -> WorkerSpec:
+    """What a process serving `stage` (its replica on `device`, by default its first
+    device) away from the main process needs to build it."""
     found = config.stage(stage)
-    return WorkerSpec(
-        stage, found.engine, config.stage_kind(stage), dict(found.engine_args), found.hang_s
-    )
+    args = found.replica_args(device or found.devices[0])
+    return WorkerSpec(stage, found.engine, config.stage_kind(stage), args, found.hang_s)
 
 
 def hosted_stages(config: GraphConfig) -> list[str]:
-    """The stages a stage host can serve to several server processes: those in a worker."""
+    """The stages a stage host can serve to several server processes: those in a worker
+    (a replicated one gets a host per replica)."""
     return [stage.name for stage in config.stages if stage.placement.process == "worker"]
 
 
+SharedStages = Mapping[str, str | Sequence[str]]
+"""Per stage served by stage hosts: the unix socket of its host, or one per replica."""
+
+
 def build_engines(
-    config: GraphConfig, redis_url: str | None = None, shared: Mapping[str, str] | None = None
+    config: GraphConfig, redis_url: str | None = None, shared: SharedStages | None = None
 ) -> dict[str, Engine]:
-    """`shared`: per stage, the unix socket of the stage host that serves it."""
+    """`shared`: per stage, the unix socket of the stage host that serves it (one per
+    replica). A stage placed on several devices becomes a `StageReplicas` over one engine
+    per device (replicas.py)."""
     engines: dict[str, Engine] = {}
     for stage in config.stages:
         if shared and stage.name in shared:
-            engines[stage.name] = SharedStageEngine(
-                stage.name, shared[stage.name], hang_s=stage.hang_s
+            paths = shared[stage.name]
+            hosts = [
+                SharedStageEngine(stage.name, path, hang_s=stage.hang_s)
+                for path in ([paths] if isinstance(paths, str) else paths)
+            ]
+            engines[stage.name] = (
+                hosts[0] if len(hosts) == 1 else StageReplicas(stage.name, hosts, stage.devices)
             )
         elif stage.placement.process == "remote":
             if redis_url is None:
                 raise PipelineNotFound(f"stage {stage.name} is remote, which needs a Redis URL")
             engines[stage.name] = RemoteEngine(stage.name, link_name(config, stage.name), redis_url)
-        elif stage.placement.process == "worker":
-            engines[stage.name] = WorkerEngine(worker_spec(config, stage.name))
+        elif len(stage.devices) > 1:
+            engines[stage.name] = StageReplicas(
+                stage.name, [_local_engine(config, stage, d) for d in stage.devices], stage.devices
+            )
         else:
-            engines[stage.name] = create_engine(stage.engine, dict(stage.engine_args))
+            engines[stage.name] = _local_engine(config, stage, stage.devices[0])
     return engines
 
 
-def gpu_sharing(config: GraphConfig, shared: Mapping[str, str] | None = None) -> MpsDaemon | None:
+def _local_engine(config: GraphConfig, stage: StageConfig, device: str) -> Engine:
+    """The stage's engine (one replica's) on `device`, in a worker or in this process."""
+    if stage.placement.process == "worker":
+        return WorkerEngine(worker_spec(config, stage.name, device))
+    return create_engine(stage.engine, stage.replica_args(device))
+
+
+def gpu_sharing(config: GraphConfig, shared: SharedStages | None = None) -> MpsDaemon | None:
     """The MPS daemon this process starts for the graph: where the graph file asks for one
     and this process runs a stage itself (in a worker it starts, or in-process); stages
     served by stage hosts or other hosts share the GPU through their own starter's."""
@@ -105,7 +127,7 @@ def load_pipeline(
     name_or_path: str,
     metrics: PipelineMetrics | None = None,
     redis_url: str | None = None,
-    shared: Mapping[str, str] | None = None,
+    shared: SharedStages | None = None,
 ) -> Pipeline:
     """Build the named pipeline (not started yet)."""
     config = load_graph(graph_path(name_or_path))

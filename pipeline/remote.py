@@ -97,11 +97,14 @@ class RemoteEngine(LinkedStage):
 
 async def serve_remote_stage(graph_file: str, stage: str, redis_url: str) -> None:
     """`parley stage`: serve one stage of a graph for a main process on another host."""
+    from .devices import check_devices
     from .graph_config import load_graph
     from .registry import graph_path, link_name, worker_spec
     from .worker_main import serve_stage
 
-    config = load_graph(graph_path(graph_file))
+    path = graph_path(graph_file)
+    config = load_graph(path)
+    check_devices(config, str(path), only=stage)
     spec = worker_spec(config, stage)
     redis = await _redis(redis_url)
     try:

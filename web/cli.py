@@ -28,6 +28,7 @@ from types import FrameType
 
 import uvicorn
 
+from pipeline.devices import check_devices
 from pipeline.gpu_sharing import GpuSharingError
 from pipeline.graph_config import GraphConfigError, load_graph
 from pipeline.registry import PipelineNotFound, graph_path
@@ -180,9 +181,11 @@ async def _serve(settings: Settings, redis_url: str) -> None:
 
 
 def _check_pipeline(settings: Settings) -> str | None:
-    """The graph file's error, if any: caught before Redis or models start."""
+    """The graph file's error, if any (a device this host lacks included): caught before
+    Redis or models start."""
     try:
-        load_graph(graph_path(settings.pipeline))
+        path = graph_path(settings.pipeline)
+        check_devices(load_graph(path), str(path))
     except (PipelineNotFound, GraphConfigError) as exc:
         return str(exc)
     return None

@@ -93,9 +93,9 @@ class Settings:
     stage_hosts: bool = True
     """`--stage-hosts on|off`: with workers, load each worker-placed stage once for all of
     them (on), or once per worker (off: N copies, but a stage's crash stays in one worker)."""
-    shared_stages: tuple[tuple[str, str], ...] = ()
-    """(stage, unix socket) of each stage the parent hosts once for every worker (hidden
-    flag, JSON)."""
+    shared_stages: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """(stage, unix sockets: one per replica) of each stage the parent hosts once for every
+    worker (hidden flag, JSON)."""
 
     def session_limits(self) -> SessionLimits:
         return SessionLimits(
@@ -374,7 +374,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[str, Settings]:
         worker_index=None if args.worker_index is None else int(args.worker_index),
         worker_ready_fd=None if args.worker_ready_fd is None else int(args.worker_ready_fd),
         stage_hosts=_on_off("stage_hosts", args.stage_hosts),
-        shared_stages=tuple(json.loads(args.shared_stages).items()) if args.shared_stages else (),
+        shared_stages=_shared_stages(args.shared_stages),
         **_sip(args),
     )
 
@@ -422,3 +422,14 @@ def _sip(args: argparse.Namespace) -> dict[str, Any]:
         "sip_webhook_secret": args.sip_webhook_secret,
         "sip_api": args.sip_api,
     }
+
+
+def _shared_stages(flag: str | None) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The hidden --shared-stages JSON: per stage, its host's socket, or one per replica."""
+    if not flag:
+        return ()
+    found: dict[str, str | list[str]] = json.loads(flag)
+    return tuple(
+        (stage, (paths,) if isinstance(paths, str) else tuple(paths))
+        for stage, paths in found.items()
+    )

@@ -4,8 +4,10 @@ Without them, every server process would start its own worker for each such stag
 of each model in memory, and N batchers that never batch together. The parent instead starts
 one stage host per stage (`pipeline/stage_host.py`) before the server processes, on a unix
 socket in a private directory, and hands every server process the sockets
-(`--shared-stages`); each builds those stages as `SharedStageEngine`s. Stages in the main
-process or on another host are unchanged.
+(`--shared-stages`); each builds those stages as `SharedStageEngine`s. A stage with
+replicas on several devices gets a host per replica, and each server process spreads its
+sessions over them (`pipeline/replicas.py`). Stages in the main process or on another host
+are unchanged.
 """
 
 from __future__ import annotations
@@ -55,9 +57,12 @@ class StageHosts:
         self._dir = tempfile.mkdtemp(prefix="parley-stages-")  # mode 0700: ours alone
         self.stages = [
             HostedStage(
-                worker_spec(config, name), os.path.join(self._dir, f"{name}.sock"), log_level
+                worker_spec(config, name, device),
+                os.path.join(self._dir, f"{name}.{replica}.sock"),
+                log_level,
             )
             for name in names
+            for replica, device in enumerate(config.stage(name).devices)
         ]
         if config.gpu_sharing == "mps":
             self.gpu = MpsDaemon()
@@ -71,7 +76,9 @@ class StageHosts:
         """What each server process is started with to use the hosts."""
         if not self.stages:
             return []
-        sockets = {stage.spec.stage: stage.path for stage in self.stages}
+        sockets: dict[str, list[str]] = {}
+        for stage in self.stages:  # a replicated stage's hosts in its devices' order
+            sockets.setdefault(stage.spec.stage, []).append(stage.path)
         return ["--shared-stages", json.dumps(sockets)]
 
     def close(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 import time
 from collections.abc import AsyncGenerator, Iterator
@@ -164,4 +165,33 @@ class Sticking(TracksRequests, EntryEngine):
             for i in range(self.count):
                 await asyncio.to_thread(self._step, request.text == "stick" and i == self.stick_at)
                 yield TextDelta(text=f"S{i} ")
+            yield End()
+
+
+class WhereAmI(TracksRequests, EntryEngine):
+    """An entry stage that says where it runs, as a replica on `device` would: one text delta,
+    "<device> <pid> <sessions it keeps state for, comma-separated>", then End. It keeps a
+    session from its first request until `forget_session` (as a Thinker keeps its KV). With
+    `hold` in a request's text it waits until aborted or closed."""
+
+    name = "where"
+
+    def __init__(self, device: str = "cpu") -> None:
+        self.device = device
+        self.sessions: set[str] = set()
+        self._requests: RequestTracker[None] = RequestTracker()
+
+    async def forget_session(self, session_id: str) -> None:
+        self.sessions.discard(session_id)
+
+    async def generate(
+        self, request_id: str, request: PipelineRequest
+    ) -> AsyncGenerator[Chunk, None]:
+        with self._requests.track(request_id):
+            if request.session_id:
+                self.sessions.add(request.session_id)
+            kept = ",".join(sorted(self.sessions))
+            yield TextDelta(text=f"{self.device} {os.getpid()} {kept}")
+            while request.text == "hold" and not self._requests.aborted(request_id):
+                await asyncio.sleep(0.01)
             yield End()

@@ -112,3 +112,47 @@ def test_playback_stalls_count_only_the_waits_after_the_first_chunk() -> None:
     assert playback_stall_s([(1.0, 0.4), (1.2, 2.0)]) == 0.0
     # the next arrives 0.6 s after the first has played out, the third in time
     assert abs(playback_stall_s([(1.0, 0.4), (2.0, 2.0), (3.0, 2.0)]) - 0.6) < 1e-9
+
+
+@pytest.mark.parametrize(
+    ("layout", "thinker", "audio"),
+    [
+        ("one", ["cuda:0"], ["cuda:0"]),
+        ("split", ["cuda:0"], ["cuda:1"]),
+        ("replicas", ["cuda:0", "cuda:1"], ["cuda:1"]),
+    ],
+)
+def test_each_layout_places_the_stages_on_their_gpus(
+    layout: str, thinker: list[str], audio: list[str]
+) -> None:
+    from loadtest.omni_bench import graph_yaml
+    from loadtest.omni_bench_options import parser
+    from pipeline.graph_config import parse_graph
+
+    args = parser().parse_args(["--layout", layout])
+    graph = parse_graph(graph_yaml(args))
+    assert list(graph.stage("thinker").devices) == thinker
+    assert list(graph.stage("talker").devices) == audio
+    assert list(graph.stage("code2wav").devices) == audio
+    assert "device" not in graph.stage("thinker").engine_args  # the placement says it
+
+
+def test_the_layouts_asked_for_are_checked_and_reported_apart() -> None:
+    from loadtest.omni_bench import phase_name
+    from loadtest.omni_bench_options import parser
+
+    assert parser().parse_args(["--layouts", "one,split,replicas"]).layouts == [
+        "one",
+        "split",
+        "replicas",
+    ]
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--layouts", "one,three"])
+    assert [phase_name("parley", x) for x in ("one", "split")] == ["parley", "parley_split"]
+    assert phase_name("baseline", "one") == "baseline"
+    report = {
+        "parley": {"c1": {"first_audio_ms": {"p50": 500.0, "p95": 600.0}}},
+        "parley_split": {"c1": {"first_audio_ms": {"p50": 400.0, "p95": 450.0}}},
+    }
+    rows = [line for line in table_lines(report) if "(measured)" in line]
+    assert [row.split()[0] for row in rows] == ["parley", "parley_split"]

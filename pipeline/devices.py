@@ -1,0 +1,78 @@
+"""Whether the devices a graph file places its stages on exist on this host.
+
+A graph file says which GPU each stage (each replica) runs on (`placement.devices`,
+graph_config.py). A device that is not there would otherwise show up minutes later, as a
+worker that fails to load its model and is restarted again and again; so `parley serve`
+checks the graph's devices against the host's before Redis or any model starts, and stops
+with the stage, the field and what the host has (exit status 2).
+
+CUDA devices are counted by torch in a child process, and only when some stage names one
+(the CPU-only cascade never pays for it); where torch or a driver is missing the count is 0.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+
+from .graph_config import GraphConfig, GraphConfigError
+
+COUNT_TIMEOUT_S = 120.0
+_COUNT = "import torch; print(torch.cuda.device_count())"
+
+
+def cuda_device_count() -> int:
+    """How many CUDA devices this host's stage processes will see (CUDA_VISIBLE_DEVICES
+    applies). Asked of torch in a child process: the main process never loads torch (nor
+    a CUDA context) for it. 0 where torch, a driver or a device is missing."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _COUNT],
+            capture_output=True,
+            text=True,
+            timeout=COUNT_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    lines = done.stdout.split()
+    return int(lines[-1]) if done.returncode == 0 and lines and lines[-1].isdigit() else 0
+
+
+def check_devices(
+    config: GraphConfig,
+    source: str,
+    count: Callable[[], int] = cuda_device_count,
+    only: str | None = None,
+) -> None:
+    """Raise GraphConfigError for the first stage placed on a CUDA device this host lacks.
+
+    Remote stages are not checked: their devices are on the host that serves them, which
+    checks its one stage (`only`) when `parley stage` starts there. `count`: the host's CUDA
+    device count, asked once, and only if some stage names a CUDA device."""
+    known: int | None = None
+    for index, stage in enumerate(config.stages):
+        if stage.name != only if only is not None else stage.placement.process == "remote":
+            continue
+        for slot, device in enumerate(stage.devices):
+            if not device.startswith("cuda:"):
+                continue
+            if known is None:
+                known = count()
+            ordinal = int(device.removeprefix("cuda:"))
+            if ordinal >= known:
+                has = f"{known} CUDA device{'s' if known != 1 else ''}"
+                if known:
+                    has += f" (cuda:0 to cuda:{known - 1})"
+                field = (
+                    f"stages.{index}.placement.devices.{slot}"
+                    if "devices" in stage.placement.model_fields_set
+                    else f"stages.{index}.engine_args.device"
+                )
+                raise GraphConfigError(
+                    source,
+                    None,
+                    field,
+                    f"stage {stage.name!r} is placed on {device}; this host has {has}",
+                )
