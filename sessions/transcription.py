@@ -54,11 +54,16 @@ class Heard:
 
 
 async def recognise(
-    pipeline: Pipeline, pcm: npt.NDArray[np.int16], *, judge_turn_end: bool = False
+    pipeline: Pipeline,
+    pcm: npt.NDArray[np.int16],
+    *,
+    judge_turn_end: bool = False,
+    on_words: Callable[[str], Awaitable[None]] | None = None,
 ) -> Heard:
     """The words of `pcm`, from a transcription-only pipeline request (one place for both
     transcribers here and in turn_transcript.py), with the pipeline's verdict on whether they
-    end the turn if `judge_turn_end`. Raises TranscriptionFailed or TimeoutError."""
+    end the turn if `judge_turn_end`; `on_words` is awaited with the words as soon as they
+    come, before the verdict. Raises TranscriptionFailed or TimeoutError."""
     request = PipelineRequest(
         request_id=new_id("tr"),
         audio=pcm,
@@ -74,6 +79,8 @@ async def recognise(
             match chunk:
                 case TextDelta(kind="input_transcript"):
                     parts.append(chunk.text)
+                    if on_words is not None and (words := "".join(parts).strip()):
+                        await on_words(words)
                 case TextDelta(kind="turn_end"):
                     finished = chunk.text == "finished"
                 case ErrorChunk():

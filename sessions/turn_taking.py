@@ -260,7 +260,13 @@ class ServerTurnTaking(TurnTaking):
         self._barge_ins = metrics.barge_ins
         self._idle = IdleTimer(clock, name)
         self.transcript = TurnTranscript(
-            name, pipeline, read_audio, host.emit, heard=self._pause_heard, judge=self._semantic
+            name,
+            pipeline,
+            read_audio,
+            host.emit,
+            heard=self._pause_heard,
+            judge=self._semantic,
+            words=self._pause_words,
         )
         """The words of the turn in progress, recognised at its pauses."""
         self._ahead = PrefetchSlot(metrics.prefetches)
@@ -324,13 +330,16 @@ class ServerTurnTaking(TurnTaking):
         return self.config is not None and self.config.type == "semantic_vad"
 
     async def _pause_heard(self, item_id: str, begin_ms: int, end_ms: int, heard: Heard) -> None:
-        """The words up to a pause are known: semantic_vad judges them (by the pipeline's
-        verdict, or failing one by their last word: turn_end.py), and the answer to them
-        starts now (prefetch.py), kept if the turn ends at this pause."""
+        """The words up to a pause and their verdict are known: semantic_vad judges them (by
+        the pipeline's verdict, or failing one by their last word: turn_end.py)."""
         words = heard.words
         finished = heard.finished if heard.finished is not None else sounds_finished(words)
         if self.detector is not None:
             self.detector.judge_pause(end_ms, finished)
+
+    async def _pause_words(self, item_id: str, begin_ms: int, end_ms: int, words: str) -> None:
+        """The words up to a pause are known (their verdict may be on its way): the answer
+        to them starts now (prefetch.py), kept if the turn ends at this pause."""
         td = self.config
         if (
             td is None

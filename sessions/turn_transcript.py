@@ -47,11 +47,13 @@ class TurnTranscript:
         emit: Callable[[Event], None],
         heard: Callable[[str, int, int, Heard], Awaitable[None]] | None = None,
         judge: Callable[[], bool] = lambda: False,
+        words: Callable[[str, int, int, str], Awaitable[None]] | None = None,
     ) -> None:
         """`heard(item_id, begin_ms, end_ms, heard)`: awaited with the words of each pause as
         soon as they are known (semantic_vad judges them, an answer may start on them);
         `judge()`: whether to ask the pipeline too if the words sound finished."""
         self._judge = judge
+        self._words = words
         self._session_id = session_id
         self._heard = heard
         self._pipeline = pipeline
@@ -142,7 +144,16 @@ class TurnTranscript:
     async def _transcribe(self, item_id: str, begin_ms: int, end_ms: int) -> str | None:
         try:
             pcm = await self._read_audio(begin_ms, end_ms)
-            heard = await recognise(self._pipeline, pcm, judge_turn_end=self._judge())
+            on_words = None
+            if self._words is not None:
+                told = self._words
+
+                async def on_words(words: str) -> None:
+                    await told(item_id, begin_ms, end_ms, words)
+
+            heard = await recognise(
+                self._pipeline, pcm, judge_turn_end=self._judge(), on_words=on_words
+            )
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the turn's end recognises the audio the usual way

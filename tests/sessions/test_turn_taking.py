@@ -121,6 +121,8 @@ class TinyPipeline:
 
     def __init__(self, words: str | None = None, verdict: str | None = None) -> None:
         self.words, self.verdict = words, verdict
+        self.judging: asyncio.Event | None = None
+        """Set: the verdict waits for it (a judge still working when the words are out)."""
 
     async def generate(self, request: PipelineRequest) -> AsyncGenerator[OutputChunk, None]:
         words = self.words
@@ -130,6 +132,8 @@ class TinyPipeline:
         if request.transcribe_only and words is not None:
             yield TextDelta(words, kind="input_transcript")
             if request.judge_turn_end and self.verdict is not None:
+                if self.judging is not None:
+                    await self.judging.wait()
                 yield TextDelta(self.verdict, kind="turn_end")
         yield End()
 
@@ -331,6 +335,30 @@ async def test_semantic_vad_ends_a_turn_by_its_words(
     waited = await r.silence_until_stopped()
     # medium waits 700 ms on silence alone; finished words end the turn sooner
     assert (waited < 700) if sooner else (waited > 700), waited
+
+
+async def test_the_answer_starts_on_the_words_while_their_verdict_is_on_its_way(
+    rigs: list[Rig],
+) -> None:
+    """semantic_vad: the answer begun at a pause does not wait for the judge, so the two run
+    side by side; the turn still ends only on the verdict, and adopts that answer."""
+    vad = {"type": "semantic_vad", "eagerness": "medium"}
+    pipeline = TinyPipeline("what is the capital of france", "finished")
+    pipeline.judging = asyncio.Event()
+    r = Rig(vad, pipeline=pipeline)
+    rigs.append(r)
+    await r.hear(speech("What is the capital of France?"))
+    for _ in range(10):  # past the pause (80 ms): its words are out, the verdict is not
+        await r.hear(silence(20))
+        await asyncio.sleep(0)
+    (ahead,) = r.host.called("request_ahead")
+    assert ahead[2] == "what is the capital of france"
+    assert not r.host.of(SpeechStopped)
+    pipeline.judging.set()
+    waited = await r.silence_until_stopped()
+    assert waited < 700, waited  # finished: sooner than medium's silence window
+    (answered,) = r.host.called("respond")
+    assert answered[0] is not None  # the answer begun on the words, adopted
 
 
 async def test_a_duplex_model_takes_the_turns(rigs: list[Rig]) -> None:
