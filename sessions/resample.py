@@ -50,6 +50,13 @@ MAX_APPEND_BYTES = 1 << 20
 """Largest single push: about 5.5 s of 48 kHz stereo, far more than any sane chunk."""
 
 _FULL_SCALE = 32768.0
+INPUT_QUALITY = "QQ"
+"""soxr's quick (cubic) resampler for input audio. Its high-quality filter works in blocks
+and holds back 13-37 ms of a 20 ms-paced stream (its output comes in bursts of ~490
+samples every other push), so every turn's end and every barge-in reached the turn
+detector that much later. The VAD and Whisper do not need the better filter: Whisper
+base's word errors on the 30 spoken sentences were 8 / 7 / 6 of 202 words after HQ / LQ /
+QQ from 24 kHz, and 7 / 3 / 5 from 48 kHz with hiss at about -40 dBFS."""
 
 
 class InputResampler:
@@ -129,7 +136,9 @@ class InputResampler:
             return None
         # soxr removes its own filter delay, so output sample n is input time n / 16 kHz:
         # timestamps computed from frame counts stay true to the client's audio.
-        return soxr.ResampleStream(self._sample_rate, SAMPLE_RATE, 1, dtype="float32")
+        return soxr.ResampleStream(
+            self._sample_rate, SAMPLE_RATE, 1, dtype="float32", quality=INPUT_QUALITY
+        )
 
     def _downmix(self, samples: npt.NDArray[np.int16]) -> npt.NDArray[np.float32]:
         # PCM16 values as they are, not scaled to [-1, 1): the filter is linear and a power

@@ -97,12 +97,20 @@ class SpeechPause:
 
 
 @dataclass(frozen=True, slots=True)
+class SpeechResumed:
+    """The voice came back after a reported pause: the turn goes on, and work begun on the
+    pause (its recognition, an answer to its words) is moot."""
+
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class SpeechEnd:
     start_ms: int
     end_ms: int
 
 
-TurnSignal = SpeechStart | SpeechConfirmed | SpeechPause | SpeechEnd
+TurnSignal = SpeechStart | SpeechConfirmed | SpeechPause | SpeechResumed | SpeechEnd
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,13 +265,14 @@ class TurnDetector:
         assert self._start_ms is not None
         self._last_speech_end_ms = current.offset_ms + FRAME_MS
         self._tail_frames = 0
+        signals: list[TurnSignal] = [SpeechResumed(current.offset_ms)] if self._paused else []
         self._paused = False
         self._window_ms = None
         lasted_ms = self._last_speech_end_ms - self._start_ms
         if self._confirmed or lasted_ms < self._config.min_speech_ms:
-            return []
+            return signals
         self._confirmed = True
-        return [SpeechConfirmed(self._start_ms, self._last_speech_end_ms)]
+        return [*signals, SpeechConfirmed(self._start_ms, self._last_speech_end_ms)]
 
 
 def _level_dbfs(frame: bytes) -> float:

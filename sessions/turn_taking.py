@@ -61,6 +61,7 @@ from .turn_detection import (
     SpeechConfirmed,
     SpeechEnd,
     SpeechPause,
+    SpeechResumed,
     SpeechStart,
     TurnDetector,
     TurnSignal,
@@ -299,6 +300,11 @@ class ServerTurnTaking(TurnTaking):
                 if state is _S.USER_SPEAKING and speech_id is not None:
                     begin = self._speech_begin_ms(start)
                     await self.transcript.pause(speech_id, begin, end)
+            case SpeechResumed():
+                # the turn goes on: an answer begun on the pause's words would only hold the
+                # CPU that recognising the next pause needs
+                await self.transcript.moot()
+                await self._ahead.drop()
             case SpeechEnd(start_ms=start, end_ms=end):
                 await self._speech_ended(td, start, end)
 

@@ -124,6 +124,11 @@ class TurnTranscript:
         self.kept += text is not None
         return text
 
+    async def moot(self) -> None:
+        """Speech went on after the pause: the recognition begun on it is dropped (the
+        partial transcript sent so far stands)."""
+        await self._drop()
+
     async def forget(self) -> None:
         """The turn was cut short (cleared, committed by hand): nothing of it is kept."""
         self._sent = ""

@@ -17,6 +17,7 @@ from sessions.turn_detection import (
     SpeechConfirmed,
     SpeechEnd,
     SpeechPause,
+    SpeechResumed,
     SpeechStart,
     TurnDetector,
     TurnSignal,
@@ -217,3 +218,7 @@ def test_a_pause_is_reported_once_before_the_end_it_may_be() -> None:
     assert len(pauses) == 2  # after the first phrase, and at the end
     assert pauses[0].end_ms < pauses[1].end_ms == end.end_ms
     assert signals.index(pauses[1]) < signals.index(end)
+    # the voice coming back after the first pause says so, once, where it came back
+    (resumed,) = [s for s in signals if isinstance(s, SpeechResumed)]
+    assert signals.index(pauses[0]) < signals.index(resumed) < signals.index(pauses[1])
+    assert pauses[0].end_ms + 300 - 60 <= resumed.at_ms <= pauses[0].end_ms + 300 + 60

@@ -361,6 +361,27 @@ async def test_the_answer_starts_on_the_words_while_their_verdict_is_on_its_way(
     assert answered[0] is not None  # the answer begun on the words, adopted
 
 
+async def test_speech_going_on_after_a_pause_drops_the_answer_begun_on_it(
+    rigs: list[Rig],
+) -> None:
+    """The answer begun on a pause's words is dropped as soon as the voice comes back, not
+    at the next pause: until then it would take the CPU that recognising that pause needs."""
+    vad = {"type": "semantic_vad", "eagerness": "medium"}
+    r = rig(rigs, vad, words="what is the capital", verdict="unfinished")
+    pcm, edges = utterances_with_gaps(["What is the capital", "France"], gap_ms=300, lead_ms=300)
+    first_end = edges[0][1] * 16
+    await r.hear(pcm[: first_end + 200 * 16])  # the first phrase and 200 ms of its pause
+    async with asyncio.timeout(5):
+        while not r.host.called("request_ahead"):  # the answer begun on its words
+            await asyncio.sleep(0.01)
+    outcomes = r.tt._ahead._outcomes  # type: ignore[attr-defined]
+    discarded = outcomes.labels("discarded")._value.get()
+    second_start = edges[1][0] * 16
+    await r.hear(pcm[first_end + 200 * 16 : second_start + 100 * 16])  # the voice is back
+    assert outcomes.labels("discarded")._value.get() == discarded + 1
+    assert len(r.host.called("request_ahead")) == 1  # no new pause yet
+
+
 async def test_a_duplex_model_takes_the_turns(rigs: list[Rig]) -> None:
     """The model decides: speech only becomes items; nothing is answered or interrupted."""
     r = rig(rigs, {"type": "server_vad"}, duplex=True)

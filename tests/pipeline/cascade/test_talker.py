@@ -91,3 +91,29 @@ def test_the_first_clause_is_cut_early_to_start_speaking_sooner() -> None:
     assert splitter.flush() == "And that is all"
     splitter = ClauseSplitter()
     assert splitter.feed("Sure, ") == ["Sure,"]  # any comma ends the first clause
+
+
+def test_a_first_clause_ending_on_a_word_no_token_continues_goes_at_once() -> None:
+    """ "of" is whole as it arrives: no need to wait for " France" to begin. A number or a
+    content word may go on in the next token ("7" -> "70", "photos" -> "photosynthesis"),
+    so those wait for it as before."""
+    tokens = ["The", " capital", " of", " France", " is", " Paris", "."]
+    splitter = ClauseSplitter()
+    assert [splitter.feed(t) for t in tokens[:3]] == [[], [], ["The capital of"]]
+    assert [splitter.feed(t) for t in tokens[3:]] == [[], [], [], []]
+    assert splitter.flush() == "France is Paris."
+    splitter = ClauseSplitter()
+    assert [splitter.feed(t) for t in ["There", " are", " 7", " days"]] == [
+        [],
+        [],
+        [],
+        ["There are 7"],
+    ]
+    splitter = ClauseSplitter()
+    assert [splitter.feed(t) for t in ["Plants", " use", " photos", "ynthesis", " to"]] == [
+        [],
+        [],
+        [],
+        [],
+        ["Plants use photosynthesis"],
+    ]
