@@ -7,9 +7,6 @@ their own. `WhereAmI` answers with its device, its process and the sessions it k
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
-
 import numpy as np
 import pytest
 
@@ -20,6 +17,7 @@ from pipeline.replicas import ReplicaChooser, StageReplicas
 from pipeline.types import End, PipelineRequest, TextDelta
 from pipeline.worker import WorkerEngine
 from tests.fakes.stage_engines import WhereAmI
+from tests.pipeline.test_worker import started
 
 
 def test_sessions_spread_evenly_and_stay_on_their_replica() -> None:
@@ -90,17 +88,6 @@ stages:
     placement: {{process: {process}, devices: ["cuda:0", "cuda:1"]}}
 outputs: [where]
 """
-
-
-@contextlib.asynccontextmanager
-async def started(text: str) -> AsyncIterator[StageGraph]:
-    config = parse_graph(text)
-    graph = StageGraph(config, build_engines(config))
-    await graph.start()
-    try:
-        yield graph
-    finally:
-        await graph.close()
 
 
 async def ask(graph: StageGraph, session: str, rid: str) -> tuple[str, str, set[str]]:
