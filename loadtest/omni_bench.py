@@ -286,7 +286,7 @@ async def parley_phase(
     path = Path(tempfile.mkdtemp(prefix="omni-bench-")) / "omni_bench.yaml"
     path.write_text(graph_yaml(args))
     result: dict[str, Any] = {}
-    with GpuMemoryPoller(args.device) as memory:
+    with GpuMemoryPoller(phase_devices(args, args.layout)) as memory:
         built = time.perf_counter()
         graph = load_pipeline(str(path))
         assert isinstance(graph, StageGraph)
@@ -423,7 +423,14 @@ def baseline_phase(args: argparse.Namespace) -> dict[str, Any]:
 # --- the driver ----------------------------------------------------------------------------
 
 
-def run_phase_in_child(phase: str, argv: list[str], args: argparse.Namespace) -> dict[str, Any]:
+def phase_devices(args: argparse.Namespace, layout: str) -> list[str]:
+    """The GPUs a phase runs on: both for the split and replica layouts' parley phase."""
+    return [args.device] if layout == "one" else [args.device, args.second_device]
+
+
+def run_phase_in_child(
+    phase: str, argv: list[str], args: argparse.Namespace, layout: str = "one"
+) -> dict[str, Any]:
     """One phase in a fresh process (its GPU memory is all free again when it exits).
 
     The child writes its results after each level; at the time limit it is asked to stop
@@ -434,7 +441,7 @@ def run_phase_in_child(phase: str, argv: list[str], args: argparse.Namespace) ->
     if args.deadline_epoch is not None:
         command += ["--deadline-epoch", str(args.deadline_epoch)]
     stopped = None
-    with GpuMemoryPoller(args.device) as memory, subprocess.Popen(command) as child:
+    with GpuMemoryPoller(phase_devices(args, layout)) as memory, subprocess.Popen(command) as child:
         while child.poll() is None:
             if args.deadline_epoch is not None and time.time() > args.deadline_epoch:
                 stopped = "stopped at the time limit"
@@ -518,7 +525,7 @@ def main(argv: list[str] | None = None) -> None:
         if out_of_time(args):
             report[name] = {"error": "not started: time limit"}
             continue
-        report[name] = run_phase_in_child(phase, [*child_argv, "--layout", layout], args)
+        report[name] = run_phase_in_child(phase, [*child_argv, "--layout", layout], args, layout)
         report[name]["phase_s"] = time.perf_counter() - started
         if layout != "one":
             report[name]["graph"] = graph_yaml(

@@ -5,7 +5,8 @@ in the benchmark's own process sees none of them. nvidia-smi's `memory.used` is 
 device's (every process on it, allocator caches included): the figure that decides whether a
 configuration fits. Samples are kept with their time, so one poller gives the peak of the whole
 phase and of each window inside it (one concurrency level). Without nvidia-smi (a CPU run)
-every peak is None.
+every peak is None. A phase on several GPUs (the split and replica layouts) is sampled on
+each of them at once, and a sample is their sum: the memory the phase holds in all.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from types import TracebackType
 
 
@@ -25,25 +27,32 @@ def device_index(device: str) -> int | None:
     return int(index) if index else 0
 
 
-def gpu_memory_gib(index: int = 0) -> float | None:
-    """memory.used of GPU `index` now, in GiB (None without nvidia-smi or that GPU)."""
-    if shutil.which("nvidia-smi") is None:
+def gpu_memory_gib(index: int | Sequence[int] = 0) -> float | None:
+    """memory.used of GPU `index` now (of several: their sum), in GiB (None without
+    nvidia-smi or any of those GPUs)."""
+    indices = [index] if isinstance(index, int) else list(index)
+    if shutil.which("nvidia-smi") is None or not indices:
         return None
     command = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]
+    ids = ",".join(str(i) for i in indices)
     try:
         out = subprocess.run(
-            [*command, f"--id={index}"], capture_output=True, text=True, timeout=20
+            [*command, f"--id={ids}"], capture_output=True, text=True, timeout=20
         ).stdout
-        return float(out.split()[0]) / 1024
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        values = [float(v) for v in out.split()]
+    except (OSError, subprocess.SubprocessError, ValueError):
         return None
+    return sum(values) / 1024 if len(values) == len(indices) else None
 
 
 class GpuMemoryPoller:
     """Samples memory.used every `interval_s` until closed; `peak()` over any time window."""
 
-    def __init__(self, device: str, interval_s: float = 0.5) -> None:
-        self.index = device_index(device)
+    def __init__(self, device: str | Sequence[str], interval_s: float = 0.5) -> None:
+        devices = [device] if isinstance(device, str) else list(device)
+        found = {i for d in devices if (i := device_index(d)) is not None}
+        self.indices = sorted(found)
+        self.index = self.indices[0] if self.indices else None
         self.interval_s = interval_s
         self._samples: list[tuple[float, float]] = []
         self._lock = threading.Lock()
@@ -54,9 +63,8 @@ class GpuMemoryPoller:
             self._thread.start()
 
     def _run(self) -> None:
-        assert self.index is not None
         while not self._stop.is_set():
-            used = gpu_memory_gib(self.index)
+            used = gpu_memory_gib(self.indices)
             if used is not None:
                 with self._lock:
                     self._samples.append((time.perf_counter(), used))

@@ -4,8 +4,10 @@ the H200 run needs, the table labels the published anchors, and split runs merge
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -156,3 +158,33 @@ def test_the_layouts_asked_for_are_checked_and_reported_apart() -> None:
     }
     rows = [line for line in table_lines(report) if "(measured)" in line]
     assert [row.split()[0] for row in rows] == ["parley", "parley_split"]
+
+
+def test_a_phase_on_two_gpus_counts_the_memory_of_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No GPU here: a stand-in `nvidia-smi` on PATH answers as the real one does, a line of
+    MiB per GPU asked for with --id."""
+    from loadtest.omni_bench import phase_devices
+    from loadtest.omni_bench_gpu import GpuMemoryPoller, gpu_memory_gib
+    from loadtest.omni_bench_options import parser
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do case "$a" in --id=*) ids="${a#--id=}";; esac; done\n'
+        'for i in $(echo "$ids" | tr , " "); do echo $(( (i + 1) * 1024 )); done\n'
+    )
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert gpu_memory_gib(1) == 2.0
+    assert gpu_memory_gib([0, 1]) == 3.0
+    args = parser().parse_args([])
+    assert phase_devices(args, "one") == ["cuda:0"]
+    assert phase_devices(args, "replicas") == ["cuda:0", "cuda:1"]
+    with GpuMemoryPoller(["cuda:0", "cuda:1", "cpu"], interval_s=0.01) as memory:
+        assert memory.indices == [0, 1]
+        deadline = time.monotonic() + 10
+        while memory.peak() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert memory.peak() == 3.0
