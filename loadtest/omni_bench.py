@@ -190,7 +190,7 @@ def graph_yaml(args: argparse.Namespace) -> str:
     prefill_batch = args.prefill_batch or batch
     rows = f"decode_rows: {args.decode_rows}, max_context: {args.max_context}"
     inner = "main" if args.placement == "subgraph" else args.placement
-    thinker_on, audio_on = layout_devices(args)
+    thinker_on, audio_on = (json.dumps(on) for on in layout_devices(args, args.layout))
     stages = f"""\
   - name: thinker
     engine: qwen3_omni.thinker
@@ -240,15 +240,21 @@ outputs: [omni]
 """
 
 
-def layout_devices(args: argparse.Namespace) -> tuple[str, str]:
-    """The Thinker's devices and the Talker's and Code2Wav's, as graph-file lists, for
-    `--layout` (LAYOUTS in omni_bench_options.py)."""
+def layout_devices(args: argparse.Namespace, layout: str) -> tuple[list[str], list[str]]:
+    """The Thinker's devices and the Talker's and Code2Wav's in `layout` (LAYOUTS in
+    omni_bench_options.py)."""
     first, second = args.device, args.second_device
-    if args.layout == "split":
-        return json.dumps([first]), json.dumps([second])
-    if args.layout == "replicas":
-        return json.dumps([first, second]), json.dumps([second])
-    return json.dumps([first]), json.dumps([first])
+    if layout == "split":
+        return [first], [second]
+    if layout == "replicas":
+        return [first, second], [second]
+    return [first], [first]
+
+
+def phase_devices(args: argparse.Namespace, layout: str) -> list[str]:
+    """Every device a phase in `layout` runs on, each once."""
+    thinker, audio = layout_devices(args, layout)
+    return list(dict.fromkeys([*thinker, *audio]))
 
 
 def phase_name(phase: str, layout: str) -> str:
@@ -421,11 +427,6 @@ def baseline_phase(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # --- the driver ----------------------------------------------------------------------------
-
-
-def phase_devices(args: argparse.Namespace, layout: str) -> list[str]:
-    """The GPUs a phase runs on: both for the split and replica layouts' parley phase."""
-    return [args.device] if layout == "one" else [args.device, args.second_device]
 
 
 def run_phase_in_child(

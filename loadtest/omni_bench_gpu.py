@@ -52,13 +52,12 @@ class GpuMemoryPoller:
         devices = [device] if isinstance(device, str) else list(device)
         found = {i for d in devices if (i := device_index(d)) is not None}
         self.indices = sorted(found)
-        self.index = self.indices[0] if self.indices else None
         self.interval_s = interval_s
         self._samples: list[tuple[float, float]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        if self.index is not None and shutil.which("nvidia-smi") is not None:
+        if self.indices and shutil.which("nvidia-smi") is not None:
             self._thread = threading.Thread(target=self._run, name="gpu-memory", daemon=True)
             self._thread.start()
 

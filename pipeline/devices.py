@@ -53,7 +53,8 @@ def check_devices(
     device count, asked once, and only if some stage names a CUDA device."""
     known: int | None = None
     for index, stage in enumerate(config.stages):
-        if stage.name != only if only is not None else stage.placement.process == "remote":
+        checked_here = stage.placement.process != "remote" if only is None else stage.name == only
+        if not checked_here:
             continue
         for slot, device in enumerate(stage.devices):
             if not device.startswith("cuda:"):
@@ -65,11 +66,9 @@ def check_devices(
                 has = f"{known} CUDA device{'s' if known != 1 else ''}"
                 if known:
                     has += f" (cuda:0 to cuda:{known - 1})"
-                field = (
-                    f"stages.{index}.placement.devices.{slot}"
-                    if "devices" in stage.placement.model_fields_set
-                    else f"stages.{index}.engine_args.device"
-                )
+                field = f"stages.{index}.{stage.devices_field}"
+                if stage.devices_field == "placement.devices":
+                    field += f".{slot}"
                 raise GraphConfigError(
                     source,
                     None,

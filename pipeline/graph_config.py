@@ -117,13 +117,21 @@ class StageConfig(_Model):
         return self
 
     @property
+    def devices_field(self) -> str:
+        """Where the file names the stage's devices: `placement.devices`, or the engine's
+        own `engine_args.device` (the older way), whichever `devices` reads."""
+        if "devices" in self.placement.model_fields_set:
+            return "placement.devices"
+        return "engine_args.device" if "device" in self.engine_args else "placement.devices"
+
+    @property
     def devices(self) -> tuple[str, ...]:
         """The devices of the stage's replicas: `placement.devices` where the file names
         them, else the engine's own `device` argument, else the CPU."""
-        if "devices" in self.placement.model_fields_set:
-            return self.placement.devices
         given = self.engine_args.get("device")
-        return (given,) if isinstance(given, str) else self.placement.devices
+        if self.devices_field == "engine_args.device" and isinstance(given, str):
+            return (given,)
+        return self.placement.devices
 
     def replica_args(self, device: str) -> dict[str, Any]:
         """The engine arguments of the replica on `device`: a CUDA device is given to the

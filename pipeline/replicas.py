@@ -103,8 +103,7 @@ class StageReplicas(EntryEngine, StreamEngine):
         self.devices = list(devices)
         self.chooser = ReplicaChooser(len(replicas))
         self._serving: dict[str, int] = {}
-        """Request id -> the replica serving it."""
-        self._busy = [0] * len(replicas)
+        """Request id -> the replica serving it (placed, not yet begun included)."""
         self._closed = False
 
     async def start(self) -> None:
@@ -129,7 +128,7 @@ class StageReplicas(EntryEngine, StreamEngine):
 
     def requests_on(self, replica: int) -> int:
         """Requests in flight on one replica (as routed here)."""
-        return self._busy[replica]
+        return sum(1 for placed in self._serving.values() if placed == replica)
 
     def _down(self) -> list[int]:
         return [i for i, r in enumerate(self.replicas) if r.stalled(_DOWN_BOUND_S) is not None]
@@ -137,7 +136,8 @@ class StageReplicas(EntryEngine, StreamEngine):
     def _place(self, request_id: str, session_id: str) -> int:
         if request_id in self._serving:
             raise ValueError(f"request {request_id!r} is already in flight on stage {self.name}")
-        replica, left = self.chooser.choose(session_id, self._busy, self._down())
+        busy = [self.requests_on(r) for r in range(len(self.replicas))]
+        replica, left = self.chooser.choose(session_id, busy, self._down())
         if left is not None:
             log.warning(
                 "stage %s: session %s moves from %s (down) to %s; its kept state there is lost",
@@ -147,7 +147,6 @@ class StageReplicas(EntryEngine, StreamEngine):
                 self.devices[replica],
             )
         self._serving[request_id] = replica
-        self._busy[replica] += 1
         return replica
 
     async def generate(
@@ -166,7 +165,6 @@ class StageReplicas(EntryEngine, StreamEngine):
                 await stream.aclose()
         finally:
             del self._serving[request_id]
-            self._busy[replica] -= 1
 
     async def abort(self, request_id: str) -> None:
         replica = self._serving.get(request_id)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from functools import partial
 
 import numpy as np
 import numpy.typing as npt
@@ -49,9 +50,11 @@ class TurnTranscript:
         judge: Callable[[], bool] = lambda: False,
         words: Callable[[str, int, int, str], Awaitable[None]] | None = None,
     ) -> None:
-        """`heard(item_id, begin_ms, end_ms, heard)`: awaited with the words of each pause as
-        soon as they are known (semantic_vad judges them, an answer may start on them);
-        `judge()`: whether to ask the pipeline too if the words sound finished."""
+        """`heard(item_id, begin_ms, end_ms, heard)`: awaited with the words of each pause and
+        their verdict (semantic_vad judges them); `words(item_id, begin_ms, end_ms, words)`:
+        awaited with the words alone as soon as they come, before any verdict (an answer may
+        start on them); `judge()`: whether to ask the pipeline too if the words sound
+        finished."""
         self._judge = judge
         self._words = words
         self._session_id = session_id
@@ -149,13 +152,9 @@ class TurnTranscript:
     async def _transcribe(self, item_id: str, begin_ms: int, end_ms: int) -> str | None:
         try:
             pcm = await self._read_audio(begin_ms, end_ms)
-            on_words = None
-            if self._words is not None:
-                told = self._words
-
-                async def on_words(words: str) -> None:
-                    await told(item_id, begin_ms, end_ms, words)
-
+            on_words = (
+                None if self._words is None else partial(self._words, item_id, begin_ms, end_ms)
+            )
             heard = await recognise(
                 self._pipeline, pcm, judge_turn_end=self._judge(), on_words=on_words
             )
