@@ -10,7 +10,8 @@ With `--sip-api live` a SIP call rings while a GPT-Live app decides (its signed
   id; its control plane is a sideband (`/v1/live/sessions/{id}/attach`).
 - `reject` `{"status_code": 300-699}` (required): the caller gets that final status.
 - `refer` `{"target_uri": "sip:...|sips:...|tel:..."}`: a ringing call is redirected
-  there (a 302 whose Contact is the target), as the Realtime flow's refer does.
+  there (a 302 whose Contact is the target), an answered one transferred (a REFER in its
+  dialog: sip_transfer.py), as the Realtime flow's refer does.
 - `hangup`: an answered call ends with a BYE (`session.closed` says `close_requested`);
   a ringing one is declined (603). A live session of this process on another transport (a
   GPT-Live WebSocket or WebRTC call) ends too, as its own `session.close` would end it.
@@ -18,7 +19,7 @@ With `--sip-api live` a SIP call rings while a GPT-Live app decides (its signed
 They need the API key (an ephemeral secret is refused: 401) and answer 200 with no body;
 errors are OpenAI's shape (`message`, `type`, `param`, `code`): 404 for a session id that
 is neither ringing nor live here, 409 for a decision on a call already answered (a second
-accept, a reject or refer after the accept), 400 for a body OpenAI would refuse (naming
+accept, a reject after the accept), 400 for a body OpenAI would refuse (naming
 the field; the call keeps ringing, so the app can still decide).
 """
 
@@ -40,6 +41,7 @@ from realtime.sip.pending_calls import Accept, Decision, PendingCalls, Refer, Re
 from sessions import SessionConfig
 
 from .services import Services, services_of
+from .sip_transfer import transfer
 
 log = logging.getLogger("parley.web.live_sip")
 
@@ -171,6 +173,10 @@ async def _decide(request: Request, fields: frozenset[str], kind: str) -> Respon
         else:
             decision = _refer(body)
         if not pending.resolve(session_id, decision):
+            if isinstance(decision, Refer) and _answered(calls, session_id):
+                transferred = await transfer(calls, session_id, decision.target_uri)
+                if transferred is not None:
+                    return transferred
             if _answered(calls, session_id):
                 message = f"session {session_id} has been accepted already (no {kind} now)"
                 raise Refused(409, "session_already_accepted", message, "session_id")

@@ -9,9 +9,10 @@ answer and a `Location` for the call; `POST /v1/realtime/calls/{call_id}/hangup`
 OpenAI's SIP flow: a SIP call waiting for the app (its `realtime.call.incoming` webhook has
 gone out) is decided by `POST /v1/realtime/calls/{call_id}/accept` (the body is a session
 object, as `session.update` takes it, with `type: "realtime"`), `/reject` (`{status_code}`,
-300-699, 603 if left out) or `/refer` (`{target_uri}`: sip:, sips: or tel:). These need the
-API key (not an ephemeral secret), answer 200 with no body, 404 for a call that is not
-waiting, and 400 with an OpenAI-shaped error (`message`, `type`, `param`, `code`) for a body
+300-699, 603 if left out) or `/refer` (`{target_uri}`: sip:, sips: or tel:; a ringing call
+is redirected, an answered one transferred with a REFER: sip_transfer.py). These need the
+API key (not an ephemeral secret), answer 200 with no body, 404 for a call that is neither
+waiting nor up, and 400 with an OpenAI-shaped error (`message`, `type`, `param`, `code`) for a body
 OpenAI would refuse.
 
 Re-attaching a call whose peer connection dropped (a phone that moved from Wi-Fi to mobile
@@ -71,6 +72,7 @@ from .live_webrtc import create_live_session
 from .live_ws import live_attach, live_sessions
 from .realtime_ws import openai_realtime
 from .services import services_of
+from .sip_transfer import transfer
 from .twilio_ws import twilio_media
 from .video_ws import video_chat_stream
 
@@ -411,6 +413,11 @@ async def _decide(
         return openai_error(400, exc)
     pending = pending_calls_of(request)
     if pending is None or not pending.resolve(call_id, decision):
+        running = services.running
+        if isinstance(decision, Refer) and running is not None and running.sip is not None:
+            transferred = await transfer(running.sip, call_id, decision.target_uri)
+            if transferred is not None:
+                return transferred
         message = f"no call {call_id} is waiting for a decision"
         return openai_error(404, InvalidDecision("call_id_not_found", message, "call_id"))
     log.info("call %s: %s by the app", call_id, describe(decision))

@@ -3,10 +3,11 @@
 
 The pieces live in `realtime/sip/`: `SipServer` (signalling) drives `SipMediaCalls` (SDP, RTP
 and a session per call) through the `CallHandler` seam, and the media side ends a call from
-its end through the server's `hangup`. With a webhook, every usable INVITE first goes to the
-app as a signed `realtime.call.incoming` (`WebhookCallGate`), and the routes of
-`/v1/realtime/calls/{call_id}/accept|reject|refer` resolve it through the `PendingCalls`
-kept in the app's state. With `--sip-api live` the webhook is GPT-Live's
+its end through the server's `hangup` and transfers one through its `refer`. With a webhook,
+every usable INVITE first goes to the app as a signed `realtime.call.incoming`
+(`WebhookCallGate`), and the routes of `/v1/realtime/calls/{call_id}/accept|reject|refer`
+resolve it through the `PendingCalls` kept in the app's state; a refer of an answered call
+is a REFER in its dialog. With `--sip-api live` the webhook is GPT-Live's
 `live.transport.incoming` and the routes `/v1/live/sessions/{session_id}/accept|...`
 (live_sip_routes.py); an accepted call is then a GPT-Live session in `live_sessions`, for
 Live sidebands to attach to.
@@ -76,6 +77,9 @@ async def sip_service(
         if server is not None:
             await server.hangup(call_id)
 
+    async def transfer(call_id: str, target_uri: str) -> int:
+        return 481 if server is None else await server.refer(call_id, target_uri)
+
     sender = pending = gate = None
     if settings.sip_webhook:
         sender = WebhookSender(settings.sip_webhook, settings.sip_webhook_secret)
@@ -88,6 +92,7 @@ async def sip_service(
         gate=gate,
         advertise=outward_address(settings.host),
         live_sessions=live_sessions,
+        transfer=transfer,
     )
     server = SipServer(
         calls,

@@ -1,5 +1,5 @@
 """One call's dialog on the UAS side (RFC 3261 §12-13): its identifiers, state, and the
-requests we send in it (BYE), plus the §18.2 routing of responses by the top Via.
+requests we send in it (BYE, REFER), plus the §18.2 routing of responses by the top Via.
 
 Requests we send go to where the caller's INVITE came from (symmetric, like rport): behind a
 NAT the Contact's address is private and unreachable, the INVITE's source is not.
@@ -87,6 +87,10 @@ class Call:
     local_cseq: int = 0
     reinvite: ServerTransaction | None = None
     ended: bool = False
+    transferring: bool = False
+    """A REFER of ours is under way: the caller's NOTIFYs (event `refer`) report on it."""
+    settled: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the call is confirmed (its ACK came) or over."""
 
     @property
     def remote_tag(self) -> str:
@@ -134,6 +138,17 @@ class Call:
 
     def bye(self, via_host: str, via_port: int) -> tuple[str, bytes]:
         """A BYE in this dialog: its branch and bytes."""
+        return self.request("BYE", via_host, via_port)
+
+    def request(
+        self,
+        method: str,
+        via_host: str,
+        via_port: int,
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> tuple[str, bytes]:
+        """A request of ours in this dialog (BYE, REFER), with `headers` after the dialog's
+        own: its branch and bytes. Sent to the caller's Contact through its Record-Route."""
         self.local_cseq += 1
         contact = self.invite.get("Contact") or self.invite.header("From")
         if "<" in contact:
@@ -145,12 +160,13 @@ class Call:
         to = self.invite.header("To")
         if header_param(to, "tag") is None:
             to = f"{to};tag={self.local_tag}"
-        headers = [
+        dialog = [
             ("Via", f"SIP/2.0/{self.peer.protocol} {via_host}:{via_port};branch={branch};rport"),
             ("Max-Forwards", "70"),
             ("From", to),
             ("To", self.invite.header("From")),
             ("Call-ID", self.call_id),
-            ("CSeq", f"{self.local_cseq} BYE"),
+            ("CSeq", f"{self.local_cseq} {method}"),
         ] + [("Route", route) for route in routes]
-        return branch, Message(method="BYE", uri=target, headers=headers).serialise()
+        message = Message(method=method, uri=target, headers=dialog + list(headers))
+        return branch, message.serialise()

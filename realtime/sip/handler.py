@@ -47,6 +47,10 @@ class Rejection:
 Hangup = Callable[[str], Awaitable[None]]
 """Given to the handler: ends the call `call_id` from Parley's side (a BYE)."""
 
+Transfer = Callable[[str, str], Awaitable[int]]
+"""Given to the handler: asks the caller's side of the answered call `call_id` to call
+`target_uri` instead (a REFER); returns the REFER's final SIP status (SipServer.refer)."""
+
 
 class CallHandler(Protocol):
     async def invite(self, call: IncomingCall) -> Answer | Rejection:

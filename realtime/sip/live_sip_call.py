@@ -8,8 +8,9 @@ sidebands attached to it (`/v1/live/sessions/{id}/attach`), the call's only cont
 there is no message channel of the call's own, so the protocol's messages go to them alone.
 
 A sideband's `session.close` hangs up (a BYE, `close_requested`), as does the API's hangup;
-the caller's BYE ends the session with `remote_hangup`. Mute replaces the caller's audio by
-silence, so the session's timeline goes on and nothing is heard. The task that speaks
+the caller's BYE ends the session with `remote_hangup`, and a transfer the app asked for
+(its refer) with `close_requested` once the target has answered. Mute replaces the caller's
+audio by silence, so the session's timeline goes on and nothing is heard. The task that speaks
 commentary when it may lives as long as the call (`watch`).
 """
 
@@ -22,13 +23,16 @@ from sessions import Session
 from sessions.events import Event, SessionClosed
 
 from ..live.live_config import LiveSessionConfig
-from ..live.live_protocol import REMOTE_HANGUP, LiveProtocol
+from ..live.live_protocol import CLOSE_REQUESTED, REMOTE_HANGUP, LiveProtocol
 from .media_call import SipMediaCall
 from .media_calls import SIP_ENDED
 from .sdp_audio import Negotiated
 
 SIP_BYE = f"{SIP_ENDED}bye"
 """The close reason of a call the caller hung up (a BYE, as the UAS names it)."""
+SIP_TRANSFERRED = f"{SIP_ENDED}transferred"
+"""The close reason of a call the app transferred (its refer), once the target answered."""
+CLOSED_AS = {SIP_BYE: REMOTE_HANGUP, SIP_TRANSFERRED: CLOSE_REQUESTED}
 
 
 class LiveSipCall(SipMediaCall):
@@ -54,8 +58,8 @@ class LiveSipCall(SipMediaCall):
     # --- OutputSink ----------------------------------------------------------------------
 
     def event(self, event: Event) -> None:
-        if isinstance(event, SessionClosed) and event.reason == SIP_BYE:
-            event = dataclasses.replace(event, reason=REMOTE_HANGUP)
+        if isinstance(event, SessionClosed) and event.reason in CLOSED_AS:
+            event = dataclasses.replace(event, reason=CLOSED_AS[event.reason])
         for message, _after_audio in self.protocol.messages(event):
             self.protocol.forward(message)  # no audio goes to a sideband: nothing to wait for
         self.protocol.observe(event)

@@ -13,7 +13,8 @@ With a gate (OpenAI's SIP flow, `--sip-webhook`: realtime/sip/call_gate.py) a ca
 usable offer waits for the app's decision before it is answered: Accept answers it with
 the app's session configuration, and the call is then also found by the app's call id
 (`get`, `hangup`); Reject is its final status; Refer redirects the unanswered call (a 302
-whose Contact is the target). An Accept from a GPT-Live app (`decision.live`) answers the
+whose Contact is the target), and `refer` transfers an answered one (a REFER in its dialog:
+transfer.py). An Accept from a GPT-Live app (`decision.live`) answers the
 call as a GPT-Live session (live_sip_call.py) whose id is the app's session id, known to
 `live_sessions` while it lasts so that Live sidebands attach to it.
 """
@@ -31,7 +32,7 @@ from sessions import SessionConfig, SessionLimitError, SessionManager
 from sessions.events import new_id
 
 from ..live.live_accept import seed_history
-from .handler import Answer, Hangup, IncomingCall, Rejection
+from .handler import Answer, Hangup, IncomingCall, Rejection, Transfer
 from .pending_calls import Decision, Refer, Reject
 from .sdp_audio import Negotiated, SdpError, build_answer, negotiate, parse_offer
 
@@ -47,6 +48,24 @@ SIP_ENDED = "sip:"
 
 class SipCallNotFound(LookupError):
     pass
+
+
+class TransferRefused(RuntimeError):
+    """The REFER of an answered call did not get a 2xx: `status` is its final SIP status."""
+
+    def __init__(self, call_id: str, target_uri: str, status: int) -> None:
+        if status == 408:
+            why = "the caller's side did not answer the transfer request (SIP 408)"
+        elif status == 491:
+            why = "a transfer of this call is already under way"
+        elif status == 481:
+            why = "the call is not up (not answered yet, or already over)"
+        elif status == 501:
+            why = "Parley's SIP side cannot transfer calls here"
+        else:
+            why = f"the caller's side refused the transfer (SIP {status})"
+        super().__init__(f"call {call_id} was not transferred to {target_uri}: {why}")
+        self.status = status
 
 
 class CallGate(Protocol):
@@ -68,14 +87,17 @@ class SipMediaCalls:
         gate: CallGate | None = None,
         advertise: str | None = None,
         live_sessions: LiveSessions | None = None,
+        transfer: Transfer | None = None,
     ) -> None:
         """`host`: where RTP sockets are bound; `advertise`: the address the SDP answers
-        give for them (None: `host`; needed when `host` is a wildcard such as 0.0.0.0)."""
+        give for them (None: `host`; needed when `host` is a wildcard such as 0.0.0.0);
+        `transfer`: the signalling side's REFER (None: answered calls cannot be referred)."""
         self.manager = manager
         self.advertise = advertise
         self.gate = gate
         self.live_sessions = live_sessions
         self._send_bye = hangup
+        self._send_refer = transfer
         self.host = host
         self.config = config
         self.playout_ms = playout_ms
@@ -113,6 +135,18 @@ class SipMediaCalls:
         owner = self._owners.get(call.call_id)
         if owner is not None:
             await asyncio.wait({owner})
+
+    async def refer(self, call_id: str, target_uri: str) -> None:
+        """Transfer the answered call `call_id` (the SIP Call-ID or the app's id) to
+        `target_uri`; returns once the caller's side has taken the transfer on. The call ends
+        when the target answers; until then, or if that fails, it goes on as it was. Raises
+        SipCallNotFound, or TransferRefused with the REFER's status."""
+        call = self.get(call_id)
+        status = (
+            501 if self._send_refer is None else await self._send_refer(call.call_id, target_uri)
+        )
+        if not 200 <= status < 300:
+            raise TransferRefused(call_id, target_uri, status)
 
     # --- CallHandler ---------------------------------------------------------------------
 

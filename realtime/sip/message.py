@@ -3,8 +3,8 @@
 Strict because the SIP port faces the internet: every limit is checked before anything is
 stored, and a malformed message raises `MalformedMessage` carrying whatever headers were read,
 so the server can still address a 400 when a Via made it through. Header names are kept in
-their canonical long form (compact forms i/f/t/v/m/l/c/k expanded); a comma-separated Via is
-split into one entry per hop, as §7.3.1 allows.
+their canonical long form (compact forms such as i/f/t/v/m/l/c/k/o expanded); a
+comma-separated Via is split into one entry per hop, as §7.3.1 allows.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ COMPACT = {
     "k": "Supported",
     "s": "Subject",
     "e": "Content-Encoding",
+    "o": "Event",
+    "r": "Refer-To",
+    "b": "Referred-By",
 }
 CANONICAL = {
     name.lower(): name
@@ -59,6 +62,10 @@ CANONICAL = {
         "Expires",
         "Reason",
         "Warning",
+        "Event",
+        "Subscription-State",
+        "Refer-To",
+        "Referred-By",
     ]
 }
 MANDATORY = ("Via", "From", "To", "Call-ID", "CSeq", "Max-Forwards")

@@ -24,11 +24,12 @@ from .digest import DigestAuth
 from .handler import Answer, CallHandler, IncomingCall, Rejection
 from .message import MalformedMessage, Message, header_param, parse, reply
 from .transactions import ServerTransaction, TransactionTable, server_key
+from .transfer import is_refer_notify, refer_headers, reported_status, subscription_over
 from .transport import Peer, SipTransport
 
 log = logging.getLogger(__name__)
 
-ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS"
+ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, NOTIFY"
 SERVER = "Parley"
 REASONS = {
     100: "Trying",
@@ -44,6 +45,7 @@ REASONS = {
     483: "Too Many Hops",
     486: "Busy Here",
     487: "Request Terminated",
+    489: "Bad Event",
     491: "Request Pending",
     500: "Server Internal Error",
     503: "Service Unavailable",
@@ -198,6 +200,8 @@ class SipServer:
             self._bye(transaction)
         elif method == "CANCEL":
             self._cancel(transaction)
+        elif method == "NOTIFY":
+            self._notify(transaction)
         else:
             self._respond(transaction, 405, headers=(("Allow", ALLOW),))
 
@@ -362,6 +366,7 @@ class SipServer:
         call.stop_ok()
         if call.state is CallState.ANSWERED:
             call.state = CallState.CONFIRMED
+            call.settled.set()
             self._spawn(self.handler.confirmed(call.call_id))
 
     def _bye(self, transaction: ServerTransaction) -> None:
@@ -392,6 +397,59 @@ class SipServer:
         if call.state is CallState.INVITING:
             self._end(call, "cancel")
 
+    def _notify(self, transaction: ServerTransaction) -> None:
+        """The caller's report on a transfer we asked for (transfer.py): once the target
+        has answered, Parley leaves the call; a failed transfer leaves the call as it was."""
+        request = transaction.request
+        call = self.calls.get(request.header("Call-ID"))
+        if call is None or call.ended or not call.matches(request):
+            self._respond(transaction, 481)
+            return
+        if not is_refer_notify(request):
+            self._respond(transaction, 489, headers=(("Allow-Events", "refer"),))
+            return
+        if not call.transferring:
+            self._respond(transaction, 481)  # no transfer of ours is under way
+            return
+        self._respond(transaction, 200)
+        status = reported_status(request)
+        if (status is None or status < 200) and not subscription_over(request):
+            return  # "100 Trying", or a report to come
+        call.transferring = False
+        if status is not None and 200 <= status < 300:
+            log.info("sip: %s transferred (the target answered %d)", call.call_id, status)
+            self._spawn(self._hangup(call, "transferred"))
+        else:
+            log.info("sip: transfer of %s failed (%s); the call goes on", call.call_id, status)
+
+    # ---- transferring ------------------------------------------------------------------
+
+    async def refer(self, call_id: str, target_uri: str) -> int:
+        """Transfer the answered call `call_id` to `target_uri` (transfer.py): a REFER in its
+        dialog, once the answer's ACK is in. Returns the REFER's final status: 202 (or another
+        2xx) when the caller's side takes the transfer on, whose outcome its NOTIFYs then
+        report; 481 when no such call is up, 491 while a transfer of it is already under way,
+        408 when nothing answers."""
+        call = self.calls.get(call_id)
+        if call is not None and call.state is CallState.ANSWERED:  # our 2xx awaits its ACK
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(call.settled.wait(), self.transactions.timers.timeout)
+        if call is None or call.ended or call.state is not CallState.CONFIRMED:
+            return 481
+        if call.transferring:
+            return 491
+        contact = self._contact(call.invite, call.peer)
+        branch, data = call.request(
+            "REFER", self._advertised(call.invite), self.port, refer_headers(target_uri, contact)
+        )
+        call.transferring = True
+        client = self.transactions.send_request(branch, data, call.peer, call.peer.address)
+        status = await client.done
+        if not 200 <= status < 300:
+            call.transferring = False
+        log.info("sip: REFER of %s to %s answered %d", call_id, target_uri, status)
+        return status
+
     # ---- ending ------------------------------------------------------------------------
 
     def _end(self, call: Call, reason: str) -> None:
@@ -400,6 +458,7 @@ class SipServer:
             return
         call.ended = True
         call.state = CallState.ENDED
+        call.settled.set()
         call.stop_ok()
         self.calls.pop(call.call_id, None)
         for pending in (call.transaction, call.reinvite):

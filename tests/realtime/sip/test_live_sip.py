@@ -238,3 +238,36 @@ async def test_refer_redirects_the_ringing_call(tmp_path: Path, redis_url: str) 
         with pytest.raises(openai.NotFoundError) as unknown:
             await live.sdk.live.sessions.accept("live_nope", session=SESSION)
         assert unknown.value.code == "session_not_found"
+
+
+async def test_an_answered_call_is_transferred_or_goes_on_when_the_transfer_is_refused(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """`client.live.sessions.refer` on an answered call: a REFER in its dialog. Taken on and
+    answered by the target, the session ends `close_requested` (Parley's BYE); refused by
+    the caller's side (603), the app hears why (502) and the call goes on until its BYE."""
+    async with live_app(tmp_path, redis_url, accept) as live:
+        sipp = await dial(live.app, tmp_path, SCENARIOS / "refer.xml")
+        session_id = await asyncio.wait_for(live.session_id, 10)
+        await live.the_call(session_id)
+        async with live.sdk.live.sideband.connect(session_id=session_id) as sideband:
+            await live.sdk.live.sessions.refer(session_id, target_uri="sip:desk@192.0.2.9")
+            closed = await until(sideband, "session.closed", [])
+        assert closed.reason == "close_requested"
+        await finished(sipp)
+        await live.all_gone()
+
+        live.session_id = asyncio.get_running_loop().create_future()
+        sipp = await dial(live.app, tmp_path, SCENARIOS / "refer_refused.xml")
+        session_id = await asyncio.wait_for(live.session_id, 10)
+        await live.the_call(session_id)
+        async with live.sdk.live.sideband.connect(session_id=session_id) as sideband:
+            with pytest.raises(openai.APIStatusError) as refused:
+                await live.sdk.live.sessions.refer(session_id, target_uri="sip:desk@192.0.2.9")
+            assert refused.value.status_code == 502
+            assert refused.value.code == "refer_failed"
+            assert "SIP 603" in refused.value.message
+            closed = await until(sideband, "session.closed", [])
+        assert closed.reason == "remote_hangup"  # the caller's own BYE, a second later
+        await finished(sipp)
+        await live.all_gone()

@@ -25,7 +25,7 @@ from web.settings import Settings
 
 from ..apps import ServedApp, fake_graph_file, served_app
 from ..openai_sip_receiver import Delivery, webhook_receiver
-from .support import free_udp_port, requires_sipp
+from .support import SCENARIOS, free_udp_port, requires_sipp
 from .test_media_sipp import scenario
 
 pytestmark = [requires_sipp, pytest.mark.slow]
@@ -35,11 +35,13 @@ SECRET = new_secret()
 INSTRUCTIONS = "You answer the phone for Example Dental."
 
 
-async def dial(app: ServedApp, tmp: Path) -> asyncio.subprocess.Process:
-    """sipp calls the app's SIP port: a question, a wait for the answer, key 5, BYE."""
+async def dial(app: ServedApp, tmp: Path, script: Path | None = None) -> asyncio.subprocess.Process:
+    """sipp calls the app's SIP port: `script`, else a question, a wait for the answer, key
+    5, BYE."""
     port = app.services.settings.sip_port
+    script = script or scenario(tmp)
     return await asyncio.create_subprocess_exec(
-        *["sipp", f"127.0.0.1:{port}", "-sf", str(scenario(tmp)), "-i", "127.0.0.1"],
+        *["sipp", f"127.0.0.1:{port}", "-sf", str(script), "-i", "127.0.0.1"],
         *["-p", str(free_udp_port()), "-mp", str(free_udp_port()), "-m", "1", "-nostdin"],
         *["-timeout", "30s", "-timeout_error"],
         cwd=tmp,
@@ -127,3 +129,43 @@ async def test_the_app_accepts_the_call_and_watches_it_over_a_sideband(
             assert expected in seen, (expected, seen)
         _, stderr = await sipp.communicate()
         assert sipp.returncode == 0, stderr.decode(errors="replace")
+
+
+async def test_the_app_transfers_an_answered_call(tmp_path: Path, redis_url: str) -> None:
+    """OpenAI's refer of an active call (`client.realtime.calls.refer`): a REFER in the
+    call's dialog; once the caller's side reports the target answered, Parley hangs up."""
+    accepted: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    async with contextlib.AsyncExitStack() as stack:
+        receiver = await stack.enter_async_context(webhook_receiver())
+        app = await stack.enter_async_context(
+            sip_app(
+                tmp_path,
+                redis_url,
+                api_key=API_KEY,
+                sip_webhook=receiver.url,
+                sip_webhook_secret=SECRET,
+            )
+        )
+        sdk = openai.AsyncOpenAI(api_key=API_KEY, base_url=f"{app.http_url}/v1", max_retries=0)
+        stack.push_async_callback(sdk.close)
+
+        async def on_call(delivery: Delivery) -> None:
+            event = sdk.webhooks.unwrap(delivery.body, delivery.headers, secret=SECRET)
+            assert isinstance(event, RealtimeCallIncomingWebhookEvent)
+            await sdk.realtime.calls.accept(event.data.call_id, type="realtime")
+            accepted.set_result(event.data.call_id)
+
+        receiver.handler = on_call
+        sipp = await dial(app, tmp_path, SCENARIOS / "refer.xml")
+        call_id = await asyncio.wait_for(accepted, 10)
+        await the_call(app)
+        await sdk.realtime.calls.refer(call_id, target_uri="sip:desk@192.0.2.9")
+        _, stderr = await asyncio.wait_for(sipp.communicate(), 30)
+        assert sipp.returncode == 0, stderr.decode(errors="replace")  # the NOTIFYs, our BYE
+        running = app.services.running
+        assert running is not None and running.sip is not None
+        async with asyncio.timeout(5):
+            while len(running.sip) or len(running.manager):
+                await asyncio.sleep(0.01)
+        with pytest.raises(openai.NotFoundError):
+            await sdk.realtime.calls.refer(call_id, target_uri="sip:desk@192.0.2.9")

@@ -219,3 +219,46 @@ async def test_close_byes_every_call_and_is_idempotent(
     assert code == 0
     assert list(handler.ended_calls.values()) == ["server closing"]
     assert not server.calls and len(server.transactions) == 0
+
+
+async def transfer_when_confirmed(
+    server: SipServer, handler: ScriptedHandler, target: str = "sip:desk@192.0.2.9"
+) -> int:
+    while not handler.confirmed_ids:
+        await asyncio.sleep(0.01)
+    return await server.refer(handler.confirmed_ids[0], target)
+
+
+@requires_sipp
+async def test_a_transfer_the_target_answers_ends_the_call_with_a_bye(
+    server: SipServer, handler: ScriptedHandler, tmp_path: Path
+) -> None:
+    """The caller's side takes the REFER on, reports trying then the target's 200: Parley
+    leaves the call (its BYE; the scenario fails without it), `ended` says why."""
+    transferring = asyncio.create_task(transfer_when_confirmed(server, handler))
+    code, messages = await run_sipp("refer", server, tmp_path)
+    assert code == 0 and await transferring == 202
+    refer = messages[messages.index("REFER sip:") :]
+    assert "Refer-To: <sip:desk@192.0.2.9>" in refer and "Referred-By: <sip:parley@" in refer
+    await handler.wait_ended(1)
+    assert list(handler.ended_calls.values()) == ["transferred"] and not server.calls
+
+
+@requires_sipp
+async def test_a_transfer_that_fails_or_is_refused_leaves_the_call_up(
+    server: SipServer, handler: ScriptedHandler, tmp_path: Path
+) -> None:
+    """A busy target (486 in the sipfrag), or a REFER refused outright (603): no BYE from
+    Parley, the call goes on until the caller hangs up."""
+    for scenario, status in (("refer_fails", 202), ("refer_refused", 603)):
+        handler.confirmed_ids.clear()
+        handler.ended_calls.clear()
+        transferring = asyncio.create_task(transfer_when_confirmed(server, handler))
+        code, _ = await run_sipp(scenario, server, tmp_path)
+        assert code == 0 and await transferring == status
+        await handler.wait_ended(1)
+        assert list(handler.ended_calls.values()) == ["bye"] and not server.calls
+
+
+async def test_a_refer_of_no_call_up_is_481(server: SipServer) -> None:
+    assert await server.refer("no-such-call@example.com", "sip:desk@192.0.2.9") == 481
