@@ -35,6 +35,13 @@ class SessionCall(PlayoutSink):
         self._end = asyncio.Event()
         self._closed = False
 
+    @property
+    def live_session_id(self) -> str | None:
+        """A GPT-Live call's session id (None for an OpenAI Realtime call). Its events are
+        GPT-Live's, read on `/v1/live/sessions/{id}/attach`: an OpenAI Realtime sideband
+        (`?call_id=`) would hear nothing of it, so it is refused, naming the right one."""
+        return None
+
     def listen(self, listener: CallListener) -> bool:
         """A sideband connection reads the call's events from now on (False once the call
         has ended); it is told when the call ends."""

@@ -107,6 +107,16 @@ def find_call_sideband(
         return None
     if call.events.ended or call.session is None or call.session.closed:
         return None  # hanging up: nothing left to attach to
+    if (live_id := call.live_session_id) is not None:
+        message = (
+            f"call {call_id!r} is a GPT-Live session: its sideband is "
+            f"/v1/live/sessions/{live_id}/attach"
+        )
+
+        async def refuse(websocket: WebSocket, subprotocol: str | None) -> None:
+            await deny(websocket, 409, "call_is_live_session", message)
+
+        return refuse
 
     async def serve(websocket: WebSocket, subprotocol: str | None) -> None:
         await serve_sideband(websocket, manager, call, subprotocol, slow)

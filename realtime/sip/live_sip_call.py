@@ -48,6 +48,10 @@ class LiveSipCall(SipMediaCall):
         self.protocol = LiveProtocol(live, send=None, close=self.request_close, media_format=False)
         """GPT-Live's mapping of the session, and its sidebands."""
 
+    @property
+    def live_session_id(self) -> str | None:
+        return None if self.session is None else self.session.session_id
+
     def attach(self, session: Session) -> None:
         super().attach(session)
         self.protocol.bind(session)

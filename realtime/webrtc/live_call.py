@@ -71,6 +71,10 @@ class LiveCall(WebRTCCall):
 
     # --- setup ---------------------------------------------------------------------------
 
+    @property
+    def live_session_id(self) -> str | None:
+        return None if self.session is None else self.session.session_id
+
     def attach(self, session: Session) -> None:
         self.protocol.bind(session)
         super().attach(session)

@@ -17,6 +17,8 @@ import numpy as np
 import openai
 import pytest
 from openai.types.webhooks import LiveTransportIncomingWebhookEvent
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
 
 from loadtest.speech import silence, speak, trim_silence
 from realtime.sip.media_call import SipMediaCall
@@ -244,8 +246,9 @@ async def test_an_answered_call_is_transferred_or_goes_on_when_the_transfer_is_r
     tmp_path: Path, redis_url: str
 ) -> None:
     """`client.live.sessions.refer` on an answered call: a REFER in its dialog. Taken on and
-    answered by the target, the session ends `close_requested` (Parley's BYE); refused by
-    the caller's side (603), the app hears why (502) and the call goes on until its BYE."""
+        answered by the target, the session ends `close_requested` (Parley's BYE); refused by
+        the caller's side (603), the app hears why (502) and the call goes on until its BYE. An
+    OpenAI Realtime sideband on the call is refused, naming GPT-Live's."""
     async with live_app(tmp_path, redis_url, accept) as live:
         sipp = await dial(live.app, tmp_path, SCENARIOS / "refer.xml")
         session_id = await asyncio.wait_for(live.session_id, 10)
@@ -261,6 +264,12 @@ async def test_an_answered_call_is_transferred_or_goes_on_when_the_transfer_is_r
         sipp = await dial(live.app, tmp_path, SCENARIOS / "refer_refused.xml")
         session_id = await asyncio.wait_for(live.session_id, 10)
         await live.the_call(session_id)
+        realtime = f"{live.app.ws_url}/v1/realtime?call_id={session_id}"
+        with pytest.raises(InvalidStatus) as wrong_api:  # a Realtime sideband would hear nothing
+            async with connect(realtime, additional_headers={"Authorization": f"Bearer {API_KEY}"}):
+                pass
+        assert wrong_api.value.response.status_code == 409
+        assert f"/v1/live/sessions/{session_id}/attach" in wrong_api.value.response.body.decode()
         async with live.sdk.live.sideband.connect(session_id=session_id) as sideband:
             with pytest.raises(openai.APIStatusError) as refused:
                 await live.sdk.live.sessions.refer(session_id, target_uri="sip:desk@192.0.2.9")
