@@ -60,6 +60,15 @@ async def the_call(app: ServedApp) -> SipMediaCall:
     return running.sip.get(call_id)
 
 
+async def all_gone(app: ServedApp) -> None:
+    """Every SIP call and session of the app has ended (within 5 s)."""
+    running = app.services.running
+    assert running is not None and running.sip is not None
+    async with asyncio.timeout(5):
+        while len(running.sip) or len(running.manager):
+            await asyncio.sleep(0.01)
+
+
 @contextlib.asynccontextmanager
 async def sip_app(tmp: Path, redis_url: str, **settings: Any) -> AsyncIterator[ServedApp]:
     graph = fake_graph_file(tmp)
@@ -68,29 +77,17 @@ async def sip_app(tmp: Path, redis_url: str, **settings: Any) -> AsyncIterator[S
         yield app
 
 
-async def test_a_call_is_answered_and_talks_back(tmp_path: Path, redis_url: str) -> None:
-    async with sip_app(tmp_path, redis_url) as app:
-        sipp = await dial(app, tmp_path)
-        call = await the_call(app)
-        _, stderr = await sipp.communicate()
-        assert sipp.returncode == 0, stderr.decode(errors="replace")
-        assert call.rtp.audible_packets > 25  # the answer, as audio
-        running = app.services.running
-        assert running is not None and running.sip is not None
-        async with asyncio.timeout(5):
-            while len(running.sip) or len(running.manager):
-                await asyncio.sleep(0.01)
-
-
-async def test_the_app_accepts_the_call_and_watches_it_over_a_sideband(
-    tmp_path: Path, redis_url: str
-) -> None:
-    accepted: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+@contextlib.asynccontextmanager
+async def accepting_app(
+    tmp: Path, redis_url: str, accepted: asyncio.Future[str], **session: Any
+) -> AsyncIterator[tuple[ServedApp, openai.AsyncOpenAI]]:
+    """Parley with OpenAI's SIP flow, and an app whose webhook handler verifies each call
+    with the SDK and accepts it with `session` (then sets `accepted` to the call's id)."""
     async with contextlib.AsyncExitStack() as stack:
         receiver = await stack.enter_async_context(webhook_receiver())
         app = await stack.enter_async_context(
             sip_app(
-                tmp_path,
+                tmp,
                 redis_url,
                 api_key=API_KEY,
                 sip_webhook=receiver.url,
@@ -103,12 +100,29 @@ async def test_the_app_accepts_the_call_and_watches_it_over_a_sideband(
         async def on_call(delivery: Delivery) -> None:
             event = sdk.webhooks.unwrap(delivery.body, delivery.headers, secret=SECRET)
             assert isinstance(event, RealtimeCallIncomingWebhookEvent)
-            await sdk.realtime.calls.accept(
-                event.data.call_id, type="realtime", instructions=INSTRUCTIONS
-            )
+            await sdk.realtime.calls.accept(event.data.call_id, type="realtime", **session)
             accepted.set_result(event.data.call_id)
 
         receiver.handler = on_call
+        yield app, sdk
+
+
+async def test_a_call_is_answered_and_talks_back(tmp_path: Path, redis_url: str) -> None:
+    async with sip_app(tmp_path, redis_url) as app:
+        sipp = await dial(app, tmp_path)
+        call = await the_call(app)
+        _, stderr = await sipp.communicate()
+        assert sipp.returncode == 0, stderr.decode(errors="replace")
+        assert call.rtp.audible_packets > 25  # the answer, as audio
+        await all_gone(app)
+
+
+async def test_the_app_accepts_the_call_and_watches_it_over_a_sideband(
+    tmp_path: Path, redis_url: str
+) -> None:
+    accepted: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    accepting = accepting_app(tmp_path, redis_url, accepted, instructions=INSTRUCTIONS)
+    async with accepting as (app, _sdk):
         sipp = await dial(app, tmp_path)
         call_id = await asyncio.wait_for(accepted, 10)
         call = await the_call(app)
@@ -135,37 +149,13 @@ async def test_the_app_transfers_an_answered_call(tmp_path: Path, redis_url: str
     """OpenAI's refer of an active call (`client.realtime.calls.refer`): a REFER in the
     call's dialog; once the caller's side reports the target answered, Parley hangs up."""
     accepted: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    async with contextlib.AsyncExitStack() as stack:
-        receiver = await stack.enter_async_context(webhook_receiver())
-        app = await stack.enter_async_context(
-            sip_app(
-                tmp_path,
-                redis_url,
-                api_key=API_KEY,
-                sip_webhook=receiver.url,
-                sip_webhook_secret=SECRET,
-            )
-        )
-        sdk = openai.AsyncOpenAI(api_key=API_KEY, base_url=f"{app.http_url}/v1", max_retries=0)
-        stack.push_async_callback(sdk.close)
-
-        async def on_call(delivery: Delivery) -> None:
-            event = sdk.webhooks.unwrap(delivery.body, delivery.headers, secret=SECRET)
-            assert isinstance(event, RealtimeCallIncomingWebhookEvent)
-            await sdk.realtime.calls.accept(event.data.call_id, type="realtime")
-            accepted.set_result(event.data.call_id)
-
-        receiver.handler = on_call
+    async with accepting_app(tmp_path, redis_url, accepted) as (app, sdk):
         sipp = await dial(app, tmp_path, SCENARIOS / "refer.xml")
         call_id = await asyncio.wait_for(accepted, 10)
         await the_call(app)
         await sdk.realtime.calls.refer(call_id, target_uri="sip:desk@192.0.2.9")
         _, stderr = await asyncio.wait_for(sipp.communicate(), 30)
         assert sipp.returncode == 0, stderr.decode(errors="replace")  # the NOTIFYs, our BYE
-        running = app.services.running
-        assert running is not None and running.sip is not None
-        async with asyncio.timeout(5):
-            while len(running.sip) or len(running.manager):
-                await asyncio.sleep(0.01)
+        await all_gone(app)
         with pytest.raises(openai.NotFoundError):
             await sdk.realtime.calls.refer(call_id, target_uri="sip:desk@192.0.2.9")
