@@ -33,6 +33,11 @@ class ChatStreamError(Exception):
     """The model server did not give the answer: why, in words."""
 
 
+class ChatStreamStalled(ChatStreamError):
+    """The server took the request and then sent nothing for the stall timeout: it may still
+    answer `/models` while its generation is wedged."""
+
+
 async def chat_chunks(
     client: httpx.AsyncClient,
     url: str,
@@ -70,6 +75,10 @@ async def chat_chunks(
             raise ChatStreamError("the model server ended the stream before it was done")
     except httpx.ConnectError as exc:
         raise ChatStreamError(f"the model server at {url} cannot be reached: {exc}") from None
+    except httpx.ReadTimeout:
+        raise ChatStreamStalled(
+            f"the model server at {url} sent nothing for {stall_s:g} s"
+        ) from None
     except httpx.TimeoutException:
         raise ChatStreamError(f"the model server at {url} sent nothing for {stall_s:g} s") from None
     except httpx.RemoteProtocolError as exc:  # a server that died or dropped the connection

@@ -16,7 +16,9 @@ messages (chat_messages.py), and the streamed answer comes back as text and func
   session goes on, and the next turn tries again.
 - A probe asks the server for its models every `probe_s`; while it cannot answer, the
   stage reports the reason (`stalled`), so `/readyz` names the model server as down while
-  everything else keeps serving.
+  everything else keeps serving. A server can answer `/models` while its generation is
+  wedged: an answer that stalls past `stall_timeout_s` marks the server down too, until a
+  later answer streams or the probe's own one-token answer comes back.
 - `api_key_env` names the environment variable with the key (never the key itself in a
   graph file); none is sent when it is unset.
 
@@ -42,7 +44,7 @@ from ...tasks import background, cancel_and_wait
 from ...types import Chunk, End, EntryEngine, ErrorChunk, PipelineRequest, TextDelta
 from ..cascade.asr import DEFAULT_RECOGNIZER, RECOGNIZERS, Recognizer, make_recognizer
 from .chat_messages import DEFAULT_INSTRUCTIONS, chat_messages, request_body
-from .chat_stream import ChatDeltas, ChatStreamError, chat_chunks
+from .chat_stream import ChatDeltas, ChatStreamError, ChatStreamStalled, chat_chunks
 
 log = logging.getLogger("parley.pipeline.openai_chat")
 
@@ -98,6 +100,9 @@ class ChatThinkerEngine(EntryEngine):
         prefix the server's cache had)."""
         self.down: str | None = None
         """Why the server cannot be reached now (the probe's finding), or None."""
+        self.wedged: str | None = None
+        """Why the server's answers stall although it is reached (the last answer's stall,
+        until an answer streams again), or None."""
         self._client: httpx.AsyncClient | None = None
         self._recognizer: Recognizer | None = None
         self._requests: RequestTracker[None] = RequestTracker()
@@ -137,13 +142,44 @@ class ChatThinkerEngine(EntryEngine):
         self._requests.abort(request_id)
 
     def stalled(self, bound_s: float) -> str | None:
-        return self.down
+        return self.down or self.wedged
 
     async def _probing(self) -> None:
-        """Ask the server for its models every `probe_s`; `down` says why it did not answer."""
+        """Ask the server for its models every `probe_s`; `down` says why it did not answer.
+        While its answers are wedged, also ask it for a one-token answer, which clears it."""
         while True:
             self.down = await self.probe()
+            if self.down is None and self.wedged is not None and await self._answers():
+                log.info("the model server at %s answers again", self.base_url)
+                self.wedged = None
             await asyncio.sleep(self.probe_s)
+
+    async def _answers(self) -> bool:
+        """The server streams a one-token answer to its end, nothing stalling past the stall
+        timeout."""
+        if self._client is None:
+            return False
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": "Say OK."}],
+            "max_tokens": 1,
+            "stream": True,
+        }
+        stream = chat_chunks(
+            self._client,
+            self.chat_url,
+            body,
+            headers=self.headers(),
+            connect_s=self.connect_timeout_s,
+            stall_s=self.stall_timeout_s,
+        )
+        try:
+            async with contextlib.aclosing(stream):
+                async for _chunk in stream:
+                    pass  # to its end: a wedged server may send the first, empty one
+        except ChatStreamError:
+            return False
+        return True
 
     async def probe(self) -> str | None:
         """None when the server answers `GET /models`, else why it did not."""
@@ -240,8 +276,11 @@ class ChatThinkerEngine(EntryEngine):
                     yield delta
             except ChatStreamError as exc:
                 log.warning("request %s: %s", request_id, exc)
+                if isinstance(exc, ChatStreamStalled):
+                    self.wedged = f"{exc}: its answers stall (it may still list its models)"
                 yield ErrorChunk(message=str(exc), stage=self.name)
                 return
+        self.wedged = None  # it answered
         self.last_usage = deltas.usage
         log.debug("request %s answered in %.2f s", request_id, time.monotonic() - began)
         if not self._requests.aborted(request_id):

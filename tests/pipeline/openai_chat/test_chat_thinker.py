@@ -209,3 +209,22 @@ def test_two_calls_in_one_answer_are_one_after_the_other() -> None:
         ("a", "", True),
         ("b", "{}", True),  # no arguments: an empty object
     ]
+
+
+async def test_a_server_whose_answers_stall_is_down_until_it_answers_again(
+    server: ChatServer,
+) -> None:
+    """It still lists its models, so only its answers tell: the stall marks it down (for
+    /readyz), and the probe's one-token answer clears it once it generates again."""
+    server.script = Script(mode="stall")
+    async with thinker(server.url, stall_timeout_s=0.5) as engine:
+        chunks = await answer(engine, PipelineRequest("r1", np.zeros(0, np.int16), text="Hi"))
+        assert isinstance(chunks[-1], ErrorChunk)
+        reason = engine.stalled(1.0)
+        assert reason is not None and "stall" in reason and server.url in reason
+        await asyncio.sleep(1.5)  # the probe's own answers stall too: still down
+        assert engine.stalled(1.0) is not None
+        server.script = Script()
+        async with asyncio.timeout(5):
+            while engine.stalled(1.0) is not None:
+                await asyncio.sleep(0.05)
