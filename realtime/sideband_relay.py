@@ -112,8 +112,9 @@ def _asgi_receive(data: str) -> AsgiMessage | None:
     return None
 
 
-async def _next(pubsub: Any, within_s: float) -> str | None:
-    """The next message on a subscribed channel, or None after `within_s`."""
+async def next_message(pubsub: Any, within_s: float) -> str | None:
+    """The next message on a subscribed channel, or None after `within_s` (the hang-up
+    relay waits for its answer with it too: hangup_relay.py)."""
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(within_s):
             while True:
@@ -164,7 +165,7 @@ class RelayedSocket:
             return {"type": "websocket.connect"}
         try:
             while True:
-                data = await _next(self._pubsub, PEER_CHECK_S)
+                data = await next_message(self._pubsub, PEER_CHECK_S)
                 if data is None:
                     if not await self._beat.alive(self._taker):
                         return {"type": "websocket.disconnect", "code": 1006}
@@ -272,7 +273,7 @@ async def relay_sideband(
         ask = {**request, "op": OP, "relay": relay_id, "taker": beat.process_id}
         if not await beat.ask(owner, ask, ASK_S):
             return False
-        first = await _next(pubsub, ASK_S)
+        first = await next_message(pubsub, ASK_S)
         attached = parse_control(first) if first is not None else None
         if attached is None or attached["relay"] != ATTACHED:
             return False
@@ -299,7 +300,7 @@ async def _down(websocket: WebSocket, pubsub: Any, beat: ProcessBeat, owner: str
     checked = loop.time()
     try:
         while True:
-            data = await _next(pubsub, PEER_CHECK_S)
+            data = await next_message(pubsub, PEER_CHECK_S)
             if data is not None:
                 body = parse_control(data)
                 if body is not None and body["relay"] == FINISHED:

@@ -35,6 +35,7 @@ from sessions import SessionManager
 from sessions.process_beat import new_process_id
 from sessions.redis_link import WRITE_PROBE_KEY
 
+from .hangups import serve_hangups
 from .metrics_fanin import MetricsFanIn
 from .origins import OriginAllowlist, OriginPolicy
 from .realtime_routes import ROUTES as REALTIME_ROUTES
@@ -153,6 +154,7 @@ async def _serving(app: Starlette, services: Services) -> AsyncIterator[None]:
                         index = CallIndex(services.redis, manager.process_id)
                         running = Running(manager, calls, sip.calls if sip else None, index)
                         await stack.enter_async_context(serve_sidebands(services, running))
+                        serve_hangups(services, running)
                         services.running = running
                         yield
                         if services.settings.workers > 1:

@@ -14,17 +14,21 @@ With `--sip-api live` a SIP call rings while a GPT-Live app decides (its signed
   dialog: sip_transfer.py), as the Realtime flow's refer does.
 - `hangup`: an answered call ends with a BYE (`session.closed` says `close_requested`);
   a ringing one is declined (603). A live session of this process on another transport (a
-  GPT-Live WebSocket or WebRTC call) ends too, as its own `session.close` would end it.
+  GPT-Live WebSocket or WebRTC call) ends too, as its own `session.close` would end it. A
+  session another worker process owns is hung up there (realtime/hangup_relay.py), and the
+  route answers once that process says it has ended it (503 `owner_unavailable` when it
+  does not say within a few seconds).
 
 They need the API key (an ephemeral secret is refused: 401) and answer 200 with no body;
 errors are OpenAI's shape (`message`, `type`, `param`, `code`): 404 for a session id that
-is neither ringing nor live here, 409 for a decision on a call already answered (a second
-accept, a reject after the accept), 400 for a body OpenAI would refuse (naming
-the field; the call keeps ringing, so the app can still decide).
+is neither ringing nor live here (for a hangup: on any worker), 409 for a decision on a
+call already answered (a second accept, a reject after the accept), 400 for a body OpenAI
+would refuse (naming the field; the call keeps ringing, so the app can still decide).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from typing import Any
@@ -33,6 +37,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from realtime.auth import AuthError
+from realtime.hangup_relay import ANSWER_S, Outcome, relay_hangup
 from realtime.live.live_config import LiveConfigError, parley_config, parse_accept_session
 from realtime.live.live_protocol import CLOSE_REQUESTED
 from realtime.sip.call_gate import WebhookCallGate
@@ -46,21 +51,31 @@ from .sip_transfer import transfer
 log = logging.getLogger("parley.web.live_sip")
 
 MAX_BODY_BYTES = 1024 * 1024
+LIVE_HANGUP = "live"
+"""The protocol's name among relayed hang-ups (realtime/hangup_relay.py)."""
 MAX_TARGET_URI = 1024
 TARGET_SCHEMES = ("sip:", "sips:", "tel:")
 
 
 class Refused(Exception):
-    """An OpenAI-shaped error answer: HTTP status, `code`, message, `param`."""
+    """An OpenAI-shaped error answer: HTTP status, `code`, message, `param`, `type`."""
 
-    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.param = param
+        self.kind = kind
 
     def response(self) -> Response:
-        body = {"message": str(self), "type": "invalid_request_error", "param": self.param}
+        body = {"message": str(self), "type": self.kind, "param": self.param}
         return JSONResponse({"error": {**body, "code": self.code}}, self.status)
 
 
@@ -204,8 +219,8 @@ async def hangup_session(request: Request) -> Response:
         calls, pending, session_id = _checked(request)
         await _body(request, frozenset())
     except Refused as refused:
-        if refused.status == 404 and _hang_up_live(request):
-            return Response(status_code=200)
+        if refused.status == 404:
+            return await _hang_up_elsewhere(request, refused)
         return refused.response()
     if pending.resolve(session_id, Reject(603, "hung up by the app before answering")):
         return Response(status_code=200)
@@ -217,10 +232,51 @@ async def hangup_session(request: Request) -> Response:
     return Response(status_code=200)
 
 
-def _hang_up_live(request: Request) -> bool:
+async def _hang_up_elsewhere(request: Request, not_found: Refused) -> Response:
+    """A session that is no SIP call of this process: a live one here (a WebSocket's, a
+    WebRTC call's), else one another worker process owns, hung up there
+    (realtime/hangup_relay.py); `not_found` when none has it."""
+    services = services_of(request)
+    session_id: str = request.path_params["session_id"]
+    if _hang_up_live(services, session_id):
+        return Response(status_code=200)
+    running = services.running
+    if running is None or services.redis is None:
+        return not_found.response()
+    manager = running.manager
+    outcome = await relay_hangup(
+        services.redis, manager.beat, manager.ownership.owner, LIVE_HANGUP, session_id
+    )
+    if outcome is Outcome.ENDED:
+        return Response(status_code=200)
+    if outcome is Outcome.UNANSWERED:
+        message = (
+            f"the server process holding session {session_id} did not say within "
+            f"{ANSWER_S:g} s whether it hung up; try again"
+        )
+        return Refused(503, "owner_unavailable", message, kind="server_error").response()
+    return not_found.response()
+
+
+async def hang_up_here(services: Services, session_id: str) -> bool:
+    """What the hangup route does to a session of this process (a ringing or answered SIP
+    call, a live session on another transport), for a hang-up another worker relayed here;
+    False when this process has no such session."""
+    sip = _sip(services)
+    if sip is not None:
+        calls, pending = sip
+        if pending.resolve(session_id, Reject(603, "hung up by the app before answering")):
+            return True
+        with contextlib.suppress(SipCallNotFound):
+            await calls.hangup(session_id, CLOSE_REQUESTED)
+            return True
+    return _hang_up_live(services, session_id)
+
+
+def _hang_up_live(services: Services, session_id: str) -> bool:
     """End a live session of this process that is no SIP call (a WebSocket's, a WebRTC
     call's) as its `session.close` would; False when there is none."""
-    protocol = services_of(request).live_sessions.get(request.path_params["session_id"])
+    protocol = services.live_sessions.get(session_id)
     if protocol is None or protocol.ended:
         return False
     protocol.hang_up()

@@ -4,7 +4,10 @@ Code written for OpenAI's browser guide works against Parley by changing the bas
 `POST /v1/realtime/client_secrets` mints an ephemeral secret carrying session settings;
 `POST /v1/realtime/calls` takes the SDP offer (raw `application/sdp`, or the multipart form
 with `sdp` and `session` parts that the `openai` SDK sends) and answers 201 with the SDP
-answer and a `Location` for the call; `POST /v1/realtime/calls/{call_id}/hangup` ends it.
+answer and a `Location` for the call; `POST /v1/realtime/calls/{call_id}/hangup` ends it
+(a call another worker process holds is hung up there: realtime/hangup_relay.py; 200 once
+it has ended, 404 `call_not_found` when no process has it, 503 `owner_unavailable` when its
+process does not say within a few seconds).
 
 OpenAI's SIP flow: a SIP call waiting for the app (its `realtime.call.incoming` webhook has
 gone out) is decided by `POST /v1/realtime/calls/{call_id}/accept` (the body is a session
@@ -51,6 +54,7 @@ from starlette.routing import Route, WebSocketRoute
 
 from realtime.auth import DEFAULT_TTL_S, AuthError, with_caller
 from realtime.client_events import ProtocolError, SessionUpdate, session_patch
+from realtime.hangup_relay import ANSWER_S, Outcome, relay_hangup
 from realtime.sdp import MAX_OFFER_BYTES, OfferError, OfferTooLarge
 from realtime.server_events import session_object
 from realtime.sip.pending_calls import (
@@ -71,7 +75,7 @@ from .live_sip_routes import accept_session, hangup_session, refer_session, reje
 from .live_webrtc import create_live_session
 from .live_ws import live_attach, live_sessions
 from .realtime_ws import openai_realtime
-from .services import services_of
+from .services import Services, services_of
 from .sip_transfer import transfer
 from .twilio_ws import twilio_media
 from .video_ws import video_chat_stream
@@ -81,6 +85,8 @@ log = logging.getLogger("parley.web.realtime")
 OFFER_TYPES = ("application/sdp", "multipart/form-data")
 MAX_FORM_BYTES = 1024 * 1024
 """The openai SDK's form: the offer (64 KiB at most) and the session object."""
+CALL_HANGUP = "realtime_call"
+"""The protocol's name among relayed hang-ups (realtime/hangup_relay.py)."""
 
 
 class UnsupportedMediaType(ValueError):
@@ -312,8 +318,26 @@ async def hangup(request: Request) -> Response:
             raise CallNotFound(call_id)
         await services.running.hangup(call_id)
     except CallNotFound:
-        return error(404, "call_not_found", f"no live call {call_id}")
+        outcome = await _hang_up_elsewhere(services, call_id)
+        if outcome is Outcome.UNANSWERED:
+            message = (
+                f"the server process holding call {call_id} did not say within "
+                f"{ANSWER_S:g} s whether it hung up; try again"
+            )
+            return error(503, "owner_unavailable", message, "server_error")
+        if outcome is Outcome.MISSING:
+            return error(404, "call_not_found", f"no live call {call_id}")
     return Response(status_code=200)
+
+
+async def _hang_up_elsewhere(services: Services, call_id: str) -> Outcome:
+    """A call not of this process: hung up by the worker process that holds it, found
+    as a sideband finds it (the call index; realtime/hangup_relay.py)."""
+    running = services.running
+    if running is None or running.call_index is None or services.redis is None:
+        return Outcome.MISSING
+    beat, index = running.manager.beat, running.call_index
+    return await relay_hangup(services.redis, beat, index.owner, CALL_HANGUP, call_id)
 
 
 MAX_TARGET_URI = 1024
