@@ -336,7 +336,8 @@ class SessionManager:
             await asyncio.wait({task}, timeout=SHUTDOWN_TIMEOUT_S)
 
     def serve_requests(self, op: str, handler: Handler) -> None:
-        """Let `handler` answer other processes' `op` requests (live_relay.py's, say)."""
+        """Let `handler` answer other processes' `op` requests (the relays' of sidebands and
+        hang-ups, say)."""
         self._request_handlers[op] = handler
 
     async def _on_request(self, request: Request) -> None:

@@ -1,7 +1,7 @@
 """A GPT-Live sideband that lands on another worker process than its session's: two apps
 (two server processes, as `--workers 2` makes them) on one Redis, the official SDK's
 `client.live` on one and its `client.live.sideband` on the other, relayed over Redis
-(realtime/live/live_relay.py)."""
+(realtime/sideband_relay.py)."""
 
 from __future__ import annotations
 
