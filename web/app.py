@@ -145,13 +145,17 @@ async def _serving(app: Starlette, services: Services) -> AsyncIterator[None]:
                 try:
                     async with contextlib.AsyncExitStack() as stack:
                         sip = None
+                        index = CallIndex(services.redis, manager.process_id)
                         if services.settings.sip_port is not None:
                             sip = await stack.enter_async_context(
                                 sip_service(
-                                    services.settings, manager, app.state, services.live_sessions
+                                    services.settings,
+                                    manager,
+                                    app.state,
+                                    services.live_sessions,
+                                    index,
                                 )
                             )
-                        index = CallIndex(services.redis, manager.process_id)
                         running = Running(manager, calls, sip.calls if sip else None, index)
                         await stack.enter_async_context(serve_sidebands(services, running))
                         serve_hangups(services, running)
