@@ -5,7 +5,8 @@ Every process (its SessionManager) sets `parley:process:<id>` with a short TTL
 or cut off from Redis) and its sessions may be taken over at once. Requests from other
 processes arrive on the Redis pub/sub channel of the same name (pub/sub leaves no keys
 behind and reaches every node of a Redis Cluster); a request names the channel to answer
-on and its id, and the answer is a message on that channel once the request is done.
+on and its id, and the answer is a message on that channel once the request is done
+(`tell()` sends one that answers on a channel of its own, and gets no such answer).
 `ask()` waits for the answer a bounded time: a live but silent process is not waited for
 longer. A clean stop deletes the heartbeat key. While the session store is unreachable
 (the manager's RedisLink says so) the process neither beats nor listens: it is
@@ -118,6 +119,12 @@ class ProcessBeat:
         finally:
             self._answers.pop(request_id, None)
 
+    async def tell(self, process_id: str, request: Request) -> bool:
+        """Send `request` to another process without waiting for it to be done (a request
+        that answers on a channel of its own); False when nobody listens on its channel."""
+        body = {**request, "request_id": secrets.token_hex(8)}
+        return bool(await self._redis.publish(process_key(process_id), json.dumps(body)))
+
     async def _beat(self) -> None:
         while True:
             if self._link.up:
@@ -164,6 +171,8 @@ class ProcessBeat:
             await self._handler(body)
         except Exception:
             log.exception("process %s: request %s failed", self.process_id, body.get("op"))
+        if "reply_to" not in body:  # told, not asked
+            return
         reply = {"op": "answer", "request_id": body.get("request_id")}
         with contextlib.suppress(RedisError, OSError):
             await self._redis.publish(str(body.get("reply_to")), json.dumps(reply))

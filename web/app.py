@@ -35,6 +35,7 @@ from sessions import SessionManager
 from sessions.process_beat import new_process_id
 from sessions.redis_link import WRITE_PROBE_KEY
 
+from .call_controls import serve_call_controls
 from .hangups import serve_hangups
 from .metrics_fanin import MetricsFanIn
 from .origins import OriginAllowlist, OriginPolicy
@@ -145,16 +146,21 @@ async def _serving(app: Starlette, services: Services) -> AsyncIterator[None]:
                 try:
                     async with contextlib.AsyncExitStack() as stack:
                         sip = None
+                        index = CallIndex(services.redis, manager.process_id)
                         if services.settings.sip_port is not None:
                             sip = await stack.enter_async_context(
                                 sip_service(
-                                    services.settings, manager, app.state, services.live_sessions
+                                    services.settings,
+                                    manager,
+                                    app.state,
+                                    services.live_sessions,
+                                    index,
                                 )
                             )
-                        index = CallIndex(services.redis, manager.process_id)
                         running = Running(manager, calls, sip.calls if sip else None, index)
                         await stack.enter_async_context(serve_sidebands(services, running))
                         serve_hangups(services, running)
+                        serve_call_controls(services, running, app)
                         services.running = running
                         yield
                         if services.settings.workers > 1:

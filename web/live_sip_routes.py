@@ -15,9 +15,12 @@ With `--sip-api live` a SIP call rings while a GPT-Live app decides (its signed
 - `hangup`: an answered call ends with a BYE (`session.closed` says `close_requested`);
   a ringing one is declined (603). A live session of this process on another transport (a
   GPT-Live WebSocket or WebRTC call) ends too, as its own `session.close` would end it. A
-  session another worker process owns is hung up there (realtime/hangup_relay.py), and the
-  route answers once that process says it has ended it (503 `owner_unavailable` when it
-  does not say within a few seconds).
+  session another worker process owns, or a SIP call ringing or answered there, is hung
+  up there (realtime/hangup_relay.py), and the route answers once that process says it has
+  ended it (503 `owner_unavailable` when it does not say within a few seconds).
+
+With `--workers N` the decisions and transfers land on any worker and are served by the
+one that has the call (web/call_controls.py).
 
 They need the API key (an ephemeral secret is refused: 401) and answer 200 with no body;
 errors are OpenAI's shape (`message`, `type`, `param`, `code`): 404 for a session id that
@@ -243,10 +246,14 @@ async def _hang_up_elsewhere(request: Request, not_found: Refused) -> Response:
     running = services.running
     if running is None or services.redis is None:
         return not_found.response()
-    manager = running.manager
-    outcome = await relay_hangup(
-        services.redis, manager.beat, manager.ownership.owner, LIVE_HANGUP, session_id
-    )
+    manager, index = running.manager, running.call_index
+
+    async def owner(session_id: str) -> str | None:
+        """A SIP call's worker (ringing calls have no session yet), else the session's."""
+        found = None if index is None else await index.owner(session_id)
+        return found or await manager.ownership.owner(session_id)
+
+    outcome = await relay_hangup(services.redis, manager.beat, owner, LIVE_HANGUP, session_id)
     if outcome is Outcome.ENDED:
         return Response(status_code=200)
     if outcome is Outcome.UNANSWERED:

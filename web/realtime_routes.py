@@ -16,7 +16,8 @@ object, as `session.update` takes it, with `type: "realtime"`), `/reject` (`{sta
 is redirected, an answered one transferred with a REFER: sip_transfer.py). These need the
 API key (not an ephemeral secret), answer 200 with no body, 404 for a call that is neither
 waiting nor up, and 400 with an OpenAI-shaped error (`message`, `type`, `param`, `code`) for a body
-OpenAI would refuse.
+OpenAI would refuse. With `--workers N` they land on any worker and are served by the one
+that has the call (call_controls.py).
 
 Re-attaching a call whose peer connection dropped (a phone that moved from Wi-Fi to mobile
 data): the new offer goes to `POST /v1/realtime/calls` with the session's id and resume
@@ -71,6 +72,7 @@ from realtime.websocket.denial import TOO_MANY_REQUESTS, retry_after
 from sessions import ConfigError, SessionConfig, SessionLimitError
 from sessions.errors import KeyLimitError
 
+from .call_controls import relayed
 from .live_sip_routes import accept_session, hangup_session, refer_session, reject_session
 from .live_webrtc import create_live_session
 from .live_ws import live_attach, live_sessions
@@ -461,17 +463,18 @@ async def refer_call(request: Request) -> Response:
     return await _decide(request, frozenset({"target_uri"}), _refer)
 
 
+SID = "session_id"
 ROUTES = [
     Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
     Route("/v1/realtime/calls", create_call, methods=["POST"]),
     Route("/v1/realtime/calls/{call_id}/hangup", hangup, methods=["POST"]),
-    Route("/v1/realtime/calls/{call_id}/accept", accept_call, methods=["POST"]),
-    Route("/v1/realtime/calls/{call_id}/reject", reject_call, methods=["POST"]),
-    Route("/v1/realtime/calls/{call_id}/refer", refer_call, methods=["POST"]),
+    Route("/v1/realtime/calls/{call_id}/accept", relayed(accept_call, "call_id"), methods=["POST"]),
+    Route("/v1/realtime/calls/{call_id}/reject", relayed(reject_call, "call_id"), methods=["POST"]),
+    Route("/v1/realtime/calls/{call_id}/refer", relayed(refer_call, "call_id"), methods=["POST"]),
     WebSocketRoute("/v1/realtime", openai_realtime),
-    Route("/v1/live/sessions/{session_id}/accept", accept_session, methods=["POST"]),
-    Route("/v1/live/sessions/{session_id}/reject", reject_session, methods=["POST"]),
-    Route("/v1/live/sessions/{session_id}/refer", refer_session, methods=["POST"]),
+    Route("/v1/live/sessions/{session_id}/accept", relayed(accept_session, SID), methods=["POST"]),
+    Route("/v1/live/sessions/{session_id}/reject", relayed(reject_session, SID), methods=["POST"]),
+    Route("/v1/live/sessions/{session_id}/refer", relayed(refer_session, SID), methods=["POST"]),
     Route("/v1/live/sessions/{session_id}/hangup", hangup_session, methods=["POST"]),
     Route("/v1/live/sessions", create_live_session, methods=["POST"]),
     WebSocketRoute("/v1/live/sessions", live_sessions),

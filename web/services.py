@@ -10,7 +10,6 @@ to re-check. `services_of()` is how a route finds the app's Services.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
@@ -58,15 +57,13 @@ class Running:
             raise CallNotFound(call_id) from None
 
     def call_ids(self) -> set[str]:
-        """Every id a live call here may be found by (`call`): the sideband's call index
-        (realtime/call_index.py) says so in Redis."""
+        """Every id a live call here may be found by (`call`), and the app's ids of SIP
+        calls ringing while it decides: the call index (realtime/call_index.py) says so in
+        Redis, for sidebands and call control landing on another worker."""
         ids = set(self.calls.call_ids())
         if self.sip is not None:
-            for sip_id in self.sip.call_ids():
-                ids.add(sip_id)
-                with contextlib.suppress(SipCallNotFound):
-                    if (app_id := self.sip.get(sip_id).app_call_id) is not None:
-                        ids.add(app_id)
+            ids.update(self.sip.call_ids())
+            ids.update(self.sip.app_ids())  # ringing ones too: the app decides on any worker
         return ids
 
     async def hangup(self, call_id: str) -> None:

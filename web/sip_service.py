@@ -10,7 +10,8 @@ resolve it through the `PendingCalls` kept in the app's state; a refer of an ans
 is a REFER in its dialog. With `--sip-api live` the webhook is GPT-Live's
 `live.transport.incoming` and the routes `/v1/live/sessions/{session_id}/accept|...`
 (live_sip_routes.py); an accepted call is then a GPT-Live session in `live_sessions`, for
-Live sidebands to attach to.
+Live sidebands to attach to. A ringing call's id is in the call index before its webhook
+goes out, so the app's decision may land on any worker (call_controls.py).
 
 Bound to a wildcard host (0.0.0.0, ::), the SDP answers name this host's outward address,
 found without sending anything (a UDP socket's local address once it is "connected").
@@ -25,6 +26,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from realtime.call_index import CallIndex
 from realtime.live.live_sideband import LiveSessions
 from realtime.sip.call_gate import WebhookCallGate
 from realtime.sip.media_calls import SipMediaCalls
@@ -68,8 +70,10 @@ async def sip_service(
     manager: SessionManager,
     app_state: Any,
     live_sessions: LiveSessions | None = None,
+    call_index: CallIndex | None = None,
 ) -> AsyncIterator[SipService]:
-    """Serve SIP on `settings.sip_port` while the block runs; every call ends with it."""
+    """Serve SIP on `settings.sip_port` while the block runs; every call ends with it.
+    `call_index`: where a ringing call's id is named before its webhook goes out."""
     assert settings.sip_port is not None
     server: SipServer | None = None
 
@@ -84,7 +88,8 @@ async def sip_service(
     if settings.sip_webhook:
         sender = WebhookSender(settings.sip_webhook, settings.sip_webhook_secret)
         pending = PendingCalls()
-        gate = WebhookCallGate(sender, pending, settings.sip_api)
+        announce = None if call_index is None else lambda call_id: call_index.add([call_id])
+        gate = WebhookCallGate(sender, pending, settings.sip_api, announce)
     calls = SipMediaCalls(
         manager,
         hangup,

@@ -13,11 +13,16 @@ caller's, may hold any characters, and does not belong in a URL path). A gate fo
 (`api="live"`) sends `live.transport.incoming` instead, naming a fresh `live_...` session
 id, which the app's decision (`/v1/live/sessions/{session_id}/accept|reject|refer`) and,
 once accepted, the session itself carry.
+
+The app's id is named in the call index (realtime/call_index.py) before the webhook goes
+out (`announce`), so a decision landing on another worker process (`--workers N`) finds
+this one at once, however soon after the webhook it comes (web/call_controls.py).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from pipeline.tasks import TaskSet
@@ -32,17 +37,30 @@ log = logging.getLogger("parley.realtime.sip.gate")
 
 SipApi = Literal["realtime", "live"]
 """Which OpenAI API a deployment's SIP calls are for (`--sip-api`)."""
+Announce = Callable[[str], Awaitable[None]]
+"""Say where the call of this app id is (the call index's `add`); never raises."""
 
 
 class WebhookCallGate:
     def __init__(
-        self, sender: WebhookSender, pending: PendingCalls, api: SipApi = "realtime"
+        self,
+        sender: WebhookSender,
+        pending: PendingCalls,
+        api: SipApi = "realtime",
+        announce: Announce | None = None,
     ) -> None:
         self.sender = sender
         self.pending = pending
         self.api = api
+        self.announce = announce
+        """Awaited with the app's id before its webhook goes out."""
         self._ids: dict[str, str] = {}
-        """SIP Call-ID -> the call id the app was given, while the call is pending."""
+        """SIP Call-ID -> the call id the app was given, while the call is pending (until
+        `decide` returns, so the id is among `app_ids` until the answer takes it over)."""
+
+    def app_ids(self) -> set[str]:
+        """The app's ids of the calls being decided."""
+        return set(self._ids.values())
 
     def call_id_of(self, sip_call_id: str) -> str | None:
         """The app's id for a pending SIP call (None when it is not pending)."""
@@ -61,17 +79,17 @@ class WebhookCallGate:
             log.warning("SIP call %s turned away: %s", call.call_id, exc)
             return Reject(503, str(exc))
         self._ids[call.call_id] = call_id
-        announce = live_incoming_event if self.api == "live" else incoming_call_event
-        event = announce(call_id, call.headers)
+        make_event = live_incoming_event if self.api == "live" else incoming_call_event
+        event = make_event(call_id, call.headers)
         # The decision may come while the webhook is in flight (apps often accept from
         # inside their webhook handler), so delivery runs beside the wait, in a task this
         # call owns and ends before returning.
-        async with TaskSet(f"{call_id}:webhook") as delivering:
-            delivering.create_task(self._deliver(call_id, event), name=delivering.name)
-            try:
+        try:
+            async with TaskSet(f"{call_id}:webhook") as delivering:
+                delivering.create_task(self._deliver(call_id, event), name=delivering.name)
                 decision = await self.pending.wait(call_id)
-            finally:
-                self._ids.pop(call.call_id, None)
+        finally:
+            self._ids.pop(call.call_id, None)
         log.info("SIP call %s (%s): %s", call.call_id, call_id, describe(decision))
         return decision
 
@@ -84,6 +102,8 @@ class WebhookCallGate:
         return self.pending.resolve(call_id, Reject(487, "the caller cancelled"))
 
     async def _deliver(self, call_id: str, event: dict[str, Any]) -> None:
+        if self.announce is not None:  # before the app can know the id
+            await self.announce(call_id)
         try:
             await self.sender.send(event)
         except WebhookError as exc:

@@ -32,6 +32,7 @@ from sessions import SessionConfig, SessionLimitError, SessionManager
 from sessions.events import new_id
 
 from ..live.live_accept import seed_history
+from .call_gate import WebhookCallGate
 from .handler import Answer, Hangup, IncomingCall, Rejection, Transfer
 from .pending_calls import Decision, Refer, Reject
 from .sdp_audio import Negotiated, SdpError, build_answer, negotiate, parse_offer
@@ -111,6 +112,8 @@ class SipMediaCalls:
         self._cancelled: set[str] = set()
         self._app_ids: dict[str, str] = {}
         """The app's call id (OpenAI's flow) -> the SIP Call-ID."""
+        self._accepted: dict[str, str] = {}
+        """SIP Call-ID -> the app's id, from the app's accept until the answer is made."""
         self._sdp_ids: dict[str, tuple[int, int]] = {}
         """Call id -> (our SDP session id, its version), bumped by each re-INVITE answer."""
 
@@ -120,6 +123,13 @@ class SipMediaCalls:
     def call_ids(self) -> list[str]:
         """The SIP Call-IDs of the answered calls."""
         return list(self._calls)
+
+    def app_ids(self) -> set[str]:
+        """The app's ids (OpenAI's flow) of the calls here: ringing while the app decides,
+        being answered, answered; the call index names them all (realtime/call_index.py),
+        with no gap between one state and the next."""
+        ringing = self.gate.app_ids() if isinstance(self.gate, WebhookCallGate) else set()
+        return ringing | set(self._accepted.values()) | set(self._app_ids)
 
     def get(self, call_id: str) -> SipMediaCall:
         """A call by its SIP Call-ID or the id the app was given."""
@@ -166,6 +176,7 @@ class SipMediaCalls:
         finally:
             self._answering.discard(call.call_id)
             self._cancelled.discard(call.call_id)
+            self._accepted.pop(call.call_id, None)
 
     async def _answer(self, call: IncomingCall, negotiated: Negotiated) -> Answer | Rejection:
         config, app_id, live = self.config, None, None
@@ -176,6 +187,7 @@ class SipMediaCalls:
             if isinstance(decision, Refer):
                 return Rejection(302, "Moved Temporarily", contact=decision.target_uri)
             config, app_id, live = decision.config, decision.call_id, decision.live
+            self._accepted[call.call_id] = app_id
         if call.call_id in self._cancelled:
             return Rejection(487, "Request Terminated")
         from .live_sip_call import LiveSipCall
