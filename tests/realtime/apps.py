@@ -155,3 +155,15 @@ async def served_app(
             server.should_exit = True
             await asyncio.wait({task}, timeout=15)  # a graceful stop first
             await cancel_and_wait(task)
+
+
+@contextlib.asynccontextmanager
+async def two_workers(
+    tmp: Path, redis_url: str, key: str, engine_args: str = "audio_ms: 1500, realtime_factor: 4.0"
+) -> AsyncIterator[tuple[ServedApp, ServedApp]]:
+    """Two apps on one Redis, as `--workers 2` makes two server processes: the fake graph,
+    API key `key`, two sessions at most between them."""
+    graph = fake_graph_file(tmp, engine_args)
+    settings = Settings(pipeline=graph, api_key=key, max_sessions=2)
+    async with served_app(settings, redis_url) as a, served_app(settings, redis_url) as b:
+        yield a, b

@@ -17,8 +17,7 @@ from openai.types.live import SessionConfigParam
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from tests.realtime.apps import ServedApp, fake_graph_file, served_app
-from web.settings import Settings
+from tests.realtime.apps import ServedApp, two_workers
 
 KEY = "sk-test-parley-relay"
 START: SessionConfigParam = {"model": "gpt-live-1", "instructions": "You are terse."}
@@ -26,10 +25,10 @@ START: SessionConfigParam = {"model": "gpt-live-1", "instructions": "You are ter
 
 @pytest.fixture
 async def apps(tmp_path: Path, redis_url: str) -> AsyncIterator[tuple[ServedApp, ServedApp]]:
-    graph = fake_graph_file(tmp_path, "audio_ms: 2000, realtime_factor: 4.0")
-    settings = Settings(pipeline=graph, api_key=KEY, max_sessions=2)
-    async with served_app(settings, redis_url) as a, served_app(settings, redis_url) as b:
-        yield a, b
+    async with two_workers(
+        tmp_path, redis_url, KEY, "audio_ms: 2000, realtime_factor: 4.0"
+    ) as both:
+        yield both
 
 
 @contextlib.asynccontextmanager

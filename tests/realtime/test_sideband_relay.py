@@ -17,9 +17,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from loadtest.webrtc_client import Caller
-from tests.realtime.apps import ServedApp, fake_graph_file, served_app
+from tests.realtime.apps import ServedApp, two_workers
 from tests.realtime.clients import RecordingClient
-from web.settings import Settings
 
 KEY = "sk-test-parley-sideband-relay"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -27,10 +26,8 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 @pytest.fixture
 async def apps(tmp_path: Path, redis_url: str) -> AsyncIterator[tuple[ServedApp, ServedApp]]:
-    graph = fake_graph_file(tmp_path, "audio_ms: 1500, realtime_factor: 4.0")
-    settings = Settings(pipeline=graph, api_key=KEY, max_sessions=2)
-    async with served_app(settings, redis_url) as a, served_app(settings, redis_url) as b:
-        yield a, b
+    async with two_workers(tmp_path, redis_url, KEY) as both:
+        yield both
 
 
 @pytest.fixture

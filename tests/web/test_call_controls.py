@@ -25,10 +25,10 @@ from realtime.call_index import call_key
 from realtime.sip.webhook import new_secret
 from sessions.process_beat import Request
 from tests.realtime.apps import ServedApp, fake_graph_file, served_app
-from tests.realtime.openai_sip_receiver import Delivery, webhook_receiver
+from tests.realtime.openai_sip_receiver import Delivery
 from tests.realtime.sip.support import SCENARIOS, requires_sipp
 from tests.realtime.sip.test_live_sip import SESSION, caller_hangs_up, finished, turned_away
-from tests.realtime.sip.test_serve_sip import all_gone, dial, sip_app
+from tests.realtime.sip.test_serve_sip import all_gone, dial, webhook_sip_app
 from web.settings import Settings
 
 API_KEY = "sk-parley-call-controls-test"
@@ -61,16 +61,8 @@ class Workers:
 @contextlib.asynccontextmanager
 async def workers(tmp: Path, redis_url: str, **sip: Any) -> AsyncIterator[Workers]:
     async with contextlib.AsyncExitStack() as stack:
-        receiver = await stack.enter_async_context(webhook_receiver())
-        a = await stack.enter_async_context(
-            sip_app(
-                tmp,
-                redis_url,
-                api_key=API_KEY,
-                sip_webhook=receiver.url,
-                sip_webhook_secret=SECRET,
-                **sip,
-            )
+        a, receiver = await stack.enter_async_context(
+            webhook_sip_app(tmp, redis_url, API_KEY, SECRET, **sip)
         )
         settings = Settings(pipeline=fake_graph_file(tmp), api_key=API_KEY)
         b = await stack.enter_async_context(served_app(settings, redis_url))

@@ -25,10 +25,10 @@ from realtime.sip.media_call import SipMediaCall
 from realtime.sip.webhook import new_secret
 
 from ..apps import ServedApp
-from ..openai_sip_receiver import Delivery, webhook_receiver
+from ..openai_sip_receiver import Delivery
 from .support import SCENARIOS, free_udp_port, requires_sipp
 from .test_media_sipp import mulaw_wav
-from .test_serve_sip import sip_app
+from .test_serve_sip import webhook_sip_app
 
 pytestmark = [requires_sipp, pytest.mark.slow]
 
@@ -129,16 +129,8 @@ class LiveApp:
 @contextlib.asynccontextmanager
 async def live_app(tmp: Path, redis_url: str, decide: Decide) -> AsyncIterator[LiveApp]:
     async with contextlib.AsyncExitStack() as stack:
-        receiver = await stack.enter_async_context(webhook_receiver())
-        app = await stack.enter_async_context(
-            sip_app(
-                tmp,
-                redis_url,
-                api_key=API_KEY,
-                sip_webhook=receiver.url,
-                sip_webhook_secret=SECRET,
-                sip_api="live",
-            )
+        app, receiver = await stack.enter_async_context(
+            webhook_sip_app(tmp, redis_url, API_KEY, SECRET, sip_api="live")
         )
         sdk = openai.AsyncOpenAI(api_key=API_KEY, base_url=f"{app.http_url}/v1", max_retries=0)
         stack.push_async_callback(sdk.close)

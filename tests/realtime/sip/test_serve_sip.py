@@ -24,7 +24,7 @@ from realtime.sip.webhook import new_secret
 from web.settings import Settings
 
 from ..apps import ServedApp, fake_graph_file, served_app
-from ..openai_sip_receiver import Delivery, webhook_receiver
+from ..openai_sip_receiver import Delivery, Receiver, webhook_receiver
 from .support import SCENARIOS, free_udp_port, requires_sipp
 from .test_media_sipp import scenario
 
@@ -78,21 +78,34 @@ async def sip_app(tmp: Path, redis_url: str, **settings: Any) -> AsyncIterator[S
 
 
 @contextlib.asynccontextmanager
+async def webhook_sip_app(
+    tmp: Path, redis_url: str, key: str, secret: str, **settings: Any
+) -> AsyncIterator[tuple[ServedApp, Receiver]]:
+    """`sip_app` announcing its calls to an app's webhook endpoint (a real HTTP server, its
+    handler the test's to set) signed with `secret`; the API key is `key`."""
+    async with (
+        webhook_receiver() as receiver,
+        sip_app(
+            tmp,
+            redis_url,
+            api_key=key,
+            sip_webhook=receiver.url,
+            sip_webhook_secret=secret,
+            **settings,
+        ) as app,
+    ):
+        yield app, receiver
+
+
+@contextlib.asynccontextmanager
 async def accepting_app(
     tmp: Path, redis_url: str, accepted: asyncio.Future[str], **session: Any
 ) -> AsyncIterator[tuple[ServedApp, openai.AsyncOpenAI]]:
     """Parley with OpenAI's SIP flow, and an app whose webhook handler verifies each call
     with the SDK and accepts it with `session` (then sets `accepted` to the call's id)."""
     async with contextlib.AsyncExitStack() as stack:
-        receiver = await stack.enter_async_context(webhook_receiver())
-        app = await stack.enter_async_context(
-            sip_app(
-                tmp,
-                redis_url,
-                api_key=API_KEY,
-                sip_webhook=receiver.url,
-                sip_webhook_secret=SECRET,
-            )
+        app, receiver = await stack.enter_async_context(
+            webhook_sip_app(tmp, redis_url, API_KEY, SECRET)
         )
         sdk = openai.AsyncOpenAI(api_key=API_KEY, base_url=f"{app.http_url}/v1", max_retries=0)
         stack.push_async_callback(sdk.close)
