@@ -93,11 +93,8 @@ def _sip(services: Services) -> tuple[SipMediaCalls, PendingCalls] | None:
 
 
 def _answered(calls: SipMediaCalls, session_id: str) -> bool:
-    try:
-        calls.get(session_id)
-    except SipCallNotFound:
-        return False
-    return True
+    """The app has accepted the call: it is answered, or its answer is being made."""
+    return calls.knows(session_id)
 
 
 async def _body(request: Request, fields: frozenset[str]) -> dict[str, Any]:

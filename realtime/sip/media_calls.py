@@ -22,6 +22,7 @@ call as a GPT-Live session (live_sip_call.py) whose id is the app's session id, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 from collections.abc import Mapping
@@ -43,6 +44,8 @@ if TYPE_CHECKING:  # the media side parses RTP with aiortc's classes: loaded at 
 
 log = logging.getLogger("parley.realtime.sip")
 
+ANSWER_WAIT_S = 10.0
+"""How long a transfer waits for the answer of a call the app has just accepted."""
 SIP_ENDED = "sip:"
 """Close reasons starting so came from the SIP side: no BYE back."""
 
@@ -114,6 +117,8 @@ class SipMediaCalls:
         """The app's call id (OpenAI's flow) -> the SIP Call-ID."""
         self._accepted: dict[str, str] = {}
         """SIP Call-ID -> the app's id, from the app's accept until the answer is made."""
+        self._settled = asyncio.Condition()
+        """Notified when a call's answer is made or given up (`refer` waits for it)."""
         self._sdp_ids: dict[str, tuple[int, int]] = {}
         """Call id -> (our SDP session id, its version), bumped by each re-INVITE answer."""
 
@@ -146,17 +151,32 @@ class SipMediaCalls:
         if owner is not None:
             await asyncio.wait({owner})
 
+    def knows(self, call_id: str) -> bool:
+        """`call_id` (the SIP Call-ID or the app's id) is a call here: answered, being
+        answered, or ringing while its app decides."""
+        return call_id in self._calls or call_id in self.app_ids()
+
     async def refer(self, call_id: str, target_uri: str) -> None:
         """Transfer the answered call `call_id` (the SIP Call-ID or the app's id) to
         `target_uri`; returns once the caller's side has taken the transfer on. The call ends
-        when the target answers; until then, or if that fails, it goes on as it was. Raises
-        SipCallNotFound, or TransferRefused with the REFER's status."""
+        when the target answers; until then, or if that fails, it goes on as it was. A call
+        the app accepted a moment ago is transferred once its answer is made (an app may
+        refer as soon as its accept returns). Raises SipCallNotFound, or TransferRefused with
+        the REFER's status."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(ANSWER_WAIT_S), self._settled:
+                await self._settled.wait_for(lambda: call_id not in self._being_answered())
         call = self.get(call_id)
         status = (
             501 if self._send_refer is None else await self._send_refer(call.call_id, target_uri)
         )
         if not 200 <= status < 300:
             raise TransferRefused(call_id, target_uri, status)
+
+    def _being_answered(self) -> set[str]:
+        """The app's ids of the calls it has accepted (or is deciding) and not yet answered."""
+        deciding = self.gate.app_ids() if isinstance(self.gate, WebhookCallGate) else set()
+        return deciding | set(self._accepted.values())
 
     # --- CallHandler ---------------------------------------------------------------------
 
@@ -177,6 +197,8 @@ class SipMediaCalls:
             self._answering.discard(call.call_id)
             self._cancelled.discard(call.call_id)
             self._accepted.pop(call.call_id, None)
+            async with self._settled:
+                self._settled.notify_all()
 
     async def _answer(self, call: IncomingCall, negotiated: Negotiated) -> Answer | Rejection:
         config, app_id, live = self.config, None, None

@@ -159,13 +159,14 @@ async def test_the_app_accepts_the_call_and_watches_it_over_a_sideband(
 
 
 async def test_the_app_transfers_an_answered_call(tmp_path: Path, redis_url: str) -> None:
-    """OpenAI's refer of an active call (`client.realtime.calls.refer`): a REFER in the
-    call's dialog; once the caller's side reports the target answered, Parley hangs up."""
+    """OpenAI's refer of an active call (`client.realtime.calls.refer`, sent the moment the
+    accept returns): a REFER in the call's dialog; once the caller's side reports the target
+    answered, Parley hangs up."""
     accepted: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     async with accepting_app(tmp_path, redis_url, accepted) as (app, sdk):
         sipp = await dial(app, tmp_path, SCENARIOS / "refer.xml")
         call_id = await asyncio.wait_for(accepted, 10)
-        await the_call(app)
+        # at once, as the accept returns: the REFER goes once the call is answered and up
         await sdk.realtime.calls.refer(call_id, target_uri="sip:desk@192.0.2.9")
         _, stderr = await asyncio.wait_for(sipp.communicate(), 30)
         assert sipp.returncode == 0, stderr.decode(errors="replace")  # the NOTIFYs, our BYE
