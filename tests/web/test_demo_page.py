@@ -21,6 +21,7 @@ import time
 import wave
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -242,6 +243,13 @@ async def test_the_page_re_attaches_its_call_when_the_connection_drops(
     problems: list[str] = []
     async with chromium(tmp_path / "profile", question_wav) as context:
         page = await open_page(context, f"{base}/", problems)
+        offered_with: list[str] = []  # each offer's secret: a re-attach mints a fresh one
+
+        async def note_secret(route: Any) -> None:
+            offered_with.append(route.request.headers.get("authorization", ""))
+            await route.continue_()
+
+        await page.route("**/v1/realtime/calls", note_secret)
         await expect(page.locator("#server")).to_have_attribute("data-state", "ready")
         await page.click("#connect")
         status, info = page.locator("#status"), page.locator("#call-info")
@@ -266,6 +274,8 @@ async def test_the_page_re_attaches_its_call_when_the_connection_drops(
         after = await info.inner_text()
         assert before.split(" · ")[1] == after.split(" · ")[1]  # the same session
         assert before.split(" · ")[0] != after.split(" · ")[0]  # on a new call
+        # a secret lasts 10 minutes: the re-attach does not count on the first one
+        assert len(offered_with) == 2 and offered_with[0] != offered_with[1], offered_with
         assert await sessions(base) == 1
         await page.click("#hangup")
         deadline = time.monotonic() + 10

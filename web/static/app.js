@@ -578,6 +578,15 @@ class Call {
     listDevices().catch(() => {}); // labels are readable now
 
     setStatus("connecting", "asking the server for a session…");
+    await this.mintSecret(signal);
+    if (this.closed) return;
+
+    await this.call({}, "starting the call");
+  }
+
+  /** A fresh ephemeral secret for the next offer: one lasts ten minutes, and a call that
+   * re-attaches after that would be refused with the first. */
+  async mintSecret(signal) {
     const headers = { "Content-Type": "application/json" };
     const apiKey = $("api-key").value.trim();
     if (apiKey) headers.Authorization = `Bearer ${apiKey}`;
@@ -587,11 +596,9 @@ class Call {
       "getting a session secret",
     );
     if (!minted.ok) throw await httpError(minted, "getting a session secret");
-    this.secret = (await minted.json()).value;
-    if (this.closed) return;
-    if (!this.secret) throw new ReadableError("bad_response", "The server sent no session secret.");
-
-    await this.call({}, "starting the call");
+    const secret = (await minted.json()).value;
+    if (!secret) throw new ReadableError("bad_response", "The server sent no session secret.");
+    this.secret = secret;
   }
 
   /** A new peer connection (the microphone, the camera, the event channel), its offer
@@ -658,6 +665,8 @@ class Call {
     };
     if (this.lastEventId) headers["X-Parley-Last-Event-Id"] = this.lastEventId;
     try {
+      await this.mintSecret(this.abort.signal); // the first may have expired meanwhile
+      if (this.closed) return;
       await this.call(headers, "reconnecting the call");
     } catch (exc) {
       if (this.closed) return;
