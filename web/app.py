@@ -261,7 +261,10 @@ async def index(request: Request) -> Response:
 
 def create_app(settings: Settings, redis_url: str) -> Starlette:
     services = Services(
-        settings=settings, redis_url=redis_url, auth=Authenticator(settings.api_key)
+        settings=settings,
+        redis_url=redis_url,
+        auth=Authenticator(settings.api_key),
+        resume_grace_s=settings.resume_grace_s,
     )
     ready = Gauge(
         "parley_pipeline_loaded",

@@ -14,6 +14,7 @@ from realtime.auth import parse_keys
 from realtime.sip.allow import Allowlist, is_loopback
 from realtime.sip.call_gate import SipApi
 from realtime.slow_clients import DEFAULT_STALL_S
+from realtime.websocket.connections import DEFAULT_GRACE_S
 from sessions import DEFAULT_MAX_SESSIONS
 from sessions.key_limits import KeyLimits
 from sessions.session import SessionLimits
@@ -84,6 +85,9 @@ class Settings:
     slow_client_s: float = DEFAULT_STALL_S
     """`--slow-client-s`: how long a client may leave the server's output unread (a write
     blocked, its outbound queue full) before it is closed (1008) and its session ends."""
+    resume_grace_s: float = DEFAULT_GRACE_S
+    """`--resume-grace-s`: how long a session outlives its dropped connection (a WebSocket,
+    a WebRTC call's peer connection) for the client to resume or re-attach it."""
     event_loop: str = "auto"
     """`--loop auto|uvloop|asyncio`: the event loop (auto: uvloop where installed)."""
     worker_index: int | None = None
@@ -302,6 +306,12 @@ def parser() -> argparse.ArgumentParser:
         "with 1008 client_too_slow, a WebRTC data channel with the call); its session ends",
     )
     serve.add_argument(
+        "--resume-grace-s",
+        default=_env("resume_grace_s", f"{d.resume_grace_s:g}"),
+        help="how long a session outlives its dropped connection, for the client to resume "
+        "it (a WebSocket) or re-attach it (a WebRTC call) with its resume token; 0: never",
+    )
+    serve.add_argument(
         "--loop",
         default=_env("loop", d.event_loop),
         help="the event loop: auto (uvloop where installed), uvloop or asyncio",
@@ -370,6 +380,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[str, Settings]:
         workers=_workers(args.workers),
         drain_s=_drain_s(args.drain_s),
         slow_client_s=_number("slow_client_s", args.slow_client_s, 0.1, 600),
+        resume_grace_s=_number("resume_grace_s", args.resume_grace_s, 0, 3600),
         event_loop=_loop(args.loop),
         worker_index=None if args.worker_index is None else int(args.worker_index),
         worker_ready_fd=None if args.worker_ready_fd is None else int(args.worker_ready_fd),
