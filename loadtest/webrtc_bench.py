@@ -42,6 +42,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -157,9 +158,19 @@ async def barge_in(http: httpx.AsyncClient, tries: int) -> list[float]:
     return latencies
 
 
+async def sessions_gone(http: httpx.AsyncClient, within_s: float = 30.0) -> None:
+    """Wait until the server holds no session: a step's calls must not count against the
+    next step's session limit while they end."""
+    deadline = time.monotonic() + within_s
+    while metric_total((await http.get("/metrics")).text, "parley_active_sessions") > 0:
+        if time.monotonic() > deadline:
+            return  # the next step will show it: refused calls are counted and named
+        await asyncio.sleep(0.2)
+
+
 async def loop_calls(
     http: httpx.AsyncClient, n: int, warm_s: float, window_s: float, pid: int, profile: bool
-) -> dict[str, float]:
+) -> dict[str, Any]:
     question = utterance(QUESTION)
     callers = [Caller(http) for _ in range(n)]
     answers = [0] * n
@@ -207,6 +218,7 @@ async def loop_calls(
         "late_pct": 100 * (late1 - late0) / frames if frames else 100.0,
         "answers_in_window": answered,
         "failed_calls": len(failed),
+        "failures": sorted({str(t.exception())[:120] for t in failed})[:3],
         "server_cpu_pct": 100 * cpu,
         "cpu_pct_per_call": 100 * cpu / n,
         "loop_cpu_pct": 100 * loop_s / elapsed,
@@ -246,6 +258,7 @@ async def run(args: argparse.Namespace) -> None:
                     flush=True,
                 )
             for n in steps:
+                await sessions_gone(http)
                 row = await loop_calls(http, n, args.warm, args.window, pid, args.profile)
                 ok = (
                     row["late_pct"] < 1.0
@@ -254,7 +267,7 @@ async def run(args: argparse.Namespace) -> None:
                 )
                 print(
                     f"{n:3d} calls: late {row['late_pct']:5.2f} %, "
-                    f"answers {row['answers_in_window']:.0f}, "
+                    f"failed {row['failed_calls']}, answers {row['answers_in_window']:.0f}, "
                     f"server CPU {row['server_cpu_pct']:5.1f} % "
                     f"({row['cpu_pct_per_call']:.1f} %/call; loop thread "
                     f"{row['loop_cpu_pct']:.1f} %), per outbound frame "
@@ -263,6 +276,8 @@ async def run(args: argparse.Namespace) -> None:
                     f"({row['callers_cpu_pct'] / n:.1f} %/call) -> {'ok' if ok else 'FAIL'}",
                     flush=True,
                 )
+                if row["failures"]:
+                    print(f"     failures: {'; '.join(row['failures'])}", flush=True)
                 if not ok:
                     break
 
