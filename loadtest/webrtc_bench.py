@@ -118,6 +118,10 @@ def utterance(text: str) -> np.ndarray:
     return trim_silence(speak(text))
 
 
+BARGE_TRY_S = 7.0
+"""About how long one interruption takes, question to the next answer's end (echo)."""
+
+
 async def barge_in(http: httpx.AsyncClient, tries: int) -> list[float]:
     caller = Caller(http)
     latencies: list[float] = []
@@ -169,8 +173,17 @@ async def sessions_gone(http: httpx.AsyncClient, within_s: float = 30.0) -> None
 
 
 async def loop_calls(
-    http: httpx.AsyncClient, n: int, warm_s: float, window_s: float, pid: int, profile: bool
+    http: httpx.AsyncClient,
+    n: int,
+    warm_s: float,
+    window_s: float,
+    pid: int,
+    profile: bool,
+    barging: int = 0,
 ) -> dict[str, Any]:
+    """`n` calls asking and hearing answers in a loop; `barging` more calls, from the
+    window's start, each interrupting answers (`barge_in`) for as long as the window lasts:
+    barge-in under that load."""
     question = utterance(QUESTION)
     callers = [Caller(http) for _ in range(n)]
     answers = [0] * n
@@ -196,6 +209,8 @@ async def loop_calls(
         callers0 = cpu_seconds(os.getpid())
         answered0 = sum(answers)
         spy = start_profile(pid, n, window_s) if profile else None
+        tries = max(1, int(window_s // BARGE_TRY_S))
+        barges = [talkers.create_task(barge_in(http, tries)) for _ in range(barging)]
         await asyncio.sleep(window_s)
         if spy is not None:
             await asyncio.to_thread(spy.wait)
@@ -208,6 +223,12 @@ async def loop_calls(
         cpu = cpu_s / elapsed
         answered = sum(answers) - answered0
         failed = [t for t in tasks if t.done() and t.exception() is not None]
+        barged: list[float] = []
+        if barges:
+            done, _ = await asyncio.wait(barges, timeout=BARGE_TRY_S * (tries + 2))
+            for task in done:
+                if task.exception() is None:
+                    barged.extend(task.result())
     finally:
         stop.set()
         await talkers.close()
@@ -225,6 +246,7 @@ async def loop_calls(
         "cpu_us_per_frame": 1e6 * cpu_s / frames if frames else 0.0,
         "loop_us_per_frame": 1e6 * loop_s / frames if frames else 0.0,
         "callers_cpu_pct": 100 * callers_cpu,
+        "barge_in_ms": barged,
     }
 
 
@@ -234,7 +256,7 @@ async def run(args: argparse.Namespace) -> None:
         "--pipeline",
         "echo",
         "--max-sessions",
-        str(max(steps + [4]) + 2),
+        str(max(steps + [4]) + args.barge_under_load + 2),
         "--workers",
         args.workers,
         start_s=60,
@@ -259,7 +281,9 @@ async def run(args: argparse.Namespace) -> None:
                 )
             for n in steps:
                 await sessions_gone(http)
-                row = await loop_calls(http, n, args.warm, args.window, pid, args.profile)
+                row = await loop_calls(
+                    http, n, args.warm, args.window, pid, args.profile, args.barge_under_load
+                )
                 ok = (
                     row["late_pct"] < 1.0
                     and not row["failed_calls"]
@@ -278,6 +302,13 @@ async def run(args: argparse.Namespace) -> None:
                 )
                 if row["failures"]:
                     print(f"     failures: {'; '.join(row['failures'])}", flush=True)
+                if barged := row["barge_in_ms"]:
+                    print(
+                        f"     barge-in beside them ({len(barged)} interruptions): p50 "
+                        f"{np.percentile(barged, 50):.0f} ms, p95 {np.percentile(barged, 95):.0f} "
+                        f"ms (max {max(barged):.0f} ms)",
+                        flush=True,
+                    )
                 if not ok:
                     break
 
@@ -289,6 +320,13 @@ def main() -> None:
     parser.add_argument("--warm", type=float, default=4.0)
     parser.add_argument("--window", type=float, default=20.0)
     parser.add_argument("--profile", action="store_true", help="py-spy the loop per step")
+    parser.add_argument(
+        "--barge-under-load",
+        type=int,
+        default=0,
+        help="at each step, this many more calls interrupt answers through the window "
+        "(barge-in measured beside the step's calls)",
+    )
     parser.add_argument("--workers", default="1", help="parley serve --workers (N or auto)")
     parser.add_argument(
         "--nice",
