@@ -133,8 +133,7 @@ class SipMediaCalls:
         """The app's ids (OpenAI's flow) of the calls here: ringing while the app decides,
         being answered, answered; the call index names them all (realtime/call_index.py),
         with no gap between one state and the next."""
-        ringing = self.gate.app_ids() if isinstance(self.gate, WebhookCallGate) else set()
-        return ringing | set(self._accepted.values()) | set(self._app_ids)
+        return self._being_answered() | set(self._app_ids)
 
     def get(self, call_id: str) -> SipMediaCall:
         """A call by its SIP Call-ID or the id the app was given."""

@@ -154,6 +154,19 @@ class ChatThinkerEngine(EntryEngine):
                 self.wedged = None
             await asyncio.sleep(self.probe_s)
 
+    def _stream(
+        self, client: httpx.AsyncClient, body: dict[str, Any]
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """One streamed completion of `body` from the server, with this engine's timeouts."""
+        return chat_chunks(
+            client,
+            self.chat_url,
+            body,
+            headers=self.headers(),
+            connect_s=self.connect_timeout_s,
+            stall_s=self.stall_timeout_s,
+        )
+
     async def _answers(self) -> bool:
         """The server streams a one-token answer to its end, nothing stalling past the stall
         timeout."""
@@ -165,14 +178,7 @@ class ChatThinkerEngine(EntryEngine):
             "max_tokens": 1,
             "stream": True,
         }
-        stream = chat_chunks(
-            self._client,
-            self.chat_url,
-            body,
-            headers=self.headers(),
-            connect_s=self.connect_timeout_s,
-            stall_s=self.stall_timeout_s,
-        )
+        stream = self._stream(self._client, body)
         try:
             async with contextlib.aclosing(stream):
                 async for _chunk in stream:
@@ -257,14 +263,7 @@ class ChatThinkerEngine(EntryEngine):
     ) -> AsyncGenerator[Chunk, None]:
         deltas = ChatDeltas()
         began = time.monotonic()
-        stream = chat_chunks(
-            client,
-            self.chat_url,
-            body,
-            headers=self.headers(),
-            connect_s=self.connect_timeout_s,
-            stall_s=self.stall_timeout_s,
-        )
+        stream = self._stream(client, body)
         async with contextlib.aclosing(stream):  # closed early: the connection too
             try:
                 async for chunk in stream:
