@@ -20,6 +20,7 @@ import numpy.typing as npt
 # The audio formats are defined in audio_format; engines import INPUT_SAMPLE_RATE from here.
 from .audio_format import INPUT_SAMPLE_RATE as INPUT_SAMPLE_RATE
 from .audio_format import OUTPUT_SAMPLE_RATE
+from .capacity import Capacity
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,26 @@ class ToolSpec:
     description: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
     """The arguments' JSON schema (an object schema; empty means no arguments)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Truncation:
+    """What an engine does when the conversation does not fit its context (OpenAI
+    Realtime's session `truncation`).
+
+    - `auto`: the oldest history items are dropped until the prompt and the reply's budget
+      fit;
+    - `retention_ratio`: when it does not fit, keep only this fraction of the conversation
+      after the instructions (`post_instructions_tokens`, if set, caps it too), dropping
+      the oldest items; cutting more than needed at once keeps later turns' prompts (and a
+      session's cached KV) stable for longer;
+    - `disabled`: nothing is dropped; a conversation that does not fit fails the response
+      with `context_length_exceeded`.
+    Items once dropped stay dropped for the session's later turns."""
+
+    type: Literal["auto", "retention_ratio", "disabled"] = "auto"
+    retention_ratio: float = 1.0
+    post_instructions_tokens: int | None = None
 
 
 ToolChoice = str
@@ -107,6 +128,8 @@ class PipelineRequest:
     judge_turn_end: bool = False
     """With `transcribe_only`, at a pause in the user's speech: also say whether the words
     sound like a whole turn (a `turn_end` TextDelta), if the engine can judge that."""
+    truncation: Truncation = field(default_factory=Truncation)
+    """How to cut a conversation longer than the engine's context."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,10 +207,16 @@ class End:
 
 @dataclass(frozen=True, slots=True)
 class ErrorChunk:
-    """The request failed in some stage; nothing follows."""
+    """The request failed in some stage; nothing follows.
+
+    `code` is the reason in one word, which the session hands its client as the error's
+    code: `model_error` (the model failed), `server_busy` (no capacity for the request
+    within its wait: it may be tried again), `context_length_exceeded` (the conversation
+    does not fit the model's context and the session's truncation forbids cutting it)."""
 
     message: str
     stage: str = ""
+    code: str = "model_error"
 
 
 Chunk = TextDelta | ToolCallDelta | HiddenStates | CodecCodes | AudioChunk | End | ErrorChunk
@@ -227,6 +256,11 @@ class Engine(ABC):
     async def forget_session(self, session_id: str) -> None:  # noqa: B027 (a default)
         """The session has ended: drop whatever the engine kept for it between its requests.
         Most engines keep nothing per session, hence this default."""
+
+    def capacity(self) -> Capacity | None:
+        """What the started engine can serve at once (`capacity.py`); None for an engine
+        with no fixed rows of its own (admission keeps its configured cap for it)."""
+        return None
 
     def stalled(self, bound_s: float) -> str | None:
         """Why the engine has made no progress for longer than `bound_s` while it has work

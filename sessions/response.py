@@ -247,7 +247,7 @@ class Response:
                     case ErrorChunk():
                         where = f" in {chunk.stage}" if chunk.stage else ""
                         self._input_transcript_failed(chunk.message)
-                        return "failed", f"model error{where}: {chunk.message}", "model_error"
+                        return "failed", f"model error{where}: {chunk.message}", chunk.code
 
     async def _previous_id(self) -> str | None:
         """The conversation's last item, which a new output item follows."""

@@ -1,0 +1,77 @@
+"""What a GPU engine can serve, stated once it has started, and what admission reads.
+
+vLLM sizes its KV cache after loading the weights and logs what that buys ("Maximum
+concurrency for 32,768 tokens per request: 29.06x"); requests past it wait in its scheduler.
+An engine here says the same (`Engine.capacity()`): how many requests (or sessions) it
+decodes at once on its cache rows, how long one may be, what the rows cost, how many more
+may wait for a row and for how long. The graph combines its stages' figures
+(`PipelineCapacity`), and the server admits no more sessions than that.
+
+`holds` is what a row is held for. A duplex model (Moshi) holds a row for a session's whole
+life, so it can admit `rows` sessions. A turn-based graph (Qwen3-Omni) holds a row per turn
+in flight: any number of sessions may be open, and a turn that finds every row taken waits
+(at most `waiting` turns, each at most `wait_s`) and then fails with `server_busy`; so it
+admits `rows + waiting` sessions, the most that can all be served in one round of turns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Holds = Literal["turn", "session"]
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """One stage's figures, stated at start (after its weights are loaded and rows sized)."""
+
+    stage: str
+    rows: int
+    """Requests (`holds == "turn"`) or sessions (`"session"`) decoded at once."""
+    context: int
+    """Positions one row holds (prompt and reply together)."""
+    holds: Holds = "turn"
+    waiting: int = 0
+    """Turns that may wait for a row at once (beyond them a turn fails at once)."""
+    wait_s: float = 0.0
+    """How long a turn waits for a row before it fails with `server_busy`."""
+    memory_bytes: int = 0
+    """Device memory the rows take (their KV), for the start-up line."""
+
+    @property
+    def sessions(self) -> int:
+        """Sessions this stage can serve at once (see the module's docstring)."""
+        return self.rows if self.holds == "session" else self.rows + self.waiting
+
+    def line(self) -> str:
+        """The start-up log line operators grep for."""
+        memory = f", {self.memory_bytes / 2**30:.1f} GiB of KV" if self.memory_bytes else ""
+        per = "session" if self.holds == "session" else "turn in flight"
+        waits = (
+            f"; {self.waiting} more turns wait up to {self.wait_s:g} s for a row"
+            if self.holds == "turn"
+            else ""
+        )
+        return (
+            f"{self.stage}: {self.rows} cache rows of {self.context:,} positions{memory}, "
+            f"one per {per}{waits}: {self.sessions} sessions at once"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineCapacity:
+    """A graph's figures: the stages' own, and the sessions the whole graph can serve (the
+    smallest of its stages', each times its replicas)."""
+
+    stages: tuple[Capacity, ...]
+    sessions: int
+
+    @staticmethod
+    def of(stages: list[tuple[Capacity, int]]) -> PipelineCapacity | None:
+        """From each stage's capacity and its number of replicas; None when no stage states
+        one (a graph without GPU engines: admission keeps its configured cap)."""
+        if not stages:
+            return None
+        sessions = min(capacity.sessions * replicas for capacity, replicas in stages)
+        return PipelineCapacity(tuple(capacity for capacity, _ in stages), sessions)
