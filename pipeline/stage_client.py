@@ -140,7 +140,9 @@ class LinkedStage(EntryEngine, StreamEngine):
                     continue
                 self._heard = loop.time()
                 if isinstance(message, Stuck):
-                    if self.down_reason is None:
+                    if message.broken:  # it exits by itself: its requests fail, no kill
+                        self._mark_down(message.reason)
+                    elif self.down_reason is None:
                         self._hung(f"hung: {message.reason}")
                     continue
                 self._mark_up()

@@ -34,6 +34,7 @@ from pipeline.graph_config import GraphConfigError, load_graph
 from pipeline.registry import PipelineNotFound, graph_path
 from pipeline.remote import serve_remote_stage
 from pipeline.tasks import TaskSet
+from pipeline.worker_main import EngineBroken, exit_broken
 from realtime.ice import is_loopback
 from realtime.websocket.connection import MAX_MESSAGE_BYTES
 
@@ -280,6 +281,8 @@ def serve_stage(settings: Settings) -> int:
         asyncio.run(serve_remote_stage(settings.pipeline, settings.stage, settings.redis_url))
     except KeyboardInterrupt:
         pass
+    except EngineBroken as exc:  # a sticky device error: whoever runs `parley stage` restarts it
+        exit_broken(exc)
     except (LookupError, ValueError) as exc:
         print(f"parley: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2

@@ -139,7 +139,10 @@ class ModelStage(Engine, Generic[StateT]):
         return len(self._requests)
 
     def stalled(self, bound_s: float) -> str | None:
-        return self.thread.watch.stalled(bound_s)
+        return self.broken() or self.thread.watch.stalled(bound_s)
+
+    def broken(self) -> str | None:
+        return None if self.thread.fatal is None else f"broken: {self.thread.fatal}"
 
     async def abort(self, request_id: str) -> None:
         self._requests.abort(request_id)
