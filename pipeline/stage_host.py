@@ -115,7 +115,9 @@ async def host_stage(spec: WorkerSpec, path: str, ready_fd: int | None) -> None:
 async def _until_broken(engine: Engine, broken: list[str], stop: asyncio.Event) -> None:
     """Once the engine broke: put why in `broken` and, a heartbeat later (each connection's
     `StageServer` says `Stuck` to its server process meanwhile), set `stop`."""
-    while (reason := engine.broken()) is None:
+    while True:  # polled as the heartbeat is: nothing tells the loop of a thread's error
+        if (reason := engine.broken()) is not None:
+            break
         await asyncio.sleep(BEAT_S)
     broken.append(reason)
     await asyncio.sleep(2 * BEAT_S)

@@ -29,7 +29,7 @@ from .connectors.base import LinkClosed
 from .connectors.shm import DEFAULT_CAPACITY, ShmLink
 from .link_messages import Close
 from .reconnecting_stage import ReconnectingStage, StageLinkFailed
-from .worker_main import WorkerSpec, launch_args
+from .worker_main import BROKEN_EXIT, WorkerSpec, launch_args
 
 log = logging.getLogger("parley.pipeline.worker")
 
@@ -55,6 +55,8 @@ class WorkerEngine(ReconnectingStage):
         self.spec = spec
         self.ring_capacity = ring_capacity
         self._process: subprocess.Popen[bytes] | None = None
+        self.last_exit: int | None = None
+        """The exit status of the last worker that ended (negative: the signal's number)."""
 
     @property
     def pid(self) -> int | None:
@@ -103,10 +105,18 @@ class WorkerEngine(ReconnectingStage):
             self.down_reason = f"{reason}; its worker was killed and a new one is starting"
 
     async def _on_lost(self) -> None:
-        log.error("stage %s: worker pid %s died; restarting", self.name, self.pid)
         if self._process is not None:
             process, self._process = self._process, None
             await asyncio.to_thread(_stop_process, process)
+            self.last_exit = process.returncode
+            why = " (its engine broke)" if process.returncode == BROKEN_EXIT else ""
+            log.error(
+                "stage %s: worker pid %s ended with status %s%s; restarting",
+                self.name,
+                process.pid,
+                process.returncode,
+                why,
+            )
         await super()._on_lost()
 
     async def close(self) -> None:

@@ -253,32 +253,36 @@ class StageServer:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         """The same tasks by request id (for `Abort`)."""
         self.inputs: dict[str, Channel[Chunk]] = {}
+        self.broken: str | None = None
+        """Why the engine broke, once the heartbeat found it so (`Engine.broken`)."""
 
     async def serve(self) -> None:
         """Serve the link's requests until it ends or says close, beating meanwhile. Raises
         EngineBroken once the engine broke (the link was told `Stuck` first)."""
-        # tasks and not a TaskGroup: the heartbeat never ends by itself, and a TaskGroup
+        # a task and not a TaskGroup: the heartbeat never ends by itself, and a TaskGroup
         # would hand the link's LinkUnavailable to the caller inside an ExceptionGroup
-        beat = background(self._heartbeat(), name=f"stage:{self.stage}:heartbeat")
-        serving = background(self._serve(), name=f"stage:{self.stage}:serve")
+        serving = asyncio.current_task()
+        assert serving is not None
+        beat = background(self._heartbeat(serving), name=f"stage:{self.stage}:heartbeat")
         try:
-            await asyncio.wait({beat, serving}, return_when=asyncio.FIRST_COMPLETED)
-            if beat.done() and (error := beat.exception()) is not None:
-                raise error
-            await serving
+            await self._serve()
+        except asyncio.CancelledError:
+            if self.broken is None or serving.uncancel() > 0:
+                raise  # cancelled by its owner (too)
+            raise EngineBroken(self.stage, self.broken) from None
         finally:
-            await cancel_and_wait(serving)
             await cancel_and_wait(beat)
 
-    async def _heartbeat(self) -> None:
+    async def _heartbeat(self, serving: asyncio.Task[Any]) -> None:
         """`Alive` while the engine makes progress, `Stuck` while it does not; once the
-        engine broke, `Stuck` with why (if the link still takes it), then EngineBroken."""
+        engine broke, `Stuck` with why (if the link still takes it), then the serving ends
+        (`serving` is cancelled, and raises EngineBroken)."""
         said: str | None = None
-        broken: str | None = None
         with contextlib.suppress(LinkClosed, LinkUnavailable):  # serve() sees the same
             while True:
                 await asyncio.sleep(self.heartbeat_s)
                 if (broken := self.engine.broken()) is not None:
+                    self.broken = broken
                     break
                 reason = self.engine.stalled(self.hang_s)
                 if reason != said and reason is not None:
@@ -287,8 +291,8 @@ class StageServer:
                 await self.link.send(Alive() if reason is None else Stuck(reason))
             log.critical("stage %s is broken: %s", self.stage, broken)
             await self.link.send(Stuck(broken, broken=True))
-        if broken is not None:
-            raise EngineBroken(self.stage, broken)
+        if self.broken is not None:
+            serving.cancel()
 
     async def _serve(self) -> None:
         while True:

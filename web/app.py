@@ -35,9 +35,9 @@ from sessions import SessionManager
 from sessions.process_beat import new_process_id
 from sessions.redis_link import WRITE_PROBE_KEY
 
+from .broken_stages import exit_when_broken
 from .call_controls import serve_call_controls
 from .hangups import serve_hangups
-from .broken_stages import exit_when_broken
 from .metrics_fanin import MetricsFanIn
 from .origins import OriginAllowlist, OriginPolicy
 from .realtime_routes import ROUTES as REALTIME_ROUTES

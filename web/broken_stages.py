@@ -34,7 +34,9 @@ async def exit_when_broken(pipeline: Pipeline, poll_s: float = POLL_S) -> None:
     """Watch `pipeline`'s in-process stages; exit the process once one broke."""
     if not isinstance(pipeline, StageGraph):
         return
-    while not (broken := pipeline.broken_stages()):
+    while True:  # polled: nothing tells the loop of a model thread's error
+        if broken := pipeline.broken_stages():
+            break
         await asyncio.sleep(poll_s)
     for stage, reason in broken.items():
         log.critical(

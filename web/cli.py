@@ -28,7 +28,7 @@ from types import FrameType
 
 import uvicorn
 
-from pipeline.devices import check_devices
+from pipeline.devices import check_devices, check_workers
 from pipeline.gpu_sharing import GpuSharingError
 from pipeline.graph_config import GraphConfigError, load_graph
 from pipeline.registry import PipelineNotFound, graph_path
@@ -182,11 +182,13 @@ async def _serve(settings: Settings, redis_url: str) -> None:
 
 
 def _check_pipeline(settings: Settings) -> str | None:
-    """The graph file's error, if any (a device this host lacks included): caught before
-    Redis or models start."""
+    """The graph file's error, if any (a device this host lacks, a GPU stage that --workers
+    would load once per server process, included): caught before Redis or models start."""
     try:
         path = graph_path(settings.pipeline)
-        check_devices(load_graph(path), str(path))
+        config = load_graph(path)
+        check_workers(config, str(path), settings.workers, settings.stage_hosts)
+        check_devices(config, str(path))
     except (PipelineNotFound, GraphConfigError) as exc:
         return str(exc)
     return None

@@ -54,7 +54,9 @@ class ModelThread:
             except Exception as exc:
                 if self.fatal is None and (reason := sticky_reason(exc)) is not None:
                     self.fatal = reason
-                    log.critical("%s: sticky device error, the engine is broken: %s", self.name, reason)
+                    log.critical(
+                        "%s: sticky device error, the engine is broken: %s", self.name, exc
+                    )
                 raise
 
     def start(self) -> None:
