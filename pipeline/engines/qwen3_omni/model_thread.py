@@ -55,7 +55,7 @@ class ModelThread:
                 if self.fatal is None and (reason := sticky_reason(exc)) is not None:
                     self.fatal = reason
                     log.critical(
-                        "%s: sticky device error, the engine is broken: %s", self.name, exc
+                        "%s: sticky device error, the engine is broken: %s", self.name, reason
                     )
                 raise
 
