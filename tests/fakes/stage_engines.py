@@ -220,7 +220,8 @@ class Breaking(TracksRequests, EntryEngine):
         return self.thread.fatal
 
     def stalled(self, bound_s: float) -> str | None:
-        return self.broken() or self.thread.watch.stalled(bound_s)
+        broken = self.broken()
+        return f"broken: {broken}" if broken else self.thread.watch.stalled(bound_s)
 
     async def close(self) -> None:
         self._requests.clear()

@@ -82,7 +82,11 @@ class ModelThread:
             self._executor.submit(self._step, job).add_done_callback(self._log_failure)
 
     def _log_failure(self, done: Future[object]) -> None:
-        if not done.cancelled() and (error := done.exception()) is not None:
+        if done.cancelled() or (error := done.exception()) is None:
+            return
+        if isinstance(error, DeviceLost):  # the device is gone: nothing left to clean up
+            log.debug("%s: a queued clean-up was not run: %s", self.name, error)
+        else:
             log.error("%s: a queued clean-up failed", self.name, exc_info=error)
 
     async def close(self) -> None:
