@@ -7,6 +7,7 @@ caught here (`os._exit` replaced) so that the test process lives on."""
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +47,7 @@ async def test_a_broken_stage_in_the_server_process_exits_it_with_status_3(
         statuses.append(status)
         raise Exited
 
-    monkeypatch.setattr(broken_stages.os, "_exit", exit_now)
+    monkeypatch.setattr(os, "_exit", exit_now)
     config = parse_graph(GRAPH)
     graph = StageGraph(config, build_engines(config))
     await graph.start()
