@@ -8,6 +8,12 @@ with the stage, the field and what the host has (exit status 2).
 
 CUDA devices are counted by torch in a child process, and only when some stage names one
 (the CPU-only cascade never pays for it); where torch or a driver is missing the count is 0.
+
+`check_workers`: with `parley serve --workers N`, every server process builds the stages the
+graph places in its own process; a GPU stage there would be loaded N times on the same GPU
+(N times its weights and rows, N batchers that never batch together), so that is refused at
+start. Stages placed in a worker are loaded once for all server processes, by a stage host
+(`web/stage_hosts.py`), unless `--stage-hosts off`.
 """
 
 from __future__ import annotations
@@ -75,3 +81,34 @@ def check_devices(
                     field,
                     f"stage {stage.name!r} is placed on {device}; this host has {has}",
                 )
+
+
+def check_workers(config: GraphConfig, source: str, workers: int, stage_hosts: bool) -> None:
+    """Raise GraphConfigError for the first GPU stage that `workers` server processes would
+    each load for themselves (see the module's docstring); nothing with one process."""
+    if workers <= 1:
+        return
+    for index, stage in enumerate(config.stages):
+        gpus = [device for device in stage.devices if device.startswith("cuda")]
+        if not gpus or stage.placement.process == "remote":
+            continue
+        on = f"stage {stage.name!r} runs on {', '.join(gpus)}"
+        if stage.placement.process == "main":
+            raise GraphConfigError(
+                source,
+                None,
+                f"stages.{index}.placement.process",
+                f"{on} in the server process, so --workers {workers} would load it "
+                f"{workers} times on the same GPU: place it in a worker "
+                "(placement: {process: worker}; the server processes then share one copy "
+                "through a stage host), or serve with --workers 1",
+            )
+        if not stage_hosts:
+            raise GraphConfigError(
+                source,
+                None,
+                f"stages.{index}.placement.process",
+                f"{on} in a worker, and with --stage-hosts off each of the --workers "
+                f"{workers} server processes would start its own: turn --stage-hosts on "
+                "(one copy shared by every server process), or serve with --workers 1",
+            )

@@ -14,10 +14,19 @@ its worker stages, the parent's stage hosts under `parley serve --workers N`) fi
 MPS control daemon on a private pipe directory and puts that directory in the environment the
 processes inherit; `close` quits the daemon. Where CUDA_MPS_PIPE_DIRECTORY is already set, the
 daemon there (the operator's own) is used and left running.
+
+A server killed outright (SIGKILL, a crash, `worker_main.exit_broken`'s fast exit) cannot quit
+its daemon, and a daemon left behind keeps its MPS server and GPU memory. So each daemon's
+private directory records the process that started it (`OWNER_FILE`: its pid and start
+time), and every `start` first looks for directories (`parley-mps-*` in the temporary
+directory) whose owner is gone, quits their daemons and removes them, logging each one
+(`sweep_stale`). `restart` quits ours and starts a fresh one (mps_restart.py says why).
 """
 
 from __future__ import annotations
 
+import glob
+import json
 import logging
 import os
 import shutil
@@ -34,6 +43,9 @@ COMMAND_S = 15.0
 """The most a command to the control daemon (start, quit) may take."""
 PID_FILE = "nvidia-cuda-mps-control.pid"
 QUIT_POLL_S = 0.05
+ROOT_PREFIX = "parley-mps-"
+OWNER_FILE = "owner.json"
+"""In a daemon's private directory: the pid and start time of the process that started it."""
 
 
 class GpuSharingError(RuntimeError):
@@ -69,7 +81,10 @@ class MpsDaemon:
                 f"gpu_sharing: mps needs {self.control} (installed with the NVIDIA driver) on "
                 "PATH; install it, or set gpu_sharing: none in the graph file"
             )
-        root = tempfile.mkdtemp(prefix="parley-mps-")  # mode 0700: ours alone
+        sweep_stale(binary)
+        root = tempfile.mkdtemp(prefix=ROOT_PREFIX)  # mode 0700: ours alone
+        with open(os.path.join(root, OWNER_FILE), "w") as file:
+            json.dump({"pid": os.getpid(), "started": _start_time(os.getpid())}, file)
         pipe_dir, log_dir = os.path.join(root, "pipe"), os.path.join(root, "log")
         os.mkdir(pipe_dir)
         os.mkdir(log_dir)
@@ -95,23 +110,76 @@ class MpsDaemon:
         if root is None or self._binary is None:
             return
         pipe_dir = str(self.pipe_dir)
-        env = {**os.environ, PIPE_ENV: pipe_dir, LOG_ENV: os.path.join(root, "log")}
         if os.environ.get(PIPE_ENV) == pipe_dir:
             os.environ.pop(PIPE_ENV, None)
             os.environ.pop(LOG_ENV, None)
-        daemon = _daemon_pid(pipe_dir)
-        try:
-            subprocess.run(
-                [self._binary], input=b"quit\n", env=env, capture_output=True, timeout=COMMAND_S
-            )
-        except (OSError, subprocess.SubprocessError) as exc:
-            log.error("the MPS control daemon on %s did not quit: %s", pipe_dir, _detail(exc))
-        else:  # `quit` returns once asked; the daemon stops its servers, then itself
-            deadline = time.monotonic() + COMMAND_S
-            while daemon is not None and _running(daemon) and time.monotonic() < deadline:
-                time.sleep(QUIT_POLL_S)
+        if _quit(self._binary, root):
             log.info("the MPS control daemon on %s quit", pipe_dir)
+
+    def restart(self) -> None:
+        """Quit our daemon and start a fresh one (its clients must have exited first)."""
+        self.close()
+        self.start()
+
+
+def sweep_stale(binary: str, directory: str | None = None) -> list[str]:
+    """Quit the daemons whose starter is gone (see the module's docstring) and remove their
+    directories; the directories swept. A directory without an owner record is left alone
+    (one being made right now, or not ours)."""
+    swept: list[str] = []
+    for root in sorted(
+        glob.glob(os.path.join(directory or tempfile.gettempdir(), ROOT_PREFIX + "*"))
+    ):
+        try:
+            with open(os.path.join(root, OWNER_FILE)) as file:
+                owner = json.load(file)
+            pid, started = int(owner["pid"]), owner.get("started")
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if _running(pid) and _start_time(pid) == started:
+            continue
+        daemon = _daemon_pid(os.path.join(root, "pipe"))
+        log.warning(
+            "found an MPS control daemon (pid %s) on %s left by process %d, which is gone; "
+            "quitting it",
+            daemon if daemon is not None and _running(daemon) else "not running",
+            root,
+            pid,
+        )
+        if daemon is not None and _running(daemon):
+            _quit(binary, root)
         shutil.rmtree(root, ignore_errors=True)
+        swept.append(root)
+    return swept
+
+
+def _quit(binary: str, root: str) -> bool:
+    """Ask the daemon of `root` to quit, wait until it has, remove `root`; whether it quit."""
+    pipe_dir = os.path.join(root, "pipe")
+    env = {**os.environ, PIPE_ENV: pipe_dir, LOG_ENV: os.path.join(root, "log")}
+    daemon = _daemon_pid(pipe_dir)
+    quit_ok = True
+    try:
+        subprocess.run([binary], input=b"quit\n", env=env, capture_output=True, timeout=COMMAND_S)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.error("the MPS control daemon on %s did not quit: %s", pipe_dir, _detail(exc))
+        quit_ok = False
+    else:  # `quit` returns once asked; the daemon stops its servers, then itself
+        deadline = time.monotonic() + COMMAND_S
+        while daemon is not None and _running(daemon) and time.monotonic() < deadline:
+            time.sleep(QUIT_POLL_S)
+    shutil.rmtree(root, ignore_errors=True)
+    return quit_ok
+
+
+def _start_time(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot): with its pid, names one process even
+    after the pid is used again."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            return int(file.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _daemon_pid(pipe_dir: str) -> int | None:

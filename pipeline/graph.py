@@ -149,6 +149,17 @@ class StageGraph:
                 found[stage.name] = reason
         return found
 
+    def broken_stages(self) -> dict[str, str]:
+        """Per stage broken for good in this process (`Engine.broken`: a sticky device
+        error of a stage placed in the main process): why. The process must exit to
+        recover (`web/broken_stages.py`); a stage in a process of its own is never here
+        (that process exits, and its supervisor restarts it)."""
+        found: dict[str, str] = {}
+        for stage in self.config.stages:
+            if (reason := self.engines[stage.name].broken()) is not None:
+                found[stage.name] = reason
+        return found
+
     async def forget_session(self, session_id: str) -> None:
         """Every stage drops what it kept for the session (all at once, like close)."""
         results = await asyncio.gather(

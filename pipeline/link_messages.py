@@ -93,9 +93,12 @@ class Alive:
 @dataclass(frozen=True, slots=True)
 class Stuck:
     """The heartbeat of a stage whose loop runs but whose engine has made no progress
-    within its bound (`Engine.stalled`); the main process treats the stage as hung."""
+    within its bound (`Engine.stalled`); the main process treats the stage as hung.
+    `broken`: the engine broke for good (`Engine.broken`) and its process is exiting by
+    itself (the main process need not kill it)."""
 
     reason: str
+    broken: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ the others when the `StageGraph` is built.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from .engines.registry import create_engine
@@ -17,6 +17,7 @@ from .gpu_sharing import MpsDaemon
 from .graph import StageGraph
 from .graph_config import GraphConfig, StageConfig, load_graph
 from .metrics import PipelineMetrics
+from .mps_restart import MpsStages
 from .remote import RemoteEngine
 from .replicas import StageReplicas
 from .shared_stage import SharedStageEngine
@@ -132,4 +133,18 @@ def load_pipeline(
     """Build the named pipeline (not started yet)."""
     config = load_graph(graph_path(name_or_path))
     engines = build_engines(config, redis_url, shared)
-    return StageGraph(config, engines, metrics=metrics, gpu=gpu_sharing(config, shared))
+    gpu = gpu_sharing(config, shared)
+    if gpu is not None:
+        restarts_together(gpu, engines.values())
+    return StageGraph(config, engines, metrics=metrics, gpu=gpu)
+
+
+def restarts_together(gpu: MpsDaemon, engines: Iterable[Engine]) -> MpsStages:
+    """Make the worker processes started under `gpu` one group (mps_restart.py)."""
+    group = MpsStages(gpu)
+    for engine in engines:
+        for one in engine.replicas if isinstance(engine, StageReplicas) else [engine]:
+            if isinstance(one, WorkerEngine):
+                one.mps = group
+                group.add(one)
+    return group

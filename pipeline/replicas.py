@@ -183,6 +183,14 @@ class StageReplicas(EntryEngine, StreamEngine):
             return None
         return "; ".join(f"{d}: {reason}" for d, reason in zip(self.devices, reasons, strict=True))
 
+    def broken(self) -> str | None:
+        """Any replica broken (one in this process): the process must go, whatever the
+        others can still serve."""
+        for device, replica in zip(self.devices, self.replicas, strict=True):
+            if (reason := replica.broken()) is not None:
+                return f"{device}: {reason}"
+        return None
+
     async def close(self) -> None:
         """Close every replica. Idempotent."""
         if self._closed:

@@ -44,6 +44,7 @@ from .link_messages import (
     Generate,
     Input,
     InputEnd,
+    Ready,
     Stats,
     StatsReply,
     Stuck,
@@ -76,6 +77,8 @@ class LinkedStage(EntryEngine, StreamEngine):
         """When the stage last said anything (the event loop's clock)."""
         self._ready = asyncio.Event()
         self._closing = False
+        self._broken = False
+        """The far side said its engine broke (`Stuck.broken`): down until a new link."""
         self._requests: dict[str, Channel[Chunk]] = {}
         """per link key (a request's id and a count): where its chunks go"""
         self._keys: dict[str, str] = {}
@@ -89,6 +92,7 @@ class LinkedStage(EntryEngine, StreamEngine):
     def _attach(self, link: Link) -> None:
         """Start serving requests over `link` (the stage said it is ready)."""
         self._link = link
+        self._broken = False
         self._heard = asyncio.get_running_loop().time()
         self._mark_up()
         self._reader = self._readers.create_task(self._read(link), name=f"stage:{self.name}:reader")
@@ -139,8 +143,15 @@ class LinkedStage(EntryEngine, StreamEngine):
                     await asyncio.sleep(RETRY_S)
                     continue
                 self._heard = loop.time()
+                if isinstance(message, Ready):  # a fresh process (a remote stage's link)
+                    self._broken = False
+                elif self._broken:  # what its last moments send changes nothing: it is going
+                    continue
                 if isinstance(message, Stuck):
-                    if self.down_reason is None:
+                    if message.broken:  # it exits by itself: its requests fail, no kill
+                        self._broken = True
+                        self._mark_down(message.reason)
+                    elif self.down_reason is None:
                         self._hung(f"hung: {message.reason}")
                     continue
                 self._mark_up()

@@ -16,7 +16,10 @@ Each connection is served as a worker's link is (`StageServer`), with request id
 by the connection's number, since two processes may use the same id. A connection that ends
 (its server process stopped or died) ends its requests; the others go on. SIGTERM, or the
 parent's death (PR_SET_PDEATHSIG, set by the parent), stops the host: every connection is
-closed, then the engine.
+closed, then the engine. An engine that breaks (`Engine.broken`: a sticky device error) ends
+the host too: each connection is told `Stuck` with why, then the host exits with
+`BROKEN_EXIT` (its engine not closed, `worker_main.exit_broken`) and its parent starts it
+again as it does one that died.
 """
 
 from __future__ import annotations
@@ -37,7 +40,15 @@ from .connectors.shm_dial import BadHello, answer
 from .link_messages import Ready
 from .tasks import TaskSet, background, cancel_all
 from .types import Engine
-from .worker_main import BEAT_S, StageServer, StageStartError, WorkerSpec, start_engine
+from .worker_main import (
+    BEAT_S,
+    EngineBroken,
+    StageServer,
+    StageStartError,
+    WorkerSpec,
+    exit_broken,
+    start_engine,
+)
 
 log = logging.getLogger("parley.pipeline.stage_host")
 
@@ -64,12 +75,16 @@ def main(argv: list[str]) -> None:
     except StageStartError as exc:
         print(f"stage {spec.stage}: {exc}", file=sys.stderr, flush=True)
         sys.exit(1)
+    except EngineBroken as exc:
+        exit_broken(exc)
 
 
 async def host_stage(spec: WorkerSpec, path: str, ready_fd: int | None) -> None:
-    """Start the engine, listen on `path`, say ready, serve until SIGTERM."""
+    """Start the engine, listen on `path`, say ready, serve until SIGTERM. Raises
+    EngineBroken, the engine left as it is, once the engine broke."""
     engine = await start_engine(spec)
     stop = asyncio.Event()
+    broken: list[str] = []
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     try:
@@ -83,6 +98,7 @@ async def host_stage(spec: WorkerSpec, path: str, ready_fd: int | None) -> None:
             log.info("stage %s: serving on %s", spec.stage, path)
             host = _Host(spec.stage, engine, spec.hang_s)
             tasks.append(background(host.accept(listener), "stage-host:accept"))
+            tasks.append(background(_until_broken(engine, broken, stop), "stage-host:broken"))
             try:
                 await stop.wait()
             finally:
@@ -90,7 +106,22 @@ async def host_stage(spec: WorkerSpec, path: str, ready_fd: int | None) -> None:
                 await host.close()
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
-        await engine.close()
+        if not broken:
+            await engine.close()
+    if broken:
+        raise EngineBroken(spec.stage, broken[0])
+
+
+async def _until_broken(engine: Engine, broken: list[str], stop: asyncio.Event) -> None:
+    """Once the engine broke: put why in `broken` and, a heartbeat later (each connection's
+    `StageServer` says `Stuck` to its server process meanwhile), set `stop`."""
+    while True:  # polled as the heartbeat is: nothing tells the loop of a thread's error
+        if (reason := engine.broken()) is not None:
+            break
+        await asyncio.sleep(BEAT_S)
+    broken.append(reason)
+    await asyncio.sleep(2 * BEAT_S)
+    stop.set()
 
 
 async def _beat(fd: int, stage: str, engine: Engine, hang_s: float) -> None:
@@ -175,6 +206,8 @@ class _Host:
             await server.serve()
         except LinkClosed:
             pass
+        except EngineBroken as exc:
+            log.error("stage %s: connection %d ends: %s", self.stage, number, exc.reason)
         except Exception:
             log.exception("stage %s: connection %d failed", self.stage, number)
         finally:

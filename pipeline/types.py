@@ -270,6 +270,14 @@ class Engine(ABC):
         own to watch) is never stalled."""
         return None
 
+    def broken(self) -> str | None:
+        """Why the engine can never serve again in this process (a sticky device error: the
+        process's CUDA context is unusable, `device_faults.py`), or None. The process serving
+        the stage then exits so that its supervisor starts a fresh one; an engine that can
+        break answers the same reason from `stalled` too, so `/readyz` turns red at once.
+        This default (nothing that breaks for good) never is."""
+        return None
+
 
 class EntryEngine(Engine):
     """An entry stage's engine: one request in, a stream of chunks out."""

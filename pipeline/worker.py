@@ -14,6 +14,10 @@ spins until the next; on a small machine where other processes want the same cor
 thread SmolLM2 then took 23 s instead of 1.5 s for an answer (a spinning thread waits on a
 descheduled one at every op). With passive waits it degrades to the one-thread speed
 instead, and alone it keeps most of the two-thread gain (`loadtest.thinker_bench`).
+
+Under `gpu_sharing: mps` the graph's workers are one `MpsStages` group (`mps`): a worker
+that ends takes the others down with it and they all start again under a fresh daemon
+(mps_restart.py says why).
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ import subprocess
 from .connectors.base import LinkClosed
 from .connectors.shm import DEFAULT_CAPACITY, ShmLink
 from .link_messages import Close
+from .mps_restart import MpsStages
 from .reconnecting_stage import ReconnectingStage, StageLinkFailed
-from .worker_main import WorkerSpec, launch_args
+from .worker_main import BROKEN_EXIT, WorkerSpec, launch_args
 
 log = logging.getLogger("parley.pipeline.worker")
 
@@ -55,6 +60,12 @@ class WorkerEngine(ReconnectingStage):
         self.spec = spec
         self.ring_capacity = ring_capacity
         self._process: subprocess.Popen[bytes] | None = None
+        self.last_exit: int | None = None
+        """The exit status of the last worker that ended (negative: the signal's number)."""
+        self.mps: MpsStages | None = None
+        """The group of the MPS daemon this worker is a client of, if it restarts with it."""
+        self._mps_epoch = 0
+        """The group's epoch when the running worker started."""
 
     @property
     def pid(self) -> int | None:
@@ -90,6 +101,8 @@ class WorkerEngine(ReconnectingStage):
                 raise WorkerFailed(str(exc)) from None
             raise
         self._process = process
+        if self.mps is not None:
+            self._mps_epoch = self.mps.epoch
         self._attach(link)
         log.info("stage %s: worker pid %s ready", self.name, process.pid)
 
@@ -103,11 +116,33 @@ class WorkerEngine(ReconnectingStage):
             self.down_reason = f"{reason}; its worker was killed and a new one is starting"
 
     async def _on_lost(self) -> None:
-        log.error("stage %s: worker pid %s died; restarting", self.name, self.pid)
         if self._process is not None:
             process, self._process = self._process, None
             await asyncio.to_thread(_stop_process, process)
+            self.last_exit = process.returncode
+            why = " (its engine broke)" if process.returncode == BROKEN_EXIT else ""
+            log.error(
+                "stage %s: worker pid %s ended with status %s%s; restarting",
+                self.name,
+                process.pid,
+                process.returncode,
+                why,
+            )
+        if self.mps is not None:  # the others stop and the daemon is fresh before it starts
+            await self.mps.member_lost(self, self._mps_epoch)
         await super()._on_lost()
+
+    async def stop_for_daemon(self, reason: str) -> None:
+        """End the worker for a restart of its MPS daemon (`MpsStages`): its requests fail
+        with `reason` now; losing the link then restarts it, as after a death."""
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        self._mark_down(reason)
+        self.down_reason = f"{reason}; a new worker is starting"
+        log.error("stage %s: stopping worker pid %s: %s", self.name, process.pid, reason)
+        process.kill()
+        await asyncio.to_thread(process.wait, 5.0)
 
     async def close(self) -> None:
         """Stop the child (politely, then by force). Idempotent."""

@@ -18,6 +18,13 @@ main process notices after `hang_s` (`stage_client`).
 The same pieces (`start_engine`, `StageServer`) serve a stage host's links too
 (`stage_host.py`: one engine, one `StageServer` per server process that dials it).
 
+An engine that breaks (`Engine.broken`: a sticky device error, after which its CUDA context
+can run nothing) ends the serving: the heartbeat says `Stuck` with the reason, so the main
+process fails the requests in flight and marks the stage down at once, and the serving
+raises `EngineBroken`; the process then exits with `BROKEN_EXIT` without closing the engine
+(`exit_broken`: freeing memory of a failed context can hang), and its supervisor starts a
+fresh one (a worker's `WorkerEngine`, a stage host's parent, `parley stage`'s own).
+
 A remote stage also rides out its link's outages (Redis down or restarting): the requests in
 flight are dropped (the main process has failed them already), and once the link works
 again the stage says `Ready` again.
@@ -29,11 +36,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import socket
 import sys
 from collections.abc import AsyncGenerator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from .channel import Channel, ChannelClosed
 from .connectors.base import Link, LinkClosed, LinkUnavailable
@@ -75,6 +83,28 @@ RETRY_MIN_S = 0.25
 RETRY_MAX_S = 5.0
 BEAT_S = 0.5
 """How often a worker or a stage host says it is alive: a tenth of the default hang bound."""
+BROKEN_EXIT = 3
+"""The exit status of a stage process whose engine broke (`EngineBroken`)."""
+
+
+class EngineBroken(RuntimeError):
+    """The engine served here broke for good (`Engine.broken`); its process must exit."""
+
+    def __init__(self, stage: str, reason: str) -> None:
+        super().__init__(f"stage {stage}: {reason}")
+        self.stage = stage
+        self.reason = reason
+
+
+def exit_broken(error: EngineBroken) -> NoReturn:
+    """End this stage process at once with `BROKEN_EXIT`, saying why. No clean-up runs: the
+    engine's device context has failed, and freeing its memory or torch's exit hooks could
+    hang on it; the link was closed already and the supervisor starts a fresh process."""
+    log.critical("%s; exiting with status %d so that a fresh process serves it", error, BROKEN_EXIT)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stderr.flush()
+    os._exit(BROKEN_EXIT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +120,10 @@ class WorkerSpec:
 
 def run_worker(spec: WorkerSpec, sock: socket.socket, rings: RingSpec) -> None:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s worker[{spec.stage}] %(message)s")
-    asyncio.run(_serve(spec, sock, rings))
+    try:
+        asyncio.run(_serve(spec, sock, rings))
+    except EngineBroken as exc:
+        exit_broken(exc)
 
 
 def launch_args(spec: WorkerSpec, fd: int, rings: RingSpec) -> list[str]:
@@ -119,18 +152,24 @@ async def serve_stage(
 ) -> None:
     """Build the engine and serve it over `link` until the link ends or says close, saying
     `Alive` (or `Stuck`) every `heartbeat_s`. `ride_outages` (a remote stage): a link that
-    is unavailable for a while is waited for instead of ending the serving."""
+    is unavailable for a while is waited for instead of ending the serving. Raises
+    EngineBroken, with the engine left as it is, if the engine broke (see `exit_broken`)."""
     try:
         engine = await start_engine(spec)
     except StageStartError as exc:
         await _fail(link, str(exc))
         return
     server = StageServer(spec.stage, engine, link, hang_s=spec.hang_s, heartbeat_s=heartbeat_s)
+    broken = False
     try:
         await _serve_until_closed(server, link, ride_outages)
+    except EngineBroken:
+        broken = True
+        raise
     finally:
         await server.stop()
-        await engine.close()
+        if not broken:
+            await engine.close()
         await link.close()
 
 
@@ -214,28 +253,46 @@ class StageServer:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         """The same tasks by request id (for `Abort`)."""
         self.inputs: dict[str, Channel[Chunk]] = {}
+        self.broken: str | None = None
+        """Why the engine broke, once the heartbeat found it so (`Engine.broken`)."""
 
     async def serve(self) -> None:
-        """Serve the link's requests until it ends or says close, beating meanwhile."""
+        """Serve the link's requests until it ends or says close, beating meanwhile. Raises
+        EngineBroken once the engine broke (the link was told `Stuck` first)."""
         # a task and not a TaskGroup: the heartbeat never ends by itself, and a TaskGroup
         # would hand the link's LinkUnavailable to the caller inside an ExceptionGroup
-        beat = background(self._heartbeat(), name=f"stage:{self.stage}:heartbeat")
+        serving = asyncio.current_task()
+        assert serving is not None
+        beat = background(self._heartbeat(serving), name=f"stage:{self.stage}:heartbeat")
         try:
             await self._serve()
+        except asyncio.CancelledError:
+            if self.broken is None or serving.uncancel() > 0:
+                raise  # cancelled by its owner (too)
+            raise EngineBroken(self.stage, self.broken) from None
         finally:
             await cancel_and_wait(beat)
 
-    async def _heartbeat(self) -> None:
-        """`Alive` while the engine makes progress, `Stuck` while it does not."""
+    async def _heartbeat(self, serving: asyncio.Task[Any]) -> None:
+        """`Alive` while the engine makes progress, `Stuck` while it does not; once the
+        engine broke, `Stuck` with why (if the link still takes it), then the serving ends
+        (`serving` is cancelled, and raises EngineBroken)."""
         said: str | None = None
         with contextlib.suppress(LinkClosed, LinkUnavailable):  # serve() sees the same
             while True:
                 await asyncio.sleep(self.heartbeat_s)
+                if (broken := self.engine.broken()) is not None:
+                    self.broken = broken
+                    break
                 reason = self.engine.stalled(self.hang_s)
                 if reason != said and reason is not None:
                     log.error("stage %s is stuck: %s", self.stage, reason)
                 said = reason
                 await self.link.send(Alive() if reason is None else Stuck(reason))
+            log.critical("stage %s is broken: %s", self.stage, broken)
+            await self.link.send(Stuck(broken, broken=True))
+        if self.broken is not None:
+            serving.cancel()
 
     async def _serve(self) -> None:
         while True:

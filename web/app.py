@@ -35,6 +35,7 @@ from sessions import SessionManager
 from sessions.process_beat import new_process_id
 from sessions.redis_link import WRITE_PROBE_KEY
 
+from .broken_stages import exit_when_broken
 from .call_controls import serve_call_controls
 from .hangups import serve_hangups
 from .metrics_fanin import MetricsFanIn
@@ -119,6 +120,7 @@ async def _serving(app: Starlette, services: Services) -> AsyncIterator[None]:
         # which a TaskGroup in an async generator cannot span.
         loading = TaskSet("pipeline-start")
         loader = loading.create_task(_start_pipeline(services, services.pipeline))
+        loading.create_task(exit_when_broken(services.pipeline), name="pipeline-broken")
         if services.settings.workers > 1:
             # A worker listens only once it can serve: its socket joins the shared port's
             # group at uvicorn's start, after this, and until then the others get them all.

@@ -28,12 +28,13 @@ from types import FrameType
 
 import uvicorn
 
-from pipeline.devices import check_devices
+from pipeline.devices import check_devices, check_workers
 from pipeline.gpu_sharing import GpuSharingError
 from pipeline.graph_config import GraphConfigError, load_graph
 from pipeline.registry import PipelineNotFound, graph_path
 from pipeline.remote import serve_remote_stage
 from pipeline.tasks import TaskSet
+from pipeline.worker_main import EngineBroken, exit_broken
 from realtime.ice import is_loopback
 from realtime.websocket.connection import MAX_MESSAGE_BYTES
 
@@ -181,11 +182,13 @@ async def _serve(settings: Settings, redis_url: str) -> None:
 
 
 def _check_pipeline(settings: Settings) -> str | None:
-    """The graph file's error, if any (a device this host lacks included): caught before
-    Redis or models start."""
+    """The graph file's error, if any (a device this host lacks, a GPU stage that --workers
+    would load once per server process, included): caught before Redis or models start."""
     try:
         path = graph_path(settings.pipeline)
-        check_devices(load_graph(path), str(path))
+        config = load_graph(path)
+        check_workers(config, str(path), settings.workers, settings.stage_hosts)
+        check_devices(config, str(path))
     except (PipelineNotFound, GraphConfigError) as exc:
         return str(exc)
     return None
@@ -280,6 +283,8 @@ def serve_stage(settings: Settings) -> int:
         asyncio.run(serve_remote_stage(settings.pipeline, settings.stage, settings.redis_url))
     except KeyboardInterrupt:
         pass
+    except EngineBroken as exc:  # a sticky device error: whoever runs `parley stage` restarts it
+        exit_broken(exc)
     except (LookupError, ValueError) as exc:
         print(f"parley: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2

@@ -22,6 +22,11 @@ also beats on its ready pipe while its engine makes progress; one silent for its
 started again like one that died. The workers find it hung first (they see the same silence
 on their links at `hang_s`; the parent waits `HANG_MARGIN_S` more), so its requests fail
 with that reason rather than as a death, and /readyz names the stage until it is back.
+
+Under `gpu_sharing: mps` the hosts are clients of one MPS daemon, which a failing client
+poisons for all of them (`pipeline/mps_restart.py`): a host that ends is not started again
+alone. Every other host is killed, the daemon quit and a fresh one started, and then every
+host starts again (the workers fail the requests in flight and dial again).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from dataclasses import dataclass
 from functools import partial
 from types import FrameType
 
+from pipeline.gpu_sharing import GpuSharingError
 from pipeline.worker import stage_environment
 
 from .redis_server import _die_with_parent, _load_prctl
@@ -132,12 +138,14 @@ class WorkerPool:
         self._respawn: dict[str, Callable[[], _Child]] = {}
         self._stop_signal: int | None = None
         self._prctl = _load_prctl()
+        self._hosts: StageHosts | None = None
 
     def run(self) -> int:
         """Serve until SIGINT or SIGTERM; the exit status (0, or 1 if a child never started)."""
         hosts = StageHosts(  # GpuSharingError: the graph asks for MPS, which cannot start
             self.settings.pipeline if self.settings.stage_hosts else None, self.settings.log_level
         )
+        self._hosts = hosts
         previous = {
             sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
         }
@@ -254,6 +262,12 @@ class WorkerPool:
                     restart_at[slot] = now + (RESTART_BACKOFF_S if quick else 0.0)
                 if now >= restart_at[slot]:
                     del restart_at[slot]
+                    if child.host and self._under_own_mps():
+                        self._restart_hosts(child.label)
+                        for other, peer in enumerate(self.children):
+                            if peer.host:
+                                restart_at.pop(other, None)
+                        continue
                     child.close()
                     self.children[slot] = self._respawn[child.label]()
             if not announced and all(c.poll_ready() for c in self.children):
@@ -264,6 +278,34 @@ class WorkerPool:
             time.sleep(POLL_S)
         log.info("signal %d: stopping %d process(es)", self._stop_signal, len(self.children))
         return 0
+
+    def _under_own_mps(self) -> bool:
+        return self._hosts is not None and self._hosts.gpu is not None and self._hosts.gpu.owned
+
+    def _restart_hosts(self, ended: str) -> None:
+        """Every stage host again under a fresh MPS daemon (see the module's docstring)."""
+        assert self._hosts is not None and self._hosts.gpu is not None
+        hosts = [child for child in self.children if child.host]
+        log.error(
+            "%s ended under MPS: restarting every stage host (%d) with a fresh MPS daemon",
+            ended,
+            len(hosts),
+        )
+        for child in hosts:
+            if child.proc.poll() is None:
+                child.killed = True
+                child.proc.kill()
+        for child in hosts:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(5.0)
+        try:
+            self._hosts.gpu.restart()
+        except GpuSharingError as exc:  # they start again without MPS: slower, but up
+            log.error("%s; the stage hosts start again without it", exc)
+        for slot, child in enumerate(self.children):
+            if child.host:
+                child.close()
+                self.children[slot] = self._respawn[child.label]()
 
     def _stop_all(self) -> None:
         """SIGTERM to every worker, then wait for their drain (SIGKILL past the deadline);

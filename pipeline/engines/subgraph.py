@@ -105,6 +105,15 @@ class SubgraphEngine(EntryEngine):
                 return f"{stage.name}: {reason}"
         return None
 
+    def broken(self) -> str | None:
+        """An inner stage broken breaks the group (their process is one)."""
+        if self.graph is None:
+            return None
+        for stage in self.config.stages:
+            if (reason := self.graph.engines[stage.name].broken()) is not None:
+                return f"{stage.name}: {reason}"
+        return None
+
     async def forget_session(self, session_id: str) -> None:
         if self.graph is not None:
             await self.graph.forget_session(session_id)

@@ -195,3 +195,43 @@ class WhereAmI(TracksRequests, EntryEngine):
             while request.text == "hold" and not self._requests.aborted(request_id):
                 await asyncio.sleep(0.01)
             yield End()
+
+
+class Breaking(TracksRequests, EntryEngine):
+    """An entry stage whose steps run on a real `ModelThread`, as the Qwen3-Omni stages' do:
+    `count` steps of `step_s`, a text delta after each. A step can be made to fail with a
+    sticky device error through the model thread's test hook (`device_faults.INJECT_ENV`):
+    then the engine is broken, as after a device-side assert on a GPU."""
+
+    name = "breaking"
+
+    def __init__(self, count: int = 10, step_s: float = 0.01) -> None:
+        from pipeline.engines.qwen3_omni.model_thread import ModelThread
+
+        self.count = count
+        self.step_s = step_s
+        self.thread = ModelThread("parley-breaking")
+        self._requests: RequestTracker[None] = RequestTracker()
+
+    async def start(self) -> None:
+        self.thread.start()
+
+    def broken(self) -> str | None:
+        return self.thread.fatal
+
+    def stalled(self, bound_s: float) -> str | None:
+        broken = self.broken()
+        return f"broken: {broken}" if broken else self.thread.watch.stalled(bound_s)
+
+    async def close(self) -> None:
+        self._requests.clear()
+        await self.thread.close()
+
+    async def generate(
+        self, request_id: str, request: PipelineRequest
+    ) -> AsyncGenerator[Chunk, None]:
+        with self._requests.track(request_id):
+            for i in range(self.count):
+                await self.thread.call(time.sleep, self.step_s)
+                yield TextDelta(text=f"B{i} ")
+            yield End()

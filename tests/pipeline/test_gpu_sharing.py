@@ -1,22 +1,28 @@
 """`gpu_sharing: mps`: the MPS daemon a graph's stage processes share a GPU through.
 
 The real control tool needs an NVIDIA GPU; here `tests/fakes/mps_control.py` stands in for it
-with the same contract (a daemon per pipe directory, `quit` on standard input)."""
+with the same contract (a daemon per pipe directory, `quit` on standard input). What a real
+daemon does to its clients when one of them fails (they all fail) is not faked: the tests
+check what Parley does about it (every stage restarted under a fresh daemon)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from pipeline.gpu_sharing import LOG_ENV, PIPE_ENV, GpuSharingError, MpsDaemon
+from pipeline.gpu_sharing import LOG_ENV, PIPE_ENV, GpuSharingError, MpsDaemon, sweep_stale
 from pipeline.graph import StageGraph
 from pipeline.graph_config import GraphConfigError, parse_graph
 from pipeline.registry import load_pipeline
+from pipeline.types import End, PipelineRequest
 from pipeline.worker import WorkerEngine
 from tests.fakes import mps_control
 
@@ -170,3 +176,92 @@ def test_a_graph_without_gpu_sharing_or_with_only_remote_stages_starts_no_daemon
 def test_an_unknown_gpu_sharing_names_its_line() -> None:
     with pytest.raises(GraphConfigError, match=r"g.yaml:2: gpu_sharing: Input should be"):
         parse_graph(GRAPH.replace("gpu_sharing: mps", "gpu_sharing: fast"), "g.yaml")
+
+
+TWO_STAGES = """\
+name: shared_gpu_two
+gpu_sharing: mps
+stages:
+  - name: first
+    engine: echo
+    placement: {process: worker}
+  - name: second
+    engine: echo
+    placement: {process: worker}
+outputs: [first, second]
+"""
+
+
+async def test_a_stage_that_dies_under_mps_restarts_every_stage_under_a_fresh_daemon(
+    tool: Path, tmp_path: Path
+) -> None:
+    path = tmp_path / "graph.yaml"
+    path.write_text(TWO_STAGES)
+    graph = load_pipeline(str(path))
+    assert isinstance(graph, StageGraph) and graph.gpu is not None
+    await graph.start()
+    try:
+        first, second = graph.engines["first"], graph.engines["second"]
+        assert isinstance(first, WorkerEngine) and isinstance(second, WorkerEngine)
+        old_pipe, old_pids = graph.gpu.pipe_dir, (first.pid, second.pid)
+        assert old_pipe is not None and None not in old_pids
+        old_daemon = daemon_pid(old_pipe)
+        os.kill(old_pids[0] or 0, signal.SIGKILL)  # a client of the daemon dies
+        async with asyncio.timeout(30):
+            while (
+                first.pid in (None, old_pids[0])
+                or second.pid in (None, old_pids[1])
+                or graph.stalled_stages()
+            ):
+                await asyncio.sleep(0.05)
+        assert not running(old_daemon)
+        new_pipe = graph.gpu.pipe_dir
+        assert new_pipe is not None and new_pipe != old_pipe and running(daemon_pid(new_pipe))
+        for worker in (first, second):
+            assert worker.pid is not None
+            assert f"{PIPE_ENV}={new_pipe}".encode() in environment(worker.pid)
+        assert second.last_exit == -signal.SIGKILL  # stopped for the daemon, not by itself
+        request = PipelineRequest("resp_after", np.zeros(160, dtype=np.int16), text="hi")
+        out = [chunk async for chunk in graph.generate(request)]
+        assert isinstance(out[-1], End)
+        new_daemon = daemon_pid(new_pipe)
+    finally:
+        await graph.close()
+    assert not running(new_daemon)
+
+
+def test_a_daemon_left_by_a_killed_server_is_quit_at_the_next_start(
+    tool: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server killed outright leaves its daemon; the next start quits it, and leaves the
+    daemon of a server still running alone."""
+    import tempfile
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # TMPDIR read afresh
+    killed = subprocess.run(  # a server that started its daemon, then was SIGKILLed
+        [
+            sys.executable,
+            "-c",
+            "import os, signal; from pipeline.gpu_sharing import MpsDaemon; d = MpsDaemon(); "
+            "d.start(); print(d.pipe_dir, flush=True); os.kill(os.getpid(), signal.SIGKILL)",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+    )
+    assert killed.returncode == -signal.SIGKILL
+    stale_pipe = killed.stdout.strip()
+    stale_daemon = daemon_pid(stale_pipe)
+    assert running(stale_daemon)
+    live = MpsDaemon()  # a live server's daemon is left alone
+    live.start()
+    try:
+        assert not running(stale_daemon)
+        assert not Path(stale_pipe).parent.exists()
+        assert "left by process" in caplog.text and "which is gone; quitting it" in caplog.text
+        assert live.pipe_dir is not None
+        assert sweep_stale(str(tool)) == []
+        assert running(daemon_pid(live.pipe_dir))
+    finally:
+        live.close()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.devices import check_devices, cuda_device_count
+from pipeline.devices import check_devices, check_workers, cuda_device_count
 from pipeline.graph_config import GraphConfigError, load_graph, parse_graph
 from pipeline.registry import graph_path, worker_spec
 from web.settings import parse_settings
@@ -179,3 +179,42 @@ def test_a_replicated_stage_gets_a_stage_host_per_replica(tmp_path: Path) -> Non
         hosts.close()
     _, older = parse_settings(["serve", "--shared-stages", json.dumps({"a": "/tmp/a.sock"})])
     assert dict(older.shared_stages) == {"a": ("/tmp/a.sock",)}
+
+
+def test_workers_refuse_a_gpu_stage_each_server_process_would_load_for_itself() -> None:
+    split = parse_graph(SPLIT)
+    check_workers(split, "split.yaml", 4, stage_hosts=True)  # worker stages: hosted once
+    check_workers(parse_graph(SPLIT.replace("process: worker", "process: main")), "x", 1, True)
+    in_main = parse_graph(SPLIT.replace('process: worker, devices: ["cuda:1"]', "process: main"))
+    check_workers(in_main, "x", 4, True)  # the CPU is no GPU to share
+    on_gpu = parse_graph(
+        SPLIT.replace(
+            '{process: worker, devices: ["cuda:1"]}', ('{process: main, devices: ["cuda:1"]}')
+        )
+    )
+    with pytest.raises(GraphConfigError) as refused:
+        check_workers(on_gpu, "split.yaml", 4, True)
+    assert str(refused.value).startswith("split.yaml: stages.1.placement.process: stage 'talker'")
+    assert "--workers 4 would load it 4 times on the same GPU" in str(refused.value)
+    assert "place it in a worker" in str(refused.value) and "--workers 1" in str(refused.value)
+    with pytest.raises(GraphConfigError, match="stages.0.placement.process: .*--stage-hosts on"):
+        check_workers(split, "split.yaml", 2, stage_hosts=False)
+
+
+def test_serve_with_workers_and_a_gpu_stage_in_the_server_exits_2_naming_it(
+    tmp_path: Path,
+) -> None:
+    graph = tmp_path / "moshi_like.yaml"
+    graph.write_text(
+        "name: m\nstages:\n  - name: moshi\n    engine: echo\n"
+        '    placement: {process: main, devices: ["cuda:0"]}\noutputs: [moshi]\n'
+    )
+    result = subprocess.run(
+        [PARLEY, "serve", "--port", "0", "--workers", "2", "--pipeline", str(graph)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"{graph}: stages.0.placement.process: stage 'moshi' runs on cuda:0" in result.stderr
+    assert "Parley is" not in result.stdout

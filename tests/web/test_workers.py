@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -435,3 +436,65 @@ def test_a_stop_while_the_stages_load_is_prompt(servers: list[Server], tmp_path:
     assert server.proc.wait(15) == 0
     assert not [pid for pid in everything if alive(pid)]
     assert "Parley is ready" not in "".join(server.output)
+
+
+@pytest.mark.slow
+async def test_under_mps_a_stage_host_that_dies_restarts_every_host_under_a_fresh_daemon(
+    servers: list[Server], tmp_path: Path
+) -> None:
+    """The MPS daemon is the stand-in (`tests/fakes/mps_control.py`): what Parley does when
+    one client of it dies is what is checked, not what the real daemon does to the rest."""
+    from tests.fakes import mps_control
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    mps_control.install(bin_dir)
+    graph = tmp_path / "shared_gpu.yaml"
+    graph.write_text(
+        HOSTED.replace("name: hosted\n", "name: shared_gpu\ngpu_sharing: mps\n").replace(
+            "outputs: [model]\n",
+            "  - {name: relay, engine: 'tests.fakes.stage_engines:Relay',"
+            " placement: {process: worker}}\n"
+            "edges:\n  - {from: model, to: relay}\noutputs: [relay]\n",
+        )
+    )
+    port = free_port()
+    root = str(Path(__file__).parents[2])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
+    env |= {"PYTHONPATH": root, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    server = Server(
+        "--port", str(port), "--pipeline", str(graph), "--workers", "2", env=env
+    )  # fmt: skip
+    servers.append(server)
+    server.wait_for_line("Parley is ready", timeout=60)
+    hosts = [p for p in children(server.proc.pid) if "pipeline.stage_host" in cmdline(p)]
+    daemons = mps_daemons_of(server.proc.pid)
+    assert len(hosts) == 2 and len(daemons) == 1
+    await answered(port)
+    os.kill(hosts[0], signal.SIGKILL)
+    server.wait_for_line("restarting every stage host (2) with a fresh MPS daemon", timeout=10)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            await answered(port)
+            break
+        except AssertionError:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.5)
+    now = [p for p in children(server.proc.pid) if "pipeline.stage_host" in cmdline(p)]
+    assert len(now) == 2 and not set(now) & set(hosts)
+    assert not alive(daemons[0])
+    fresh = mps_daemons_of(server.proc.pid)
+    assert len(fresh) == 1 and alive(fresh[0])
+
+
+def mps_daemons_of(owner: int) -> list[int]:
+    """The MPS daemons (the stand-in's) the process `owner` started, by their records."""
+    found = []
+    for record in Path(tempfile.gettempdir()).glob("parley-mps-*/owner.json"):
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(record.read_text())["pid"] == owner:
+                found.append(
+                    int((record.parent / "pipe" / "nvidia-cuda-mps-control.pid").read_text())
+                )
+    return found

@@ -6,7 +6,8 @@ within a few milliseconds of each other, and run one after another they would ho
 session's frames (the same thread runs them) for ten prefills. Here the batch is taken on
 the model thread when its turn comes, so every call asked for by then is in it.
 
-A batch that fails runs again one call at a time, so that only a bad one fails.
+A batch that fails runs again one call at a time, so that only a bad one fails; not after a
+sticky device error (`ModelThread.fatal`): then every call waiting fails, as will later ones.
 """
 
 from __future__ import annotations
@@ -76,7 +77,15 @@ class GatheredCalls(Generic[ItemT]):
             try:
                 taken = await self.thread.call(self._take_and_run)
             except _BatchFailed as failed:
-                await self._one_at_a_time(failed.taken, failed.error)
+                if self.thread.fatal is None:
+                    await self._one_at_a_time(failed.taken, failed.error)
+                    continue
+                for _, waiter in failed.taken:  # the device is gone: nothing runs again
+                    fail(waiter, failed.error)
+                self._waiting.fail_all(f"{self.name}: {failed.error}")
+                continue
+            except Exception as exc:  # the batch never ran (`DeviceLost`): nor will any
+                self._waiting.fail_all(f"{self.name}: {exc}")
                 continue
             self.largest_batch = max(self.largest_batch, len(taken))
             for _, waiter in taken:

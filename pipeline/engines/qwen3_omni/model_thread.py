@@ -7,6 +7,11 @@ step granularity: a long reply does not hold back another session's first audio 
 than one step. Cancelling a waiting call drops it before it runs; a call already running
 finishes and its result is discarded (steps are milliseconds long). Each call is one step
 of the thread's `watch` (a call known to be long declares so: `step_watch.long_step`).
+
+A call that fails with a sticky device error (`device_faults.sticky_reason`: the process's
+CUDA context is unusable from then on) marks the thread `fatal`: every later call fails at
+once with `DeviceLost` instead of running, and the engine reports itself broken
+(`Engine.broken`), so that the process serving it exits and is started again.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import ParamSpec, TypeVar
 
 import torch
 
+from ...device_faults import DeviceLost, injected_fault, sticky_reason
 from ...step_watch import StepWatch
 
 log = logging.getLogger("parley.pipeline.qwen3_omni")
@@ -34,10 +40,24 @@ class ModelThread:
         self.threads = threads
         self._executor: ThreadPoolExecutor | None = None
         self.watch = StepWatch(f"the {name} thread")
+        self.fatal: str | None = None
+        """Why the thread's device can run nothing more (a sticky error), once one was seen."""
 
     def _step(self, job: Callable[[], T]) -> T:
+        if self.fatal is not None:
+            raise DeviceLost(f"{self.name}: the device failed earlier ({self.fatal})")
         with self.watch.busy():
-            return job()
+            try:
+                if (fault := injected_fault(self.name)) is not None:
+                    raise fault
+                return job()
+            except Exception as exc:
+                if self.fatal is None and (reason := sticky_reason(exc)) is not None:
+                    self.fatal = reason
+                    log.critical(
+                        "%s: sticky device error, the engine is broken: %s", self.name, reason
+                    )
+                raise
 
     def start(self) -> None:
         if self._executor is None:
@@ -48,6 +68,8 @@ class ModelThread:
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         if self._executor is None:
             raise RuntimeError(f"{self.name}: the model thread is not running")
+        if self.fatal is not None:
+            raise DeviceLost(f"{self.name}: the device failed earlier ({self.fatal})")
         job = functools.partial(fn, *args, **kwargs)
         return await asyncio.wrap_future(self._executor.submit(self._step, job))
 
@@ -60,7 +82,11 @@ class ModelThread:
             self._executor.submit(self._step, job).add_done_callback(self._log_failure)
 
     def _log_failure(self, done: Future[object]) -> None:
-        if not done.cancelled() and (error := done.exception()) is not None:
+        if done.cancelled() or (error := done.exception()) is None:
+            return
+        if isinstance(error, DeviceLost):  # the device is gone: nothing left to clean up
+            log.debug("%s: a queued clean-up was not run: %s", self.name, error)
+        else:
             log.error("%s: a queued clean-up failed", self.name, exc_info=error)
 
     async def close(self) -> None:

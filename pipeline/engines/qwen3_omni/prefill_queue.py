@@ -143,6 +143,11 @@ class PrefillQueue:
                     fail(waiter, RuntimeError(f"{self.name} is closed"))
                 raise
             except Exception as exc:
+                if self.thread.fatal is not None:  # the device is gone: nothing will run
+                    for _, waiter in taken:
+                        fail(waiter, exc)
+                    self._waiting.fail_all(f"{self.name}: {exc}")
+                    continue
                 await self._one_at_a_time(taken, exc)
                 continue
             for ((prompt, _), waiter), (state, hidden) in zip(taken, results, strict=True):

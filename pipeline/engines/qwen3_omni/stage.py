@@ -139,7 +139,12 @@ class ModelStage(Engine, Generic[StateT]):
         return len(self._requests)
 
     def stalled(self, bound_s: float) -> str | None:
+        if (broken := self.broken()) is not None:
+            return f"broken: {broken}"
         return self.thread.watch.stalled(bound_s)
+
+    def broken(self) -> str | None:
+        return self.thread.fatal
 
     async def abort(self, request_id: str) -> None:
         self._requests.abort(request_id)

@@ -21,6 +21,13 @@ batch's worth of members: there is slack then.) Nothing starves: a step's deadli
 where it is while it waits, and those that pass it move on (each step served moves its
 request's deadline later, and new requests are due later as real time passes), so a step
 far ahead runs once the others catch up with it.
+
+One request's error fails that request, not its batch: a batch whose run raises is run
+again in halves (each half one call, a failing half halved again) until the failing steps
+are alone; those fail with their error and the others are answered. The runners change a
+request's state only once its forward pass has returned, so a step that raised can run again.
+An error that leaves the device unusable (`ModelThread.fatal`) is not retried: the batch
+fails whole, and so does every later step (`DeviceLost`).
 """
 
 from __future__ import annotations
@@ -112,6 +119,8 @@ class StepBatcher(Generic[ItemT, ResultT]):
         self._tasks = TaskSet(name)
         """Owns the dispatcher (`_task`); `close()` closes it."""
         self._members = 0
+        self.isolated = 0
+        """Batches that failed and were run again in halves to fail only the steps at fault."""
         self.tally = BatchTally(since=time.perf_counter())
 
     def start(self) -> None:
@@ -170,22 +179,44 @@ class StepBatcher(Generic[ItemT, ResultT]):
                 continue
             self.largest_batch = max(self.largest_batch, len(batch))
             try:
-                results = await self.thread.call(
-                    self._timed, [step.item for step in batch], time.perf_counter()
-                )
+                await self._answer(batch)
             except asyncio.CancelledError:
                 for step in batch:  # closed mid-batch: nobody will answer them now
                     if not step.waiter.done():
                         step.waiter.set_exception(RuntimeError(f"{self.name} is closed"))
                 raise
-            except Exception as exc:
-                for step in batch:
-                    if not step.waiter.done():
-                        step.waiter.set_exception(exc)
-                continue
-            for step, result in zip(batch, results, strict=True):
-                if not step.waiter.done():
-                    step.waiter.set_result(result)
+
+    async def _answer(self, batch: list[_Step[ItemT, ResultT]], retry: bool = False) -> None:
+        """Run `batch` as one call and answer its steps; if it raises, find the failing
+        steps by halves (see the module's docstring)."""
+        live = [step for step in batch if not step.waiter.done()]
+        if not live:
+            return
+        try:
+            results = await self.thread.call(
+                self._timed, [step.item for step in live], time.perf_counter()
+            )
+        except Exception as exc:
+            if len(live) == 1 or self.thread.fatal is not None:
+                _fail(live, exc)
+                return
+            if not retry:
+                self.isolated += 1
+                log.warning(
+                    "%s: a batch of %d steps failed (%s: %s); running it again in halves to "
+                    "fail only the steps at fault",
+                    self.name,
+                    len(live),
+                    type(exc).__name__,
+                    exc,
+                )
+            half = len(live) // 2
+            await self._answer(live[:half], retry=True)
+            await self._answer(live[half:], retry=True)
+            return
+        for step, result in zip(live, results, strict=True):
+            if not step.waiter.done():
+                step.waiter.set_result(result)
 
     def _timed(self, items: list[ItemT], dispatched: float) -> list[ResultT]:
         """`run` on the model thread, tallied; a report at most every `REPORT_S`."""
@@ -236,3 +267,9 @@ class StepBatcher(Generic[ItemT, ResultT]):
                 while not self._gathered():
                     self._arrived.clear()
                     await self._arrived.wait()
+
+
+def _fail(steps: list[_Step[ItemT, ResultT]], error: Exception) -> None:
+    for step in steps:
+        if not step.waiter.done():
+            step.waiter.set_exception(error)

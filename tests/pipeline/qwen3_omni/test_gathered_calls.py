@@ -56,3 +56,26 @@ async def test_calls_waiting_for_the_thread_run_as_one_batch_and_a_bad_one_fails
         await gathered.close()
         await gathered.close()  # idempotent
         await thread.close()
+
+
+async def test_after_a_sticky_device_error_every_call_fails_and_none_waits() -> None:
+    thread = ModelThread("test-gathered-sticky")
+    thread.start()
+
+    def run(items: list[int]) -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    gathered: GatheredCalls[int] = GatheredCalls("test", thread, run)
+    gathered.start()
+    try:
+        async with asyncio.timeout(5):
+            results = await asyncio.gather(
+                *(gathered.call(i) for i in range(3)), return_exceptions=True
+            )
+            assert all(isinstance(result, RuntimeError) for result in results)
+            assert thread.fatal is not None and "illegal memory access" in thread.fatal
+            with pytest.raises(RuntimeError, match="the device failed earlier"):
+                await gathered.call(9)
+    finally:
+        await gathered.close()
+        await thread.close()

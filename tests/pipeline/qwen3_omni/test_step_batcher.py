@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from pipeline.device_faults import DeviceLost
 from pipeline.engines.qwen3_omni import step_batcher
 from pipeline.engines.qwen3_omni.model_thread import ModelThread
 from pipeline.engines.qwen3_omni.step_batcher import StepBatcher
@@ -148,6 +149,76 @@ async def test_a_busy_batcher_reports_its_batches(
         lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("tallied:")]
         assert lines and "3.0 steps each (largest 3)" in lines[0]
         assert "ms each on the model thread" in lines[0] and "waiting for it" in lines[0]
+    finally:
+        await batcher.close()
+        await thread.close()
+
+
+async def test_one_bad_step_fails_alone_and_the_rest_of_its_batch_is_answered() -> None:
+    thread = ModelThread("test-batcher-bad")
+    thread.start()
+    gate = threading.Event()
+    calls: list[list[str]] = []
+
+    def run(items: list[str]) -> list[str]:
+        gate.wait(5)  # the first step holds the thread while the others gather
+        calls.append(items)
+        if "bad" in items:
+            raise ValueError("a shape this code did not expect")
+        return [item.upper() for item in items]
+
+    batcher: StepBatcher[str, str] = StepBatcher("test", thread, run, max_batch=8)
+    batcher.start()
+    try:
+        first = asyncio.create_task(batcher.step("first"))
+        await asyncio.sleep(0.05)
+        asked = [asyncio.create_task(batcher.step(item)) for item in ("a", "b", "bad", "c", "d")]
+        await asyncio.sleep(0.05)
+        gate.set()
+        async with asyncio.timeout(10):
+            answers = await asyncio.gather(first, *asked, return_exceptions=True)
+        assert answers[0] == "FIRST"
+        assert [answers[1], answers[2], answers[4], answers[5]] == ["A", "B", "C", "D"]
+        assert isinstance(answers[3], ValueError)
+        assert calls[1] == ["a", "b", "bad", "c", "d"]  # one batch, then the halves
+        assert batcher.isolated == 1
+        assert sum(1 for call in calls if call == ["bad"]) == 1
+        assert len(calls) <= 2 + 2 * 3  # halves, not one call per step
+    finally:
+        await batcher.close()
+        await thread.close()
+
+
+async def test_a_sticky_device_error_fails_the_whole_batch_and_every_later_step() -> None:
+    thread = ModelThread("test-batcher-sticky")
+    thread.start()
+    gate = threading.Event()
+    calls: list[list[str]] = []
+
+    def run(items: list[str]) -> list[str]:
+        gate.wait(5)
+        calls.append(items)
+        if "bad" in items:  # what torch raises after an out-of-bounds index on the GPU
+            raise RuntimeError("CUDA error: device-side assert triggered\nCUDA kernel errors...")
+        return items
+
+    batcher: StepBatcher[str, str] = StepBatcher("test", thread, run, max_batch=8)
+    batcher.start()
+    try:
+        first = asyncio.create_task(batcher.step("first"))
+        await asyncio.sleep(0.05)
+        asked = [asyncio.create_task(batcher.step(item)) for item in ("a", "bad", "c")]
+        await asyncio.sleep(0.05)
+        gate.set()
+        async with asyncio.timeout(10):
+            answers = await asyncio.gather(*asked, return_exceptions=True)
+        assert await first == "first"
+        assert all(isinstance(answer, RuntimeError) for answer in answers)
+        assert calls[1:] == [["a", "bad", "c"]]  # not run again: the device is gone
+        assert thread.fatal is not None and "device-side assert" in thread.fatal
+        with pytest.raises(DeviceLost, match="device-side assert"):
+            await batcher.step("later")
+        assert len(calls) == 2
     finally:
         await batcher.close()
         await thread.close()
