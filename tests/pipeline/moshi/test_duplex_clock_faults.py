@@ -243,3 +243,29 @@ async def test_a_slow_frame_never_blocks_the_event_loop(
         worst = max(worst, time.monotonic() - asked - 0.01)
     assert worst < 0.05, worst  # the 300 ms frames ran on the model's thread
     assert scripted.stats.late_steps >= 1
+
+
+async def test_a_frame_stuck_past_the_bound_ends_the_process(
+    scripted: ScriptedDuplex, readers: list[Reader]
+) -> None:
+    """A frame that never comes back holds the model's only thread: nothing in-process can
+    restart the clock, so the process exits (the seam records it) for its supervisor."""
+    scripted.stuck_s = 0.3
+    release = asyncio.Event()
+    real = scripted._frame
+    loop = asyncio.get_running_loop()
+
+    def stuck(heard: dict[str, Any]) -> Any:
+        scripted._frame = real  # type: ignore[method-assign]
+        asyncio.run_coroutine_threadsafe(release.wait(), loop).result(10)
+        return real(heard)
+
+    scripted._frame = stuck  # type: ignore[method-assign]
+    reader = Reader(scripted.open("a"))
+    readers.append(reader)
+    try:
+        await until(lambda: scripted.exits)  # type: ignore[attr-defined]
+    finally:
+        release.set()
+    assert "stuck past 0.3 s" in scripted.exits[0]  # type: ignore[attr-defined]
+    assert reader.failure is not None
