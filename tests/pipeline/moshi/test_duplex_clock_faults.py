@@ -44,10 +44,10 @@ class Reader:
         except DuplexFailed as exc:
             self.failure = str(exc)
 
-    async def ended(self, timeout: float = 10) -> None:
+    async def ended(self, timeout: float = 30) -> None:
         await asyncio.wait_for(asyncio.shield(self.task), timeout)
 
-    async def more(self, count: int, timeout: float = 10) -> None:
+    async def more(self, count: int, timeout: float = 30) -> None:
         """Wait for `count` more frames."""
         target = len(self.frames) + count
         async with asyncio.timeout(timeout):
@@ -68,7 +68,7 @@ async def readers() -> AsyncIterator[list[Reader]]:
 async def scripted() -> AsyncIterator[ScriptedDuplex]:
     exits: list[str] = []
     engine = ScriptedDuplex(rows=2)
-    engine.stall_s, engine.restart_s = 0.4, 0.2
+    engine.stall_s, engine.restart_s = 0.8, 0.2
     engine._exit_process = exits.append  # the seam: the process would exit here
     engine.exits = exits  # type: ignore[attr-defined]
     await engine.start()
@@ -78,7 +78,8 @@ async def scripted() -> AsyncIterator[ScriptedDuplex]:
 
 @pytest.fixture
 async def tiny() -> AsyncIterator[MoshiDuplexEngine]:
-    engine = MoshiDuplexEngine(tiny=True, rows=2, sampling=Sampling(greedy=True))
+    # (stall_s: a loaded CI machine's toy frame may take seconds; no stall is tested on it)
+    engine = MoshiDuplexEngine(tiny=True, rows=2, sampling=Sampling(greedy=True), stall_s=30)
     await engine.start()
     yield engine
     await engine.close()
@@ -167,14 +168,14 @@ async def test_a_stalled_frame_is_detected_within_the_bound(
 
     def stuck(heard: dict[str, Any]) -> Any:
         scripted._frame = real  # type: ignore[method-assign]
-        time.sleep(1.2)
+        time.sleep(2.0)
         return real(heard)
 
     scripted._frame = stuck  # type: ignore[method-assign]
     began = time.monotonic()
     await reader.ended()
     detected = time.monotonic() - began
-    assert detected < scripted.stall_s + 0.5, detected
+    assert detected < 2.0, detected  # before the stuck frame came back
     assert reader.failure is not None and "no progress" in reader.failure
     assert scripted.stalled(5) is not None
     with pytest.raises(DuplexDown):
