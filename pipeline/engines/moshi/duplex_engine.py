@@ -261,7 +261,12 @@ class MoshiDuplexEngine:
         ends the process instead)."""
         loop = asyncio.get_running_loop()
         while True:
-            death: ClockDeath | None = await loop.run_in_executor(self._thread, self._run_clock)
+            death: ClockDeath | None
+            try:
+                death = await loop.run_in_executor(self._thread, self._run_clock)
+            except Exception as exc:  # outside a frame: still a dead clock, told as one
+                log.exception("moshi clock: failed outside a frame")
+                death = ClockDeath(f"{type(exc).__name__}: {exc}", is_sticky(exc))
             if death is None:
                 return  # stopped by close()
             self._dead = f"its frame clock died: {death.reason}"
@@ -271,7 +276,12 @@ class MoshiDuplexEngine:
                 self._exit_process(self._dead)
                 return  # (where the seam did not exit) the engine stays down
             await asyncio.sleep(self.restart_s)
-            await loop.run_in_executor(self._thread, self._apply_rows)
+            try:  # every session has left (`_go_down`): their rows are freed
+                await loop.run_in_executor(self._thread, self._apply_rows)
+            except Exception as exc:
+                log.exception("moshi clock: its rows could not be cleared for a restart")
+                self._exit_process(f"{self._dead}; no restart: {type(exc).__name__}: {exc}")
+                return
             self.restarts += 1
             self._dead = None
             log.warning("moshi clock: restarted with its rows cleared (restart %d)", self.restarts)
