@@ -25,6 +25,17 @@ class DuplexFull(Exception):
     """The model holds all the sessions it can: try again later."""
 
 
+class DuplexDown(DuplexFull):
+    """The model cannot serve now (its frame clock died or stalled): a new session is
+    refused with the reason, as a full model refuses one, until it is healthy again."""
+
+
+class DuplexFailed(Exception):
+    """Raised by a stream's `frames()`: the model failed under the session (its clock died
+    or stalled, or the session's own input or row failed), so the stream has ended. The
+    session ends with `model_error`, its client told why."""
+
+
 class DuplexFrame(Protocol):
     @property
     def index(self) -> int: ...
@@ -38,12 +49,14 @@ class DuplexStream(Protocol):
         """Microphone audio at DUPLEX_RATE, any length."""
 
     def frames(self) -> AsyncIterator[DuplexFrame]:
-        """The model's voice (DuplexFrame), frame by frame, until the stream ends."""
+        """The model's voice (DuplexFrame), frame by frame, until the stream ends;
+        DuplexFailed when it ended because the model failed under it."""
 
 
 class DuplexModel(Protocol):
     def open(self, session_id: str) -> DuplexStream:
-        """A stream for the session; DuplexFull when the model holds all it can."""
+        """A stream for the session; DuplexFull when the model holds all it can (DuplexDown
+        when it cannot serve now)."""
 
     def leave(self, session_id: str) -> None:
         """The session's stream ends and its place is freed (idempotent)."""

@@ -30,6 +30,7 @@ import numpy as np
 from pipeline.audio_format import INPUT_SAMPLE_RATE
 from pipeline.duplex import (
     DUPLEX_RATE,
+    DuplexFailed,
     DuplexFrame,
     DuplexFull,
     DuplexModel,
@@ -166,10 +167,22 @@ class DuplexTurns:
         pcm = np.frombuffer(b"".join(frames), dtype="<i2").astype(np.int16)
         self.stream.feed(self._up.push(pcm))
 
-    async def run(self, speak: Callable[[DuplexTurn], Awaitable[None]]) -> None:
-        """Read the model's voice until the stream ends; `speak` starts a turn's response."""
-        async for frame in self.stream.frames():
-            await self._on_frame(frame, speak)
+    async def run(
+        self,
+        speak: Callable[[DuplexTurn], Awaitable[None]],
+        failed: Callable[[str], None] | None = None,
+    ) -> None:
+        """Read the model's voice until the stream ends; `speak` starts a turn's response,
+        `failed` is told why when the model failed under the session (its clock died or
+        stalled, or its own input failed); the session then ends, which cancels the turn
+        being said."""
+        try:
+            async for frame in self.stream.frames():
+                await self._on_frame(frame, speak)
+        except DuplexFailed as exc:
+            log.warning("session %s: the duplex model failed: %s", self.session_id, exc)
+            if failed is not None:
+                failed(str(exc))
 
     async def _on_frame(
         self, frame: DuplexFrame, speak: Callable[[DuplexTurn], Awaitable[None]]

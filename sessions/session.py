@@ -37,6 +37,7 @@ from .errors import SessionClosedError
 from .events import (
     ConversationItem,
     DtmfReceived,
+    ErrorEvent,
     Event,
     SessionClosed,
     SessionCreated,
@@ -192,7 +193,7 @@ class Session:
                 )
                 model = None
                 if self.duplex is not None:
-                    turns = self.duplex.run(self._model_speaks)
+                    turns = self.duplex.run(self._model_speaks, self._model_failed)
                     model = tg.create_task(turns, name=f"{self.session_id}:duplex")
                 # session.created is the first event a client gets, whatever it sends at once,
                 # and comes once the record is written: its resume token works from then on.
@@ -389,6 +390,18 @@ class Session:
             await self._responder.start(pipeline=turn)
         except SessionClosedError:
             await turn.close()
+
+    def _model_failed(self, reason: str) -> None:
+        """The duplex model failed under the session: the client is told in an `error`
+        (`model_error`, in every protocol's words), then the session ends with that reason."""
+        self.emit(
+            ErrorEvent(
+                code="model_error",
+                error_type="server_error",
+                message=f"The session has ended: {reason}.",
+            )
+        )
+        self.request_close("model_error")
 
     @property
     def closing(self) -> bool:

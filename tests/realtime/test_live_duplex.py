@@ -10,6 +10,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from openai import AsyncOpenAI
@@ -91,3 +92,44 @@ async def test_a_full_model_refuses_a_session_with_a_reason(server: ServedApp) -
     finally:
         for k in range(len(held)):
             engine.leave(f"held-{k}")
+
+
+async def test_a_dead_frame_clock_ends_the_session_with_model_error_and_readyz_is_red(
+    server: ServedApp,
+) -> None:
+    """The model's frame raising at every tick (a seam for a failing GPU) kills the clock:
+    the client is told `model_error` and its session closes; `/readyz` names the stage and
+    a new session is refused with the reason until the clock has restarted."""
+    engine = server.app.state.services.pipeline.engines["moshi"].duplex
+    url = f"{server.ws_url}/v1/live/sessions"
+    headers = {"Authorization": f"Bearer {KEY}"}
+    real = engine._frame
+
+    def broken(heard: dict[str, Any]) -> Any:
+        raise RuntimeError("the frame went wrong")
+
+    async with (
+        connect(url, additional_headers=headers) as ws,
+        httpx.AsyncClient(base_url=server.http_url) as http,
+    ):
+        await ws.send(json.dumps({"type": "session.start", "session": START}))
+        assert json.loads(await ws.recv())["type"] == "session.started"
+        engine._frame = broken
+        seen: list[dict[str, Any]] = []
+        async with asyncio.timeout(10):
+            while not seen or seen[-1]["type"] != "session.closed":
+                seen.append(json.loads(await ws.recv()))
+        errors = [m["error"] for m in seen if m["type"] == "error"]
+        assert [e["code"] for e in errors] == ["model_error"], seen
+        assert "frame went wrong" in errors[0]["message"]
+        ready = await http.get("/readyz")
+        assert ready.status_code == 503
+        assert "frame clock died" in ready.json()["down_stages"]["moshi"]
+        async with connect(url, additional_headers=headers) as refused:
+            await refused.send(json.dumps({"type": "session.start", "session": START}))
+            error = json.loads(await refused.recv())
+            assert error["type"] == "error" and "cannot serve now" in error["error"]["message"]
+        engine._frame = real
+        async with asyncio.timeout(10):  # restarted in-process: ready again
+            while (await http.get("/readyz")).status_code != 200:
+                await asyncio.sleep(0.1)

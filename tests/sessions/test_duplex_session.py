@@ -18,12 +18,14 @@ import redis.asyncio as aioredis
 
 from loadtest.speech import utterances_with_gaps
 from pipeline.types import OutputChunk, PipelineRequest
-from sessions.errors import InvalidRequestError
+from sessions.errors import InvalidRequestError, SessionLimitError
 from sessions.events import (
     ConversationItemCreated,
+    ErrorEvent,
     OutputAudioDelta,
     ResponseCreated,
     ResponseDone,
+    SessionClosed,
     SpeechStarted,
     SpeechStopped,
 )
@@ -176,3 +178,30 @@ async def test_only_the_model_decides_to_speak(
         await session.create_response()
     assert refused.value.code == "duplex_model_decides"
     await session.close()
+
+
+async def test_a_model_that_fails_under_the_session_ends_it_with_model_error(
+    manager: SessionManager, sinks: list[ClockedSink], model: ScriptedDuplex
+) -> None:
+    """The duplex model's clock dies mid-answer (its frame raising: a seam for a failing
+    GPU): the client is told `model_error` in an `error`, the session closes with that
+    reason, and a new session is refused while the model is down."""
+    session, sink = await open_session(manager, sinks)
+    await feed(session, question(), realtime=True)
+    await sink.wait_for(lambda e: isinstance(e, ResponseCreated), timeout=15)
+    real = model._frame
+
+    def broken(heard: dict[str, Any]) -> Any:
+        raise RuntimeError("the frame went wrong")
+
+    model._frame = broken  # type: ignore[method-assign]
+    closed = await sink.wait_for(lambda e: isinstance(e, SessionClosed))
+    assert isinstance(closed, SessionClosed) and closed.reason == "model_error"
+    errors = sink.of(ErrorEvent)
+    assert [e.code for e in errors] == ["model_error"]
+    assert "frame clock died" in errors[0].message and errors[0].error_type == "server_error"
+    with pytest.raises(SessionLimitError, match="cannot serve now"):
+        await manager.create(ClockedSink())
+    model._frame = real  # type: ignore[method-assign]
+    await session.close()
+    assert model.sessions == 0

@@ -29,7 +29,8 @@ class MoshiStage(EntryEngine):
 
     def __init__(self, *, greedy: bool = False, **options: Any) -> None:
         """`options`: MoshiDuplexEngine's (tiny, device, dtype, model_path, rows,
-        codec_context); `greedy` picks the likeliest token (tests) instead of sampling."""
+        codec_context, stall_s, stuck_s, restart_s); `greedy` picks the likeliest token
+        (tests) instead of sampling."""
         self.duplex = MoshiDuplexEngine(**options, sampling=Sampling(greedy=greedy))
 
     async def start(self) -> None:
@@ -49,5 +50,16 @@ class MoshiStage(EntryEngine):
     def active_requests(self) -> int:
         return 0  # streams are not requests: the sessions hold them
 
+    def stalled(self, bound_s: float) -> str | None:
+        """The clock died or has stalled (`/readyz` names it): duplex_engine.py."""
+        return self.duplex.stalled(bound_s)
+
     def describe(self) -> dict[str, Any]:
-        return {"sessions": self.duplex.sessions, "late_steps": self.duplex.stats.late_steps}
+        stats = self.duplex.stats
+        return {
+            "sessions": self.duplex.sessions,
+            "late_steps": stats.late_steps,
+            "failed_steps": stats.failed_steps,
+            "failed_sessions": stats.failed_sessions,
+            "clock_restarts": self.duplex.restarts,
+        }
