@@ -10,9 +10,9 @@ and the clock goes on. Two kinds of failure end the clock instead (`ClockDeath`)
 * `FAILED_IN_A_ROW` frames failing one after another (a fault that is not sticky but does
   not go away by itself): the clock is restarted in-process with its rows cleared.
 
-The test for a sticky error reads the exception's text, as PyTorch raises them all as a
-plain RuntimeError ("CUDA error: an illegal memory access was encountered"); CI has no GPU,
-so the tests raise such a RuntimeError through a seam.
+The test for a sticky error is `pipeline/device_faults.sticky_reason` (the exception's
+text, as PyTorch raises them as RuntimeErrors: "CUDA error: an illegal memory access was
+encountered"); CI has no GPU, so the tests raise such a RuntimeError through a seam.
 """
 
 from __future__ import annotations
@@ -21,22 +21,12 @@ import logging
 import os
 from dataclasses import dataclass
 
+from ...device_faults import sticky_reason
+
 log = logging.getLogger("parley.moshi.clock")
 
 FAILED_IN_A_ROW = 5
 """Frames failing one after another (400 ms of the conversation) that end the clock."""
-
-STICKY_MARKS = (
-    "cuda error",
-    "device-side assert",
-    "illegal memory access",
-    "illegal instruction",
-    "uncorrectable ecc",
-    "cublas_status_execution_failed",
-    "cudnn_status_execution_failed",
-    "unspecified launch failure",
-)
-"""Text of device errors after which the CUDA context cannot be used again (lower case)."""
 
 EXIT_STICKY = 70
 """The process's exit status after a sticky device error (EX_SOFTWARE): not 0, so a
@@ -44,9 +34,9 @@ supervisor that restarts on failure (systemd's `Restart=on-failure`) restarts it
 
 
 def is_sticky(error: BaseException) -> bool:
-    """Whether `error` leaves the device unusable for the rest of the process."""
-    text = str(error).lower()
-    return any(mark in text for mark in STICKY_MARKS)
+    """Whether `error` leaves the device unusable for the rest of the process (the same
+    test as every other GPU stage's: `pipeline/device_faults.py`)."""
+    return sticky_reason(error) is not None
 
 
 @dataclass(frozen=True, slots=True)
