@@ -44,6 +44,19 @@ class Capacity:
         """Sessions this stage can serve at once (see the module's docstring)."""
         return self.rows if self.holds == "session" else self.rows + self.waiting
 
+    def __add__(self, other: Capacity) -> Capacity:
+        """Two replicas of a stage as one: their rows and waiting places summed, the
+        shorter context, the longer wait."""
+        return Capacity(
+            stage=self.stage,
+            rows=self.rows + other.rows,
+            context=min(self.context, other.context),
+            holds=self.holds,
+            waiting=self.waiting + other.waiting,
+            wait_s=max(self.wait_s, other.wait_s),
+            memory_bytes=self.memory_bytes + other.memory_bytes,
+        )
+
     def line(self) -> str:
         """The start-up log line operators grep for."""
         memory = f", {self.memory_bytes / 2**30:.1f} GiB of KV" if self.memory_bytes else ""
@@ -61,18 +74,19 @@ class Capacity:
 
 @dataclass(frozen=True, slots=True)
 class StageCapacity:
-    """One stage of a graph: its engine's figures under the graph's name for the stage, how
-    many replicas serve it, and whether every server process shares it (`shared`: a stage
-    host or a remote stage serves all of `parley serve --workers N`; otherwise each server
-    process runs its own, and N of them serve N times as many)."""
+    """One stage of a graph: its engine's figures under the graph's name for the stage (a
+    replicated stage's summed over its replicas), and whether every server process shares
+    it (`shared`: a stage host or a remote stage serves all of `parley serve --workers N`;
+    otherwise each server process runs its own, and N of them serve N times as many)."""
 
     capacity: Capacity
-    replicas: int = 1
     shared: bool = False
 
     def sessions(self, processes: int = 1) -> int:
-        copies = self.replicas * (1 if self.shared else processes)
-        return self.capacity.sessions * copies
+        return self.capacity.sessions * (1 if self.shared else processes)
+
+    def line(self) -> str:
+        return self.capacity.line() + (" (shared by every server process)" if self.shared else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,13 +107,8 @@ class PipelineCapacity:
         return min(stage.sessions(processes) for stage in self.stages)
 
     def lines(self) -> list[str]:
-        """Each stage's start-up line (with its replicas, and where it is shared)."""
-        return [
-            stage.capacity.line()
-            + (f", times {stage.replicas} replicas" if stage.replicas > 1 else "")
-            + (" (shared by every server process)" if stage.shared else "")
-            for stage in self.stages
-        ]
+        """Each stage's start-up line."""
+        return [stage.line() for stage in self.stages]
 
     @staticmethod
     def of(stages: list[StageCapacity]) -> PipelineCapacity | None:

@@ -262,6 +262,12 @@ class Engine(ABC):
         with no fixed rows of its own (admission keeps its configured cap for it)."""
         return None
 
+    def shared_by_processes(self) -> bool:
+        """Whether this one engine serves every server process of `parley serve --workers
+        N` (a stage host's, a remote stage's), rather than each process running its own:
+        admission then counts its capacity once, not once per process."""
+        return False
+
     def row_load(self) -> RowLoad | None:
         """Its rows now (held, waited for, refused: `row_gate.py`), for the metrics; None
         for an engine with no row gate."""
