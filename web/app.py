@@ -53,14 +53,17 @@ READY_TIMEOUT_S = 1.0
 DRAIN_POLL_S = 0.1
 
 
-async def _start_pipeline(services: Services, pipeline: Pipeline) -> None:
-    """Load the models in the background: /healthz answers meanwhile, /readyz says so."""
+async def _start_pipeline(services: Services, pipeline: Pipeline, manager: SessionManager) -> None:
+    """Load the models in the background: /healthz answers meanwhile, /readyz says so. Once
+    loaded, admission is held to what the pipeline says it can serve (across every server
+    process of `--workers N`)."""
     try:
         await pipeline.start()
     except Exception as exc:  # readiness reports it; the process stays up for /healthz
         services.pipeline_error = f"pipeline {services.settings.pipeline!r} failed to start: {exc}"
         log.error("%s", services.pipeline_error)
         return
+    manager.hold_to(pipeline.capacity(), max(1, services.settings.workers))
     services.pipeline_ready = True
     log.info("pipeline %s is ready", services.settings.pipeline)
 
@@ -115,17 +118,6 @@ async def _serving(app: Starlette, services: Services) -> AsyncIterator[None]:
         if services.pipeline is None:
             yield
             return
-        # Tasks the lifespan owns, not a TaskGroup: the loader must run across the `yield`,
-        # which a TaskGroup in an async generator cannot span.
-        loading = TaskSet("pipeline-start")
-        loader = loading.create_task(_start_pipeline(services, services.pipeline))
-        if services.settings.workers > 1:
-            # A worker listens only once it can serve: its socket joins the shared port's
-            # group at uvicorn's start, after this, and until then the others get them all.
-            # A stop while it loads ends the wait (uvicorn checks for it only after this).
-            stopping = loading.create_task(services.stopping.wait())
-            await asyncio.wait({loader, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            await cancel_and_wait(stopping)
         manager = SessionManager(
             services.redis,
             services.pipeline,
@@ -135,6 +127,17 @@ async def _serving(app: Starlette, services: Services) -> AsyncIterator[None]:
             metrics=services.metrics,
             process_id=app.state.process_id,
         )
+        # Tasks the lifespan owns, not a TaskGroup: the loader must run across the `yield`,
+        # which a TaskGroup in an async generator cannot span.
+        loading = TaskSet("pipeline-start")
+        loader = loading.create_task(_start_pipeline(services, services.pipeline, manager))
+        if services.settings.workers > 1:
+            # A worker listens only once it can serve: its socket joins the shared port's
+            # group at uvicorn's start, after this, and until then the others get them all.
+            # A stop while it loads ends the wait (uvicorn checks for it only after this).
+            stopping = loading.create_task(services.stopping.wait())
+            await asyncio.wait({loader, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            await cancel_and_wait(stopping)
         try:
             async with manager:
                 calls = CallRegistry(
@@ -236,14 +239,18 @@ async def readyz(request: Request) -> Response:
             body["down_stages"] = down
         return JSONResponse(body, status_code=503)
     manager = services.running.manager if services.running is not None else None
-    return JSONResponse(
-        {
-            "status": "ready",
-            "pipeline": services.settings.pipeline,
-            "sessions": len(manager) if manager else 0,
-            "max_sessions": services.settings.max_sessions,
+    ready: dict[str, object] = {
+        "status": "ready",
+        "pipeline": services.settings.pipeline,
+        "sessions": len(manager) if manager else 0,
+        "max_sessions": manager.max_sessions if manager else services.settings.max_sessions,
+    }
+    if manager is not None and manager.capacity is not None:
+        ready["capacity"] = {
+            "sessions": manager.capacity.across(max(1, services.settings.workers)),
+            "stages": manager.capacity.lines(),
         }
-    )
+    return JSONResponse(ready)
 
 
 async def metrics(request: Request) -> Response:
@@ -272,6 +279,19 @@ def create_app(settings: Settings, redis_url: str) -> Starlette:
         registry=services.metrics.registry,
     )
     ready.set_function(lambda: 1.0 if services.pipeline_ready else 0.0)
+    cap = Gauge(
+        "parley_session_cap",
+        "Sessions admitted at once across the service: the smaller of --max-sessions and "
+        "what the pipeline says it can serve",
+        registry=services.metrics.registry,
+    )
+    cap.set_function(
+        lambda: float(
+            services.running.manager.max_sessions
+            if services.running is not None
+            else services.settings.max_sessions
+        )
+    )
     app = Starlette(
         routes=[
             Route("/", index),

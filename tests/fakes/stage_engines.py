@@ -11,6 +11,8 @@ from collections.abc import AsyncGenerator, Iterator
 
 import numpy as np
 
+from pipeline.capacity import Capacity, Holds
+from pipeline.engines.echo import EchoEngine
 from pipeline.requests import RequestTracker, TracksRequests
 from pipeline.step_watch import StepWatch
 from pipeline.types import (
@@ -195,3 +197,17 @@ class WhereAmI(TracksRequests, EntryEngine):
             while request.text == "hold" and not self._requests.aborted(request_id):
                 await asyncio.sleep(0.01)
             yield End()
+
+
+class Rowed(EchoEngine):
+    """The echo engine stating a capacity, as a GPU engine with `rows` cache rows would
+    (`holds` "session": a duplex model's; "turn": `waiting` more turns may wait)."""
+
+    name = "rowed"
+
+    def __init__(self, rows: int = 2, holds: Holds = "session", waiting: int = 0) -> None:
+        super().__init__()
+        self.figures = Capacity(self.name, rows, 4096, holds, waiting=waiting, wait_s=1.0)
+
+    def capacity(self) -> Capacity:
+        return self.figures
