@@ -88,8 +88,8 @@ class RowGate:
             return True
         if len(self._queue) >= self.waiting:
             self._refuse(
-                f"all {self.rows} rows of {self.stage} are busy and "
-                f"{len(self._queue)} turns wait already; try again shortly",
+                f"all {self.rows} rows of {self.stage} are busy and all {self.waiting} "
+                "places to wait for one are taken; try again shortly",
                 0.0,
             )
         began = self.clock()
