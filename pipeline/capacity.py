@@ -59,7 +59,11 @@ class Capacity:
 
     def line(self) -> str:
         """The start-up log line operators grep for."""
-        memory = f", {self.memory_bytes / 2**30:.1f} GiB of KV" if self.memory_bytes else ""
+        memory = ""
+        if self.memory_bytes >= 2**30:
+            memory = f", {self.memory_bytes / 2**30:.1f} GiB of KV"
+        elif self.memory_bytes:
+            memory = f", {self.memory_bytes / 2**20:.1f} MiB of KV"
         per = "session" if self.holds == "session" else "turn in flight"
         waits = (
             f"; {self.waiting} more turns wait up to {self.wait_s:g} s for a row"

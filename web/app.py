@@ -63,7 +63,8 @@ async def _start_pipeline(services: Services, pipeline: Pipeline, manager: Sessi
         services.pipeline_error = f"pipeline {services.settings.pipeline!r} failed to start: {exc}"
         log.error("%s", services.pipeline_error)
         return
-    manager.hold_to(pipeline.capacity(), max(1, services.settings.workers))
+    services.capacity = pipeline.capacity()
+    services.session_cap = manager.hold_to(services.capacity, max(1, services.settings.workers))
     services.pipeline_ready = True
     log.info("pipeline %s is ready", services.settings.pipeline)
 
@@ -243,12 +244,12 @@ async def readyz(request: Request) -> Response:
         "status": "ready",
         "pipeline": services.settings.pipeline,
         "sessions": len(manager) if manager else 0,
-        "max_sessions": manager.max_sessions if manager else services.settings.max_sessions,
+        "max_sessions": services.session_cap or services.settings.max_sessions,
     }
-    if manager is not None and manager.capacity is not None:
+    if services.capacity is not None:
         ready["capacity"] = {
-            "sessions": manager.capacity.across(max(1, services.settings.workers)),
-            "stages": manager.capacity.lines(),
+            "sessions": services.capacity.across(max(1, services.settings.workers)),
+            "stages": services.capacity.lines(),
         }
     return JSONResponse(ready)
 
@@ -285,13 +286,7 @@ def create_app(settings: Settings, redis_url: str) -> Starlette:
         "what the pipeline says it can serve",
         registry=services.metrics.registry,
     )
-    cap.set_function(
-        lambda: float(
-            services.running.manager.max_sessions
-            if services.running is not None
-            else services.settings.max_sessions
-        )
-    )
+    cap.set_function(lambda: float(services.session_cap or settings.max_sessions))
     app = Starlette(
         routes=[
             Route("/", index),
