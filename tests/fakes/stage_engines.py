@@ -201,13 +201,21 @@ class WhereAmI(TracksRequests, EntryEngine):
 
 class Rowed(EchoEngine):
     """The echo engine stating a capacity, as a GPU engine with `rows` cache rows would
-    (`holds` "session": a duplex model's; "turn": `waiting` more turns may wait)."""
+    (`holds` "session": a duplex model's; "turn": `waiting` more turns may wait); `shared`:
+    as if one served every server process (a stage host's)."""
 
     name = "rowed"
 
-    def __init__(self, rows: int = 2, holds: Holds = "session", waiting: int = 0) -> None:
+    def __init__(
+        self, rows: int = 2, holds: Holds = "session", waiting: int = 0, shared: bool = False
+    ) -> None:
         super().__init__()
         self.figures = Capacity(self.name, rows, 4096, holds, waiting=waiting, wait_s=1.0)
+        self.shared = shared
+        """As a stage host's: one engine for every server process."""
 
     def capacity(self) -> Capacity:
         return self.figures
+
+    def shared_by_processes(self) -> bool:
+        return self.shared
