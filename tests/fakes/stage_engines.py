@@ -11,7 +11,7 @@ from collections.abc import AsyncGenerator, Iterator
 
 import numpy as np
 
-from pipeline.capacity import Capacity, Holds
+from pipeline.capacity import Capacity, Holds, RowLoad
 from pipeline.engines.echo import EchoEngine
 from pipeline.requests import RequestTracker, TracksRequests
 from pipeline.step_watch import StepWatch
@@ -219,3 +219,6 @@ class Rowed(EchoEngine):
 
     def shared_by_processes(self) -> bool:
         return self.shared
+
+    def row_load(self) -> RowLoad:
+        return RowLoad(in_use=self.active_requests())

@@ -3,7 +3,11 @@ process, replicas), and the sessions the whole graph serves across server proces
 
 from __future__ import annotations
 
-from pipeline.capacity import Capacity, PipelineCapacity, StageCapacity
+import asyncio
+
+from prometheus_client import generate_latest
+
+from pipeline.capacity import Capacity, PipelineCapacity, RowLoad, StageCapacity
 from pipeline.graph import StageGraph
 from pipeline.graph_config import parse_graph
 from pipeline.registry import build_engines
@@ -45,6 +49,12 @@ async def test_a_stage_in_a_worker_process_states_its_capacity_in_the_main_proce
         assert capacity.sessions == 3
         assert capacity.across(2) == 6  # each server process runs its own copies
         assert "duplex: 3 cache rows of 4,096 positions, one per session" in capacity.lines()[0]
+        async with asyncio.timeout(10):  # its rows come with its heartbeat, for the metrics
+            while engines["duplex"].row_load() is None:
+                await asyncio.sleep(0.05)
+        assert engines["duplex"].row_load() == RowLoad(0, 0, 0)
+        scraped = generate_latest(graph.metrics.registry).decode()
+        assert 'parley_stage_rows_in_use{stage="duplex"} 0.0' in scraped
     finally:
         await graph.close()
 

@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from prometheus_client import generate_latest
 
 from pipeline.engines.qwen3_omni.talker import TalkerEngine
 from pipeline.engines.qwen3_omni.thinker import ThinkerEngine
@@ -128,7 +129,8 @@ async def test_past_its_wait_a_turn_fails_server_busy_and_an_aborted_waiter_leav
         assert len(busy) == 1 and busy[0].code == "server_busy"
         assert "all 2 rows" in busy[0].message and "busy" in busy[0].message
         assert sum(error is None for _, _, error in results) == 2
-        assert thinker.row_load() is not None
+        scraped = generate_latest(graph.metrics.registry).decode()
+        assert 'parley_stage_turns_refused_total{stage="thinker"} 1.0' in scraped
         await settled(thinker, talker)
 
         # a waiter whose caller goes away leaves the queue, and its row is never taken
