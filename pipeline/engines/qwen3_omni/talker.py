@@ -11,6 +11,9 @@ requests nearest to running out of audio go first (`Playback`: each frame is 80 
 
 Random weights never choose codec EOS: `min_frames` holds it off and `max_frames` ends
 the reply, which gives fixed speech lengths.
+
+With `decode_rows`, a request takes a cache row once its first text has come, before its
+prefill and first frame step, waiting for one or failing `server_busy` (`row_gate.py`).
 """
 
 from __future__ import annotations

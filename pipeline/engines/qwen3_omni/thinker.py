@@ -13,6 +13,10 @@ too, which gives the fixed reply lengths benchmarks need.
 With `session_kv_tokens`, a session's KV survives between its turns (`session_kv.py`): a turn
 that goes on from the session's last one prefills only what it adds. Its prompt chunk still
 has the hidden states of every position the Talker takes (`talker_positions`).
+
+With `decode_rows`, a turn takes a cache row before its prefill, waiting for one or failing
+`server_busy` (`row_gate.py`), and one longer than a row fails `context_length_exceeded`
+(docs/engines/capacity.md).
 """
 
 from __future__ import annotations
