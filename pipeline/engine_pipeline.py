@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 
+from .capacity import PipelineCapacity, StageCapacity
 from .types import (
     AudioChunk,
     End,
@@ -36,6 +37,12 @@ class EnginePipeline:
 
     async def forget_session(self, session_id: str) -> None:
         await self.engine.forget_session(session_id)
+
+    def capacity(self) -> PipelineCapacity | None:
+        stated = self.engine.capacity()
+        if stated is None:
+            return None
+        return PipelineCapacity.of([StageCapacity(stated, self.engine.shared_by_processes())])
 
     async def generate(self, request: PipelineRequest) -> AsyncGenerator[OutputChunk, None]:
         stream = self.engine.generate(request.request_id, request)

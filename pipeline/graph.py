@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .capacity import PipelineCapacity, StageCapacity
 from .channel import Channel, ChannelClosed
 from .gpu_sharing import MpsDaemon
 from .graph_config import (
@@ -141,6 +143,16 @@ class StageGraph:
     def active_requests(self) -> int:
         return sum(engine.active_requests() for engine in self.engines.values())
 
+    def capacity(self) -> PipelineCapacity | None:
+        """What the started graph can serve: each stage's engine's figures under the
+        stage's name (a replicated stage's summed over its replicas; a stage served to
+        every server process marked shared), the sessions the smallest allows."""
+        found = []
+        for stage in self.config.stages:
+            if (figures := stage_capacity(stage.name, self.engines[stage.name])) is not None:
+                found.append(figures)
+        return PipelineCapacity.of(found)
+
     def stalled_stages(self) -> dict[str, str]:
         """Per stage that cannot serve now (hung, or its process restarting): why."""
         found: dict[str, str] = {}
@@ -228,7 +240,7 @@ class StageGraph:
                         self.metrics.first_chunk(name, kind, time.monotonic() - started)
                         first = False
                     if isinstance(chunk, ErrorChunk):
-                        await out.send(ErrorChunk(chunk.message, chunk.stage or name))
+                        await out.send(ErrorChunk(chunk.message, chunk.stage or name, chunk.code))
                         return
                     if isinstance(chunk, End):
                         break
@@ -275,6 +287,16 @@ class StageGraph:
         except ChannelClosed:
             return  # the downstream stage has finished and reads no more
         self.metrics.queue_depth(edge.config.target, len(channel))
+
+
+def stage_capacity(stage: str, engine: Engine) -> StageCapacity | None:
+    """A stage's figures as its engine states them (`Engine.capacity()`), or None."""
+    capacity = engine.capacity()
+    if capacity is None:
+        return None
+    return StageCapacity(
+        dataclasses.replace(capacity, stage=stage), shared=engine.shared_by_processes()
+    )
 
 
 async def _send_quietly(out: Channel[Any], item: Any) -> None:

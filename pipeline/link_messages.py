@@ -9,8 +9,9 @@ of band (`connectors/base.py`) over either link, shared memory or Redis streams.
 A request's life: `Generate`, then for a stream stage its upstream chunks as `Input` and an
 `InputEnd`; back come `ChunkMessage`s and one `Done` once the engine's stream has ended
 (normally, by an error, or aborted by `Abort`). A serving side says `Ready` when it can
-serve (again, after riding out a link outage) or `Fatal` when its engine cannot start; at
-every heartbeat it says `Alive` while its engine makes progress, or `Stuck` (with why)
+serve (again, after riding out a link outage), with its capacity, or `Fatal` when its engine
+cannot start; at every heartbeat it says `Alive` (with its capacity and its rows in use)
+while its engine makes progress, or `Stuck` (with why)
 while its engine's model thread is stuck in a step. `Stats` asks how many requests the engine holds;
 `ForgetSession` passes on `Engine.forget_session` when a session ends.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .capacity import Capacity, RowLoad
 from .types import Chunk, PipelineRequest
 
 # --- to the stage ------------------------------------------------------------------------
@@ -80,14 +82,22 @@ ToStage = Generate | Input | InputEnd | Abort | ForgetSession | Stats | Close
 
 @dataclass(frozen=True, slots=True)
 class Ready:
-    """The engine is loaded and requests are served (sent again after a link outage)."""
+    """The engine is loaded and requests are served (sent again after a link outage), with
+    what it can serve (`Engine.capacity()`), so that the main process's graph, and its
+    admission, count the stage as if it ran there."""
+
+    capacity: Capacity | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Alive:
     """The heartbeat: the serving side's loop runs and its engine makes progress. Its
     absence tells what no link can: the other side is stopped (SIGSTOP, a hung host) or,
-    over Redis, gone."""
+    over Redis, gone. It carries the engine's capacity (a remote stage may be first heard
+    by its heartbeat) and its rows now, for the main process's metrics."""
+
+    capacity: Capacity | None = None
+    load: RowLoad | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,14 @@
-"""Per-stage instruments: time to first chunk, chunks, queue depth, batch size."""
+"""Per-stage instruments: time to first chunk, chunks, queue depth, batch size, and the
+cache rows (in use, turns waiting for one, turns refused `server_busy`: `row_gate.py`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from .types import Engine
 
@@ -46,10 +50,13 @@ class PipelineMetrics:
             ["stage"],
             registry=r,
         )
+        self._rows = _RowCollector()
+        r.register(self._rows)
 
     def watch_engine(self, stage: str, engine: Engine) -> None:
         self._batch.labels(stage).set_function(lambda: float(getattr(engine, "batch_size", 0)))
         self._active.labels(stage).set_function(lambda: float(engine.active_requests()))
+        self._rows.engines[stage] = engine
 
     def first_chunk(self, stage: str, kind: RequestKind, seconds: float) -> None:
         """Once per request that a stage produced output for: a transcription-only
@@ -62,3 +69,37 @@ class PipelineMetrics:
 
     def queue_depth(self, stage: str, depth: int) -> None:
         self._depth.labels(stage).set(depth)
+
+
+class _RowCollector(Collector):
+    """The rows of every watched engine that has a row gate (`Engine.row_load()`; a stage in
+    another process reports them with its heartbeat), read at each scrape."""
+
+    def __init__(self) -> None:
+        self.engines: dict[str, Engine] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        in_use = GaugeMetricFamily(
+            "parley_stage_rows_in_use", "Cache rows held by requests now", labels=["stage"]
+        )
+        waiting = GaugeMetricFamily(
+            "parley_stage_turns_waiting",
+            "Requests waiting for a cache row now (the row gate's queue)",
+            labels=["stage"],
+        )
+        refused = CounterMetricFamily(
+            "parley_stage_turns_refused",
+            "Requests refused with server_busy: no cache row within their wait, or the "
+            "waiting queue full",
+            labels=["stage"],
+        )
+        for stage, engine in self.engines.items():
+            load = engine.row_load()
+            if load is None:
+                continue
+            in_use.add_metric([stage], load.in_use)
+            waiting.add_metric([stage], load.waiting)
+            refused.add_metric([stage], load.refused)
+        yield in_use
+        yield waiting
+        yield refused

@@ -62,6 +62,7 @@ class ReconnectingStage(LinkedStage):
             raise
         match first:
             case Ready():
+                self._heard_ready(first)
                 return
             case Fatal(message):
                 problem = message

@@ -72,6 +72,7 @@ class RemoteEngine(LinkedStage):
                     continue
                 match message:
                     case Ready() | Alive():
+                        self._heard_ready(message)
                         break
                     case Fatal(reason):
                         log.error("stage %s could not start on its host: %s", self.name, reason)
@@ -82,6 +83,9 @@ class RemoteEngine(LinkedStage):
         log.info("stage %s: remote side is ready on link %s", self.name, self.link_name)
         self._pending = None
         self._attach(link)
+
+    def shared_by_processes(self) -> bool:
+        return True  # one `parley stage` serves every main process dialling its link
 
     async def close(self) -> None:
         self._closing = True

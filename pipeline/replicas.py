@@ -29,6 +29,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Collection, Sequence
 
+from .capacity import Capacity, RowLoad
 from .types import Chunk, Engine, EntryEngine, PipelineRequest, StageInput, StreamEngine
 
 log = logging.getLogger("parley.pipeline.replicas")
@@ -125,6 +126,24 @@ class StageReplicas(EntryEngine, StreamEngine):
 
     def active_requests(self) -> int:
         return sum(replica.active_requests() for replica in self.replicas)
+
+    def capacity(self) -> Capacity | None:
+        """The replicas' figures summed (rows, waiting places, memory): each serves its own
+        sessions. None when no replica states any."""
+        stated = [c for replica in self.replicas if (c := replica.capacity()) is not None]
+        if not stated:
+            return None
+        total = stated[0]
+        for more in stated[1:]:
+            total = total + more
+        return total
+
+    def row_load(self) -> RowLoad | None:
+        loads = [load for replica in self.replicas if (load := replica.row_load()) is not None]
+        return sum(loads, RowLoad()) if loads else None
+
+    def shared_by_processes(self) -> bool:
+        return all(replica.shared_by_processes() for replica in self.replicas)
 
     def requests_on(self, replica: int) -> int:
         """Requests in flight on one replica (as routed here)."""

@@ -61,6 +61,9 @@ class SharedStageEngine(ReconnectingStage):
         self._attach(link)
         log.info("stage %s: served by the stage host on %s", self.name, self.path)
 
+    def shared_by_processes(self) -> bool:
+        return True  # the host serves every server process of `--workers N`
+
     async def close(self) -> None:
         """Hang up (the host ends this process's requests and serves on). Idempotent."""
         await self._stop_supervisor()

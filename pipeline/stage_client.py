@@ -34,10 +34,12 @@ import itertools
 import logging
 from collections.abc import AsyncGenerator
 
+from .capacity import Capacity, RowLoad
 from .channel import Channel, ChannelClosed
 from .connectors.base import Link, LinkClosed, LinkUnavailable
 from .link_messages import (
     Abort,
+    Alive,
     ChunkMessage,
     Done,
     ForgetSession,
@@ -86,6 +88,10 @@ class LinkedStage(EntryEngine, StreamEngine):
         self._uses = itertools.count()
         self._stats: dict[int, asyncio.Future[int]] = {}
         self._tokens = itertools.count()
+        self._capacity: Capacity | None = None
+        """What the engine over there said it can serve (its `Ready` or heartbeat)."""
+        self._load: RowLoad | None = None
+        """Its rows at its last heartbeat."""
 
     # --- for subclasses ------------------------------------------------------------------
 
@@ -167,8 +173,12 @@ class LinkedStage(EntryEngine, StreamEngine):
                         future = self._stats.pop(token, None)
                         if future is not None and not future.done():
                             future.set_result(active)
+                    case Ready(capacity):
+                        self._capacity = capacity
+                    case Alive(capacity, load):
+                        self._capacity, self._load = capacity, load
                     case _:
-                        pass  # Ready or Alive: that it spoke at all is the news
+                        pass
         except LinkClosed:
             pass
         finally:
@@ -231,6 +241,18 @@ class LinkedStage(EntryEngine, StreamEngine):
 
     def active_requests(self) -> int:
         return len(self._requests)
+
+    def capacity(self) -> Capacity | None:
+        """The far engine's figures, as it last said them (kept while it restarts: the
+        stage will serve the same again)."""
+        return self._capacity
+
+    def row_load(self) -> RowLoad | None:
+        return self._load
+
+    def _heard_ready(self, ready: Ready | Alive) -> None:
+        """The far side's first word: what it can serve."""
+        self._capacity = ready.capacity
 
     async def remote_active_requests(self) -> int:
         """How many requests the engine on the other side holds (for tests and checks)."""

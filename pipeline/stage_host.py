@@ -202,7 +202,7 @@ class _Host:
         )
         log.info("stage %s: connection %d opened", self.stage, number)
         try:
-            await link.send(Ready())
+            await link.send(Ready(self.engine.capacity()))
             await server.serve()
         except LinkClosed:
             pass

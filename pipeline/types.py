@@ -20,7 +20,7 @@ import numpy.typing as npt
 # The audio formats are defined in audio_format; engines import INPUT_SAMPLE_RATE from here.
 from .audio_format import INPUT_SAMPLE_RATE as INPUT_SAMPLE_RATE
 from .audio_format import OUTPUT_SAMPLE_RATE
-from .capacity import Capacity
+from .capacity import Capacity, PipelineCapacity, RowLoad
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +262,17 @@ class Engine(ABC):
         with no fixed rows of its own (admission keeps its configured cap for it)."""
         return None
 
+    def shared_by_processes(self) -> bool:
+        """Whether this one engine serves every server process of `parley serve --workers
+        N` (a stage host's, a remote stage's), rather than each process running its own:
+        admission then counts its capacity once, not once per process."""
+        return False
+
+    def row_load(self) -> RowLoad | None:
+        """Its rows now (held, waited for, refused: `row_gate.py`), for the metrics; None
+        for an engine with no row gate."""
+        return None
+
     def stalled(self, bound_s: float) -> str | None:
         """Why the engine has made no progress for longer than `bound_s` while it has work
         (its model thread stuck in a step), or None. The process serving a stage asks this
@@ -317,6 +328,11 @@ class Pipeline(Protocol):
 
     async def forget_session(self, session_id: str) -> None:
         """The session has ended: every stage drops what it kept for it between turns."""
+        ...
+
+    def capacity(self) -> PipelineCapacity | None:
+        """What the started pipeline can serve at once (its stages' `Engine.capacity()`
+        combined); None when no stage states any (admission keeps its configured cap)."""
         ...
 
 

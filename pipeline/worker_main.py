@@ -209,7 +209,7 @@ async def _serve_until_closed(server: StageServer, link: Link, ride_outages: boo
     retry_s = RETRY_MIN_S
     while True:
         try:
-            await link.send(Ready())
+            await link.send(Ready(server.engine.capacity()))
             if retry_s > RETRY_MIN_S:
                 log.info("the link works again; serving")
                 retry_s = RETRY_MIN_S
@@ -288,7 +288,10 @@ class StageServer:
                 if reason != said and reason is not None:
                     log.error("stage %s is stuck: %s", self.stage, reason)
                 said = reason
-                await self.link.send(Alive() if reason is None else Stuck(reason))
+                engine = self.engine
+                await self.link.send(
+                    Alive(engine.capacity(), engine.row_load()) if reason is None else Stuck(reason)
+                )
             log.critical("stage %s is broken: %s", self.stage, broken)
             await self.link.send(Stuck(broken, broken=True))
         if self.broken is not None:

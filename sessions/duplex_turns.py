@@ -28,6 +28,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 import numpy as np
 
 from pipeline.audio_format import INPUT_SAMPLE_RATE
+from pipeline.capacity import PipelineCapacity
 from pipeline.duplex import (
     DUPLEX_RATE,
     DuplexFailed,
@@ -124,6 +125,10 @@ class DuplexTurn:
         return 0 if self.closed else 1
 
     async def forget_session(self, session_id: str) -> None:
+        return None
+
+    def capacity(self) -> PipelineCapacity | None:
+        """A duplex turn is served by the session's own stream: no capacity of its own."""
         return None
 
 

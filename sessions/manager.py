@@ -53,6 +53,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from pipeline.capacity import PipelineCapacity
 from pipeline.tasks import TaskSet, background, cancel_and_wait
 from pipeline.types import Pipeline
 
@@ -118,6 +119,10 @@ class SessionManager:
         self.limits = limits or SessionLimits()
         self.metrics = metrics or SessionMetrics()
         self.leases = LeaseRegistry(redis, max_sessions, ttl_s=lease_ttl_s)
+        self.configured_max_sessions = max_sessions
+        """The cap as configured (`--max-sessions`); `hold_to` may lower the one applied."""
+        self.capacity: PipelineCapacity | None = None
+        """What the pipeline said it can serve, once started (`hold_to`)."""
         self.key_limits = KeyLimiter(redis, key_limits or KeyLimits(), ttl_s=lease_ttl_s)
         self.admission = Admission(self.link, self.leases, self.key_limits, self.metrics)
         self._callers: dict[str, str] = {}
@@ -137,6 +142,33 @@ class SessionManager:
 
     @property
     def max_sessions(self) -> int:
+        return self.leases.cap
+
+    def hold_to(self, capacity: PipelineCapacity | None, processes: int = 1) -> int:
+        """Once the pipeline has started: admit no more sessions than it can serve, the
+        smaller of the configured cap and `capacity` across the `processes` server processes
+        that share this Redis (each with its own graph; stages they share counted once).
+        The cap is service-wide (every process's leases in one set), so every process sets
+        the same figure. Returns the cap now applied."""
+        self.capacity = capacity
+        cap = self.configured_max_sessions
+        if capacity is None:
+            log.info("session cap %d (--max-sessions; the pipeline states no capacity)", cap)
+            self.leases.cap = cap
+            return cap
+        serves = capacity.across(processes)
+        for line in capacity.lines():
+            log.info("capacity: %s", line)
+        self.leases.cap = max(1, min(cap, serves))  # a lease registry's cap is at least 1
+        across = f" across {processes} server processes" if processes > 1 else ""
+        log.info(
+            "session cap %d: the smaller of --max-sessions %d and the %d sessions the "
+            "pipeline can serve at once%s",
+            self.leases.cap,
+            cap,
+            serves,
+            across,
+        )
         return self.leases.cap
 
     async def __aenter__(self) -> SessionManager:

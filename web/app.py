@@ -54,14 +54,18 @@ READY_TIMEOUT_S = 1.0
 DRAIN_POLL_S = 0.1
 
 
-async def _start_pipeline(services: Services, pipeline: Pipeline) -> None:
-    """Load the models in the background: /healthz answers meanwhile, /readyz says so."""
+async def _start_pipeline(services: Services, pipeline: Pipeline, manager: SessionManager) -> None:
+    """Load the models in the background: /healthz answers meanwhile, /readyz says so. Once
+    loaded, admission is held to what the pipeline says it can serve (across every server
+    process of `--workers N`)."""
     try:
         await pipeline.start()
     except Exception as exc:  # readiness reports it; the process stays up for /healthz
         services.pipeline_error = f"pipeline {services.settings.pipeline!r} failed to start: {exc}"
         log.error("%s", services.pipeline_error)
         return
+    services.capacity = pipeline.capacity()
+    services.session_cap = manager.hold_to(services.capacity, max(1, services.settings.workers))
     services.pipeline_ready = True
     log.info("pipeline %s is ready", services.settings.pipeline)
 
@@ -116,18 +120,6 @@ async def _serving(app: Starlette, services: Services) -> AsyncIterator[None]:
         if services.pipeline is None:
             yield
             return
-        # Tasks the lifespan owns, not a TaskGroup: the loader must run across the `yield`,
-        # which a TaskGroup in an async generator cannot span.
-        loading = TaskSet("pipeline-start")
-        loader = loading.create_task(_start_pipeline(services, services.pipeline))
-        loading.create_task(exit_when_broken(services.pipeline), name="pipeline-broken")
-        if services.settings.workers > 1:
-            # A worker listens only once it can serve: its socket joins the shared port's
-            # group at uvicorn's start, after this, and until then the others get them all.
-            # A stop while it loads ends the wait (uvicorn checks for it only after this).
-            stopping = loading.create_task(services.stopping.wait())
-            await asyncio.wait({loader, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            await cancel_and_wait(stopping)
         manager = SessionManager(
             services.redis,
             services.pipeline,
@@ -137,6 +129,18 @@ async def _serving(app: Starlette, services: Services) -> AsyncIterator[None]:
             metrics=services.metrics,
             process_id=app.state.process_id,
         )
+        # Tasks the lifespan owns, not a TaskGroup: the loader must run across the `yield`,
+        # which a TaskGroup in an async generator cannot span.
+        loading = TaskSet("pipeline-start")
+        loader = loading.create_task(_start_pipeline(services, services.pipeline, manager))
+        loading.create_task(exit_when_broken(services.pipeline), name="pipeline-broken")
+        if services.settings.workers > 1:
+            # A worker listens only once it can serve: its socket joins the shared port's
+            # group at uvicorn's start, after this, and until then the others get them all.
+            # A stop while it loads ends the wait (uvicorn checks for it only after this).
+            stopping = loading.create_task(services.stopping.wait())
+            await asyncio.wait({loader, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            await cancel_and_wait(stopping)
         try:
             async with manager:
                 calls = CallRegistry(
@@ -238,14 +242,18 @@ async def readyz(request: Request) -> Response:
             body["down_stages"] = down
         return JSONResponse(body, status_code=503)
     manager = services.running.manager if services.running is not None else None
-    return JSONResponse(
-        {
-            "status": "ready",
-            "pipeline": services.settings.pipeline,
-            "sessions": len(manager) if manager else 0,
-            "max_sessions": services.settings.max_sessions,
+    ready: dict[str, object] = {
+        "status": "ready",
+        "pipeline": services.settings.pipeline,
+        "sessions": len(manager) if manager else 0,
+        "max_sessions": services.session_cap or services.settings.max_sessions,
+    }
+    if services.capacity is not None:
+        ready["capacity"] = {
+            "sessions": services.capacity.across(max(1, services.settings.workers)),
+            "stages": services.capacity.lines(),
         }
-    )
+    return JSONResponse(ready)
 
 
 async def metrics(request: Request) -> Response:
@@ -274,6 +282,13 @@ def create_app(settings: Settings, redis_url: str) -> Starlette:
         registry=services.metrics.registry,
     )
     ready.set_function(lambda: 1.0 if services.pipeline_ready else 0.0)
+    cap = Gauge(
+        "parley_session_cap",
+        "Sessions admitted at once across the service: the smaller of --max-sessions and "
+        "what the pipeline says it can serve",
+        registry=services.metrics.registry,
+    )
+    cap.set_function(lambda: float(services.session_cap or settings.max_sessions))
     app = Starlette(
         routes=[
             Route("/", index),

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 from starlette.requests import HTTPConnection
 
+from pipeline.capacity import PipelineCapacity
 from pipeline.types import Pipeline
 from realtime.auth import Authenticator
 from realtime.call_index import CallIndex
@@ -91,6 +92,11 @@ class Services:
     pipeline: Pipeline | None = None
     pipeline_error: str | None = None
     pipeline_ready: bool = False
+    session_cap: int | None = None
+    """The sessions admitted at once across the service, once the pipeline has started:
+    the smaller of --max-sessions and the pipeline's capacity (`SessionManager.hold_to`)."""
+    capacity: PipelineCapacity | None = None
+    """What the started pipeline says it can serve (None: it states nothing)."""
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     """Set by the server's stop signal; a worker stops waiting for its pipeline then."""
     running: Running | None = None

@@ -29,6 +29,7 @@ import sys
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from ..capacity import Capacity, RowLoad, StageCapacity
 from ..graph import StageGraph
 from ..graph_config import GraphConfig, GraphConfigError, validate_graph
 from ..requests import RequestTracker
@@ -117,6 +118,29 @@ class SubgraphEngine(EntryEngine):
     async def forget_session(self, session_id: str) -> None:
         if self.graph is not None:
             await self.graph.forget_session(session_id)
+
+    def capacity(self) -> Capacity | None:
+        """The inner stage that serves the fewest sessions, as `<group>.<stage>`: the group
+        serves no more than it (an engine states one set of figures; the inner stages'
+        own lines are logged where they start)."""
+        binding = self._binding()
+        if binding is None:
+            return None
+        figures = binding.capacity
+        return dataclasses.replace(figures, stage=f"{self.config.name}.{figures.stage}")
+
+    def row_load(self) -> RowLoad | None:
+        """The binding inner stage's rows (see `capacity`)."""
+        binding = self._binding()
+        if binding is None or self.graph is None:
+            return None
+        return self.graph.engines[binding.capacity.stage].row_load()
+
+    def _binding(self) -> StageCapacity | None:
+        stated = self.graph.capacity() if self.graph is not None else None
+        if stated is None:
+            return None
+        return min(stated.stages, key=lambda stage: stage.sessions())
 
     async def generate(
         self, request_id: str, request: PipelineRequest, /

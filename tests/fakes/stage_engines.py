@@ -11,6 +11,8 @@ from collections.abc import AsyncGenerator, Iterator
 
 import numpy as np
 
+from pipeline.capacity import Capacity, Holds, RowLoad
+from pipeline.engines.echo import EchoEngine
 from pipeline.requests import RequestTracker, TracksRequests
 from pipeline.step_watch import StepWatch
 from pipeline.types import (
@@ -235,3 +237,28 @@ class Breaking(TracksRequests, EntryEngine):
                 await self.thread.call(time.sleep, self.step_s)
                 yield TextDelta(text=f"B{i} ")
             yield End()
+
+
+class Rowed(EchoEngine):
+    """The echo engine stating a capacity, as a GPU engine with `rows` cache rows would
+    (`holds` "session": a duplex model's; "turn": `waiting` more turns may wait); `shared`:
+    as if one served every server process (a stage host's)."""
+
+    name = "rowed"
+
+    def __init__(
+        self, rows: int = 2, holds: Holds = "session", waiting: int = 0, shared: bool = False
+    ) -> None:
+        super().__init__()
+        self.figures = Capacity(self.name, rows, 4096, holds, waiting=waiting, wait_s=1.0)
+        self.shared = shared
+        """As a stage host's: one engine for every server process."""
+
+    def capacity(self) -> Capacity:
+        return self.figures
+
+    def shared_by_processes(self) -> bool:
+        return self.shared
+
+    def row_load(self) -> RowLoad:
+        return RowLoad(in_use=self.active_requests())

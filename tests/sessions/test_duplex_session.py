@@ -17,6 +17,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from loadtest.speech import utterances_with_gaps
+from pipeline.capacity import PipelineCapacity
 from pipeline.types import OutputChunk, PipelineRequest
 from sessions.errors import InvalidRequestError, SessionLimitError
 from sessions.events import (
@@ -61,6 +62,9 @@ class DuplexPipeline:
         return 0
 
     async def forget_session(self, session_id: str) -> None:
+        return None
+
+    def capacity(self) -> PipelineCapacity | None:
         return None
 
     async def generate(self, request: PipelineRequest) -> AsyncGenerator[OutputChunk, None]:

@@ -13,6 +13,7 @@ import numpy.typing as npt
 import pytest
 
 from loadtest.speech import silence, utterances_with_gaps
+from pipeline.capacity import PipelineCapacity
 from pipeline.types import End, ErrorChunk, OutputChunk, PipelineRequest, TextDelta
 from sessions.clock import ScaledClock
 from sessions.config import TurnDetectionConfig
@@ -147,6 +148,9 @@ class TinyPipeline:
         return 0
 
     async def forget_session(self, session_id: str) -> None:
+        return None
+
+    def capacity(self) -> PipelineCapacity | None:
         return None
 
 

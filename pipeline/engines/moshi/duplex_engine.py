@@ -187,6 +187,15 @@ class MoshiDuplexEngine:
             model_path=self.options["model_path"],  # type: ignore[arg-type]
         )
 
+    def cache_figures(self) -> tuple[int, int]:
+        """(positions one session's row holds, device bytes of every row's KV) once loaded."""
+        stepper = self._stepper
+        if stepper is None:
+            return 0, 0
+        caches = (stepper.cache, stepper.depth_cache)
+        tensors = [t for cache in caches for t in (*cache.keys, *cache.values)]
+        return stepper.cache.window, sum(t.numel() * t.element_size() for t in tensors)
+
     # --- sessions (on the loop) ----------------------------------------------------------
 
     def open(self, session_id: str) -> DuplexSession:

@@ -11,9 +11,11 @@ ends its own: the default `forget_session` has nothing to drop.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from ...capacity import Capacity
 from ...types import Chunk, EntryEngine, ErrorChunk, PipelineRequest
 from .duplex_engine import MoshiDuplexEngine
 from .frame_step import Sampling
@@ -35,6 +37,12 @@ class MoshiStage(EntryEngine):
 
     async def start(self) -> None:
         await self.duplex.start()
+        logging.getLogger("parley.pipeline.moshi").info("%s", self.capacity().line())
+
+    def capacity(self) -> Capacity:
+        """A row of its caches per session, for the session's whole life."""
+        context, memory = self.duplex.cache_figures()
+        return Capacity(self.name, self.duplex.rows, context, "session", memory_bytes=memory)
 
     async def generate(
         self, request_id: str, request: PipelineRequest, /

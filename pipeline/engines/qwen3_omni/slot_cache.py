@@ -83,6 +83,11 @@ class SlotCache:
     def in_use(self) -> int:
         return len(self._owners)
 
+    @property
+    def nbytes(self) -> int:
+        """Device memory of the rows' keys and values."""
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
     def row_of(self, owner: Any) -> int:
         for row, held in enumerate(self._owners):
             if held is owner:

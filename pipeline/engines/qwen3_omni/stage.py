@@ -8,19 +8,24 @@ table of requests in flight (`active_requests`, `abort`), and an idempotent clos
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Generic, TypeVar
 
 import torch
 from transformers import Qwen3OmniMoeConfig
 
+from ...capacity import Capacity, RowLoad
 from ...requests import RequestTracker
-from ...types import Engine
+from ...row_gate import RowGate, RowsBusy
+from ...types import Engine, ErrorChunk
 from .model_thread import ModelThread
 from .step_batcher import StepBatcher
 from .weights import Part, build_part
 
 StateT = TypeVar("StateT")
+
+log = logging.getLogger("parley.pipeline.qwen3_omni")
 
 MODEL_PATH_ENV = "PARLEY_MODEL_PATH"
 """A checkpoint directory for stages whose graph names none (`parley serve --model-path`)."""
@@ -53,6 +58,10 @@ def use_own_stream(device: str, priority: str = "normal") -> None:
         torch.cuda.set_stream(stream)
 
 
+class ContextTooLong(ValueError):
+    """A request (its prompt and its reply's budget) is longer than a cache row holds."""
+
+
 class ModelStage(Engine, Generic[StateT]):
     name = "qwen3_omni"
     part: Part
@@ -71,6 +80,9 @@ class ModelStage(Engine, Generic[StateT]):
         max_context: int = 4096,
         capture_graphs: bool | None = None,
         stream_priority: str = "normal",
+        plain_fallback: bool = False,
+        waiting: int | None = None,
+        row_wait_s: float = 10.0,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
@@ -89,7 +101,24 @@ class ModelStage(Engine, Generic[StateT]):
         """Requests whose decode runs on a static cache row, batched in place and captured
         as CUDA graphs on a GPU (slot_cache.py); 0: every step the plain transformers way."""
         self.max_context = max_context
-        """Positions one cache row holds (prompt plus reply); longer requests go plainly."""
+        """Positions one cache row holds (prompt plus reply); a longer request fails with
+        `context_length_exceeded` (with `plain_fallback`: it goes the plain way)."""
+        self.plain_fallback = plain_fallback
+        """A request that finds no free row (or is longer than a row) is stepped the plain
+        transformers way inside the batched step, holding up every other request's step
+        (the old behaviour, only where a graph file asks for it). False: a request takes a
+        row before it runs, waiting for one (`waiting`, `row_wait_s`) or failing with
+        `server_busy` (`row_gate.py`)."""
+        if waiting is not None and waiting < 0:
+            raise ValueError("waiting must be at least 0")
+        if row_wait_s < 0:
+            raise ValueError("row_wait_s must be at least 0")
+        self.waiting = waiting
+        """Requests that may wait for a row at once (None: as many as there are rows)."""
+        self.row_wait_s = row_wait_s
+        """How long a request waits for a row before it fails with `server_busy`."""
+        self.rows: RowGate | None = None
+        """The gate in front of the cache rows (None: no rows, or `plain_fallback`)."""
         self.capture_graphs = capture_graphs
         if stream_priority not in STREAM_PRIORITIES:
             raise ValueError(f"stream_priority must be one of {', '.join(STREAM_PRIORITIES)}")
@@ -116,9 +145,69 @@ class ModelStage(Engine, Generic[StateT]):
             device=self.device,
         )
         await self.thread.call(self._loaded)
+        if self.decode_rows and not self.plain_fallback:
+            self.rows = RowGate(
+                self.name, self.decode_rows, waiting=self.waiting, wait_s=self.row_wait_s
+            )
         self.batcher = self._batcher()
         if self.batcher is not None:
             self.batcher.start()
+        if (capacity := self.capacity()) is not None:
+            log.info("%s", capacity.line())
+        elif self.decode_rows:
+            log.warning(
+                "%s: %d cache rows of %d positions, and plain steps past them (plain_fallback): "
+                "admission is not held to the rows",
+                self.name,
+                self.decode_rows,
+                self.max_context,
+            )
+
+    def _row_memory(self) -> int:
+        """Device memory of the stage's cache rows (0: none)."""
+        return 0
+
+    async def _take_row(self, request_id: str) -> ErrorChunk | bool | None:
+        """Before a request runs: its row (None: it holds one, or there is no gate), an
+        ErrorChunk (`server_busy`) when none came in time, or False when it was aborted
+        while it waited. The request gives the row back with `rows.give_back` however it
+        ends."""
+        if self.rows is None:
+            return None
+        try:
+            return None if await self.rows.take(request_id) else False
+        except RowsBusy as exc:
+            return ErrorChunk(str(exc), self.name, code="server_busy")
+
+    def _check_context(self, length: int) -> None:
+        """Raise ContextTooLong when a request of `length` positions (its prompt and its
+        reply's budget) cannot fit a row (only behind a row gate: with `plain_fallback`
+        such a request is stepped the plain way)."""
+        if self.rows is not None and length > self.max_context:
+            raise ContextTooLong(
+                f"the conversation needs {length:,} positions with its reply's budget, more "
+                f"than the {self.max_context:,} of {self.name}'s context"
+            )
+
+    def capacity(self) -> Capacity | None:
+        """Its cache rows, one per request in flight, and the turns that may wait for one;
+        None without a row gate (no rows, or `plain_fallback`: admission is not held to
+        the rows then)."""
+        gate = self.rows
+        if gate is None:
+            return None
+        return Capacity(
+            stage=self.name,
+            rows=gate.rows,
+            context=self.max_context,
+            holds="turn",
+            waiting=gate.waiting,
+            wait_s=gate.wait_s,
+            memory_bytes=self._row_memory(),
+        )
+
+    def row_load(self) -> RowLoad | None:
+        return self.rows.load() if self.rows is not None else None
 
     def _loaded(self) -> None:
         """On the model thread, once the model is built: make the runner."""
@@ -128,6 +217,8 @@ class ModelStage(Engine, Generic[StateT]):
         return None
 
     async def close(self) -> None:
+        if self.rows is not None:
+            self.rows.close()
         self._requests.clear()
         if self.batcher is not None:
             await self.batcher.close()
@@ -148,3 +239,5 @@ class ModelStage(Engine, Generic[StateT]):
 
     async def abort(self, request_id: str) -> None:
         self._requests.abort(request_id)
+        if self.rows is not None:
+            self.rows.abandon(request_id)  # a request waiting for a row leaves the queue

@@ -11,6 +11,9 @@ requests nearest to running out of audio go first (`Playback`: each frame is 80 
 
 Random weights never choose codec EOS: `min_frames` holds it off and `max_frames` ends
 the reply, which gives fixed speech lengths.
+
+With `decode_rows`, a request takes a cache row once its first text has come, before its
+prefill and first frame step, waiting for one or failing `server_busy` (`row_gate.py`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from .fused_moe import install_fused_moe
 from .gathered_calls import GatheredCalls
 from .playback import Clock, Playback
 from .slot_decoder import SlotDecoder
-from .stage import ModelStage
+from .stage import ContextTooLong, ModelStage
 from .step_batcher import StepBatcher
 from .talker_runner import PREDICTOR_SAMPLING, TalkerPrompt, TalkerRunner, TalkerState
 
@@ -159,9 +162,14 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
             decoder=decoder,
             predictor=predictor,
             reserve=self.max_frames + 1,
+            plain_fallback=self.plain_fallback,
         )
         if self.warm_up:
             self._warm()
+
+    def _row_memory(self) -> int:
+        decoder = self.runner.decoder if self.runner is not None else None
+        return decoder.cache.nbytes if decoder is not None else 0
 
     def _warm(self) -> None:
         """On the model thread, before the stage is ready: a made-up turn (a camera frame and
@@ -189,7 +197,7 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
                 runner.add_reply(state, rng.normal(0, 0.02, (2, 2, size)).astype(np.float32))
                 runner.end_text(state)
             runner.prefill_batch(states)
-            stepped = states[: self.max_batch]
+            stepped = states[: min(self.max_batch, self.decode_rows or self.max_batch)]
             codes = runner.predict_batch(stepped)
             fed = [(s, c) for s, c in zip(stepped, codes, strict=True) if c is not None]
             if fed:
@@ -212,6 +220,7 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
         # a TaskSet and not a TaskGroup: its scope spans the generator's yields
         tasks = TaskSet(f"{request_id}:talker")
         state: TalkerState | None = None
+        gate = self.rows
         try:
             prompt = await _first_prompt(chunks)
             if prompt is None:
@@ -242,8 +251,17 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
             if not state.received:
                 yield End()
                 return
+            if (refused := await self._take_row(request_id)) is not None:
+                if isinstance(refused, ErrorChunk):
+                    yield refused
+                return  # a chunk saying why, or aborted while it waited
             assert self.prefills is not None
             await self.prefills.call(state)
+            try:
+                self._check_context(state.length + runner.reserve)
+            except ContextTooLong as exc:
+                yield ErrorChunk(str(exc), self.name, code="context_length_exceeded")
+                return
             assert self.batcher is not None
             previous: Codes | None = None
             with self.batcher.member():
@@ -268,6 +286,8 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
             self._requests.end(request_id)
             if state is not None:  # finished, aborted or cancelled: its cache row goes back
                 self.thread.post(runner.release, state)
+            if gate is not None:  # after the release, which the model thread runs first
+                gate.give_back(request_id)
             self._wakes.pop(request_id, None)
 
     async def abort(self, request_id: str) -> None:

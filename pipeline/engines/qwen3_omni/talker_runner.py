@@ -122,7 +122,13 @@ class TalkerRunner:
         decoder: SlotDecoder | None = None,
         predictor: FramePredictor | None = None,
         reserve: int = 0,
+        plain_fallback: bool = False,
     ) -> None:
+        self.plain_fallback = plain_fallback
+        """With a decoder: a request that finds no row is stepped the plain way (only where
+        a graph file asks for it); False: that is a bug in the row gate in front."""
+        self.plain_steps = 0
+        """Plain talker LM steps run (requests stepped without a cache row)."""
         self.decoder = decoder
         """The talker LM's steps on cache rows (batched in place, captured on a GPU)."""
         self.predictor = predictor
@@ -428,6 +434,7 @@ class TalkerRunner:
     def _forward_plain(
         self, states: list[TalkerState], embeds: torch.Tensor, where: list[int]
     ) -> None:
+        self.plain_steps += len(states)
         positions = torch.tensor(where, device=self.device).view(1, -1, 1).expand(3, -1, 1)
         if len(states) == 1:
             self._forward(states[0], embeds, positions)
@@ -437,10 +444,16 @@ class TalkerRunner:
     def _forward_rows(
         self, states: list[TalkerState], embeds: torch.Tensor, where: list[int]
     ) -> None:
-        """The talker LM step on cache rows; a request that gets no row goes the plain way."""
+        """The talker LM step on cache rows; a request that gets no row goes the plain way
+        where `plain_fallback` allows it, and is an error otherwise (see the Thinker's)."""
         decoder = self.decoder
         assert decoder is not None
         seated = [i for i, state in enumerate(states) if decoder.cache.seat(state, self.reserve)]
+        if len(seated) < len(states) and not self.plain_fallback:
+            raise RuntimeError(
+                f"{len(states) - len(seated)} of {len(states)} requests found no cache row "
+                "(every row taken, or longer than a row) and plain_fallback is off"
+            )
         if seated:
             rows = decoder.step(
                 [states[i] for i in seated], embeds[seated, 0], [where[i] for i in seated]

@@ -13,6 +13,10 @@ too, which gives the fixed reply lengths benchmarks need.
 With `session_kv_tokens`, a session's KV survives between its turns (`session_kv.py`): a turn
 that goes on from the session's last one prefills only what it adds. Its prompt chunk still
 has the hidden states of every position the Talker takes (`talker_positions`).
+
+With `decode_rows`, a turn takes a cache row before its prefill, waiting for one or failing
+`server_busy` (`row_gate.py`), and one longer than a row fails `context_length_exceeded`
+(docs/engines/capacity.md).
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from .session_kv import (
     continuation,
     talker_positions,
 )
-from .stage import ModelStage
+from .stage import ContextTooLong, ModelStage
 from .step_batcher import StepBatcher
 from .thinker_runner import ThinkerHidden, ThinkerPast, ThinkerPrompt, ThinkerRunner, ThinkerState
 from .thinker_slots import ThinkerSlots
@@ -142,6 +146,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
             seed=self.seed,
             prefix_cache=prefixes,
             slots=slots,
+            plain_fallback=self.plain_fallback,
         )
         self.vocab = load_vocab(self.model_path)
         mel_bins = int(self.config.thinker_config.audio_config.num_mel_bins)
@@ -179,7 +184,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
             while not job.batch.done:
                 job.batch.run_chunk()
             states = [state for state, _ in runner.finish_prefill(job)]
-            runner.step_batch(states[: self.max_batch])
+            runner.step_batch(states[: min(self.max_batch, self.decode_rows or self.max_batch)])
             for state in states:
                 runner.release(state)
         if runner.prefix_cache is not None:
@@ -220,6 +225,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
             )
         if resumed is not None:
             ids = resumed.entry.token_ids + resumed.entry.tail + ids
+        self._check_context(len(ids) + self.max_new_tokens)
         return ThinkerPrompt(ids, audio, vision)
 
     # --- a session's KV between its turns ------------------------------------------------
@@ -277,6 +283,10 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         )
         self.sessions.store(request.session_id, entry)
 
+    def _row_memory(self) -> int:
+        slots = self.runner.slots if self.runner is not None else None
+        return slots.decoder.cache.nbytes if slots is not None else 0
+
     async def forget_session(self, session_id: str) -> None:
         if self.sessions is not None:
             self.sessions.forget(session_id)
@@ -317,13 +327,22 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         self._requests.begin(request_id)
         remembered = False
         held: ThinkerState | None = None
+        gate = self.rows
         try:
+            if (refused := await self._take_row(request_id)) is not None:
+                if isinstance(refused, ErrorChunk):
+                    yield refused
+                return  # a chunk saying why, or aborted while it waited
             resumed = self._session_prompt(request)
             past = resumed.past() if resumed is not None else None
             assert self.prefills is not None
-            prompt, state, hidden = await self.prefills.prefill(
-                functools.partial(self._prompt, request, resumed), past
-            )
+            try:
+                prompt, state, hidden = await self.prefills.prefill(
+                    functools.partial(self._prompt, request, resumed), past
+                )
+            except ContextTooLong as exc:
+                yield ErrorChunk(str(exc), self.name, code="context_length_exceeded")
+                return
             held = state
             if self._requests.aborted(request_id):
                 return  # aborted
@@ -378,6 +397,8 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
             self._requests.end(request_id)
             if held is not None:  # finished, aborted or cancelled: its cache row goes back
                 self.thread.post(runner.release, held)
+            if gate is not None:  # after the release, which the model thread runs first
+                gate.give_back(request_id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,10 +113,16 @@ class ThinkerRunner:
         hidden_dtype: type[np.floating] = np.float32,
         prefix_cache: PrefixCache | None = None,
         slots: ThinkerSlots | None = None,
+        plain_fallback: bool = False,
     ) -> None:
         self.model = model
         self.slots = slots
         """Decode steps on cache rows (batched in place, captured on a GPU); None: plain."""
+        self.plain_fallback = plain_fallback
+        """With rows: a request that finds none is stepped the plain way (only where a graph
+        file asks for it); False: that is a bug in whoever let it in (the row gate)."""
+        self.plain_steps = 0
+        """Plain decode steps run (requests stepped without a cache row), for tests and logs."""
         self.config = config
         self.sampling = sampling
         self.seed = seed
@@ -276,6 +282,7 @@ class ThinkerRunner:
 
     def _step_plain(self, states: list[ThinkerState], min_new_tokens: int) -> list[ThinkerHidden]:
         """Per-request caches, padded into one batch and split again after the step."""
+        self.plain_steps += len(states)
         if len(states) == 1:
             return [self._step_one(states[0], min_new_tokens)]
         fed = [state.next_token for state in states]
@@ -307,10 +314,17 @@ class ThinkerRunner:
         return results
 
     def _step_rows(self, states: list[ThinkerState], min_new_tokens: int) -> list[ThinkerHidden]:
-        """`step_batch` on cache rows; a request that gets no row is stepped the plain way."""
+        """`step_batch` on cache rows; a request that gets no row is stepped the plain way
+        where `plain_fallback` allows it, and is an error otherwise (the row gate in front
+        lets no more requests run than there are rows, none longer than a row)."""
         slots = self.slots
         assert slots is not None
         seated = [state for state in states if slots.seat(state)]
+        if len(seated) < len(states) and not self.plain_fallback:
+            raise RuntimeError(
+                f"{len(states) - len(seated)} of {len(states)} requests found no cache row "
+                "(every row taken, or longer than a row) and plain_fallback is off"
+            )
         results: dict[int, ThinkerHidden] = {}
         if seated:
             fed = [state.next_token for state in seated]

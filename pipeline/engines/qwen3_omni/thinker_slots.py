@@ -4,8 +4,9 @@ A request's prefill builds its own DynamicCache (prompts differ in length and me
 first decode step the cache is copied once into a row of a `SlotDecoder`, and from then on
 every step of every request in flight is one forward over the rows in use. When the request
 ends its row is given back, and its cache copied out first if the session keeps it for its
-next turn. A request that finds every row taken (or could outgrow one) is stepped the plain
-way, so the rows bound speed, never admission.
+next turn. The engine's row gate (`row_gate.py`) lets no more requests decode than there are
+rows; a request that finds none anyway is stepped the plain way only where the graph file
+asks for it (`plain_fallback`).
 """
 
 from __future__ import annotations

@@ -218,7 +218,7 @@ async def test_the_graph_on_cache_rows_answers_concurrent_and_aborted_turns() ->
 
     try:
         async with asyncio.timeout(120):
-            # four at once over three rows: one goes the plain way, all are answered
+            # five at once over three rows: two wait for a row, all are answered
             results = await asyncio.gather(
                 turn("a", 0.5), turn("bb", 1.0), turn("ccc", 0.7), turn("dddd", 0.4), aborted()
             )
@@ -230,6 +230,9 @@ async def test_the_graph_on_cache_rows_answers_concurrent_and_aborted_turns() ->
         await asyncio.sleep(0.2)  # queued row returns run on the model threads
         assert thinker.runner.slots.decoder.cache.in_use == 0
         assert talker.runner.decoder.cache.in_use == 0
+        assert thinker.runner.plain_steps == talker.runner.plain_steps == 0  # none went plainly
+        assert thinker.rows is not None and thinker.rows.in_use == 0
+        assert talker.rows is not None and talker.rows.in_use == 0
     finally:
         await graph.close()
 
