@@ -31,6 +31,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .engine_limits import LimitError, check_engine_args
 from .imports import import_object
 from .types import EntryEngine, StreamEngine
 
@@ -182,6 +183,11 @@ class GraphConfig(_Model):
                 raise _At(("outputs", index), f"no stage named {name!r}")
         if cycle := _find_cycle(names, self.edges):
             raise _At(("edges",), "the edges form a cycle: " + " -> ".join(cycle))
+        for index, stage in enumerate(self.stages):
+            try:
+                check_engine_args(stage.engine, stage.engine_args)
+            except LimitError as exc:
+                raise _At(("stages", index, "engine_args", exc.field), exc.message) from None
         return self
 
     def stage(self, name: str) -> StageConfig:

@@ -19,6 +19,7 @@ import dataclasses
 from typing import Any, Literal
 
 from sessions import SessionConfig, TurnDetectionConfig, event_to_dict
+from sessions.config import truncation_object
 from sessions.events import (
     AudioBufferCleared,
     AudioBufferCommitted,
@@ -245,6 +246,7 @@ def session_object(
         "tools": [tool.model_dump(mode="json") for tool in config.tools],
         "tool_choice": _tool_choice(config.tool_choice),
         "max_output_tokens": config.max_output_tokens or "inf",
+        "truncation": truncation_object(config.truncation),
         "parley": parley,
     }
     return session

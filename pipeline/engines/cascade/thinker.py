@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from ...engine_limits import cascade_thinker
 from ...requests import RequestTracker
 from ...types import Chunk, End, EntryEngine, ErrorChunk, PipelineRequest, TextDelta
 from .asr import DEFAULT_RECOGNIZER, RECOGNIZERS, Recognizer, make_recognizer
@@ -125,6 +126,7 @@ class ThinkerEngine(EntryEngine):
         """tool_choice auto calls a tool when log P(call marker) at the first step is at least
         this (tool_decoding.py; measured by `python -m loadtest.tool_calls`); by default the
         weight format's (`CALL_THRESHOLDS`)."""
+        cascade_thinker({"max_new_tokens": max_new_tokens, "context_tokens": context_tokens})
         self.context_tokens = context_tokens
         """Prompt plus reply stay within this many tokens: older turns are dropped first.
         SmolLM2 takes far more, but on a CPU a long prompt costs first-token latency."""

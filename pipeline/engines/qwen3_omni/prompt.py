@@ -15,9 +15,11 @@ tokenizer instead.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..context_fit import PromptTokens
 from .config import TOKENS
 
 BYTE_BASE = 1000
@@ -69,6 +71,52 @@ def _item(role_id: int, body: Sequence[int]) -> list[int]:
 ROLE_IDS = {"system": TOKENS["system"], "user": TOKENS["user"], "assistant": TOKENS["assistant"]}
 
 
+@dataclass(frozen=True, slots=True)
+class ChatParts:
+    """A chat prompt in the parts a cut to the context sees (`context_fit.py`)."""
+
+    system: list[int]
+    """the system item (empty without instructions)"""
+    items: list[list[int]]
+    """each history item, oldest first"""
+    turn: list[int]
+    """the user's turn and the opening of the assistant's reply"""
+
+    def ids(self) -> list[int]:
+        return [*self.system, *(t for item in self.items for t in item), *self.turn]
+
+    def tokens(self) -> PromptTokens:
+        return PromptTokens(len(self.system), [len(item) for item in self.items], len(self.turn))
+
+    def without_oldest(self, count: int) -> ChatParts:
+        """The prompt less its `count` oldest history items."""
+        return ChatParts(self.system, self.items[count:], self.turn)
+
+
+def chat_parts(
+    vocab: Vocab,
+    *,
+    instructions: str,
+    history: Sequence[tuple[str, str]],
+    audio_tokens: int,
+    text: str | None,
+    image_tokens: Sequence[int] = (),
+) -> ChatParts:
+    """System item, history items, the user's turn (image placeholders per frame, audio
+    placeholders, then any text), and the opening of the assistant's reply."""
+    system = _item(TOKENS["system"], vocab.encode(instructions)) if instructions else []
+    items = [_item(ROLE_IDS[role], vocab.encode(said)) for role, said in history]
+    turn: list[int] = []
+    for count in image_tokens:
+        turn += [TOKENS["vision_start"], *[TOKENS["image"]] * count, TOKENS["vision_end"]]
+    if audio_tokens:
+        turn += [TOKENS["audio_start"], *[TOKENS["audio"]] * audio_tokens, TOKENS["audio_end"]]
+    if text:
+        turn += vocab.encode(text)
+    opening = [TOKENS["im_start"], TOKENS["assistant"], TOKENS["newline"]]
+    return ChatParts(system, items, [*_item(TOKENS["user"], turn), *opening])
+
+
 def chat_prompt(
     vocab: Vocab,
     *,
@@ -78,20 +126,12 @@ def chat_prompt(
     text: str | None,
     image_tokens: Sequence[int] = (),
 ) -> list[int]:
-    """System item, history items, the user's turn (image placeholders per frame, audio
-    placeholders, then any text), and the opening of the assistant's reply."""
-    ids: list[int] = []
-    if instructions:
-        ids += _item(TOKENS["system"], vocab.encode(instructions))
-    for role, said in history:
-        ids += _item(ROLE_IDS[role], vocab.encode(said))
-    turn: list[int] = []
-    for count in image_tokens:
-        turn += [TOKENS["vision_start"], *[TOKENS["image"]] * count, TOKENS["vision_end"]]
-    if audio_tokens:
-        turn += [TOKENS["audio_start"], *[TOKENS["audio"]] * audio_tokens, TOKENS["audio_end"]]
-    if text:
-        turn += vocab.encode(text)
-    ids += _item(TOKENS["user"], turn)
-    ids += [TOKENS["im_start"], TOKENS["assistant"], TOKENS["newline"]]
-    return ids
+    """The whole prompt's ids (`chat_parts`, joined)."""
+    return chat_parts(
+        vocab,
+        instructions=instructions,
+        history=history,
+        audio_tokens=audio_tokens,
+        text=text,
+        image_tokens=image_tokens,
+    ).ids()

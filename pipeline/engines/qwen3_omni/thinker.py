@@ -13,11 +13,18 @@ too, which gives the fixed reply lengths benchmarks need.
 With `session_kv_tokens`, a session's KV survives between its turns (`session_kv.py`): a turn
 that goes on from the session's last one prefills only what it adds. Its prompt chunk still
 has the hidden states of every position the Talker takes (`talker_positions`).
+
+A prompt and its reply's budget (`max_new_tokens`) fit `max_context`: a longer conversation
+is cut as the request's `truncation` says (`context_fit.py`), its oldest items left out of
+this turn's and the session's later prompts; a cut that changes the prompt's beginning
+drops the session's KV entry (one full prefill). One that cannot be cut fails with
+`context_length_exceeded`.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -27,6 +34,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from ...engine_limits import qwen3_omni_thinker
 from ...types import (
     Chunk,
     End,
@@ -36,12 +44,13 @@ from ...types import (
     HistoryItem,
     PipelineRequest,
 )
+from ..context_fit import CONTEXT_LENGTH_EXCEEDED, ContextCuts, ContextExceeded, fit
 from .audio_features import AudioFeatures, AudioInput
 from .config import TOKENS
 from .fused_moe import install_fused_moe
 from .prefill_queue import PrefillQueue
 from .prefix_cache import PrefixCache
-from .prompt import Vocab, chat_prompt, load_vocab
+from .prompt import ChatParts, Vocab, chat_parts, load_vocab
 from .sampling import Sampling
 from .session_kv import (
     MEDIA_MARKUP,
@@ -59,6 +68,7 @@ from .tool_calls import CallParser, history_turn, offered, tools_text
 from .vision_input import TOKEN_PIXELS, FrameImages, VisionInput, warm_up_frame
 
 DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant."
+logger = logging.getLogger(__name__)
 
 
 class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
@@ -101,6 +111,17 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
             raise ValueError("max_new_tokens must be at least 1")
         self.max_new_tokens = max_new_tokens
         self.min_new_tokens = min_new_tokens
+        qwen3_omni_thinker(
+            {
+                "max_new_tokens": max_new_tokens,
+                "min_new_tokens": min_new_tokens,
+                "max_context": self.max_context,
+                "session_kv_tokens": session_kv_tokens,
+                "session_kv_max_tokens": session_kv_max_tokens,
+                "prefill_batch": prefill_batch,
+                "prefill_chunk_tokens": prefill_chunk_tokens,
+            }
+        )
         self.sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
         self.default_instructions = default_instructions
         self.image_max_pixels = image_max_pixels
@@ -115,6 +136,8 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         )
         """Sessions' KV kept between their turns: this many tokens over all sessions, at most
         `session_kv_max_tokens` (0: no limit of its own) for one (0: none kept)."""
+        self.cuts = ContextCuts()
+        """The history items each session's cuts to `max_context` left out (context_fit.py)."""
         self.runner: ThinkerRunner | None = None
         self.vocab: Vocab | None = None
         self.features: AudioFeatures | None = None
@@ -170,7 +193,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
             frames=(warm_up_frame(),),
             text="Warming up.",
         )
-        prompt = self._prompt(turn)
+        prompt = self._fitted_prompt(turn, None).prompt
         for rows in sorted({1, self.prefill_batch}):
             job = runner.prefill_job(
                 [(prompt, None)] * rows, chunk_tokens=self.prefill_chunk_tokens
@@ -201,26 +224,66 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         tools = offered(request.tools, request.tool_choice or "auto")
         return f"{base}\n\n{tools_text(tools)}" if tools else base
 
-    def _prompt(self, request: PipelineRequest, resumed: _Resumed | None = None) -> ThinkerPrompt:
+    def _fitted_prompt(self, request: PipelineRequest, resumed: _Resumed | None) -> _Fitted:
         """On a prep thread (`PrefillQueue`): log-mel features, image patches and the chat
-        prompt's ids (going on from the session's entry: its tokens, then only what the turn
-        adds)."""
-        assert self.features is not None and self.vocab is not None and self.images is not None
+        prompt's ids, going on from the session's entry (its tokens, then only what the turn
+        adds) where that fits `max_context`, else from the history, cut to fit as the
+        request's truncation says (raises ContextExceeded where it cannot be)."""
+        assert self.features is not None and self.images is not None
         audio: AudioInput | None = self.features(request.audio)
         vision: VisionInput | None = self.images(request.frames)
-        history = resumed.added if resumed is not None else request.history
+        reply = self.max_new_tokens
+        if resumed is not None:
+            added = self._parts(request, resumed.added, audio, vision, instructions="")
+            ids = resumed.entry.token_ids + resumed.entry.tail + added.ids()
+            if len(ids) + reply <= self.max_context:
+                return _Fitted(ThinkerPrompt(ids, audio, vision), resumed.past(), 0, 0)
+        instructions = self._instructions(request)
+        parts = self._parts(request, request.history, audio, vision, instructions=instructions)
+        before = parts.tokens()
+        dropped = fit(
+            before, reply=reply, max_context=self.max_context, truncation=request.truncation
+        )
+        kept = parts.without_oldest(dropped)
+        return _Fitted(ThinkerPrompt(kept.ids(), audio, vision), None, dropped, before.total)
+
+    def _parts(
+        self,
+        request: PipelineRequest,
+        history: list[HistoryItem] | tuple[HistoryItem, ...],
+        audio: AudioInput | None,
+        vision: VisionInput | None,
+        *,
+        instructions: str,
+    ) -> ChatParts:
+        assert self.vocab is not None
         with self._vocab_lock:  # prompts are built on several threads; a tokenizer is one
-            ids = chat_prompt(
+            return chat_parts(
                 self.vocab,
-                instructions="" if resumed is not None else self._instructions(request),
+                instructions=instructions,
                 history=[history_turn(item) for item in history],
                 audio_tokens=audio.tokens if audio else 0,
                 text=request.text,
                 image_tokens=vision.tokens if vision else (),
             )
-        if resumed is not None:
-            ids = resumed.entry.token_ids + resumed.entry.tail + ids
-        return ThinkerPrompt(ids, audio, vision)
+
+    def _cut(self, request: PipelineRequest, fitted: _Fitted) -> PipelineRequest:
+        """Leave the items the fit dropped out of this and the session's later turns."""
+        cut = self.cuts.cut(request, fitted.dropped)
+        logger.info(
+            "%s: %s: %d oldest of %d history items left out of the prompt (truncation %s): "
+            "%d -> %d tokens, with %d for the reply in a context of %d",
+            self.name,
+            request.session_id or request.request_id,
+            fitted.dropped,
+            len(request.history),
+            request.truncation.type,
+            fitted.tokens,
+            len(fitted.prompt.input_ids),
+            self.max_new_tokens,
+            self.max_context,
+        )
+        return cut
 
     # --- a session's KV between its turns ------------------------------------------------
 
@@ -278,6 +341,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         self.sessions.store(request.session_id, entry)
 
     async def forget_session(self, session_id: str) -> None:
+        self.cuts.forget(session_id)
         if self.sessions is not None:
             self.sessions.forget(session_id)
 
@@ -318,12 +382,22 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         remembered = False
         held: ThinkerState | None = None
         try:
+            request = self.cuts.view(request)  # less what earlier cuts left out
             resumed = self._session_prompt(request)
-            past = resumed.past() if resumed is not None else None
             assert self.prefills is not None
-            prompt, state, hidden = await self.prefills.prefill(
-                functools.partial(self._prompt, request, resumed), past
-            )
+            try:
+                fitted = await self.prefills.prepare(
+                    functools.partial(self._fitted_prompt, request, resumed)
+                )
+            except ContextExceeded as exc:
+                logger.info("%s: %s: %s", self.name, request.session_id or request_id, exc)
+                code = CONTEXT_LENGTH_EXCEEDED
+                yield ErrorChunk(message=str(exc), stage=self.name, code=code)
+                return
+            past = fitted.past
+            if fitted.dropped:
+                request = self._cut(request, fitted)
+            prompt, state, hidden = await self.prefills.submit(fitted.prompt, past)
             held = state
             if self._requests.aborted(request_id):
                 return  # aborted
@@ -378,6 +452,19 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
             self._requests.end(request_id)
             if held is not None:  # finished, aborted or cancelled: its cache row goes back
                 self.thread.post(runner.release, held)
+
+
+@dataclass(frozen=True, slots=True)
+class _Fitted:
+    """A turn's prompt as it fits the context, and what it goes on from."""
+
+    prompt: ThinkerPrompt
+    past: ThinkerPast | None
+    """the session's entry's KV (None: a full prefill)"""
+    dropped: int
+    """the oldest history items left out now (0: no cut)"""
+    tokens: int
+    """the prompt's tokens before the cut (0: no cut was considered)"""
 
 
 @dataclass(frozen=True, slots=True)
