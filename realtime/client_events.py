@@ -128,8 +128,9 @@ class SessionSpec(_Open):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     max_output_tokens: int | Literal["inf"] | None = None
-    truncation: str | dict[str, Any] | None = None
-    """`auto`, `disabled` or a retention_ratio object; the session checks its values."""
+    truncation: Any = None
+    """`auto`, `disabled` or a retention_ratio object: any JSON here, the session checks it
+    (its ConfigError names the field and what is wrong, and the rest of the update applies)."""
     # beta spellings
     max_response_output_tokens: int | Literal["inf"] | None = None
     modalities: list[Literal["audio", "text"]] | None = None

@@ -340,6 +340,10 @@ def _response(
     }
 
 
+_ERROR_TYPES = {"context_length_exceeded": "invalid_request_error"}
+"""A failed response's error type by its code, where it is not the server's fault."""
+
+
 def _done_response(event: ResponseDone) -> dict[str, Any]:
     details: dict[str, Any] | None = None
     status: str = event.status
@@ -349,9 +353,14 @@ def _done_response(event: ResponseDone) -> dict[str, Any]:
             status = "incomplete"
         details = {"type": status, "reason": reason, "parley": {"reason": event.reason}}
     elif event.status == "failed":
+        code = event.error_code or "response_failed"
         details = {
             "type": "failed",
-            "error": {"type": "server_error", "code": "response_failed", "message": event.reason},
+            "error": {
+                "type": _ERROR_TYPES.get(code, "server_error"),
+                "code": code,
+                "message": event.reason,
+            },
         }
     output = [item_object(event.item)] if event.item is not None else []
     output += [item_object(call) for call in event.calls]

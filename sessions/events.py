@@ -293,6 +293,8 @@ class ResponseDone(Event):
     response_id: str
     status: ResponseStatus
     reason: str = ""
+    error_code: str = ""
+    """A failed response's error code (`model_error`, `context_length_exceeded`, ...)."""
     item: ConversationItem | None = None
     """The answer's message item, if it said anything."""
     usage: ResponseUsage = field(default_factory=ResponseUsage)

@@ -188,7 +188,7 @@ class Response:
             raise
         if error is not None:  # the client hears of a failure as an error, not only in .done
             self._emit(ErrorEvent(code=error, message=reason, error_type="server_error"))
-        await self._finish(status, reason)
+        await self._finish(status, reason, error or "")
         if status == "completed" and self._spoken.audio_ms > 0:
             try:
                 await self._sink.drained()
@@ -379,7 +379,7 @@ class Response:
             total_ms=self._elapsed_ms(),
         )
 
-    async def _finish(self, status: ResponseStatus, reason: str) -> None:
+    async def _finish(self, status: ResponseStatus, reason: str, error: str = "") -> None:
         self.status = status
         self.item.status = "completed" if status == "completed" else "incomplete"
         if self._client_cut_ms is not None:  # the client cut it while it was running
@@ -404,6 +404,7 @@ class Response:
                 response_id=self.response_id,
                 status=status,
                 reason=reason,
+                error_code=error,
                 item=self.item if self._announced else None,
                 usage=self._usage(),
                 metadata=self.metadata,
