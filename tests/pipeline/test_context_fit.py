@@ -19,7 +19,7 @@ def cut(tokens: PromptTokens, context: int, truncation: Truncation, reply: int =
 
 def test_what_fits_is_left_whole_whatever_the_setting() -> None:
     for kind in ("auto", "retention_ratio", "disabled"):
-        assert cut(TOKENS, 1100, Truncation(kind)) == 0  # type: ignore[arg-type]
+        assert cut(TOKENS, 1100, Truncation(kind)) == 0
 
 
 def test_auto_drops_as_few_of_the_oldest_items_as_make_it_fit() -> None:
@@ -51,7 +51,7 @@ def test_disabled_refuses_with_the_figures() -> None:
 def test_a_turn_that_cannot_fit_alone_fails_whatever_the_setting() -> None:
     for kind in ("auto", "retention_ratio", "disabled"):
         with pytest.raises(ContextExceeded, match="this turn needs 200 tokens"):
-            cut(TOKENS, 299, Truncation(kind))  # type: ignore[arg-type]
+            cut(TOKENS, 299, Truncation(kind))
 
 
 def request(session: str, count: int) -> PipelineRequest:
