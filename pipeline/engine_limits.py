@@ -39,11 +39,16 @@ DEFAULTS: dict[str, dict[str, int]] = {
         "session_kv_max_tokens": 0,
         "prefill_batch": 8,
         "prefill_chunk_tokens": 0,
+        "talker_prompt_tokens": 0,
     },
     "qwen3_omni.talker": {"max_frames": 375, "min_frames": 0, "max_context": 4096},
     "cascade.thinker": {"max_new_tokens": 64, "context_tokens": 1024},
 }
 """The engines' own defaults of the arguments checked here."""
+TALKER_PROMPT_EXTRA = 9
+"""Positions the Qwen3-Omni Talker's prompt adds to the Thinker's user items: the
+assistant's opening (3), four tts pads, tts_bos and the first reply token
+(`talker_runner._prompt_embeds`)."""
 
 
 def _ints(engine: str, args: Mapping[str, Any]) -> dict[str, int]:
@@ -115,6 +120,74 @@ def cascade_thinker(args: Mapping[str, Any]) -> None:
         )
 
 
+def talker_prompt_room(talker: Mapping[str, Any]) -> int:
+    """The prompt positions a Qwen3-Omni Talker's cache row leaves beside its reply."""
+    k = _ints("qwen3_omni.talker", talker)
+    return k["max_context"] - k["max_frames"] - 1 - TALKER_PROMPT_EXTRA
+
+
+def qwen3_omni_handoff(thinker: Mapping[str, Any], talker: Mapping[str, Any]) -> None:
+    """A Thinker feeding a Talker: the Talker's prompt (the conversation's user items and
+    this turn) must fit its cache row beside `max_frames`, so the Thinker's cut to its
+    context holds the Talker's share to `talker_prompt_tokens` (`with_derived_limits`
+    sets it from the Talker's arguments where the file does not)."""
+    room = talker_prompt_room(talker)
+    given = _ints("qwen3_omni.thinker", thinker)["talker_prompt_tokens"]
+    if given > room:
+        raise LimitError(
+            "talker_prompt_tokens",
+            f"{given} is more than the Talker's cache row leaves for a prompt ({room}: its "
+            f"max_context less max_frames and {TALKER_PROMPT_EXTRA + 1}); set it to {room} "
+            "at most (or leave it out: then it is that), or give the Talker a longer "
+            "max_context",
+        )
+
+
+def with_derived_limits(graph: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`graph` (a graph file's data, before validation) with the limits one stage takes from
+    another filled in where the file leaves them out: a Qwen3-Omni Thinker feeding a Talker
+    gets `talker_prompt_tokens`, the Talker's prompt room, when that is less than the
+    Thinker's own (so its cuts keep the Talker's prompt within the Talker's cache row).
+    Anything malformed is left as it is, for validation to name."""
+    stages, edges = graph.get("stages"), graph.get("edges")
+    if not isinstance(stages, list) or not isinstance(edges, list):
+        return graph
+    by_name = {s.get("name"): s for s in stages if isinstance(s, dict)}
+    changed: dict[str, dict[str, Any]] = {}
+    for edge in edges:
+        if not isinstance(edge, dict):
+            continue
+        source, target = by_name.get(edge.get("from")), by_name.get(edge.get("to"))
+        if source is None or target is None:
+            continue
+        pair = (_name(str(source.get("engine"))), _name(str(target.get("engine"))))
+        args, talker = source.get("engine_args") or {}, target.get("engine_args") or {}
+        if pair != ("qwen3_omni.thinker", "qwen3_omni.talker") or "talker_prompt_tokens" in args:
+            continue
+        if not isinstance(args, dict) or not isinstance(talker, dict):
+            continue
+        thinker = _ints("qwen3_omni.thinker", args)
+        room = talker_prompt_room(talker)
+        if 0 < room < thinker["max_context"] - thinker["max_new_tokens"]:
+            changed[str(source["name"])] = {**args, "talker_prompt_tokens": room}
+    if not changed:
+        return graph
+    filled = [
+        {**s, "engine_args": changed[s["name"]]}
+        if isinstance(s, dict) and s.get("name") in changed
+        else s
+        for s in stages
+    ]
+    return {**graph, "stages": filled}
+
+
+HANDOFFS: dict[tuple[str, str], Callable[[Mapping[str, Any], Mapping[str, Any]], None]] = {
+    ("qwen3_omni.thinker", "qwen3_omni.talker"): qwen3_omni_handoff,
+}
+"""(upstream engine, downstream engine) -> the check of an edge between them; a LimitError
+names the upstream stage's argument."""
+
+
 CHECKS: dict[str, Callable[[Mapping[str, Any]], None]] = {
     "qwen3_omni.thinker": qwen3_omni_thinker,
     "qwen3_omni.talker": qwen3_omni_talker,
@@ -123,10 +196,24 @@ CHECKS: dict[str, Callable[[Mapping[str, Any]], None]] = {
 """Engine name (as graph files spell it) -> its check."""
 
 
+def _name(engine: str) -> str:
+    """A graph file's engine (its name, or its `module:Class`) as its registered name."""
+    return next((known for known, spec in ENGINES.items() if spec == engine), engine)
+
+
 def check_engine_args(engine: str, args: Mapping[str, Any]) -> None:
-    """Raise LimitError where `args` of `engine` (its name, or its `module:Class`)
-    contradict each other (engines with no check here pass)."""
-    name = next((known for known, spec in ENGINES.items() if spec == engine), engine)
-    check = CHECKS.get(name)
+    """Raise LimitError where `args` of `engine` contradict each other (engines with no
+    check here pass)."""
+    check = CHECKS.get(_name(engine))
     if check is not None:
         check(args)
+
+
+def check_handoff(
+    source: str, source_args: Mapping[str, Any], target: str, target_args: Mapping[str, Any]
+) -> None:
+    """Raise LimitError (naming a `source_args` argument) where an edge from engine `source`
+    to engine `target` joins limits that contradict each other."""
+    check = HANDOFFS.get((_name(source), _name(target)))
+    if check is not None:
+        check(source_args, target_args)

@@ -51,16 +51,29 @@ class PromptTokens:
     """each history item, oldest first"""
     turn: int
     """this turn's user item and the opening of the reply"""
+    downstream_items: Sequence[int] = ()
+    """what each history item adds to a downstream stage's prompt (Qwen3-Omni's Talker
+    takes the user items); empty: no such stage"""
+    downstream_turn: int = 0
+    """the downstream prompt's positions that no cut removes (this turn's and its own)"""
 
     @property
     def total(self) -> int:
         return self.instructions + sum(self.items) + self.turn
 
 
-def fit(tokens: PromptTokens, *, reply: int, max_context: int, truncation: Truncation) -> int:
+def fit(
+    tokens: PromptTokens,
+    *,
+    reply: int,
+    max_context: int,
+    truncation: Truncation,
+    downstream_room: int = 0,
+) -> int:
     """How many of the oldest history items to leave out so that the prompt and `reply`
-    tokens fit `max_context`; raises ContextExceeded when the setting forbids the cut or
-    the turn cannot fit even alone."""
+    tokens fit `max_context` (and the downstream stage's share fits `downstream_room`, if
+    given); raises ContextExceeded when the setting forbids the cut or the turn cannot fit
+    even alone."""
     room = max_context - reply - tokens.instructions
     """what may follow the instructions"""
     if tokens.turn > room:
@@ -69,24 +82,38 @@ def fit(tokens: PromptTokens, *, reply: int, max_context: int, truncation: Trunc
             f"input plus {reply} for the reply, more than the model's context of "
             f"{max_context} tokens"
         )
+    if downstream_room and tokens.downstream_turn > downstream_room:
+        raise ContextExceeded(
+            f"this turn needs {tokens.downstream_turn} positions of the speech model's "
+            f"prompt, more than the {downstream_room} it holds"
+        )
     limit = room
     if truncation.type == "retention_ratio" and truncation.post_instructions_tokens:
         limit = min(room, truncation.post_instructions_tokens)
     conversation = sum(tokens.items) + tokens.turn
-    if conversation <= limit:
+    downstream = sum(tokens.downstream_items) + tokens.downstream_turn
+    downstream_limit = downstream_room or downstream
+    if conversation <= limit and downstream <= downstream_limit:
         return 0
     if truncation.type == "disabled":
+        if conversation > limit:
+            raise ContextExceeded(
+                f"the conversation needs {tokens.total} tokens plus {reply} for the reply, "
+                f"more than the model's context of {max_context} tokens, and the session's "
+                "truncation is disabled"
+            )
         raise ContextExceeded(
-            f"the conversation needs {tokens.total} tokens plus {reply} for the reply, more "
-            f"than the model's context of {max_context} tokens, and the session's truncation "
-            f"is disabled"
+            f"the conversation needs {downstream} positions of the speech model's prompt, "
+            f"more than the {downstream_room} it holds, and the session's truncation is "
+            "disabled"
         )
-    target = limit
-    if truncation.type == "retention_ratio":
-        target = math.floor(truncation.retention_ratio * limit)
+    ratio = truncation.retention_ratio if truncation.type == "retention_ratio" else 1.0
+    target, downstream_target = math.floor(ratio * limit), math.floor(ratio * downstream_limit)
+    shares = list(tokens.downstream_items) or [0] * len(tokens.items)
     dropped = 0
-    while dropped < len(tokens.items) and conversation > target:
+    while dropped < len(tokens.items) and (conversation > target or downstream > downstream_target):
         conversation -= tokens.items[dropped]
+        downstream -= shares[dropped]
         dropped += 1
     return dropped
 

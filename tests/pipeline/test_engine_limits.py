@@ -103,3 +103,22 @@ def test_an_engine_made_in_code_refuses_them_too() -> None:
         ThinkerEngine(tiny=True, max_context=1024, session_kv_max_tokens=2048)
     with pytest.raises(ValueError, match="max_frames"):
         TalkerEngine(tiny=True, max_context=512, max_frames=600)
+
+
+def test_a_thinker_feeding_a_talker_is_held_to_the_talkers_prompt_room(tmp_path: Path) -> None:
+    """Left out, `talker_prompt_tokens` is the Talker's room (its max_context less max_frames
+    and 10) where that is less than the Thinker's own; more than the room is refused."""
+    path = tmp_path / "handoff.yaml"
+    path.write_text(GRAPH.format(thinker="max_new_tokens: 24", talker="max_frames: 1500"))
+    assert load_graph(path).stage("thinker").engine_args["talker_prompt_tokens"] == 538
+    path.write_text(GRAPH.format(thinker="talker_prompt_tokens: 600", talker="max_frames: 1500"))
+    with pytest.raises(GraphConfigError) as caught:
+        load_graph(path)
+    assert (caught.value.line, caught.value.field) == (
+        6,
+        "stages.0.engine_args.talker_prompt_tokens",
+    )
+    assert "(538" in str(caught.value) and "stage 'talker'" in str(caught.value)
+    roomy = GRAPH.format(thinker="max_new_tokens: 24", talker="max_frames: 50")
+    path.write_text(roomy)  # the Talker holds more than the Thinker's 1000
+    assert "talker_prompt_tokens" not in load_graph(path).stage("thinker").engine_args

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from ...engine_limits import TALKER_PROMPT_EXTRA
 from ..context_fit import PromptTokens
 from .config import TOKENS
 
@@ -68,6 +69,8 @@ def _item(role_id: int, body: Sequence[int]) -> list[int]:
     return [*head, *body, TOKENS["im_end"], TOKENS["newline"]]
 
 
+OPENING = (TOKENS["im_start"], TOKENS["assistant"], TOKENS["newline"])
+"""The assistant's reply opens the prompt's last item."""
 ROLE_IDS = {"system": TOKENS["system"], "user": TOKENS["user"], "assistant": TOKENS["assistant"]}
 
 
@@ -85,8 +88,15 @@ class ChatParts:
     def ids(self) -> list[int]:
         return [*self.system, *(t for item in self.items for t in item), *self.turn]
 
-    def tokens(self) -> PromptTokens:
-        return PromptTokens(len(self.system), [len(item) for item in self.items], len(self.turn))
+    def tokens(self, talker: bool = False) -> PromptTokens:
+        """Its lengths; `talker`: with the Talker's share (its user items, this turn's, and
+        the positions the Talker adds) as the downstream prompt."""
+        items = [len(item) for item in self.items]
+        if not talker:
+            return PromptTokens(len(self.system), items, len(self.turn))
+        shares = [len(item) if item[1] == TOKENS["user"] else 0 for item in self.items]
+        turn = len(self.turn) - len(OPENING) + TALKER_PROMPT_EXTRA
+        return PromptTokens(len(self.system), items, len(self.turn), shares, turn)
 
     def without_oldest(self, count: int) -> ChatParts:
         """The prompt less its `count` oldest history items."""
@@ -113,8 +123,7 @@ def chat_parts(
         turn += [TOKENS["audio_start"], *[TOKENS["audio"]] * audio_tokens, TOKENS["audio_end"]]
     if text:
         turn += vocab.encode(text)
-    opening = [TOKENS["im_start"], TOKENS["assistant"], TOKENS["newline"]]
-    return ChatParts(system, items, [*_item(TOKENS["user"], turn), *opening])
+    return ChatParts(system, items, [*_item(TOKENS["user"], turn), *OPENING])
 
 
 def chat_prompt(

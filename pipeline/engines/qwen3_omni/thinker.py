@@ -59,6 +59,7 @@ from .session_kv import (
     SessionKV,
     continuation,
     talker_positions,
+    talker_prompt_length,
 )
 from .stage import ModelStage
 from .step_batcher import StepBatcher
@@ -90,6 +91,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         session_kv_max_tokens: int = 0,
         prefill_batch: int = 8,
         prefill_chunk_tokens: int = 0,
+        talker_prompt_tokens: int = 0,
         warm_up: bool | None = None,
         **model: Any,
     ) -> None:
@@ -122,6 +124,12 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
                 "prefill_chunk_tokens": prefill_chunk_tokens,
             }
         )
+        if talker_prompt_tokens < 0:
+            raise ValueError("talker_prompt_tokens must be at least 0")
+        self.talker_prompt_tokens = talker_prompt_tokens
+        """The Talker's prompt (the user items and this turn) is held to this many positions
+        by the cut to the context too (0: no Talker, or no limit of its own). A graph file
+        sets it from the Talker's arguments (`engine_limits.with_derived_limits`)."""
         self.sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
         self.default_instructions = default_instructions
         self.image_max_pixels = image_max_pixels
@@ -233,16 +241,24 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         audio: AudioInput | None = self.features(request.audio)
         vision: VisionInput | None = self.images(request.frames)
         reply = self.max_new_tokens
+        talker = 0 if request.output_text_only else self.talker_prompt_tokens
         if resumed is not None:
             added = self._parts(request, resumed.added, audio, vision, instructions="")
             ids = resumed.entry.token_ids + resumed.entry.tail + added.ids()
-            if len(ids) + reply <= self.max_context:
+            fits = len(ids) + reply <= self.max_context
+            if fits and talker:
+                fits = talker_prompt_length(ids, resumed.entry.tokens) <= talker
+            if fits:
                 return _Fitted(ThinkerPrompt(ids, audio, vision), resumed.past(), 0, 0)
         instructions = self._instructions(request)
         parts = self._parts(request, request.history, audio, vision, instructions=instructions)
-        before = parts.tokens()
+        before = parts.tokens(talker=bool(talker))
         dropped = fit(
-            before, reply=reply, max_context=self.max_context, truncation=request.truncation
+            before,
+            reply=reply,
+            max_context=self.max_context,
+            truncation=request.truncation,
+            downstream_room=talker,
         )
         kept = parts.without_oldest(dropped)
         return _Fitted(ThinkerPrompt(kept.ids(), audio, vision), None, dropped, before.total)

@@ -7,20 +7,29 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pytest
+from transformers import Qwen3OmniMoeConfig
 
+from pipeline.engines.qwen3_omni.prompt import ByteVocab, chat_prompt
+from pipeline.engines.qwen3_omni.session_kv import talker_prompt_length
+from pipeline.engines.qwen3_omni.talker_runner import TalkerRunner
 from pipeline.engines.qwen3_omni.thinker import ThinkerEngine
+from pipeline.engines.qwen3_omni.thinker_runner import ThinkerPrompt, ThinkerRunner
 from pipeline.types import (
     Chunk,
     End,
     ErrorChunk,
+    HiddenStates,
     HistoryItem,
     PipelineRequest,
     TextDelta,
     Truncation,
 )
+
+from .conftest import open_talker
 
 CONTEXT = 512
 REPLY = 4
@@ -169,3 +178,48 @@ async def test_cut_items_stay_cut_until_the_session_ends(thinker: ThinkerEngine)
     assert turn.prefilled < CONTEXT // 2 + 100
     await thinker.forget_session("s")
     assert not thinker.cuts.dropped("s")
+
+
+def test_the_talkers_prompt_is_as_long_as_the_thinker_counts_it(
+    tiny_parts: dict[str, tuple[Any, Qwen3OmniMoeConfig]],
+) -> None:
+    """`talker_prompt_length` (what a cut holds to `talker_prompt_tokens`) is the length of
+    the prompt the Talker really prefills: its user items and the positions it adds."""
+    history = [("user", "What is the weather?"), ("assistant", "Sunny."), ("user", "And then?")]
+    ids = chat_prompt(ByteVocab(), instructions="Be brief.", history=history,
+                      audio_tokens=0, text="Tomorrow?")  # fmt: skip
+    (thinker_model, config), (talker_model, talker_config) = (
+        tiny_parts["thinker"],
+        tiny_parts["talker"],
+    )
+    thinker = ThinkerRunner(thinker_model, config)
+    talker = TalkerRunner(talker_model, talker_config)
+    talking = open_talker(thinker, talker, ThinkerPrompt(ids), reply_tokens=2)
+    assert talking.length == talker_prompt_length(ids, 0)
+
+
+async def test_the_talkers_share_is_cut_to_its_room_too() -> None:
+    """A Thinker feeding a Talker whose row holds fewer prompt positions than the Thinker's
+    context: the user items are cut to the Talker's room though the Thinker's fits."""
+    engine = ThinkerEngine(
+        tiny=True,
+        threads=1,
+        max_new_tokens=REPLY,
+        min_new_tokens=REPLY,
+        session_kv_tokens=4096,
+        max_context=CONTEXT,
+        talker_prompt_tokens=200,
+    )
+    await engine.start()
+    try:
+        talk = Conversation(engine, Truncation("auto"))
+        for _ in range(4):  # ~70 Talker positions a turn: over 200 from the third
+            turn = await talk.turn()
+            assert turn.error is None
+            prompt = turn.chunks[0]
+            assert isinstance(prompt, HiddenStates)
+            assert talker_prompt_length(prompt.metadata["token_ids"], 0) <= 200
+            assert turn.fed + 1 <= CONTEXT
+        assert engine.cuts.cuts >= 1
+    finally:
+        await engine.close()
