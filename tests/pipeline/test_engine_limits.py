@@ -84,16 +84,16 @@ def test_a_cascade_reply_budget_as_long_as_its_context_is_refused(tmp_path: Path
 
 
 def test_the_checks_know_the_engines_own_defaults() -> None:
-    engines = {
+    engines: dict[str, type] = {
         "qwen3_omni.thinker": ThinkerEngine,
         "qwen3_omni.talker": TalkerEngine,
         "cascade.thinker": CascadeThinker,
     }
     for name, cls in engines.items():
-        params = dict(inspect.signature(cls.__init__).parameters)
-        for base in cls.__mro__[1:]:  # the Qwen3-Omni stages' model settings
+        params: dict[str, inspect.Parameter] = {}
+        for base in reversed(cls.__mro__):  # the Qwen3-Omni stages' model settings too
             if "__init__" in vars(base):
-                params = dict(inspect.signature(base.__init__).parameters) | params
+                params |= dict(inspect.signature(vars(base)["__init__"]).parameters)
         for arg, default in DEFAULTS[name].items():
             assert params[arg].default == default, (name, arg)
 
