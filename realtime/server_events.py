@@ -21,6 +21,7 @@ from typing import Any, Literal
 from sessions import SessionConfig, TurnDetectionConfig, event_to_dict
 from sessions.config import truncation_object
 from sessions.events import (
+    CLIENT_ERRORS,
     AudioBufferCleared,
     AudioBufferCommitted,
     ConversationItem,
@@ -340,10 +341,6 @@ def _response(
     }
 
 
-_ERROR_TYPES = {"context_length_exceeded": "invalid_request_error"}
-"""A failed response's error type by its code, where it is not the server's fault."""
-
-
 def _done_response(event: ResponseDone) -> dict[str, Any]:
     details: dict[str, Any] | None = None
     status: str = event.status
@@ -357,7 +354,7 @@ def _done_response(event: ResponseDone) -> dict[str, Any]:
         details = {
             "type": "failed",
             "error": {
-                "type": _ERROR_TYPES.get(code, "server_error"),
+                "type": CLIENT_ERRORS.get(code, "server_error"),
                 "code": code,
                 "message": event.reason,
             },

@@ -306,6 +306,12 @@ class ResponseDone(Event):
     max_output_tokens: int | None = None
 
 
+CLIENT_ERRORS = {"context_length_exceeded": "invalid_request_error"}
+"""A failed response's error type by its code, where the request and not the server is at
+fault (the conversation is longer than the model's context and may not be cut); any other
+code is a `server_error`."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ErrorEvent(Event):
     """A problem the client should know about; the session goes on."""

@@ -39,6 +39,7 @@ from pipeline.types import (
 from .clock import REAL_CLOCK, Clock
 from .errors import ParleyError, RedisUnavailableError
 from .events import (
+    CLIENT_ERRORS,
     ConversationItem,
     ConversationItemCreated,
     ConversationItemTruncated,
@@ -187,7 +188,8 @@ class Response:
             await asyncio.wait_for(self._finish_cancelled(), FINALIZE_TIMEOUT_S)
             raise
         if error is not None:  # the client hears of a failure as an error, not only in .done
-            self._emit(ErrorEvent(code=error, message=reason, error_type="server_error"))
+            kind = CLIENT_ERRORS.get(error, "server_error")
+            self._emit(ErrorEvent(code=error, message=reason, error_type=kind))
         await self._finish(status, reason, error or "")
         if status == "completed" and self._spoken.audio_ms > 0:
             try:

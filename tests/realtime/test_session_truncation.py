@@ -114,3 +114,5 @@ async def test_context_length_exceeded_fails_the_response_with_that_code(
     assert error["type"] == "invalid_request_error"
     assert "9000 tokens" in error["message"]
     assert [item.id for item in await session.history.items()] == before
+    (told,) = sink.of(ErrorEvent)  # the error event before it says the same
+    assert (told.code, told.error_type) == ("context_length_exceeded", "invalid_request_error")
