@@ -80,9 +80,8 @@ def thinker_args(args: argparse.Namespace, support: dict[str, bool]) -> dict[str
         "min_new_tokens": args.think_tokens,
         "prefix_cache_tokens": KV_BUDGET_TOKENS,
     }
-    for name in ("session_kv_tokens", "session_kv_max_tokens"):
-        if support[name]:
-            engine[name] = KV_BUDGET_TOKENS
+    if support["session_kv_tokens"]:  # a session's share: up to its context (the default)
+        engine["session_kv_tokens"] = KV_BUDGET_TOKENS
     return engine
 
 

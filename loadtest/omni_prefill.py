@@ -50,7 +50,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     runner = engine.runner
     assert runner is not None
     device = torch.device(args.device)
-    prompt = engine._prompt(make_request(0, args))
+    prompt = engine._fitted_prompt(make_request(0, args), None).prompt
     report: dict[str, Any] = {"prompt_positions": len(prompt.input_ids), "batches": {}}
     for batch in args.batches:
         rows: dict[str, list[float]] = {"towers": [], "layers": [], "finish": [], "total": []}

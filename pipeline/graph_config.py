@@ -31,6 +31,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .engine_limits import LimitError, check_engine_args, check_handoff, with_derived_limits
 from .imports import import_object
 from .types import EntryEngine, StreamEngine
 
@@ -165,6 +166,12 @@ class GraphConfig(_Model):
     """How the graph's stage processes share a GPU: CUDA's time slices (`none`), or one MPS
     daemon that runs their kernels side by side (`mps`; `pipeline/gpu_sharing.py`)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _derived(cls, data: Any) -> Any:
+        """Limits one stage takes from another, where the file leaves them out."""
+        return with_derived_limits(data) if isinstance(data, dict) else data
+
     @model_validator(mode="after")
     def _consistent(self) -> GraphConfig:
         names = [s.name for s in self.stages]
@@ -182,6 +189,18 @@ class GraphConfig(_Model):
                 raise _At(("outputs", index), f"no stage named {name!r}")
         if cycle := _find_cycle(names, self.edges):
             raise _At(("edges",), "the edges form a cycle: " + " -> ".join(cycle))
+        for index, stage in enumerate(self.stages):
+            try:
+                check_engine_args(stage.engine, stage.engine_args)
+            except LimitError as exc:
+                raise _At(("stages", index, "engine_args", exc.field), exc.message) from None
+        for edge in self.edges:
+            source, target = self.stage(edge.source), self.stage(edge.target)
+            try:
+                check_handoff(source.engine, source.engine_args, target.engine, target.engine_args)
+            except LimitError as exc:
+                at = ("stages", names.index(edge.source), "engine_args", exc.field)
+                raise _At(at, f"{exc.message} (stage {edge.target!r})") from None
         return self
 
     def stage(self, name: str) -> StageConfig:

@@ -128,6 +128,9 @@ class SessionSpec(_Open):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     max_output_tokens: int | Literal["inf"] | None = None
+    truncation: Any = None
+    """`auto`, `disabled` or a retention_ratio object: any JSON here, the session checks it
+    (its ConfigError names the field and what is wrong, and the rest of the update applies)."""
     # beta spellings
     max_response_output_tokens: int | Literal["inf"] | None = None
     modalities: list[Literal["audio", "text"]] | None = None
@@ -452,6 +455,8 @@ def partial_session_patch(
             patch["max_output_tokens"] = max_tokens_value(cap, "session.max_output_tokens", eid)
         except ProtocolError as exc:
             errors.append(exc)
+    if spec.truncation is not None:
+        patch["truncation"] = spec.truncation
 
     new = formats
     try:

@@ -19,7 +19,9 @@ import dataclasses
 from typing import Any, Literal
 
 from sessions import SessionConfig, TurnDetectionConfig, event_to_dict
+from sessions.config import truncation_object
 from sessions.events import (
+    CLIENT_ERRORS,
     AudioBufferCleared,
     AudioBufferCommitted,
     ConversationItem,
@@ -245,6 +247,7 @@ def session_object(
         "tools": [tool.model_dump(mode="json") for tool in config.tools],
         "tool_choice": _tool_choice(config.tool_choice),
         "max_output_tokens": config.max_output_tokens or "inf",
+        "truncation": truncation_object(config.truncation),
         "parley": parley,
     }
     return session
@@ -347,9 +350,14 @@ def _done_response(event: ResponseDone) -> dict[str, Any]:
             status = "incomplete"
         details = {"type": status, "reason": reason, "parley": {"reason": event.reason}}
     elif event.status == "failed":
+        code = event.error_code or "response_failed"
         details = {
             "type": "failed",
-            "error": {"type": "server_error", "code": "response_failed", "message": event.reason},
+            "error": {
+                "type": CLIENT_ERRORS.get(code, "server_error"),
+                "code": code,
+                "message": event.reason,
+            },
         }
     output = [item_object(event.item)] if event.item is not None else []
     output += [item_object(call) for call in event.calls]

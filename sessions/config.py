@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import (
     AfterValidator,
@@ -27,7 +27,7 @@ from pipeline.voices import OMNI_SPEAKERS, VOICE_NAMES, is_voice_name
 
 from .errors import ConfigError
 
-__all__ = ["SUPPORTED_OUTPUT_RATES", "SessionConfig"]
+__all__ = ["SUPPORTED_OUTPUT_RATES", "SessionConfig", "TruncationConfig"]
 
 
 def _between(lo: float, hi: float) -> Callable[[Any], Any]:
@@ -162,6 +162,70 @@ def check_tool_choice(choice: str, tools: tuple[ToolConfig, ...]) -> None:
         raise ValueError(f"{choice!r} is not auto, none, required or the name of a tool ({names})")
 
 
+class TruncationLimits(_Model):
+    """OpenAI's `token_limits` of a retention_ratio truncation."""
+
+    post_instructions: int | None = Field(default=None, ge=1)
+    """The conversation after the instructions is cut when it passes this many tokens
+    (the engine's own limit, its context less the reply's budget, still holds)."""
+
+
+class RetentionRatioTruncation(_Model):
+    """OpenAI's `{"type": "retention_ratio", ...}`: a conversation that does not fit is
+    cut down to `retention_ratio` of what may follow the instructions, so that later turns
+    keep the same beginning (and the engine's cached KV of it) until it fills up again."""
+
+    type: Literal["retention_ratio"] = "retention_ratio"
+    retention_ratio: float
+    token_limits: TruncationLimits | None = None
+
+
+TruncationConfig = Literal["auto", "disabled"] | RetentionRatioTruncation
+"""OpenAI Realtime's session `truncation`: what happens to a conversation longer than the
+model's context (`auto`: its oldest items leave the model's context; `disabled`: the
+response fails with `context_length_exceeded`; a retention ratio)."""
+
+
+def truncation_config(value: Any) -> TruncationConfig:
+    """`value` (the wire's string or object) as a TruncationConfig; ValueError naming the
+    part that is wrong."""
+    if isinstance(value, RetentionRatioTruncation) or value in ("auto", "disabled"):
+        return cast(TruncationConfig, value)
+    if isinstance(value, str):
+        raise ValueError(f"must be 'auto', 'disabled' or a retention_ratio object, got {value!r}")
+    if not isinstance(value, Mapping):
+        raise ValueError("must be 'auto', 'disabled' or a retention_ratio object")
+    if value.get("type") != "retention_ratio":
+        raise ValueError(f"type must be 'retention_ratio', got {value.get('type')!r}")
+    unknown = set(value) - {"type", "retention_ratio", "token_limits"}
+    if unknown:
+        raise ValueError(f"unknown setting {sorted(unknown)[0]!r}")
+    ratio = value.get("retention_ratio")
+    if isinstance(ratio, bool) or not isinstance(ratio, int | float):
+        raise ValueError(f"retention_ratio must be a number from 0 to 1, got {ratio!r}")
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"retention_ratio must be between 0 and 1, got {ratio:g}")
+    limits = value.get("token_limits")
+    if limits is not None:
+        if not isinstance(limits, Mapping) or set(limits) - {"post_instructions"}:
+            raise ValueError("token_limits is an object with post_instructions only")
+        cap = limits.get("post_instructions")
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise ValueError(
+                f"token_limits.post_instructions must be a whole number of tokens of at "
+                f"least 1, got {cap!r}"
+            )
+        limits = TruncationLimits(post_instructions=cap)
+    return RetentionRatioTruncation(retention_ratio=float(ratio), token_limits=limits)
+
+
+def truncation_object(value: TruncationConfig) -> str | dict[str, Any]:
+    """The wire form of `value`, as `session.updated` echoes it."""
+    if isinstance(value, str):
+        return value
+    return value.model_dump(mode="json", exclude_none=True)
+
+
 DEFAULT_INSTRUCTIONS = (
     "You are a helpful voice assistant. Answer briefly, in the language the user speaks."
 )
@@ -182,6 +246,7 @@ class SessionConfig(_Model):
     tool_choice: ToolChoiceConfig = "auto"
     max_output_tokens: OutputTokens | None = None
     """At most this many tokens per answer (OpenAI's `max_output_tokens`; None is `inf`)."""
+    truncation: TruncationConfig = "auto"
     turn_detection: TurnDetectionConfig | None = TurnDetectionConfig()
     video: VideoConfig = VideoConfig()
     max_audio_seconds: AudioSeconds = 120
@@ -205,6 +270,11 @@ class SessionConfig(_Model):
             raise ValueError("two tools have the same name")
         return value
 
+    @field_validator("truncation", mode="before")
+    @classmethod
+    def _truncation(cls, value: Any) -> TruncationConfig:
+        return truncation_config(value)
+
     @field_validator("tool_choice")
     @classmethod
     def _tool_choice(cls, value: str, info: ValidationInfo) -> str:
@@ -226,6 +296,8 @@ class SessionConfig(_Model):
         leaves `self` untouched when the result is invalid.
         """
         merged = _deep_merge(self.model_dump(), patch)
+        if "truncation" in patch:  # one setting, not an object merged field by field
+            merged["truncation"] = patch["truncation"]
         td, was = patch.get("turn_detection"), self.turn_detection
         if (
             isinstance(td, Mapping)

@@ -293,6 +293,8 @@ class ResponseDone(Event):
     response_id: str
     status: ResponseStatus
     reason: str = ""
+    error_code: str = ""
+    """A failed response's error code (`model_error`, `context_length_exceeded`, ...)."""
     item: ConversationItem | None = None
     """The answer's message item, if it said anything."""
     usage: ResponseUsage = field(default_factory=ResponseUsage)
@@ -302,6 +304,12 @@ class ResponseDone(Event):
     in_conversation: bool = True
     audio_output: bool = True
     max_output_tokens: int | None = None
+
+
+CLIENT_ERRORS = {"context_length_exceeded": "invalid_request_error"}
+"""A failed response's error type by its code, where the request and not the server is at
+fault (the conversation is longer than the model's context and may not be cut); any other
+code is a `server_error`."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

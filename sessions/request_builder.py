@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.types import HistoryItem, PipelineRequest, ToolSpec, VideoFrame
+from pipeline.types import HistoryItem, PipelineRequest, ToolSpec, Truncation, VideoFrame
 
+from .config import TruncationConfig
 from .events import ConversationItem
 from .frame_window import FrameWindow, turn_window
 from .metrics import SessionMetrics
@@ -163,4 +164,17 @@ def _options(options: ResolvedOptions, output_sample_rate: int) -> dict[str, Any
         "max_output_tokens": options.max_output_tokens,
         "voice": "" if options.voice == "default" else options.voice,
         "speed": options.speed,
+        "truncation": pipeline_truncation(options.truncation),
     }
+
+
+def pipeline_truncation(config: TruncationConfig) -> Truncation:
+    """The session's `truncation` as the engines take it."""
+    if isinstance(config, str):
+        return Truncation(type=config)
+    limits = config.token_limits
+    return Truncation(
+        type="retention_ratio",
+        retention_ratio=config.retention_ratio,
+        post_instructions_tokens=limits.post_instructions if limits is not None else None,
+    )

@@ -39,6 +39,7 @@ from pipeline.types import (
 from .clock import REAL_CLOCK, Clock
 from .errors import ParleyError, RedisUnavailableError
 from .events import (
+    CLIENT_ERRORS,
     ConversationItem,
     ConversationItemCreated,
     ConversationItemTruncated,
@@ -187,8 +188,9 @@ class Response:
             await asyncio.wait_for(self._finish_cancelled(), FINALIZE_TIMEOUT_S)
             raise
         if error is not None:  # the client hears of a failure as an error, not only in .done
-            self._emit(ErrorEvent(code=error, message=reason, error_type="server_error"))
-        await self._finish(status, reason)
+            kind = CLIENT_ERRORS.get(error, "server_error")
+            self._emit(ErrorEvent(code=error, message=reason, error_type=kind))
+        await self._finish(status, reason, error or "")
         if status == "completed" and self._spoken.audio_ms > 0:
             try:
                 await self._sink.drained()
@@ -379,7 +381,7 @@ class Response:
             total_ms=self._elapsed_ms(),
         )
 
-    async def _finish(self, status: ResponseStatus, reason: str) -> None:
+    async def _finish(self, status: ResponseStatus, reason: str, error: str = "") -> None:
         self.status = status
         self.item.status = "completed" if status == "completed" else "incomplete"
         if self._client_cut_ms is not None:  # the client cut it while it was running
@@ -404,6 +406,7 @@ class Response:
                 response_id=self.response_id,
                 status=status,
                 reason=reason,
+                error_code=error,
                 item=self.item if self._announced else None,
                 usage=self._usage(),
                 metadata=self.metadata,

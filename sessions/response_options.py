@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .config import SessionConfig, ToolConfig, check_tool_choice
+from .config import SessionConfig, ToolConfig, TruncationConfig, check_tool_choice
 from .errors import InvalidRequestError
 from .events import ConversationItem
 
@@ -59,6 +59,7 @@ class ResponseOptions:
             speed=self.speed if self.speed is not None else config.speed,
             in_conversation=self.in_conversation,
             input=self.input,
+            truncation=config.truncation,
         )
 
 
@@ -76,3 +77,6 @@ class ResolvedOptions:
     speed: float
     in_conversation: bool
     input: tuple[ConversationItem, ...] | None
+    truncation: TruncationConfig = "auto"
+    """The session's `truncation`: how the engine cuts a conversation longer than its
+    context (a response has no setting of its own)."""

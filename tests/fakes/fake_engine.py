@@ -44,6 +44,7 @@ class FakeEngine(EntryEngine):
         chunk_ms: int = 100,
         realtime_factor: float = 4.0,
         fail_with: str | None = None,
+        fail_code: str = "model_error",
         first_chunk_delay_s: float = 0.0,
         start_delay_s: float = 0.0,
         clock: Clock = REAL_CLOCK,
@@ -54,6 +55,8 @@ class FakeEngine(EntryEngine):
         self.chunk_ms = chunk_ms
         self.realtime_factor = realtime_factor
         self.fail_with = fail_with
+        self.fail_code = fail_code
+        """The failure's ErrorChunk code (`context_length_exceeded`, `server_busy`, ...)."""
         self.first_chunk_delay_s = first_chunk_delay_s
         self.start_delay_s = start_delay_s
         self.clock = clock
@@ -95,7 +98,7 @@ class FakeEngine(EntryEngine):
         try:
             await self.clock.sleep(self.first_chunk_delay_s)
             if self.fail_with:
-                yield ErrorChunk(message=self.fail_with, stage=self.name)
+                yield ErrorChunk(message=self.fail_with, stage=self.name, code=self.fail_code)
                 return
             if request.transcribe_only:  # a fake recogniser: it hears how long it was
                 ms = len(request.audio) * 1000 // 16_000

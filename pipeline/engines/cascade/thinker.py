@@ -28,6 +28,9 @@ The prompt's KV is reused between requests (`prefix_cache.py`): a conversation's
 prefills only what it adds. To keep that prefix stable when a conversation outgrows the
 context, the oldest turns are dropped several at a time (`TRIM_MESSAGES`), not one exchange
 per turn, which would change the prompt's start, and so cost a full prefill, at every turn.
+That is the session's `truncation` `auto` and `retention_ratio` alike (the chunked cut already
+keeps the prefix stable, and the context is a CPU latency budget, not the model's limit);
+`disabled` fails the response with `context_length_exceeded` instead of cutting.
 """
 
 from __future__ import annotations
@@ -39,8 +42,10 @@ from pathlib import Path
 
 import torch
 
+from ...engine_limits import cascade_thinker
 from ...requests import RequestTracker
 from ...types import Chunk, End, EntryEngine, ErrorChunk, PipelineRequest, TextDelta
+from ..context_fit import CONTEXT_LENGTH_EXCEEDED, ContextExceeded
 from .asr import DEFAULT_RECOGNIZER, RECOGNIZERS, Recognizer, make_recognizer
 from .smollm import DEFAULT_FILE, DEFAULT_PACKAGE, WEIGHTS, LanguageModel, load_language_model
 from .textgen import GenerationFailed, TextGenerator
@@ -125,6 +130,7 @@ class ThinkerEngine(EntryEngine):
         """tool_choice auto calls a tool when log P(call marker) at the first step is at least
         this (tool_decoding.py; measured by `python -m loadtest.tool_calls`); by default the
         weight format's (`CALL_THRESHOLDS`)."""
+        cascade_thinker({"max_new_tokens": max_new_tokens, "context_tokens": context_tokens})
         self.context_tokens = context_tokens
         """Prompt plus reply stay within this many tokens: older turns are dropped first.
         SmolLM2 takes far more, but on a CPU a long prompt costs first-token latency."""
@@ -239,7 +245,11 @@ class ThinkerEngine(EntryEngine):
             scene = await asyncio.to_thread(describe_frames, frames) if frames else ""
             if self._requests.aborted(request_id):
                 return  # while looking at the frames
-            prompt = self.chat_prompt(request, user_text, scene)
+            try:
+                prompt = self.chat_prompt(request, user_text, scene)
+            except ContextExceeded as exc:
+                yield ErrorChunk(message=str(exc), stage=self.name, code=CONTEXT_LENGTH_EXCEEDED)
+                return
             budget = min(self.max_new_tokens, request.max_output_tokens or self.max_new_tokens)
             try:  # off the loop: llguidance compiles a large schema for a while
                 constraint = await asyncio.to_thread(self.tool_constraint, request, budget)
@@ -322,7 +332,14 @@ class ThinkerEngine(EntryEngine):
             prompt = str(
                 tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             )
-            if not turns or len(tokenizer(prompt).input_ids) <= budget:
+            needed = len(tokenizer(prompt).input_ids)
+            if not turns or needed <= budget:
                 return prompt
+            if request.truncation.type == "disabled":  # the session forbids the cut
+                raise ContextExceeded(
+                    f"the conversation needs {needed} tokens plus {self.max_new_tokens} for "
+                    f"the reply, more than the context of {self.context_tokens} tokens, and "
+                    "the session's truncation is disabled"
+                )
             # a few long turns too many: an exchange at a time, so the latest ones stay
             del turns[: TRIM_MESSAGES if len(turns) > TRIM_MESSAGES else 2]

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from ...tasks import TaskSet
 from .model_thread import ModelThread
@@ -39,6 +40,7 @@ from .waiting_list import WaitingList, answer, fail
 Prefilled = tuple[ThinkerPrompt, ThinkerState, ThinkerHidden]
 Waiting = tuple[ThinkerPrompt, ThinkerPast | None]
 Taken = list[tuple[Waiting, "asyncio.Future[Prefilled]"]]
+BuiltT = TypeVar("BuiltT")
 
 
 class PrefillQueue:
@@ -95,14 +97,25 @@ class PrefillQueue:
         self, build: Callable[[], ThinkerPrompt], past: ThinkerPast | None
     ) -> Prefilled:
         """Prefill the prompt `build` makes (on a prep thread) after `past`."""
+        return await self.submit(await self.prepare(build), past)
+
+    async def prepare(self, build: Callable[[], BuiltT]) -> BuiltT:
+        """What `build` makes on a prep thread (a prompt, and what else its caller decides
+        there); a batch being gathered waits for it. `submit` it right after, in the same
+        step of the event loop, to join the batch it was waited for."""
         if self._task is None or self._prep is None:
             raise RuntimeError(f"{self.name} is not running")
         self._building += 1
         try:
-            prompt = await asyncio.get_running_loop().run_in_executor(self._prep, build)
+            return await asyncio.get_running_loop().run_in_executor(self._prep, build)
         finally:
             self._building -= 1
             self._waiting.changed.set()
+
+    async def submit(self, prompt: ThinkerPrompt, past: ThinkerPast | None) -> Prefilled:
+        """Prefill `prompt` after `past` in the next batch."""
+        if self._task is None:
+            raise RuntimeError(f"{self.name} is not running")
         return await self._waiting.add((prompt, past))
 
     def _take(self) -> tuple[Taken, PrefillJob | Exception | None]:

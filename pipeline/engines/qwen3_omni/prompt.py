@@ -15,9 +15,12 @@ tokenizer instead.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from ...engine_limits import TALKER_PROMPT_EXTRA
+from ..context_fit import PromptTokens
 from .config import TOKENS
 
 BYTE_BASE = 1000
@@ -66,7 +69,61 @@ def _item(role_id: int, body: Sequence[int]) -> list[int]:
     return [*head, *body, TOKENS["im_end"], TOKENS["newline"]]
 
 
+OPENING = (TOKENS["im_start"], TOKENS["assistant"], TOKENS["newline"])
+"""The assistant's reply opens the prompt's last item."""
 ROLE_IDS = {"system": TOKENS["system"], "user": TOKENS["user"], "assistant": TOKENS["assistant"]}
+
+
+@dataclass(frozen=True, slots=True)
+class ChatParts:
+    """A chat prompt in the parts a cut to the context sees (`context_fit.py`)."""
+
+    system: list[int]
+    """the system item (empty without instructions)"""
+    items: list[list[int]]
+    """each history item, oldest first"""
+    turn: list[int]
+    """the user's turn and the opening of the assistant's reply"""
+
+    def ids(self) -> list[int]:
+        return [*self.system, *(t for item in self.items for t in item), *self.turn]
+
+    def tokens(self, talker: bool = False) -> PromptTokens:
+        """Its lengths; `talker`: with the Talker's share (its user items, this turn's, and
+        the positions the Talker adds) as the downstream prompt."""
+        items = [len(item) for item in self.items]
+        if not talker:
+            return PromptTokens(len(self.system), items, len(self.turn))
+        shares = [len(item) if item[1] == TOKENS["user"] else 0 for item in self.items]
+        turn = len(self.turn) - len(OPENING) + TALKER_PROMPT_EXTRA
+        return PromptTokens(len(self.system), items, len(self.turn), shares, turn)
+
+    def without_oldest(self, count: int) -> ChatParts:
+        """The prompt less its `count` oldest history items."""
+        return ChatParts(self.system, self.items[count:], self.turn)
+
+
+def chat_parts(
+    vocab: Vocab,
+    *,
+    instructions: str,
+    history: Sequence[tuple[str, str]],
+    audio_tokens: int,
+    text: str | None,
+    image_tokens: Sequence[int] = (),
+) -> ChatParts:
+    """System item, history items, the user's turn (image placeholders per frame, audio
+    placeholders, then any text), and the opening of the assistant's reply."""
+    system = _item(TOKENS["system"], vocab.encode(instructions)) if instructions else []
+    items = [_item(ROLE_IDS[role], vocab.encode(said)) for role, said in history]
+    turn: list[int] = []
+    for count in image_tokens:
+        turn += [TOKENS["vision_start"], *[TOKENS["image"]] * count, TOKENS["vision_end"]]
+    if audio_tokens:
+        turn += [TOKENS["audio_start"], *[TOKENS["audio"]] * audio_tokens, TOKENS["audio_end"]]
+    if text:
+        turn += vocab.encode(text)
+    return ChatParts(system, items, [*_item(TOKENS["user"], turn), *OPENING])
 
 
 def chat_prompt(
@@ -78,20 +135,12 @@ def chat_prompt(
     text: str | None,
     image_tokens: Sequence[int] = (),
 ) -> list[int]:
-    """System item, history items, the user's turn (image placeholders per frame, audio
-    placeholders, then any text), and the opening of the assistant's reply."""
-    ids: list[int] = []
-    if instructions:
-        ids += _item(TOKENS["system"], vocab.encode(instructions))
-    for role, said in history:
-        ids += _item(ROLE_IDS[role], vocab.encode(said))
-    turn: list[int] = []
-    for count in image_tokens:
-        turn += [TOKENS["vision_start"], *[TOKENS["image"]] * count, TOKENS["vision_end"]]
-    if audio_tokens:
-        turn += [TOKENS["audio_start"], *[TOKENS["audio"]] * audio_tokens, TOKENS["audio_end"]]
-    if text:
-        turn += vocab.encode(text)
-    ids += _item(TOKENS["user"], turn)
-    ids += [TOKENS["im_start"], TOKENS["assistant"], TOKENS["newline"]]
-    return ids
+    """The whole prompt's ids (`chat_parts`, joined)."""
+    return chat_parts(
+        vocab,
+        instructions=instructions,
+        history=history,
+        audio_tokens=audio_tokens,
+        text=text,
+        image_tokens=image_tokens,
+    ).ids()

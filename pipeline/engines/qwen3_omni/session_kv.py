@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 from transformers import DynamicCache
 
+from ...engine_limits import TALKER_PROMPT_EXTRA
 from ...types import HistoryItem
 from ..token_lru import TokenLRU
 from .config import TOKENS
@@ -118,6 +119,19 @@ def talker_positions(token_ids: Sequence[int], turn_start: int) -> list[int]:
         if not earlier_media:
             kept += range(begin, end)
     return kept
+
+
+def talker_prompt_length(token_ids: Sequence[int], turn_start: int) -> int:
+    """The Talker's prompt length for this Thinker prompt: its user items among the
+    positions `talker_positions` keeps, and the positions the Talker adds."""
+    starts = [i for i, t in enumerate(token_ids) if t == TOKENS["im_start"]] + [len(token_ids)]
+    kept = set(talker_positions(token_ids, turn_start))
+    users = sum(
+        end - begin
+        for begin, end in zip(starts, starts[1:], strict=False)
+        if begin in kept and token_ids[begin + 1] == TOKENS["user"]
+    )
+    return users + TALKER_PROMPT_EXTRA
 
 
 class SessionKV:

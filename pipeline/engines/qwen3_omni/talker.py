@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from ...engine_limits import qwen3_omni_talker
 from ...tasks import TaskSet
 from ...types import Chunk, CodecCodes, End, ErrorChunk, HiddenStates, StageInput, StreamEngine
 from .config import TOKENS
@@ -89,6 +90,9 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
             raise ValueError("max_frames must be at least 1")
         self.max_frames = max_frames
         self.min_frames = min_frames
+        qwen3_omni_talker(
+            {"max_frames": max_frames, "min_frames": min_frames, "max_context": self.max_context}
+        )
         self.speaker = speaker
         self.clock = clock
         """The playback clock that frame steps are scheduled by (tests pass their own)."""

@@ -17,11 +17,18 @@ has the hidden states of every position the Talker takes (`talker_positions`).
 With `decode_rows`, a turn takes a cache row before its prefill, waiting for one or failing
 `server_busy` (`row_gate.py`), and one longer than a row fails `context_length_exceeded`
 (docs/engines/capacity.md).
+
+A prompt and its reply's budget (`max_new_tokens`) fit `max_context`: a longer conversation
+is cut as the request's `truncation` says (`context_fit.py`), its oldest items left out of
+this turn's and the session's later prompts; a cut that changes the prompt's beginning
+drops the session's KV entry (one full prefill). One that cannot be cut fails with
+`context_length_exceeded`.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -31,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from ...engine_limits import qwen3_omni_thinker
 from ...types import (
     Chunk,
     End,
@@ -40,12 +48,13 @@ from ...types import (
     HistoryItem,
     PipelineRequest,
 )
+from ..context_fit import CONTEXT_LENGTH_EXCEEDED, ContextCuts, ContextExceeded, fit
 from .audio_features import AudioFeatures, AudioInput
 from .config import TOKENS
 from .fused_moe import install_fused_moe
 from .prefill_queue import PrefillQueue
 from .prefix_cache import PrefixCache
-from .prompt import Vocab, chat_prompt, load_vocab
+from .prompt import ChatParts, Vocab, chat_parts, load_vocab
 from .sampling import Sampling
 from .session_kv import (
     MEDIA_MARKUP,
@@ -54,8 +63,9 @@ from .session_kv import (
     SessionKV,
     continuation,
     talker_positions,
+    talker_prompt_length,
 )
-from .stage import ContextTooLong, ModelStage
+from .stage import ModelStage
 from .step_batcher import StepBatcher
 from .thinker_runner import ThinkerHidden, ThinkerPast, ThinkerPrompt, ThinkerRunner, ThinkerState
 from .thinker_slots import ThinkerSlots
@@ -63,6 +73,7 @@ from .tool_calls import CallParser, history_turn, offered, tools_text
 from .vision_input import TOKEN_PIXELS, FrameImages, VisionInput, warm_up_frame
 
 DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant."
+logger = logging.getLogger(__name__)
 
 
 class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
@@ -84,6 +95,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         session_kv_max_tokens: int = 0,
         prefill_batch: int = 8,
         prefill_chunk_tokens: int = 0,
+        talker_prompt_tokens: int = 0,
         warm_up: bool | None = None,
         **model: Any,
     ) -> None:
@@ -105,6 +117,23 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
             raise ValueError("max_new_tokens must be at least 1")
         self.max_new_tokens = max_new_tokens
         self.min_new_tokens = min_new_tokens
+        qwen3_omni_thinker(
+            {
+                "max_new_tokens": max_new_tokens,
+                "min_new_tokens": min_new_tokens,
+                "max_context": self.max_context,
+                "session_kv_tokens": session_kv_tokens,
+                "session_kv_max_tokens": session_kv_max_tokens,
+                "prefill_batch": prefill_batch,
+                "prefill_chunk_tokens": prefill_chunk_tokens,
+            }
+        )
+        if talker_prompt_tokens < 0:
+            raise ValueError("talker_prompt_tokens must be at least 0")
+        self.talker_prompt_tokens = talker_prompt_tokens
+        """The Talker's prompt (the user items and this turn) is held to this many positions
+        by the cut to the context too (0: no Talker, or no limit of its own). A graph file
+        sets it from the Talker's arguments (`engine_limits.with_derived_limits`)."""
         self.sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
         self.default_instructions = default_instructions
         self.image_max_pixels = image_max_pixels
@@ -119,6 +148,8 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         )
         """Sessions' KV kept between their turns: this many tokens over all sessions, at most
         `session_kv_max_tokens` (0: no limit of its own) for one (0: none kept)."""
+        self.cuts = ContextCuts()
+        """The history items each session's cuts to `max_context` left out (context_fit.py)."""
         self.runner: ThinkerRunner | None = None
         self.vocab: Vocab | None = None
         self.features: AudioFeatures | None = None
@@ -175,7 +206,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
             frames=(warm_up_frame(),),
             text="Warming up.",
         )
-        prompt = self._prompt(turn)
+        prompt = self._fitted_prompt(turn, None).prompt
         for rows in sorted({1, self.prefill_batch}):
             job = runner.prefill_job(
                 [(prompt, None)] * rows, chunk_tokens=self.prefill_chunk_tokens
@@ -206,27 +237,74 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         tools = offered(request.tools, request.tool_choice or "auto")
         return f"{base}\n\n{tools_text(tools)}" if tools else base
 
-    def _prompt(self, request: PipelineRequest, resumed: _Resumed | None = None) -> ThinkerPrompt:
+    def _fitted_prompt(self, request: PipelineRequest, resumed: _Resumed | None) -> _Fitted:
         """On a prep thread (`PrefillQueue`): log-mel features, image patches and the chat
-        prompt's ids (going on from the session's entry: its tokens, then only what the turn
-        adds)."""
-        assert self.features is not None and self.vocab is not None and self.images is not None
+        prompt's ids, going on from the session's entry (its tokens, then only what the turn
+        adds) where that fits `max_context`, else from the history, cut to fit as the
+        request's truncation says (raises ContextExceeded where it cannot be)."""
+        assert self.features is not None and self.images is not None
         audio: AudioInput | None = self.features(request.audio)
         vision: VisionInput | None = self.images(request.frames)
-        history = resumed.added if resumed is not None else request.history
+        reply = self.max_new_tokens
+        talker = 0 if request.output_text_only else self.talker_prompt_tokens
+        if resumed is not None:
+            added = self._parts(request, resumed.added, audio, vision, instructions="")
+            ids = resumed.entry.token_ids + resumed.entry.tail + added.ids()
+            fits = len(ids) + reply <= self.max_context
+            if fits and talker:
+                fits = talker_prompt_length(ids, resumed.entry.tokens) <= talker
+            if fits:
+                return _Fitted(ThinkerPrompt(ids, audio, vision), resumed.past(), 0, 0)
+        instructions = self._instructions(request)
+        parts = self._parts(request, request.history, audio, vision, instructions=instructions)
+        before = parts.tokens(talker=bool(talker))
+        dropped = fit(
+            before,
+            reply=reply,
+            max_context=self.max_context,
+            truncation=request.truncation,
+            downstream_room=talker,
+        )
+        kept = parts.without_oldest(dropped)
+        return _Fitted(ThinkerPrompt(kept.ids(), audio, vision), None, dropped, before.total)
+
+    def _parts(
+        self,
+        request: PipelineRequest,
+        history: list[HistoryItem] | tuple[HistoryItem, ...],
+        audio: AudioInput | None,
+        vision: VisionInput | None,
+        *,
+        instructions: str,
+    ) -> ChatParts:
+        assert self.vocab is not None
         with self._vocab_lock:  # prompts are built on several threads; a tokenizer is one
-            ids = chat_prompt(
+            return chat_parts(
                 self.vocab,
-                instructions="" if resumed is not None else self._instructions(request),
+                instructions=instructions,
                 history=[history_turn(item) for item in history],
                 audio_tokens=audio.tokens if audio else 0,
                 text=request.text,
                 image_tokens=vision.tokens if vision else (),
             )
-        if resumed is not None:
-            ids = resumed.entry.token_ids + resumed.entry.tail + ids
-        self._check_context(len(ids) + self.max_new_tokens)
-        return ThinkerPrompt(ids, audio, vision)
+
+    def _cut(self, request: PipelineRequest, fitted: _Fitted) -> PipelineRequest:
+        """Leave the items the fit dropped out of this and the session's later turns."""
+        cut = self.cuts.cut(request, fitted.dropped)
+        logger.info(
+            "%s: %s: %d oldest of %d history items left out of the prompt (truncation %s): "
+            "%d -> %d tokens, with %d for the reply in a context of %d",
+            self.name,
+            request.session_id or request.request_id,
+            fitted.dropped,
+            len(request.history),
+            request.truncation.type,
+            fitted.tokens,
+            len(fitted.prompt.input_ids),
+            self.max_new_tokens,
+            self.max_context,
+        )
+        return cut
 
     # --- a session's KV between its turns ------------------------------------------------
 
@@ -288,6 +366,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         return slots.decoder.cache.nbytes if slots is not None else 0
 
     async def forget_session(self, session_id: str) -> None:
+        self.cuts.forget(session_id)
         if self.sessions is not None:
             self.sessions.forget(session_id)
 
@@ -333,16 +412,22 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
                 if isinstance(refused, ErrorChunk):
                     yield refused
                 return  # a chunk saying why, or aborted while it waited
+            request = self.cuts.view(request)  # less what earlier cuts left out
             resumed = self._session_prompt(request)
-            past = resumed.past() if resumed is not None else None
             assert self.prefills is not None
             try:
-                prompt, state, hidden = await self.prefills.prefill(
-                    functools.partial(self._prompt, request, resumed), past
+                fitted = await self.prefills.prepare(
+                    functools.partial(self._fitted_prompt, request, resumed)
                 )
-            except ContextTooLong as exc:
-                yield ErrorChunk(str(exc), self.name, code="context_length_exceeded")
+            except ContextExceeded as exc:
+                logger.info("%s: %s: %s", self.name, request.session_id or request_id, exc)
+                code = CONTEXT_LENGTH_EXCEEDED
+                yield ErrorChunk(message=str(exc), stage=self.name, code=code)
                 return
+            past = fitted.past
+            if fitted.dropped:
+                request = self._cut(request, fitted)
+            prompt, state, hidden = await self.prefills.submit(fitted.prompt, past)
             held = state
             if self._requests.aborted(request_id):
                 return  # aborted
@@ -399,6 +484,19 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
                 self.thread.post(runner.release, held)
             if gate is not None:  # after the release, which the model thread runs first
                 gate.give_back(request_id)
+
+
+@dataclass(frozen=True, slots=True)
+class _Fitted:
+    """A turn's prompt as it fits the context, and what it goes on from."""
+
+    prompt: ThinkerPrompt
+    past: ThinkerPast | None
+    """the session's entry's KV (None: a full prefill)"""
+    dropped: int
+    """the oldest history items left out now (0: no cut)"""
+    tokens: int
+    """the prompt's tokens before the cut (0: no cut was considered)"""
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import time
 from collections.abc import AsyncIterator
@@ -13,7 +14,16 @@ from PIL import Image
 
 from pipeline.engines.cascade.smollm import LanguageModel
 from pipeline.engines.cascade.thinker import NOT_HEARD, ThinkerEngine
-from pipeline.types import Chunk, End, HistoryItem, PipelineRequest, TextDelta, VideoFrame
+from pipeline.types import (
+    Chunk,
+    End,
+    ErrorChunk,
+    HistoryItem,
+    PipelineRequest,
+    TextDelta,
+    Truncation,
+    VideoFrame,
+)
 from tests.pipeline.cascade.conftest import Speak
 
 MAX_TOKENS = 24
@@ -170,6 +180,22 @@ async def test_a_long_conversation_keeps_its_latest_turns_within_the_context(
     assert tokens <= thinker.context_tokens - thinker.max_new_tokens
     assert "Turn number 59" in prompt and "Turn number 0:" not in prompt
     assert "You are Parley." in prompt and prompt.index("Turn number 59") < prompt.index("And now?")
+
+
+async def test_a_long_conversation_with_truncation_disabled_fails_with_the_figures(
+    thinker: ThinkerEngine,
+) -> None:
+    history = tuple(
+        HistoryItem("user" if i % 2 == 0 else "assistant", f"Turn number {i}: " + "blah " * 40)
+        for i in range(30)
+    )
+    request = dataclasses.replace(
+        typed("r7", "And now?", history=history), truncation=Truncation("disabled")
+    )
+    chunks = [c async for c in thinker.generate("r7", request)]
+    assert isinstance(chunks[-1], ErrorChunk)
+    assert chunks[-1].code == "context_length_exceeded"
+    assert f"context of {thinker.context_tokens} tokens" in chunks[-1].message
 
 
 async def test_the_next_turn_reuses_the_conversation_so_far_and_answers_the_same(

@@ -498,7 +498,7 @@ async def test_a_reply_ending_on_a_media_id_is_not_kept(
     cannot go into the next prompt, so such a turn leaves no entry."""
     assert thinker.runner is not None and thinker.sessions is not None
     request = turn("r1", "s", ("u1",), text="hello")
-    prompt = await thinker.thread.call(thinker._prompt, request)
+    prompt = (await thinker.thread.call(thinker._fitted_prompt, request, None)).prompt
     state, hidden = await thinker.thread.call(thinker.runner.prefill, prompt)
     state.generated[-1] = last
     thinker._remember(request, prompt, state, [hidden.states], "tok1")
