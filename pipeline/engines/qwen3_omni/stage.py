@@ -17,6 +17,7 @@ from transformers import Qwen3OmniMoeConfig
 from ...requests import RequestTracker
 from ...types import Engine
 from .model_thread import ModelThread
+from .row_lengths import SHORTEST
 from .step_batcher import StepBatcher
 from .weights import Part, build_part
 
@@ -71,6 +72,7 @@ class ModelStage(Engine, Generic[StateT]):
         max_context: int = 4096,
         capture_graphs: bool | None = None,
         stream_priority: str = "normal",
+        shortest_attention: int = SHORTEST,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
@@ -91,6 +93,12 @@ class ModelStage(Engine, Generic[StateT]):
         self.max_context = max_context
         """Positions one cache row holds (prompt plus reply); longer requests go plainly."""
         self.capture_graphs = capture_graphs
+        if shortest_attention < 1:
+            raise ValueError("shortest_attention must be at least 1")
+        self.shortest_attention = shortest_attention
+        """A decode step on cache rows attends over the smallest length bucket (this many
+        positions, doubling up to max_context) that holds its longest row (row_lengths.py);
+        max_context: whole rows, one captured graph per batch size."""
         if stream_priority not in STREAM_PRIORITIES:
             raise ValueError(f"stream_priority must be one of {', '.join(STREAM_PRIORITIES)}")
         self.stream_priority = stream_priority

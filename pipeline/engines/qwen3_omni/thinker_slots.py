@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .row_lengths import SHORTEST
 from .slot_decoder import SlotDecoder
 
 
@@ -28,6 +29,7 @@ class ThinkerSlots:
         accept_layer: int,
         reserve: int,
         capture: bool | None = None,
+        shortest: int = SHORTEST,
     ) -> None:
         self.model = model
         self.reserve = reserve
@@ -38,6 +40,8 @@ class ThinkerSlots:
             max_length=max_length,
             keep_input_of=accept_layer,
             capture=capture,
+            shortest=shortest,
+            name="thinker",
         )
         self.device = self.decoder.device
 
