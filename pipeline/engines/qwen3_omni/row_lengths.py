@@ -29,7 +29,6 @@ each graph's small outputs. `shortest` = `max_length` is whole rows only, as bef
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -56,6 +55,15 @@ def length_buckets(max_length: int, shortest: int = SHORTEST) -> list[int]:
     return [*lengths, max_length]
 
 
+def at_length(step: Callable[[int, int], OutputT], length: int) -> Callable[[int], OutputT]:
+    """`step` with its length fixed: a step over a batch, as `StepGraphs` takes it."""
+
+    def over(batch: int) -> OutputT:
+        return step(batch, length)
+
+    return over
+
+
 class LengthGraphs(Generic[OutputT]):
     """`StepGraphs` (batch buckets) per length bucket, sharing one graph memory pool."""
 
@@ -77,10 +85,10 @@ class LengthGraphs(Generic[OutputT]):
         """The length buckets, shortest first; the last is whole rows."""
         capture = device.type == "cuda" if capture is None else capture
         self.capture = capture
-        pool = torch.cuda.graph_pool_handle() if capture else None
+        pool = torch.cuda.graph_pool_handle() if capture and device.type == "cuda" else None
         self.by_length = {
             length: StepGraphs(
-                functools.partial(step, length=length),
+                at_length(step, length),
                 largest=largest,
                 device=device,
                 capture=capture,
