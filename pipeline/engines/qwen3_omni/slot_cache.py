@@ -18,7 +18,8 @@ Rows in use are kept packed at the front (a freed row takes the last row's conte
 step over `n` requests runs over the first `n` rows, or the smallest captured batch size
 above. A row inside that batch whose request is not stepping (waiting for its input) is
 computed anyway; its `write_at` is where it will write next, so what the spare computation
-writes there is overwritten by its own next step before anything reads it.
+writes there is overwritten by its own next step before anything reads it (it writes there
+even when that is past the step's `attend`; only its output, which nothing reads, differs).
 
 The object is the cache the attention layers see: transformers' attention modules only call
 `update(keys, values, layer_idx, ...)` on it, in every version this code supports.
