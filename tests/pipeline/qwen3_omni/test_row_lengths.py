@@ -17,6 +17,7 @@ from pipeline.engines.qwen3_omni.row_lengths import LengthGraphs, length_buckets
 from pipeline.engines.qwen3_omni.sampling import Sampling
 from pipeline.engines.qwen3_omni.slot_decoder import SlotDecoder
 from pipeline.engines.qwen3_omni.step_graphs import StepGraphs
+from pipeline.engines.qwen3_omni.talker import TalkerEngine
 from pipeline.engines.qwen3_omni.talker_runner import TalkerRunner
 from pipeline.engines.qwen3_omni.thinker import ThinkerEngine
 from pipeline.engines.qwen3_omni.thinker_runner import ThinkerRunner, ThinkerState
@@ -37,6 +38,25 @@ def test_length_buckets_double_up_to_the_row() -> None:
         length_buckets(64, 0)
     with pytest.raises(ValueError, match="shortest_attention"):
         ThinkerEngine(tiny=True, shortest_attention=0)
+
+
+async def test_the_stages_attend_over_the_buckets_their_setting_asks_for() -> None:
+    engines = (
+        ThinkerEngine(tiny=True, threads=1, decode_rows=2, max_context=512, shortest_attention=128),
+        TalkerEngine(tiny=True, threads=1, decode_rows=2, max_context=256),
+    )
+    try:
+        for engine in engines:
+            await engine.start()
+        thinker, talker = engines
+        assert isinstance(thinker, ThinkerEngine) and isinstance(talker, TalkerEngine)
+        assert thinker.runner is not None and thinker.runner.slots is not None
+        assert thinker.runner.slots.decoder.graphs.lengths == [128, 256, 512]
+        assert talker.runner is not None and talker.runner.decoder is not None
+        assert talker.runner.decoder.graphs.lengths == [256]  # 256 is the shortest by default
+    finally:
+        for engine in engines:
+            await engine.close()
 
 
 def spy_lengths(decoder: SlotDecoder) -> list[int]:
