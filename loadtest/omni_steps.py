@@ -18,9 +18,14 @@ buckets, captured as CUDA graphs on a GPU), for a first chunk (5 frames, no cont
 full window (25 frames after 25 of context). Both include the copy of the audio to the host,
 as the engine pays it.
 
+`--parts histories` times the Thinker's and the talker LM's cache-row steps at long histories,
+attending over whole rows against length buckets, step by step (omni_histories.py).
+
     python -m loadtest.omni_steps                                   # full size, on the GPU
     python -m loadtest.omni_steps --tiny --device cpu --dtype float32 --batches 1,2
     python -m loadtest.omni_steps --parts code2wav --batches 1,4,10 # Code2Wav alone
+    python -m loadtest.omni_steps --parts histories --max-context 8192 --repeats 50 \
+        --history-rows 1,8,32 --histories 1000,4000,8000           # whole rows vs buckets
 """
 
 from __future__ import annotations
@@ -51,10 +56,14 @@ from pipeline.engines.qwen3_omni.thinker_runner import ThinkerPrompt, ThinkerRun
 from pipeline.engines.qwen3_omni.thinker_slots import ThinkerSlots
 from pipeline.engines.qwen3_omni.weights import build_part
 
+from . import omni_histories
+
 NEVER = 10**9
 """min_frames that keeps codec EOS away (random weights choose it at any time)."""
 
 PARTS = ("thinker", "talker", "code2wav")
+"""What runs by default; `histories` runs when asked for."""
+ALL_PARTS = (*PARTS, "histories")
 CODE2WAV_WINDOWS = {"first": (5, 0), "full": (50, 25)}
 """Code2Wav windows timed: (frames, of which left context), as the engine's defaults cut
 them (first_chunk 5, chunk 25, left_context 25)."""
@@ -209,18 +218,42 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batches", default="1,4,10,16")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--max-context", type=int, default=4096)
-    parser.add_argument("--parts", default=",".join(PARTS), help="the Talker needs the Thinker")
+    parser.add_argument(
+        "--parts",
+        default=",".join(PARTS),
+        help=f"of {', '.join(ALL_PARTS)}; the Talker needs the Thinker",
+    )
     parser.add_argument(
         "--compile-predictor",
         action="store_true",
         help="the Talker's code predictor compiled (torch.compile), then captured",
     )
+    parser.add_argument("--history-rows", default="1,8,32", help="histories: rows stepped")
+    parser.add_argument(
+        "--histories", default="1000,4000,8000", help="histories: positions each row holds"
+    )
+    parser.add_argument(
+        "--history-parts", default=",".join(omni_histories.PARTS), help="histories: whose steps"
+    )
+    parser.add_argument(
+        "--shortest-attention",
+        type=int,
+        default=256,
+        help="histories: the shortest length bucket (the stages' shortest_attention)",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]
+    args.history_rows = [int(r) for r in args.history_rows.split(",")]
+    args.histories = [int(h) for h in args.histories.split(",")]
     args.parts = args.parts.split(",")
-    if unknown := set(args.parts) - set(PARTS):
+    args.history_parts = args.history_parts.split(",")
+    if unknown := set(args.parts) - set(ALL_PARTS):
         parser.error(f"unknown parts: {', '.join(sorted(unknown))}")
+    if unknown := set(args.history_parts) - set(omni_histories.PARTS):
+        parser.error(f"unknown history parts: {', '.join(sorted(unknown))}")
+    if "histories" in args.parts and (why := omni_histories.check_histories(args)):
+        parser.error(why)
     report: dict[str, Any] = {"argv": vars(args), "torch": torch.__version__}
     steps: list[tuple[str, dict[str, Any]]] = []
     if "thinker" in args.parts or "talker" in args.parts:
@@ -231,6 +264,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             steps.append(("Talker frame", report["talker_frame"]))
     if "code2wav" in args.parts:
         report["code2wav_window"] = code2wav_windows(args)
+    if "histories" in args.parts:
+        report["histories"] = omni_histories.histories(args)
     for part, figures in steps:
         print(
             f"{part}: plain (batch 1) {figures['plain_b1_ms']:.1f} ms; "
@@ -240,6 +275,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"  rows, batch {batch:2d}: {figures[f'rows_b{batch}_ms']:.1f} ms")
     if "code2wav" in args.parts:
         print_code2wav(report["code2wav_window"], args.batches)
+    if "histories" in args.parts:
+        omni_histories.print_histories(report["histories"], args)
     if args.out:
         with open(args.out, "w") as out:
             json.dump(report, out, indent=2)

@@ -9,11 +9,17 @@ prefill's cache is copied in once), every step writes each row's new position in
 attends over its row under a mask of the positions it has written; the request gives the
 row back when it ends, copying its cache out only if it is wanted (session reuse).
 
+A step attends over the first `attend` positions of its rows, not all `max_length`: the
+step chooses a length that holds its longest row (slot_decoder.py's length buckets), so
+what it reads grows with the rows' real lengths. The host keeps its own copy of each row's
+length (`lengths`) to choose it without reading the device.
+
 Rows in use are kept packed at the front (a freed row takes the last row's contents), so a
 step over `n` requests runs over the first `n` rows, or the smallest captured batch size
 above. A row inside that batch whose request is not stepping (waiting for its input) is
 computed anyway; its `write_at` is where it will write next, so what the spare computation
-writes there is overwritten by its own next step before anything reads it.
+writes there is overwritten by its own next step before anything reads it (it writes there
+even when that is past the step's `attend`; only its output, which nothing reads, differs).
 
 The object is the cache the attention layers see: transformers' attention modules only call
 `update(keys, values, layer_idx, ...)` on it, in every version this code supports.
@@ -46,6 +52,14 @@ class SlotCache:
         self.max_length = max_length
         self.write_at = torch.zeros(rows, dtype=torch.long, device=device)
         """Per row: the position this step's first token is written at (its length so far)."""
+        self.lengths = [0] * rows
+        """The host's copy of `write_at`, kept by `take`, `advance` and `give_back`. A step
+        that moves `write_at` on the device itself (the code predictor's frame, whose rows
+        start afresh every frame) does not keep it, and attends over whole rows."""
+        self.attend = max_length
+        """Positions of each row the current step's attention reads (`update`, `mask`): at
+        least the longest row's length after the step; past a row's own length its mask
+        hides them."""
         self._row_ids = torch.arange(rows, device=device)
         self._positions = torch.arange(max_length, device=device)
         self.batch = rows
@@ -63,19 +77,31 @@ class SlotCache:
         cache_kwargs: dict[str, Any] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the step's keys and values ([batch, heads, q, dim]) at each row's position and
-        return the batch's whole rows for attention."""
+        return the batch's rows, their first `attend` positions, for attention."""
         batch, queries = keys.shape[0], keys.shape[2]
         rows = self._row_ids[:batch]
         for j in range(queries):
             at = self.write_at[:batch] + j
             self.keys[layer_idx][rows, :, at] = keys[:, :, j]
             self.values[layer_idx][rows, :, at] = values[:, :, j]
-        return self.keys[layer_idx][:batch], self.values[layer_idx][:batch]
+        attend = self.attend
+        return self.keys[layer_idx][:batch, :, :attend], self.values[layer_idx][:batch, :, :attend]
 
     def mask(self, batch: int, queries: int = 1) -> torch.Tensor:
-        """[batch, 1, queries, max_length] bool: query j of row r sees positions up to its own."""
+        """[batch, 1, queries, attend] bool: query j of row r sees positions up to its own."""
         last = self.write_at[:batch, None] + torch.arange(queries, device=self.write_at.device)
-        return (self._positions[None, None, :] <= last[:, :, None]).unsqueeze(1)
+        positions = self._positions[: self.attend]
+        return (positions[None, None, :] <= last[:, :, None]).unsqueeze(1)
+
+    def longest(self, rows: list[int], queries: int = 1) -> int:
+        """The longest of `rows` after a step of `queries` positions: what it must attend over."""
+        return max(self.lengths[row] for row in rows) + queries
+
+    def advance(self, rows: list[int], on_device: torch.Tensor) -> None:
+        """`rows` (also as a device tensor, `on_device`) have each written one more position."""
+        self.write_at.index_add_(0, on_device, torch.ones_like(on_device))
+        for row in rows:
+            self.lengths[row] += 1
 
     # --- rows ------------------------------------------------------------------------------
 
@@ -110,9 +136,10 @@ class SlotCache:
                 n = layer.keys.shape[2]
                 self.keys[index][row, :, :n] = layer.keys[0]
                 self.values[index][row, :, :n] = layer.values[0]
-            self.write_at[row] = cache.get_seq_length()
+            self.lengths[row] = cache.get_seq_length()
         else:
-            self.write_at[row] = 0
+            self.lengths[row] = 0
+        self.write_at[row] = self.lengths[row]
         return row
 
     def seat(self, state: Any, reserve: int) -> bool:
@@ -139,16 +166,20 @@ class SlotCache:
         return cache
 
     def give_back(self, owner: Any) -> None:
-        """Free `owner`'s row; the last row in use moves into it. Idempotent."""
+        """Free `owner`'s row; the last row in use moves into it (the positions it has
+        written: nothing reads past them before they are written again). Idempotent."""
         if not self.holds(owner):
             return
         row = self.row_of(owner)
         last = len(self._owners) - 1
         if row != last:
+            written = self.lengths[last]
             for keys, values in zip(self.keys, self.values, strict=True):
-                keys[row].copy_(keys[last])
-                values[row].copy_(values[last])
-            self.write_at[row] = self.write_at[last]
+                keys[row, :, :written].copy_(keys[last, :, :written])
+                values[row, :, :written].copy_(values[last, :, :written])
+            self.write_at[row] = written
+            self.lengths[row] = written
             self._owners[row] = self._owners[last]
         self._owners.pop()
         self.write_at[last] = 0
+        self.lengths[last] = 0

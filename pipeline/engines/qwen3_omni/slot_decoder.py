@@ -10,6 +10,9 @@ Outputs per row: the input embedding, the input of layer `keep_input_of` (what t
 calls `hidden_states[keep_input_of]`; the Thinker hands it to the Talker) and the final
 normed hidden state (the LM head's input).
 
+A step attends over the first positions of its rows that hold its longest row (a length
+bucket, row_lengths.py), not over whole rows: what it reads grows with the conversations.
+
 Attention over a row is transformers' SDPA without its `repeat_kv`: that expands every key
 and value to one copy per query head before the kernel, a copy of the whole row per layer
 per step (measured 3.5 ms of a 15 ms full-size Thinker step at 4096 positions, and growing
@@ -27,8 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AttentionInterface
 
+from .row_lengths import SHORTEST, LengthGraphs, length_buckets
 from .slot_cache import SlotCache
-from .step_graphs import StepGraphs
 
 ROWS_ATTENTION = "parley_rows_sdpa"
 
@@ -95,11 +98,15 @@ def run_layers(
     *,
     keep_input_of: int | None = None,
     layer_call: LayerCall = call_layer,
+    attend: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The decoder stack over `hidden` ([batch, queries, size]) at `positions`; the normed
-    output and the input of layer `keep_input_of` (the normed output if it is the last)."""
+    output and the input of layer `keep_input_of` (the normed output if it is the last).
+    `attend`: the positions of each row attention reads, at least the longest row's after
+    the step (None: whole rows)."""
     batch, queries = hidden.shape[0], hidden.shape[1]
     cos_sin = body.rotary_emb(hidden, positions)
+    cache.attend = cache.max_length if attend is None else attend
     mask = cache.mask(batch, queries)
     kept = None
     config = body.config
@@ -111,6 +118,7 @@ def run_layers(
             hidden = layer_call(layer, hidden, mask, cache, cos_sin)
     finally:  # prefill (and everything else) keeps the model's own attention
         config._attn_implementation = usual
+        cache.attend = cache.max_length
     normed: torch.Tensor = body.norm(hidden)
     if keep_input_of is not None and keep_input_of >= len(body.layers):
         kept = normed
@@ -126,7 +134,12 @@ class SlotDecoder:
         max_length: int,
         keep_input_of: int | None = None,
         capture: bool | None = None,
+        shortest: int = SHORTEST,
+        name: str = "decode",
     ) -> None:
+        """`shortest`: the shortest length bucket a step attends over (row_lengths.py);
+        `max_length` or more: whole rows, one graph per batch size. `name`: whose steps
+        these are (the Thinker's, the Talker's), for the log."""
         config: Any = body.config
         parameter = next(body.parameters())
         device, dtype = parameter.device, parameter.dtype
@@ -145,12 +158,17 @@ class SlotDecoder:
         )
         self.embeds = torch.zeros(rows, 1, size, dtype=dtype, device=device)
         self.positions = torch.zeros(3, rows, 1, dtype=torch.long, device=device)
-        self.graphs: StepGraphs[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = StepGraphs(
-            self._step, largest=rows, device=device, capture=capture
+        self.graphs: LengthGraphs[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = LengthGraphs(
+            self._step,
+            largest=rows,
+            lengths=length_buckets(max_length, min(shortest, max_length)),
+            device=device,
+            capture=capture,
+            name=name,
         )
         self.device = device
 
-    def _step(self, batch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _step(self, batch: int, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         hidden = self.embeds[:batch]
         last, kept = run_layers(
             self.body,
@@ -158,18 +176,32 @@ class SlotDecoder:
             self.positions[:, :batch],
             self.cache,
             keep_input_of=self.keep_input_of,
+            attend=length,
         )
         kept = hidden if kept is None else kept
         return hidden[:, -1], kept[:, -1], last[:, -1]
 
-    def step(self, owners: list[Any], embeds: torch.Tensor, positions: list[int]) -> StepRows:
+    def step(
+        self,
+        owners: list[Any],
+        embeds: torch.Tensor,
+        positions: list[int],
+        *,
+        whole_rows: bool = False,
+    ) -> StepRows:
         """One step for `owners` (each holding a row): `embeds` [n, size] their inputs,
-        `positions` their (text) rotary positions."""
-        rows = torch.tensor([self.cache.row_of(o) for o in owners], device=self.device)
+        `positions` their (text) rotary positions. `whole_rows`: attend over every position
+        of the rows, as before length buckets (the reference they are tested and measured
+        against)."""
+        held = [self.cache.row_of(o) for o in owners]
+        length = self.graphs.length(self.cache.longest(held))  # refuses a row past its end
+        if whole_rows:
+            length = self.cache.max_length
+        rows = torch.tensor(held, device=self.device)
         where = torch.tensor(positions, device=self.device)
         self.embeds[:, 0].index_copy_(0, rows, embeds.to(self.embeds.dtype))
         self.positions[:, :, 0].index_copy_(1, rows, where.view(1, -1).expand(3, -1))
-        first, kept, last = self.graphs.run(self.cache.in_use)
+        first, kept, last = self.graphs.run(self.cache.in_use, length)
         # only the stepped rows moved on: a spare row in the batch rewrites its next position
-        self.cache.write_at.index_add_(0, rows, torch.ones_like(rows))
+        self.cache.advance(held, rows)
         return StepRows(first[rows], kept[rows], last[rows])

@@ -20,6 +20,7 @@ from ...requests import RequestTracker
 from ...row_gate import RowGate, RowsBusy
 from ...types import Engine, ErrorChunk
 from .model_thread import ModelThread
+from .row_lengths import SHORTEST
 from .step_batcher import StepBatcher
 from .weights import Part, build_part
 
@@ -83,6 +84,7 @@ class ModelStage(Engine, Generic[StateT]):
         plain_fallback: bool = False,
         waiting: int | None = None,
         row_wait_s: float = 10.0,
+        shortest_attention: int = SHORTEST,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
@@ -120,6 +122,12 @@ class ModelStage(Engine, Generic[StateT]):
         self.rows: RowGate | None = None
         """The gate in front of the cache rows (None: no rows, or `plain_fallback`)."""
         self.capture_graphs = capture_graphs
+        if shortest_attention < 1:
+            raise ValueError("shortest_attention must be at least 1")
+        self.shortest_attention = shortest_attention
+        """A decode step on cache rows attends over the smallest length bucket (this many
+        positions, doubling up to max_context) that holds its longest row (row_lengths.py);
+        max_context: whole rows, one captured graph per batch size."""
         if stream_priority not in STREAM_PRIORITIES:
             raise ValueError(f"stream_priority must be one of {', '.join(STREAM_PRIORITIES)}")
         self.stream_priority = stream_priority

@@ -46,13 +46,16 @@ class StepGraphs(Generic[OutputT]):
         largest: int,
         device: torch.device,
         capture: bool | None = None,
+        pool: Any = None,
     ) -> None:
+        """`pool`: a graph memory pool (`torch.cuda.graph_pool_handle()`) shared with other
+        `StepGraphs` whose steps never run at once (row_lengths.py); None: one of its own."""
         self.step = step
         self.buckets = buckets_up_to(largest)
         self.capture = device.type == "cuda" if capture is None else capture
         self.device = device
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, OutputT]] = {}
-        self._pool: Any = None
+        self._pool: Any = pool
 
     def bucket(self, count: int) -> int:
         for size in self.buckets:

@@ -147,6 +147,8 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
                 rows=self.decode_rows,
                 max_length=self.max_context,
                 capture=capture,
+                shortest=self.shortest_attention,
+                name="talker",
             )
             predictor = FramePredictor(
                 self.model,

@@ -168,6 +168,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
                 accept_layer=int(self.config.talker_config.accept_hidden_layer),
                 reserve=self.max_new_tokens,
                 capture=self.capture_graphs,
+                shortest=self.shortest_attention,
             )
             slots.warm()
         self.runner = ThinkerRunner(

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from .row_lengths import SHORTEST
 from .slot_decoder import SlotDecoder
 
 
@@ -29,6 +30,7 @@ class ThinkerSlots:
         accept_layer: int,
         reserve: int,
         capture: bool | None = None,
+        shortest: int = SHORTEST,
     ) -> None:
         self.model = model
         self.reserve = reserve
@@ -39,6 +41,8 @@ class ThinkerSlots:
             max_length=max_length,
             keep_input_of=accept_layer,
             capture=capture,
+            shortest=shortest,
+            name="thinker",
         )
         self.device = self.decoder.device
 
