@@ -43,7 +43,7 @@ def test_length_buckets_double_up_to_the_row() -> None:
 async def test_the_stages_attend_over_the_buckets_their_setting_asks_for() -> None:
     engines = (
         ThinkerEngine(tiny=True, threads=1, decode_rows=2, max_context=512, shortest_attention=128),
-        TalkerEngine(tiny=True, threads=1, decode_rows=2, max_context=256),
+        TalkerEngine(tiny=True, threads=1, decode_rows=2, max_context=256, max_frames=100),
     )
     try:
         for engine in engines:
