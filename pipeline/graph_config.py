@@ -32,6 +32,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .imports import import_object
+from .sizing_config import engine_args_problem, shared_gpu_problem
 from .types import EntryEngine, StreamEngine
 
 StageKind = Literal["entry", "stream"]
@@ -116,6 +117,13 @@ class StageConfig(_Model):
             )
         return self
 
+    @model_validator(mode="after")
+    def _sizing_forms(self) -> StageConfig:
+        """`auto` or an integer for rows and token budgets, fractions in (0, 1]: sizing_config."""
+        if (problem := engine_args_problem(self.engine_args)) is not None:
+            raise _At(*problem)
+        return self
+
     @property
     def devices_field(self) -> str:
         """Where the file names the stage's devices: `placement.devices`, or the engine's
@@ -182,6 +190,8 @@ class GraphConfig(_Model):
                 raise _At(("outputs", index), f"no stage named {name!r}")
         if cycle := _find_cycle(names, self.edges):
             raise _At(("edges",), "the edges form a cycle: " + " -> ".join(cycle))
+        if (problem := shared_gpu_problem(self.stages)) is not None:  # sizing_config.py
+            raise _At(*problem)
         return self
 
     def stage(self, name: str) -> StageConfig:

@@ -39,8 +39,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ...memory_plan import MemoryPlan, rows_setting
 from ...tasks import TaskSet
+from ..gpu_memory import MemoryQuery, SizingSettings
 from .frame_step import FrameStepper, RowsFull, Sampling
+from .memory import plan_rows
 from .mimi_frames import FRAME_SAMPLES, MimiFrames
 from .text_stream import TextPieces, load_text_tokenizer, skipped_ids
 
@@ -196,13 +199,28 @@ class MoshiDuplexEngine:
         device: str = "cpu",
         dtype: str = "float32",
         model_path: str | None = None,
-        rows: int = 8,
+        rows: int | str = 8,
         codec_context: int = 4,
         sampling: Sampling | None = None,
         clock: Callable[[], float] = time.monotonic,
+        max_rows: int = 64,
+        gpu_memory_utilization: float = 0.9,
+        memory_query: MemoryQuery | None = None,
     ) -> None:
         self.options = dict(tiny=tiny, device=device, dtype=dtype, model_path=model_path)
-        self.rows, self.codec_context = rows, codec_context
+        # --- sizing to the card (moshi/memory.py) ---
+        self.rows_asked = rows_setting(rows, "rows")
+        """An integer (a demand, refused at start if it does not fit) or `auto`."""
+        self.sizing = SizingSettings.of(
+            max_rows=max_rows,
+            gpu_memory_utilization=gpu_memory_utilization,
+            memory_query=memory_query,
+        )
+        self.memory_plan: MemoryPlan | None = None
+        self.rows = self.rows_asked if isinstance(self.rows_asked, int) else max_rows
+        """The sessions this engine holds at once (`auto`: `max_rows` until start sizes it on
+        a GPU)."""
+        self.codec_context = codec_context
         self.sampling = sampling or Sampling()
         self.clock = clock
         self.stats = DuplexStats()
@@ -241,6 +259,17 @@ class MoshiDuplexEngine:
             dtype=dtype,
             model_path=self.options["model_path"],  # type: ignore[arg-type]
         )
+        figures = self.sizing.figures(str(self.options["device"]))
+        if figures is not None:  # sizing: the rows from the card
+            self.memory_plan = plan_rows(
+                config=model.config,
+                dtype=dtype,
+                device=str(self.options["device"]),
+                figures=figures,
+                settings=self.sizing,
+                rows=self.rows_asked,
+            )
+            self.rows = self.memory_plan.rows
         self._stepper = FrameStepper(model, rows=self.rows, sampling=self.sampling)
         self._stepper.warm()
         self._codec = MimiFrames(
