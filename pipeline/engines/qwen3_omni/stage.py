@@ -146,6 +146,10 @@ class ModelStage(Engine, Generic[StateT]):
             device=self.device,
         )
         await self.thread.call(self._loaded)
+        if torch.device(self.device).type == "cuda":
+            # sizing: the warm-up's cached blocks go back, so that the next stage on this GPU
+            # measures its free memory without them (each stage's headroom covers its peak)
+            await self.thread.call(torch.cuda.empty_cache)
         self.batcher = self._batcher()
         if self.batcher is not None:
             self.batcher.start()
