@@ -108,9 +108,9 @@ class ModelStage(Engine, Generic[StateT]):
         self.shares_gpu_with = neighbours_setting(shares_gpu_with)
         """The parts of the other stages on this stage's GPU (their weights are counted)."""
         self.memory_plan: MemoryPlan | None = None
+        """What sizing decided at start (None: not sized, on the CPU)."""
         self._held_before = 0
         """What this process's allocator held before the weights (stages sharing a process)."""
-        """What sizing decided at start (None: not sized, on the CPU)."""
         asked = self.rows_asked
         self.decode_rows = asked if isinstance(asked, int) else self.sizing.max_rows
         """The rows this engine has: requests whose decode runs on a static cache row, batched
