@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .engine_limits import LimitError, check_engine_args, check_handoff, with_derived_limits
 from .imports import import_object
+from .sizing_config import engine_args_problem, shared_gpu_problem
 from .types import EntryEngine, StreamEngine
 
 StageKind = Literal["entry", "stream"]
@@ -115,6 +116,13 @@ class StageConfig(_Model):
                 f"{given!r} disagrees with placement.devices {list(self.placement.devices)}: "
                 "name the devices in placement.devices only",
             )
+        return self
+
+    @model_validator(mode="after")
+    def _sizing_forms(self) -> StageConfig:
+        """`auto` or an integer for rows and token budgets, fractions in (0, 1]: sizing_config."""
+        if (problem := engine_args_problem(self.engine_args)) is not None:
+            raise _At(*problem)
         return self
 
     @property
@@ -201,6 +209,8 @@ class GraphConfig(_Model):
             except LimitError as exc:
                 at = ("stages", names.index(edge.source), "engine_args", exc.field)
                 raise _At(at, f"{exc.message} (stage {edge.target!r})") from None
+        if (problem := shared_gpu_problem(self.stages)) is not None:  # sizing_config.py
+            raise _At(*problem)
         return self
 
     def stage(self, name: str) -> StageConfig:

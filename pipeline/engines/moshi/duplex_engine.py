@@ -50,8 +50,10 @@ from typing import Any
 import numpy as np
 
 from ...duplex import DuplexDown
+from ...memory_plan import MemoryPlan, rows_setting
 from ...step_watch import StepWatch
 from ...tasks import TaskSet
+from ..gpu_memory import MemoryQuery, SizingSettings
 from .clock_faults import FAILED_IN_A_ROW, ClockDeath, exit_for_supervisor, is_sticky
 from .duplex_session import (
     INBOX_FRAMES,
@@ -65,6 +67,7 @@ from .duplex_session import (
     VoiceFrame,
 )
 from .frame_step import FrameStepper, RowsFull, Sampling
+from .memory import plan_rows
 from .mimi_frames import FRAME_SAMPLES, MimiFrames
 from .text_stream import TextPieces, load_text_tokenizer, skipped_ids
 
@@ -103,7 +106,7 @@ class MoshiDuplexEngine:
         device: str = "cpu",
         dtype: str = "float32",
         model_path: str | None = None,
-        rows: int = 8,
+        rows: int | str = 8,
         codec_context: int = 4,
         sampling: Sampling | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -111,9 +114,24 @@ class MoshiDuplexEngine:
         stuck_s: float = STUCK_S,
         restart_s: float = RESTART_S,
         exit_process: Callable[[str], None] = exit_for_supervisor,
+        max_rows: int = 64,
+        gpu_memory_utilization: float = 0.9,
+        memory_query: MemoryQuery | None = None,
     ) -> None:
         self.options = dict(tiny=tiny, device=device, dtype=dtype, model_path=model_path)
-        self.rows, self.codec_context = rows, codec_context
+        # --- sizing to the card (moshi/memory.py) ---
+        self.rows_asked = rows_setting(rows, "rows")
+        """An integer (a demand, refused at start if it does not fit) or `auto`."""
+        self.sizing = SizingSettings.of(
+            max_rows=max_rows,
+            gpu_memory_utilization=gpu_memory_utilization,
+            memory_query=memory_query,
+        )
+        self.memory_plan: MemoryPlan | None = None
+        self.rows = self.rows_asked if isinstance(self.rows_asked, int) else max_rows
+        """The sessions this engine holds at once (`auto`: `max_rows` until start sizes it on
+        a GPU)."""
+        self.codec_context = codec_context
         self.sampling = sampling or Sampling()
         self.clock = clock
         self.stall_s, self.stuck_s, self.restart_s = stall_s, stuck_s, restart_s
@@ -172,6 +190,17 @@ class MoshiDuplexEngine:
             dtype=dtype,
             model_path=self.options["model_path"],  # type: ignore[arg-type]
         )
+        figures = self.sizing.figures(str(self.options["device"]))
+        if figures is not None:  # sizing: the rows from the card
+            self.memory_plan = plan_rows(
+                config=model.config,
+                dtype=dtype,
+                device=str(self.options["device"]),
+                figures=figures,
+                settings=self.sizing,
+                rows=self.rows_asked,
+            )
+            self.rows = self.memory_plan.rows
         self._stepper = FrameStepper(model, rows=self.rows, sampling=self.sampling)
         self._stepper.warm()
         self._codec = MimiFrames(

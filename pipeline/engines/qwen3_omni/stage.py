@@ -8,17 +8,22 @@ table of requests in flight (`active_requests`, `abort`), and an idempotent clos
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any, Generic, TypeVar
 
 import torch
 from transformers import Qwen3OmniMoeConfig
 
 from ...capacity import Capacity, RowLoad
+from ...memory_plan import MemoryPlan, TokenCache, rows_setting
 from ...requests import RequestTracker
 from ...row_gate import RowGate, RowsBusy
 from ...types import Engine, ErrorChunk
+from ..gpu_memory import MemoryQuery, SizingSettings
+from .memory import neighbours_setting, plan_stage
 from .model_thread import ModelThread
 from .row_lengths import SHORTEST
 from .step_batcher import StepBatcher
@@ -77,7 +82,7 @@ class ModelStage(Engine, Generic[StateT]):
         dtype: str = "float32",
         threads: int | None = None,
         max_batch: int = 8,
-        decode_rows: int = 0,
+        decode_rows: int | str = 0,
         max_context: int = 4096,
         capture_graphs: bool | None = None,
         stream_priority: str = "normal",
@@ -85,6 +90,11 @@ class ModelStage(Engine, Generic[StateT]):
         waiting: int | None = None,
         row_wait_s: float = 10.0,
         shortest_attention: int = SHORTEST,
+        max_rows: int = 32,
+        gpu_memory_utilization: float = 0.9,
+        kv_share: float = 1.0,
+        shares_gpu_with: Sequence[str] = (),
+        memory_query: MemoryQuery | None = None,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
@@ -97,11 +107,29 @@ class ModelStage(Engine, Generic[StateT]):
         self.thread = ModelThread(f"parley-{self.name}", threads)
         self.max_batch = max_batch
         """Decode steps of this many requests run as one batch at most."""
-        if decode_rows < 0 or max_context < 1:
-            raise ValueError("decode_rows must be at least 0 and max_context at least 1")
-        self.decode_rows = decode_rows
-        """Requests whose decode runs on a static cache row, batched in place and captured
-        as CUDA graphs on a GPU (slot_cache.py); 0: every step the plain transformers way."""
+        if max_context < 1:
+            raise ValueError("max_context must be at least 1")
+        # --- sizing to the card (gpu_memory.py, memory.py) ---
+        self.rows_asked = rows_setting(decode_rows, "decode_rows")
+        """The file's `decode_rows`: an integer (a demand, refused at start if it does not
+        fit the card) or `auto` (as many as fit, up to `max_rows`)."""
+        self.sizing = SizingSettings.of(
+            max_rows=max_rows,
+            gpu_memory_utilization=gpu_memory_utilization,
+            kv_share=kv_share,
+            memory_query=memory_query,
+        )
+        self.shares_gpu_with = neighbours_setting(shares_gpu_with)
+        """The parts of the other stages on this stage's GPU (their weights are counted)."""
+        self.memory_plan: MemoryPlan | None = None
+        """What sizing decided at start (None: not sized, on the CPU)."""
+        self._held_before = 0
+        """What this process's allocator held before the weights (stages sharing a process)."""
+        asked = self.rows_asked
+        self.decode_rows = asked if isinstance(asked, int) else self.sizing.max_rows
+        """The rows this engine has: requests whose decode runs on a static cache row, batched
+        in place and captured as CUDA graphs on a GPU (slot_cache.py); 0: every step the
+        plain transformers way. With `auto`, `max_rows` until start sizes it on a GPU."""
         self.max_context = max_context
         """Positions one cache row holds (prompt plus reply); a longer request fails with
         `context_length_exceeded` (with `plain_fallback`: it goes the plain way)."""
@@ -143,6 +171,8 @@ class ModelStage(Engine, Generic[StateT]):
             return
         self.thread.start()
         await self.thread.call(use_own_stream, self.device, self.stream_priority)
+        held = await self.thread.call(self.sizing.figures, self.device)  # sizing: before weights
+        self._held_before = held.allocated if held is not None else 0
         self.model, self.config = await self.thread.call(
             build_part,
             self.part,
@@ -153,6 +183,10 @@ class ModelStage(Engine, Generic[StateT]):
             device=self.device,
         )
         await self.thread.call(self._loaded)
+        if torch.device(self.device).type == "cuda":
+            # sizing: the warm-up's cached blocks go back, so that the next stage on this GPU
+            # measures its free memory without them (each stage's headroom covers its peak)
+            await self.thread.call(torch.cuda.empty_cache)
         if self.decode_rows and not self.plain_fallback:
             self.rows = RowGate(
                 self.name, self.decode_rows, waiting=self.waiting, wait_s=self.row_wait_s
@@ -219,6 +253,31 @@ class ModelStage(Engine, Generic[StateT]):
 
     def _loaded(self) -> None:
         """On the model thread, once the model is built: make the runner."""
+
+    def _size(self, text_config: Any, caches: tuple[TokenCache, ...] = ()) -> dict[str, int]:
+        """On the model thread, once the weights are loaded: on a GPU (or with a memory
+        query) set `decode_rows` from the card (MemoryRefused if the file asks for more than
+        fits); return the token caches' budgets."""
+        figures = self.sizing.figures(self.device)
+        if figures is None:  # the CPU: the file's figures (auto: max_rows)
+            return {c.name: c.budget(self.decode_rows) for c in caches}
+        weights = figures.allocated - self._held_before
+        self.memory_plan = plan_stage(
+            part=self.part,
+            device=self.device,
+            figures=dataclasses.replace(figures, allocated=weights),
+            settings=self.sizing,
+            text_config=text_config,
+            dtype=self.dtype,
+            rows=self.rows_asked,
+            context=self.max_context,
+            neighbours=self.shares_gpu_with,
+            model_path=self.model_path,
+            tiny=self.tiny,
+            caches=caches,
+        )
+        self.decode_rows = self.memory_plan.rows
+        return self.memory_plan.cache_tokens
 
     def _batcher(self) -> StepBatcher[Any, Any] | None:
         """The stage's step batcher, if its steps batch across requests."""

@@ -141,6 +141,8 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
         decoder = predictor = None
         if self.decode_rows:
             install_fused_moe(self.model)
+        self._size(self.config.talker_config.text_config)  # sizing: rows from the card (stage.py)
+        if self.decode_rows:
             capture = self.capture_graphs
             decoder = SlotDecoder(
                 self.model.model,

@@ -39,6 +39,7 @@ import numpy.typing as npt
 import torch
 
 from ...engine_limits import qwen3_omni_thinker
+from ...memory_plan import TokenCache, rows_setting
 from ...types import (
     Chunk,
     End,
@@ -52,6 +53,7 @@ from ..context_fit import CONTEXT_LENGTH_EXCEEDED, ContextCuts, ContextExceeded,
 from .audio_features import AudioFeatures, AudioInput
 from .config import TOKENS
 from .fused_moe import install_fused_moe
+from .memory import CACHE_TOKENS_PER_ROW_DIVISOR
 from .prefill_queue import PrefillQueue
 from .prefix_cache import PrefixCache
 from .prompt import ChatParts, Vocab, chat_parts, load_vocab
@@ -74,6 +76,7 @@ from .vision_input import TOKEN_PIXELS, FrameImages, VisionInput, warm_up_frame
 
 DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant."
 logger = logging.getLogger(__name__)
+SESSION_KV, PREFIX_CACHE = "session KV", "prefix cache"
 
 
 class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
@@ -90,8 +93,8 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         top_p: float = 1.0,
         default_instructions: str = DEFAULT_INSTRUCTIONS,
         image_max_pixels: int = 128 * TOKEN_PIXELS,
-        prefix_cache_tokens: int = 0,
-        session_kv_tokens: int = 0,
+        prefix_cache_tokens: int | str = 0,
+        session_kv_tokens: int | str = 0,
         session_kv_max_tokens: int = 0,
         prefill_batch: int = 8,
         prefill_chunk_tokens: int = 0,
@@ -141,13 +144,23 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         self.images: FrameImages | None = None
         self.warmed_rows: list[int] = []
         """The batch sizes the warm-up prefilled (empty: none ran)."""
-        self.prefix_cache_tokens = prefix_cache_tokens
-        """KV of this many prompt tokens is kept for later turns to reuse (0: none)."""
-        self.sessions = (
-            SessionKV(session_kv_tokens, session_kv_max_tokens) if session_kv_tokens else None
+        # --- sizing: the token caches, integers or `auto` (grown with the rows at start) ---
+        per_row = self.max_context // CACHE_TOKENS_PER_ROW_DIVISOR
+        self.token_caches = (
+            TokenCache(SESSION_KV, rows_setting(session_kv_tokens, "session_kv_tokens"), per_row),
+            TokenCache(
+                PREFIX_CACHE, rows_setting(prefix_cache_tokens, "prefix_cache_tokens"), per_row
+            ),
         )
+        self.session_kv_max_tokens = session_kv_max_tokens
+        self.prefix_cache_tokens = self._fixed_tokens(PREFIX_CACHE)
+        """KV of this many prompt tokens is kept for later turns to reuse (0: none; `auto`:
+        set at start)."""
+        session_tokens = self._fixed_tokens(SESSION_KV)
+        self.sessions = SessionKV(session_tokens, session_kv_max_tokens) if session_tokens else None
         """Sessions' KV kept between their turns: this many tokens over all sessions, at most
-        `session_kv_max_tokens` (0: no limit of its own) for one (0: none kept)."""
+        `session_kv_max_tokens` (0: no limit of its own) for one (0: none kept; `auto`: made
+        at start)."""
         self.cuts = ContextCuts()
         """The history items each session's cuts to `max_context` left out (context_fit.py)."""
         self.runner: ThinkerRunner | None = None
@@ -155,12 +168,22 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         self.features: AudioFeatures | None = None
         self.tts_embeds: np.ndarray[Any, Any] | None = None
 
+    def _fixed_tokens(self, name: str) -> int:
+        """The cache's integer budget (0 for `auto` until start sizes it)."""
+        return next(c.budget(0) for c in self.token_caches if c.name == name)
+
     def _loaded(self) -> None:
         assert self.model is not None and self.config is not None
+        if self.decode_rows:
+            install_fused_moe(self.model)
+        # sizing (stage.py `_size`): rows and token caches from the card, on a GPU
+        budgets = self._size(self.config.thinker_config.text_config, self.token_caches)
+        self.prefix_cache_tokens = budgets[PREFIX_CACHE]
+        if self.sessions is None and budgets[SESSION_KV]:
+            self.sessions = SessionKV(budgets[SESSION_KV], self.session_kv_max_tokens)
         prefixes = PrefixCache(self.prefix_cache_tokens) if self.prefix_cache_tokens else None
         slots = None
         if self.decode_rows:
-            install_fused_moe(self.model)
             slots = ThinkerSlots(
                 self.model,
                 rows=self.decode_rows,

@@ -89,6 +89,16 @@ def build_part(
     return module, config
 
 
+def meta_part(
+    part: Part, *, model_path: str | None = None, tiny: bool = True, dtype: torch.dtype
+) -> Any:
+    """The part's module on the meta device: its shapes and dtypes, no memory (sizing counts
+    the weights of a neighbour stage that shares the GPU from it: memory.py)."""
+    config = load_config(model_path, tiny)
+    with _no_init_weights(), torch.device("meta"):
+        return _part_class(part)._from_config(_part_config(config, part), dtype=dtype)  # type: ignore[attr-defined]
+
+
 def _fix_uninitialised(module: nn.Module, seed: int) -> None:
     generators: dict[torch.device, torch.Generator] = {}
     with torch.no_grad():
