@@ -17,7 +17,10 @@ Real sticky errors need a GPU. Tests (and an operator's drill) fake one through
 `INJECT_ENV`: set to a file path, every model thread of the processes that inherit it checks,
 before each call, whether that file exists; the first thread whose name the file names (or
 any, if the file is empty) removes it and raises `InjectedDeviceFault`, whose message is a
-real sticky one. Unset (the default), nothing is checked.
+real sticky one. A file whose text starts with `real ` (`real parley-qwen3_omni.talker`)
+makes a real one instead where a CUDA device is in use: an index out of bounds on the
+device, which trips a device-side assert and leaves the context failed, as a bug in a
+kernel would (for the fault drill on a GPU host). Unset (the default), nothing is checked.
 """
 
 from __future__ import annotations
@@ -82,11 +85,28 @@ def injected_fault(thread: str) -> InjectedDeviceFault | None:
     try:
         with open(path) as file:
             wanted = file.read().strip()
+        real = wanted == "real" or wanted.startswith("real ")
+        wanted = wanted.removeprefix("real").strip()
         if wanted and wanted not in thread:
             return None
         os.unlink(path)  # one fault per file: a race with another thread loses here
     except OSError:
         return None
+    if real:
+        real_device_assert()  # raises the device's own error where it has one
     return InjectedDeviceFault(
         f"CUDA error: device-side assert triggered (injected into {thread} by {INJECT_ENV})"
     )
+
+
+def real_device_assert() -> None:
+    """Trip a real device-side assert on this thread's CUDA device (an index past a tensor's
+    end, read back so that the error surfaces here); nothing without CUDA."""
+    import torch  # only a drill on a GPU host gets here
+
+    if not torch.cuda.is_available():
+        return
+    table = torch.zeros(4, device="cuda")
+    past_the_end = torch.tensor([1 << 20], device="cuda")
+    table[past_the_end].sum().item()
+    torch.cuda.synchronize()

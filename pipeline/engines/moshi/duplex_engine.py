@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from ...device_faults import injected_fault
 from ...duplex import DuplexDown
 from ...memory_plan import MemoryPlan, rows_setting
 from ...step_watch import StepWatch
@@ -393,6 +394,8 @@ class MoshiDuplexEngine:
             due = self.clock() + FRAME_S
             while not self._stop.wait(max(0.0, due - self.clock())):
                 try:
+                    if (fault := injected_fault("parley-moshi-clock")) is not None:
+                        raise fault  # the fault drill (device_faults.INJECT_ENV); off unless set
                     self._tick()
                     in_a_row = 0
                 except Exception as exc:
