@@ -1,5 +1,5 @@
 """The fault drill end to end on the tiny Qwen3-Omni graph: a real `parley serve` in a child
-process, a sticky device error injected into the Thinker mid-answer; the client is told
+process, a sticky device error injected into the Talker (a stream stage in a worker process) mid-answer; the client is told
 `model_error`, `/readyz` goes red and comes back, a new session is served, and nothing the
 drill started is left running."""
 
@@ -17,10 +17,10 @@ from loadtest.proc_cpu import tree
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_a_thinker_fault_is_told_and_the_service_comes_back(tmp_path: Path) -> None:
+def test_a_talker_fault_is_told_and_the_service_comes_back(tmp_path: Path) -> None:
     out = tmp_path / "drill.json"
     before = set(tree(os.getpid()))
-    argv = ["--pipeline", "qwen3_omni_tiny", "--faults", "thinker", "--out", str(out)]
+    argv = ["--pipeline", "qwen3_omni_tiny", "--faults", "talker", "--out", str(out)]
     code = fault_drill.main([*argv, "--wait-s", "120", "--ready-timeout-s", "240"])
     assert set(tree(os.getpid())) <= before  # the server and its workers are gone
     report = json.loads(out.read_text())

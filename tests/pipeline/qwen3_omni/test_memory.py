@@ -97,6 +97,7 @@ async def test_the_talker_counts_its_neighbours_weights() -> None:
         tiny=True,
         threads=1,
         max_context=CONTEXT,
+        max_frames=100,  # a row of CONTEXT positions leaves room for a prompt beside them
         decode_rows="auto",
         max_rows=32,
         gpu_memory_utilization=1.0,
@@ -111,6 +112,7 @@ async def test_the_talker_counts_its_neighbours_weights() -> None:
         tiny=True,
         threads=1,
         max_context=CONTEXT,
+        max_frames=100,
         decode_rows="auto",
         gpu_memory_utilization=1.0,
         shares_gpu_with=["thinker"],
