@@ -1,7 +1,7 @@
 """The fault drill end to end on the tiny Qwen3-Omni graph: a real `parley serve` in a child
-process, a sticky device error injected into the Talker (a stream stage in a worker process) mid-answer; the client is told
-`model_error`, `/readyz` goes red and comes back, a new session is served, and nothing the
-drill started is left running."""
+process, a sticky device error injected into the Talker (a stream stage in a worker process)
+mid-answer; the client is told `model_error`, `/readyz` goes red and comes back, a new session
+is served, and nothing the drill started is left running."""
 
 from __future__ import annotations
 
