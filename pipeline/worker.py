@@ -45,6 +45,10 @@ def stage_environment() -> dict[str, str]:
     return {"OMP_WAIT_POLICY": "PASSIVE", **os.environ}
 
 
+BROKEN_GRACE_S = 5.0
+"""How long a worker that said its engine broke is given to exit by itself (BROKEN_EXIT)."""
+
+
 class WorkerFailed(StageLinkFailed):
     pass
 
@@ -118,7 +122,11 @@ class WorkerEngine(ReconnectingStage):
     async def _on_lost(self) -> None:
         if self._process is not None:
             process, self._process = self._process, None
-            await asyncio.to_thread(_stop_process, process)
+            # a worker whose engine broke exits by itself (status 3) right after its link
+            # closes: give it that moment before stopping it (on a busy machine it was seen
+            # still unwinding when the link closed, and was terminated instead)
+            grace = BROKEN_GRACE_S if self._broken else 0.0
+            await asyncio.to_thread(_stop_process, process, grace)
             self.last_exit = process.returncode
             why = " (its engine broke)" if process.returncode == BROKEN_EXIT else ""
             log.error(
@@ -159,7 +167,11 @@ class WorkerEngine(ReconnectingStage):
             self._process = None
 
 
-def _stop_process(process: subprocess.Popen[bytes]) -> None:
+def _stop_process(process: subprocess.Popen[bytes], grace_s: float = 0.0) -> None:
+    """Stop `process`: after `grace_s` for it to end by itself, SIGTERM, then SIGKILL."""
+    if grace_s > 0 and process.poll() is None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(grace_s)
     if process.poll() is None:
         process.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
