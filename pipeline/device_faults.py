@@ -25,7 +25,10 @@ kernel would (for the fault drill on a GPU host). Unset (the default), nothing i
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
+from typing import NoReturn
 
 STICKY_MARKERS = (
     "illegal memory access",
@@ -110,3 +113,13 @@ def real_device_assert() -> None:
     past_the_end = torch.tensor([1 << 20], device="cuda")
     table[past_the_end].sum().item()
     torch.cuda.synchronize()
+
+
+def exit_now(status: int) -> NoReturn:
+    """End this process at once with `status`, its log lines flushed first. No clean-up
+    runs: after a sticky error, freeing device memory or torch's exit hooks could hang on
+    the failed context, and the supervisor starts a fresh process."""
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stderr.flush()
+    os._exit(status)

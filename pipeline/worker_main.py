@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import socket
 import sys
 from collections.abc import AsyncGenerator
@@ -46,6 +45,7 @@ from typing import Any, NoReturn
 from .channel import Channel, ChannelClosed
 from .connectors.base import Link, LinkClosed, LinkUnavailable
 from .connectors.shm import RingSpec, ShmLink
+from .device_faults import exit_now
 from .engines.registry import create_engine
 from .graph_config import DEFAULT_HANG_S, StageKind, wrong_engine_kind
 from .link_messages import (
@@ -101,10 +101,7 @@ def exit_broken(error: EngineBroken) -> NoReturn:
     engine's device context has failed, and freeing its memory or torch's exit hooks could
     hang on it; the link was closed already and the supervisor starts a fresh process."""
     log.critical("%s; exiting with status %d so that a fresh process serves it", error, BROKEN_EXIT)
-    for handler in logging.getLogger().handlers:
-        handler.flush()
-    sys.stderr.flush()
-    os._exit(BROKEN_EXIT)
+    exit_now(BROKEN_EXIT)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import sys
 
+from pipeline.device_faults import exit_now
 from pipeline.graph import StageGraph
 from pipeline.types import Pipeline
 from pipeline.worker_main import BROKEN_EXIT
@@ -48,7 +47,4 @@ async def exit_when_broken(pipeline: Pipeline, poll_s: float = POLL_S) -> None:
             GRACE_S,
         )
     await asyncio.sleep(GRACE_S)
-    for handler in logging.getLogger().handlers:
-        handler.flush()
-    sys.stderr.flush()
-    os._exit(BROKEN_EXIT)
+    exit_now(BROKEN_EXIT)

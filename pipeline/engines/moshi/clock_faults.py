@@ -18,10 +18,9 @@ encountered"); CI has no GPU, so the tests raise such a RuntimeError through a s
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
-from ...device_faults import sticky_reason
+from ...device_faults import exit_now, sticky_reason
 
 log = logging.getLogger("parley.moshi.clock")
 
@@ -58,5 +57,4 @@ def exit_for_supervisor(reason: str) -> None:
         reason,
         EXIT_STICKY,
     )
-    logging.shutdown()
-    os._exit(EXIT_STICKY)
+    exit_now(EXIT_STICKY)
