@@ -64,10 +64,6 @@ def use_own_stream(device: str, priority: str = "normal") -> None:
         torch.cuda.set_stream(stream)
 
 
-class ContextTooLong(ValueError):
-    """A request (its prompt and its reply's budget) is longer than a cache row holds."""
-
-
 class ModelStage(Engine, Generic[StateT]):
     name = "qwen3_omni"
     part: Part
@@ -221,15 +217,18 @@ class ModelStage(Engine, Generic[StateT]):
         except RowsBusy as exc:
             return ErrorChunk(str(exc), self.name, code="server_busy")
 
-    def _check_context(self, length: int) -> None:
-        """Raise ContextTooLong when a request of `length` positions (its prompt and its
-        reply's budget) cannot fit a row (only behind a row gate: with `plain_fallback`
-        such a request is stepped the plain way)."""
-        if self.rows is not None and length > self.max_context:
-            raise ContextTooLong(
-                f"the conversation needs {length:,} positions with its reply's budget, more "
-                f"than the {self.max_context:,} of {self.name}'s context"
-            )
+    def _context_refusal(self, length: int) -> ErrorChunk | None:
+        """A `context_length_exceeded` chunk when a request of `length` positions (its prompt
+        and its reply's budget) cannot fit a row, else None (only behind a row gate: with
+        `plain_fallback` such a request is stepped the plain way)."""
+        if self.rows is None or length <= self.max_context:
+            return None
+        return ErrorChunk(
+            f"the conversation needs {length:,} positions with its reply's budget, more "
+            f"than the {self.max_context:,} of {self.name}'s context",
+            self.name,
+            code="context_length_exceeded",
+        )
 
     def capacity(self) -> Capacity | None:
         """Its cache rows, one per request in flight, and the turns that may wait for one;

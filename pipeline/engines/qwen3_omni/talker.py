@@ -36,7 +36,7 @@ from .fused_moe import install_fused_moe
 from .gathered_calls import GatheredCalls
 from .playback import Clock, Playback
 from .slot_decoder import SlotDecoder
-from .stage import ContextTooLong, ModelStage
+from .stage import ModelStage
 from .step_batcher import StepBatcher
 from .talker_runner import PREDICTOR_SAMPLING, TalkerPrompt, TalkerRunner, TalkerState
 
@@ -265,10 +265,8 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
                 return  # a chunk saying why, or aborted while it waited
             assert self.prefills is not None
             await self.prefills.call(state)
-            try:
-                self._check_context(state.length + runner.reserve)
-            except ContextTooLong as exc:
-                yield ErrorChunk(str(exc), self.name, code="context_length_exceeded")
+            if (too_long := self._context_refusal(state.length + runner.reserve)) is not None:
+                yield too_long
                 return
             assert self.batcher is not None
             previous: Codes | None = None
