@@ -80,9 +80,7 @@ class GatheredCalls(Generic[ItemT]):
                 if self.thread.fatal is None:
                     await self._one_at_a_time(failed.taken, failed.error)
                     continue
-                for _, waiter in failed.taken:  # the device is gone: nothing runs again
-                    fail(waiter, failed.error)
-                self._waiting.fail_all(f"{self.name}: {failed.error}")
+                self._waiting.device_lost(failed.taken, failed.error, self.name)
                 continue
             except Exception as exc:  # the batch never ran (`DeviceLost`): nor will any
                 self._waiting.fail_all(f"{self.name}: {exc}")

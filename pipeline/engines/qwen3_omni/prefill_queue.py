@@ -157,9 +157,7 @@ class PrefillQueue:
                 raise
             except Exception as exc:
                 if self.thread.fatal is not None:  # the device is gone: nothing will run
-                    for _, waiter in taken:
-                        fail(waiter, exc)
-                    self._waiting.fail_all(f"{self.name}: {exc}")
+                    self._waiting.device_lost(taken, exc, self.name)
                     continue
                 await self._one_at_a_time(taken, exc)
                 continue

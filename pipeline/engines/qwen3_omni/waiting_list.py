@@ -51,6 +51,16 @@ class WaitingList(Generic[ItemT, ResultT]):
         for _, waiter in self.take(len(self._entries)):
             fail(waiter, RuntimeError(message))
 
+    def device_lost(
+        self, taken: list[tuple[ItemT, asyncio.Future[ResultT]]], error: BaseException, name: str
+    ) -> None:
+        """After a sticky device error (`ModelThread.fatal`), on the event loop: the calls
+        `taken` fail with `error`, and every entry still waiting fails too (nothing will run
+        again: retrying one at a time would only fail each on its own)."""
+        for _, waiter in taken:
+            fail(waiter, error)
+        self.fail_all(f"{name}: {error}")
+
 
 def answer(waiter: asyncio.Future[ResultT], result: ResultT) -> None:
     if not waiter.done():
