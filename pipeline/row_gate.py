@@ -58,13 +58,16 @@ class RowGate:
         """Turns that may wait for a row at once (default: as many as there are rows)."""
         self.wait_s = wait_s
         self.clock = clock
-        self.in_use = 0
-        """Rows held now."""
         self.refused = 0
         """Turns refused (queue full or wait past) since the start."""
         self._holders: set[str] = set()
         self._queue: OrderedDict[str, asyncio.Future[None]] = OrderedDict()
         """Waiting turns by request id, oldest first; each is answered when handed a row."""
+
+    @property
+    def in_use(self) -> int:
+        """Rows held now."""
+        return len(self._holders)
 
     @property
     def queued(self) -> int:
@@ -119,7 +122,6 @@ class RowGate:
         if request_id not in self._holders:
             return
         self._holders.discard(request_id)
-        self.in_use -= 1
         self._hand_on()
 
     def abandon(self, request_id: str) -> None:
@@ -136,7 +138,6 @@ class RowGate:
 
     def _grant(self, request_id: str) -> None:
         self._holders.add(request_id)
-        self.in_use += 1
 
     def _hand_on(self) -> None:
         while self.in_use < self.rows and self._queue:
