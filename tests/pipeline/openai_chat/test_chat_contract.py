@@ -56,9 +56,9 @@ async def server(request: pytest.FixtureRequest) -> AsyncIterator[Server]:
 
 
 @contextlib.asynccontextmanager
-async def thinker(server: Server) -> AsyncIterator[ChatThinkerEngine]:
+async def thinker(server: Server, max_tokens: int = 64) -> AsyncIterator[ChatThinkerEngine]:
     engine = ChatThinkerEngine(
-        url=server.url, model=server.model, recognizer="none", max_tokens=64,
+        url=server.url, model=server.model, recognizer="none", max_tokens=max_tokens,
         sampling={"temperature": 0.0}, strict_tools=True,
     )  # fmt: skip
     await engine.start()
@@ -111,24 +111,35 @@ async def test_a_cancel_stops_the_server_generating(server: Server) -> None:
 
 
 async def test_two_sessions_stream_at_once(server: Server) -> None:
+    """Both answers are at the server together. The server is asked how many requests it holds
+    only once both answers have begun streaming and neither has ended, and until one ends: a
+    busy CPU once answered /metrics too late to see two short answers overlap."""
+    started = [asyncio.Event(), asyncio.Event()]
+    ended = asyncio.Event()
     peak = 0.0
 
     async def watch() -> None:
         nonlocal peak
-        while True:
+        for event in started:
+            await event.wait()
+        while not ended.is_set() and peak < 2:
             peak = max(peak, await asyncio.to_thread(server.held))
-            await asyncio.sleep(0.02)
 
-    async with thinker(server) as engine:
+    async with thinker(server, max_tokens=160) as engine:
 
         async def one(k: int) -> str:
-            request = turn("Count from one to twenty.")
-            chunks = [c async for c in engine.generate(f"r{k}", request)]
-            return "".join(c.text for c in chunks if isinstance(c, TextDelta))
+            request = turn("Count from one to fifty, one number a line.")
+            words = []
+            async for chunk in engine.generate(f"r{k}", request):
+                if isinstance(chunk, TextDelta):
+                    words.append(chunk.text)
+                    started[k].set()
+            ended.set()
+            return "".join(words)
 
         watching = asyncio.create_task(watch())
         try:
-            answers = await asyncio.gather(one(1), one(2))
+            answers = await asyncio.gather(one(0), one(1))
         finally:
             watching.cancel()
             with contextlib.suppress(asyncio.CancelledError):
