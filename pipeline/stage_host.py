@@ -47,6 +47,7 @@ from .worker_main import (
     StageStartError,
     WorkerSpec,
     exit_broken,
+    ignore_terminal_interrupt,
     start_engine,
 )
 
@@ -64,6 +65,7 @@ def launch_args(spec: WorkerSpec, path: str, ready_fd: int, log_level: str = "in
 
 
 def main(argv: list[str]) -> None:
+    ignore_terminal_interrupt()
     body = json.loads(argv[1])
     spec = WorkerSpec(**body["spec"])
     logging.basicConfig(

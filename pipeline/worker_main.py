@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import signal
 import socket
 import sys
 from collections.abc import AsyncGenerator
@@ -135,6 +136,7 @@ def launch_args(spec: WorkerSpec, fd: int, rings: RingSpec) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
+    ignore_terminal_interrupt()
     body = json.loads(argv[1])
     sock = socket.socket(fileno=body["fd"])
     run_worker(WorkerSpec(**body["spec"]), sock, RingSpec.from_dict(body["rings"]))
@@ -168,6 +170,14 @@ async def serve_stage(
         if not broken:
             await engine.close()
         await link.close()
+
+
+def ignore_terminal_interrupt() -> None:
+    """A Ctrl-C at a terminal reaches every process of its group: the server and its workers
+    at once. A worker that ended on it was seen by its parent as a crash ("ended with status
+    ...; restarting") a moment before the parent's own orderly stop. The parent owns the
+    stop: it closes its workers, and a worker whose parent is gone ends with its link."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class StageStartError(RuntimeError):

@@ -54,7 +54,11 @@ def redis_children(pid: int) -> list[int]:
 class Server:
     """A `parley serve` child process with its output collected by a thread."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, *args: str, env: dict[str, str] | None = None, own_group: bool = False
+    ) -> None:
+        """`own_group`: the server leads a process group of its own, as a command typed at a
+        terminal does (its Ctrl-C reaches the whole group)."""
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []
         self.proc = subprocess.Popen(
@@ -63,6 +67,7 @@ class Server:
             stderr=subprocess.STDOUT,
             text=True,
             env={**os.environ, **(env or {})},
+            start_new_session=own_group,
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -204,8 +209,10 @@ def children(pid: int) -> list[int]:
 
 @pytest.mark.slow
 def test_serves_the_cascade_by_default_and_stops_its_workers(servers: list[Server]) -> None:
+    """...and a Ctrl-C (SIGINT to the whole process group, workers included) is logged as a
+    stop, not as workers that died and are being restarted."""
     port = free_port()
-    server = Server("--port", str(port))
+    server = Server("--port", str(port), own_group=True)
     servers.append(server)
     server.wait_for_line("Parley is ready", timeout=COLD_START_S)
     deadline = time.monotonic() + 120
@@ -220,9 +227,12 @@ def test_serves_the_cascade_by_default_and_stops_its_workers(servers: list[Serve
     helpers = children(server.proc.pid)  # redis-server, the two stage workers, a tracker
     assert len(helpers) >= 3
     started = time.monotonic()
-    server.proc.send_signal(signal.SIGTERM)
+    os.killpg(server.proc.pid, signal.SIGINT)
     assert server.proc.wait(10) == 0
     assert time.monotonic() - started < 10
+    server.stop()
+    stopping = "".join(server.output).split("Parley is ready", 1)[1]
+    assert " ERROR " not in stopping and " WARNING " not in stopping, stopping
     deadline = time.monotonic() + 5
     while any(alive(pid) for pid in helpers) and time.monotonic() < deadline:
         time.sleep(0.05)
