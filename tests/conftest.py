@@ -149,3 +149,13 @@ async def fail_on_tasks_left(before: set[asyncio.Task[Any]]) -> None:
         task.cancel()
     names = ", ".join(sorted(t.get_name() + ":" + repr(t.get_coro()) for t in leaked))
     pytest.fail(f"test left {len(leaked)} asyncio task(s) running: {names}")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Servers the tests killed on purpose (SIGKILL, a sticky device error's `os._exit`)
+    could not remove their runtime directories: the run removes them, leaving the temp
+    directory as it found it."""
+    from web.leftover_dirs import REDIS_PREFIX, STAGES_PREFIX, sweep_stale_dirs
+
+    for prefix in (REDIS_PREFIX, STAGES_PREFIX):
+        sweep_stale_dirs(prefix)

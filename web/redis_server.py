@@ -35,6 +35,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from .leftover_dirs import REDIS_PREFIX, sweep_stale_dirs, write_owner
+
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _POLL_S = 0.02
 _LOG_TAIL_LINES = 20
@@ -187,7 +189,8 @@ class EmbeddedRedis:
     def _prepare_dir(self) -> None:
         """Make (or check) the runtime directory and write redis.conf into it."""
         if self._given_dir is None:
-            self._dir = Path(tempfile.mkdtemp(prefix="parley-redis-"))  # mkdtemp: mode 0700
+            sweep_stale_dirs(REDIS_PREFIX)  # what servers killed before their stop left
+            self._dir = Path(tempfile.mkdtemp(prefix=REDIS_PREFIX))  # mkdtemp: mode 0700
             self._created_dir = True
         else:
             self._dir = Path(self._given_dir)
@@ -224,6 +227,8 @@ class EmbeddedRedis:
                 preexec_fn=preexec,
                 start_new_session=True,
             )
+        if self._created_dir:
+            write_owner(self._dir, self._proc.pid)
 
     def _wait_ready(self, timeout: float) -> None:
         assert self._proc is not None

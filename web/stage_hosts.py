@@ -19,12 +19,15 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from pipeline.gpu_sharing import MpsDaemon
 from pipeline.graph_config import load_graph
 from pipeline.registry import graph_path, hosted_stages, worker_spec
 from pipeline.stage_host import launch_args
 from pipeline.worker_main import WorkerSpec
+
+from .leftover_dirs import STAGES_PREFIX, sweep_stale_dirs, write_owner
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,9 @@ class StageHosts:
         names = hosted_stages(config)
         if not names:
             return
-        self._dir = tempfile.mkdtemp(prefix="parley-stages-")  # mode 0700: ours alone
+        sweep_stale_dirs(STAGES_PREFIX)  # what servers killed before their stop left
+        self._dir = tempfile.mkdtemp(prefix=STAGES_PREFIX)  # mode 0700: ours alone
+        write_owner(Path(self._dir))
         self.stages = [
             HostedStage(
                 worker_spec(config, name, device),

@@ -233,3 +233,34 @@ def test_stop_escalates_to_sigkill_when_sigterm_is_not_enough(private_tmp: Path)
     finally:
         server.stop()
         _kill_if_alive(pid)
+
+
+def test_a_killed_servers_runtime_dir_is_removed_by_the_next_start(private_tmp: Path) -> None:
+    """A server killed before its stop (SIGKILL; `os._exit` after a sticky device error)
+    leaves its directory; the next embedded Redis removes it, and keeps a live one's."""
+    script = textwrap.dedent(
+        """
+        import time
+        from web.redis_server import EmbeddedRedis
+        server = EmbeddedRedis()
+        server.start()
+        print(server.pid, flush=True)
+        time.sleep(60)
+        """
+    )
+    env = {**os.environ, "TMPDIR": str(private_tmp)}
+    killed = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert killed.stdout is not None
+    redis_pid = int(killed.stdout.readline())
+    killed.kill()
+    killed.communicate(timeout=10)
+    assert _wait_gone(redis_pid, within=5.0)
+    (left,) = private_tmp.glob("parley-redis-*")
+    with EmbeddedRedis() as live:
+        live_dir = Path(live.socket_path).parent
+        assert not left.exists()
+        with EmbeddedRedis() as another:
+            assert live_dir.exists() and Path(another.socket_path).parent != live_dir
+    assert not list(private_tmp.glob("parley-redis-*"))
