@@ -36,7 +36,7 @@ SOCKET_TIMEOUT_S = 5.0
 """Above the link's 1 s blocking read; a Redis that stops answering fails reads after this."""
 
 
-async def _redis(url: str) -> aioredis.Redis:
+async def link_redis(url: str) -> aioredis.Redis:
     return await open_redis(
         url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S
     )
@@ -56,7 +56,7 @@ class RemoteEngine(LinkedStage):
 
     async def start(self) -> None:
         """Open our end and wait (in the background) for the remote side's `Ready`."""
-        self._redis = await _redis(self.redis_url)
+        self._redis = await link_redis(self.redis_url)
         link = self._pending = RedisStreamLink.end(self._redis, self.link_name, "a")
         self._waiting.create_task(self._await_ready(link), name=f"remote:{self.name}")
 
@@ -97,23 +97,3 @@ class RemoteEngine(LinkedStage):
         if self._redis is not None:
             await self._redis.aclose()
             self._redis = None
-
-
-async def serve_remote_stage(graph_file: str, stage: str, redis_url: str) -> None:
-    """`parley stage`: serve one stage of a graph for a main process on another host."""
-    from .devices import check_devices
-    from .graph_config import load_graph
-    from .registry import graph_path, link_name, worker_spec
-    from .worker_main import serve_stage
-
-    path = graph_path(graph_file)
-    config = load_graph(path)
-    check_devices(config, str(path), only=stage)
-    spec = worker_spec(config, stage)
-    redis = await _redis(redis_url)
-    try:
-        link = RedisStreamLink.end(redis, link_name(config, stage), "b")
-        log.info("serving stage %s of %s on link %s", stage, config.name, link_name(config, stage))
-        await serve_stage(spec, link, heartbeat_s=HEARTBEAT_S, ride_outages=True)
-    finally:
-        await redis.aclose()

@@ -32,7 +32,7 @@ from pipeline.devices import check_devices, check_workers
 from pipeline.gpu_sharing import GpuSharingError
 from pipeline.graph_config import GraphConfigError, load_graph
 from pipeline.registry import PipelineNotFound, graph_path
-from pipeline.remote import serve_remote_stage
+from pipeline.remote_stage import serve_remote_stage
 from pipeline.tasks import TaskSet
 from pipeline.worker_main import EngineBroken, exit_broken
 from realtime.ice import is_loopback

@@ -16,12 +16,9 @@ trusted for this: a DNS-rebinding page chooses it.
 from __future__ import annotations
 
 import functools
-import ipaddress
 import logging
 import re
-import urllib.parse
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from starlette import status
 from starlette.datastructures import Headers, MutableHeaders
@@ -30,12 +27,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from realtime.ice import is_loopback
 
-if TYPE_CHECKING:
-    from .settings import Settings
+from .origin_names import ANY_ORIGIN, bracketed, normalize_origin
+from .settings import Settings
 
 log = logging.getLogger("parley.web.origins")
 
-ANY_ORIGIN = "*"
 SIGNALING_PREFIX = "/v1/"
 """Every HTTP endpoint under it is signaling: checked, and open to CORS for allowed origins."""
 ALLOWED_METHODS = "POST"
@@ -45,42 +41,7 @@ EXPOSED_HEADERS = "Location"
 PREFLIGHT_MAX_AGE_S = 600
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
-DEFAULT_PORTS = {"http": 80, "https": 443}
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-
-
-def normalize_origin(text: str) -> str:
-    """`scheme://host[:port]` as a browser serializes it; ValueError if `text` is not one.
-
-    Lower case, no default port, and a trailing slash forgiven (people paste URLs)."""
-    candidate = text.strip()
-    if candidate.endswith("/"):
-        candidate = candidate[:-1]
-    try:
-        parts = urllib.parse.urlsplit(candidate)
-    except ValueError:  # an unclosed [ of an IPv6 host
-        raise ValueError(f"{text!r} is not an origin (scheme://host[:port])") from None
-    host = parts.hostname
-    if not parts.scheme or not host or parts.path or parts.query or parts.fragment:
-        raise ValueError(f"{text!r} is not an origin (scheme://host[:port])")
-    if parts.username is not None or parts.password is not None:
-        raise ValueError(f"{text!r} is not an origin: it has credentials")
-    try:
-        port = parts.port
-    except ValueError:
-        raise ValueError(f"{text!r} is not an origin: its port is not one") from None
-    if port == 0:
-        raise ValueError(f"{text!r} is not an origin: port 0")
-    scheme = parts.scheme.lower()
-    serialized = f"{scheme}://{_bracketed(host)}"
-    return serialized if port in (None, DEFAULT_PORTS.get(scheme)) else f"{serialized}:{port}"
-
-
-def _bracketed(host: str) -> str:
-    try:
-        return f"[{host}]" if ipaddress.ip_address(host).version == 6 else host
-    except ValueError:
-        return host
 
 
 @functools.lru_cache(maxsize=64)
@@ -90,7 +51,7 @@ def own_origins(scheme: str, host: str, port: int | None) -> frozenset[str]:
     if host in WILDCARD_HOSTS or not port:
         return frozenset()
     hosts = {host, *LOOPBACK_NAMES} if is_loopback(host) else {host}
-    return frozenset(normalize_origin(f"{scheme}://{_bracketed(name)}:{port}") for name in hosts)
+    return frozenset(normalize_origin(f"{scheme}://{bracketed(name)}:{port}") for name in hosts)
 
 
 def _arrival_origins(scope: Scope) -> frozenset[str]:

@@ -20,7 +20,7 @@ from sessions.key_limits import KeyLimits
 from sessions.session import SessionLimits
 
 from .event_loop import LOOPS, LoopUnavailable, loop_factory
-from .origins import ANY_ORIGIN, normalize_origin
+from .origin_names import ANY_ORIGIN, normalize_origin
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 

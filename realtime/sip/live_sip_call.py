@@ -24,14 +24,10 @@ from sessions.events import Event, SessionClosed
 
 from ..live.live_config import LiveSessionConfig
 from ..live.live_protocol import CLOSE_REQUESTED, REMOTE_HANGUP, LiveProtocol
+from .close_reasons import SIP_BYE, SIP_TRANSFERRED
 from .media_call import SipMediaCall
-from .media_calls import SIP_ENDED
 from .sdp_audio import Negotiated
 
-SIP_BYE = f"{SIP_ENDED}bye"
-"""The close reason of a call the caller hung up (a BYE, as the UAS names it)."""
-SIP_TRANSFERRED = f"{SIP_ENDED}transferred"
-"""The close reason of a call the app transferred (its refer), once the target answered."""
 CLOSED_AS = {SIP_BYE: REMOTE_HANGUP, SIP_TRANSFERRED: CLOSE_REQUESTED}
 
 

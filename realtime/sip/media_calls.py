@@ -34,6 +34,7 @@ from sessions.events import new_id
 
 from ..live.live_accept import seed_history
 from .call_gate import WebhookCallGate
+from .close_reasons import SIP_ENDED
 from .handler import Answer, Hangup, IncomingCall, Rejection, Transfer
 from .pending_calls import Decision, Refer, Reject
 from .sdp_audio import Negotiated, SdpError, build_answer, negotiate, parse_offer
@@ -46,8 +47,6 @@ log = logging.getLogger("parley.realtime.sip")
 
 ANSWER_WAIT_S = 10.0
 """How long a transfer waits for the answer of a call the app has just accepted."""
-SIP_ENDED = "sip:"
-"""Close reasons starting so came from the SIP side: no BYE back."""
 
 
 class SipCallNotFound(LookupError):
@@ -211,7 +210,7 @@ class SipMediaCalls:
             self._accepted[call.call_id] = app_id
         if call.call_id in self._cancelled:
             return Rejection(487, "Request Terminated")
-        from .live_sip_call import LiveSipCall
+        from .live_sip_call import LiveSipCall  # loads aiortc: at the first call
         from .media_call import SipMediaCall
 
         media: SipMediaCall

@@ -17,7 +17,8 @@ import pytest
 from pipeline.graph import StageGraph
 from pipeline.graph_config import load_graph
 from pipeline.registry import build_engines
-from pipeline.remote import LIVENESS_S, serve_remote_stage
+from pipeline.remote import LIVENESS_S
+from pipeline.remote_stage import serve_remote_stage
 from pipeline.types import AudioChunk, End, ErrorChunk, OutputChunk, PipelineRequest, TextDelta
 from tests.redis_process import RedisProcess
 

@@ -17,7 +17,8 @@ from websockets.exceptions import InvalidStatus
 
 from loadtest.webrtc_client import Caller
 from tests.realtime.apps import ServedApp, served_app
-from web.origins import OriginAllowlist, OriginPolicy, normalize_origin, own_origins
+from web.origin_names import normalize_origin
+from web.origins import OriginAllowlist, OriginPolicy, own_origins
 from web.settings import Settings, SettingsError, parse_settings
 
 FOREIGN = "http://evil.example"
