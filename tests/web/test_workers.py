@@ -486,6 +486,12 @@ async def test_under_mps_a_stage_host_that_dies_restarts_every_host_under_a_fres
     assert not alive(daemons[0])
     fresh = mps_daemons_of(server.proc.pid)
     assert len(fresh) == 1 and alive(fresh[0])
+    server.proc.send_signal(signal.SIGTERM)  # a stop quits the daemon: nothing left behind
+    assert server.proc.wait(20) == 0
+    deadline = time.monotonic() + 5
+    while alive(fresh[0]) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert not alive(fresh[0])
 
 
 def mps_daemons_of(owner: int) -> list[int]:
