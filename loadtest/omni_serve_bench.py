@@ -49,9 +49,8 @@ the report goes):
     pip install -q --no-index --no-deps --target /tmp/site .gpu/wheels/*.whl &&
     export PYTHONPATH=/tmp/site:$PWD PATH=$PWD/.gpu/redis/bin:$PATH &&
     python -m loadtest.omni_serve_bench --think-tokens 64 --speech-s 5
-      --speech .gpu/speech.npz --concurrency 1,4,10,32 --reps 1 --min-requests 20
-      --arrivals 8,16,32 --arrival-requests 100 --time-limit-s 3000
-      --out $OUT/omni_serve_h200.json
+      --speech .gpu/speech.npz --concurrency "" --arrivals 8,16,32 --arrival-requests 100
+      --time-limit-s 540 --out $OUT/omni_serve_arrivals_h200.json
 
 (`.gpu/redis/bin/redis-server` is a wrapper that gives the carried redis-server its own
 libraries; nothing else sees them.)
