@@ -24,7 +24,6 @@ The options every benchmark shares (`add_graph_options`):
 from __future__ import annotations
 
 import argparse
-import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,11 +183,6 @@ class BenchGraph:
     def text(self) -> str:
         return yaml.safe_dump(self.data, sort_keys=False)
 
-    def copy(self) -> BenchGraph:
-        twin = BenchGraph(self.source, copy.deepcopy(self.data), self.path)
-        twin.overrides = list(self.overrides)
-        return twin
-
     def check(self) -> None:
         """Refused here, naming the field, where the overrides contradict the file's limits
         (as `parley serve` would refuse the file)."""
@@ -213,6 +207,7 @@ class BenchGraph:
             "shipped": self.shipped,
             "as_shipped": self.shipped and not self.overrides,
             "overrides": [o.line() for o in self.overrides],
+            "note": self.note(),
             "graph": self.text(),
         }
 

@@ -360,7 +360,7 @@ def tables(report: dict[str, Any]) -> str:
             ):
                 rows.append(level[key])
                 lines.append(row(label, level[key]))
-    lines.append(f"every row: {graph_note(graph)}")
+    lines.append(f"every row: {graph['note']}")
     if (note := p99_note([r for r in rows if r["requests"]])) is not None:
         lines.append(note)
     lines.append(
@@ -370,13 +370,6 @@ def tables(report: dict[str, Any]) -> str:
     )
     lines.append(f"published, not measured here: {VLLM_OMNI_3X_H100.line()}")
     return "\n".join(lines)
-
-
-def graph_note(graph: dict[str, Any]) -> str:
-    overrides = graph.get("overrides") or []
-    if not overrides:
-        return f"{graph.get('file')} as shipped" if graph.get("shipped") else graph.get("file", "")
-    return f"{graph.get('file')} with the {len(overrides)} overrides above"
 
 
 def _num(value: float | None) -> str:

@@ -73,6 +73,10 @@ def test_tiny_graph_in_rounds_and_under_arrivals(
     assert len(framed) == 2 == arrivals["audio_with_frames"]["requests"]
     assert arrivals["audio_only"]["requests"] == 2
     assert "measured mean" in printed and "p99 left out" in printed
+    assert (  # beside the tables: the graph they come from, and what was changed in it
+        "every row: pipeline/configs/qwen3_omni_tiny.yaml with --think-tokens 8:"
+        " thinker.max_new_tokens=8 (file: 24)" in printed
+    )
 
 
 def test_p99_is_given_from_a_hundred_requests_on() -> None:
