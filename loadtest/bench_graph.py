@@ -99,10 +99,8 @@ class BenchGraph:
         return [str(stage["name"]) for stage in self.data["stages"]]
 
     def stage(self, name: str) -> dict[str, Any]:
-        for stage in self.data["stages"]:
-            if stage["name"] == name:
-                return dict(stage)
-        raise SystemExit(f"{self.source}: no stage {name!r} (it has {self.stage_names()})")
+        """A copy of one stage's mapping (its engine, arguments, placement)."""
+        return dict(self._stage(name))
 
     def stage_by_engine(self, suffix: str) -> str | None:
         """The first stage whose engine ends with `suffix` (`.thinker`), or None."""
