@@ -15,8 +15,14 @@ in the report beside them. A level holds real time when, after those two seconds
 of its ticks took longer than the frame and its latency p95 stays inside two frames. Each
 level reports where a tick's time went (joins and leaves, encode, step, decode).
 
+It runs the engine of a graph file, `--pipeline` (pipeline/configs/moshi.yaml by default),
+built from its stage's arguments and started as the server starts it (rows sized to the card
+where the file says `auto`); a level of more sessions than the graph holds is not run, and
+the report says so. What the command changes (`--set moshi.KEY=VALUE`, `--device`,
+`--model-path`) is an override, printed with the figures (bench_graph.py).
+
     python -m loadtest.duplex_latency --sessions 1,8,16,32 --seconds 10      # on the GPU
-    python -m loadtest.duplex_latency --tiny --device cpu --dtype float32 --sessions 1,4
+    python -m loadtest.duplex_latency --pipeline moshi_tiny --sessions 1,4
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .bench_graph import add_graph_options, graph_from_args, header_lines
+from .run_stamp import source_stamp
 
 FRAME_S = 0.08
 MODEL_DELAY_MS = 160.0
@@ -144,19 +153,28 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from pipeline.engines.moshi.duplex_engine import MoshiDuplexEngine
 
     counts = [int(n) for n in args.sessions.split(",")]
-    engine = MoshiDuplexEngine(
-        tiny=args.tiny,
-        device=args.device,
-        dtype=args.dtype,
-        model_path=args.model_path,
-        rows=max(counts),
-    )
+    graph = graph_from_args(args)
+    graph.check()
+    stage = graph.stage_by_engine("moshi.duplex") or graph.stage_names()[0]
+    engine = MoshiDuplexEngine(**graph.engine_kwargs(stage))
     began = time.monotonic()
     await engine.start()
-    report: dict[str, Any] = {"argv": vars(args), "start_s": time.monotonic() - began}
-    report["levels"] = {}
+    report: dict[str, Any] = {
+        **source_stamp(),
+        "argv": vars(args),
+        "graph": graph.report(),
+        "rows": engine.rows,
+        "start_s": time.monotonic() - began,
+        "levels": {},
+    }
+    print("\n".join(header_lines(report["graph"])))
+    print(f"engine started in {report['start_s']:.1f} s; the graph holds {engine.rows} sessions")
     try:
         for n in counts:
+            if n > engine.rows:
+                report["levels"][str(n)] = {"skipped": f"the graph holds {engine.rows} sessions"}
+                print(f"  {n:3d} sessions: not run: the graph holds {engine.rows}", flush=True)
+                continue
             result = await level(engine, n, args.seconds, args.settle)
             report["levels"][str(n)] = result
             lat, heard = result["latency_ms"], result["heard_by_client_ms"]
@@ -176,18 +194,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             )
     finally:
         await engine.close()
-    held = [n for n in counts if report["levels"][str(n)]["real_time"]]
+    held = [n for n in counts if report["levels"][str(n)].get("real_time")]
     report["most_sessions_in_real_time"] = max(held) if held else 0
-    print(f"most sessions held in real time: {report['most_sessions_in_real_time']}")
+    print(
+        f"most sessions held in real time: {report['most_sessions_in_real_time']}"
+        f" (graph: {graph.note(stage)})"
+    )
     return report
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    p.add_argument("--tiny", action="store_true")
-    p.add_argument("--device", default="cuda:0")
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--model-path", default=None)
+    add_graph_options(p, "moshi", lengths=False)
     p.add_argument("--sessions", default="1,8,16,32")
     p.add_argument("--seconds", type=float, default=10.0, help="per level")
     p.add_argument("--settle", type=float, default=SETTLE_S, help="s left out at each start")

@@ -6,10 +6,17 @@ each batch size this times the whole frame (Mimi encoding each session's microph
 the frame step of the main and depth transformers for all sessions at once, Mimi decoding
 each voice frame) and its three parts, with every session's cache window full (the slowest
 case: four minutes into a conversation), and reports the largest batch whose p95 frame
-fits in 80 ms. On a GPU the frame step replays CUDA graphs captured before timing.
+fits in 80 ms.
+
+It measures a graph file, `--pipeline` (pipeline/configs/moshi.yaml by default): the
+engine is built from its stage's arguments and loads as the server's does (its rows sized to
+the card where the file says `auto`, its frame steps and codec captured as CUDA graphs on a
+GPU, the codec's context as the file says). A batch larger than the rows the graph holds is
+not timed: the report says so. What the command changes (`--set moshi.KEY=VALUE`,
+`--device`, `--model-path`) is an override, printed with the figures (bench_graph.py).
 
     python -m loadtest.moshi_steps --batches 1,8,16,32,48,64          # on the GPU
-    python -m loadtest.moshi_steps --tiny --device cpu --dtype float32 --batches 1,4
+    python -m loadtest.moshi_steps --pipeline moshi_tiny --batches 1,4
 """
 
 from __future__ import annotations
@@ -24,8 +31,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from .bench_graph import add_graph_options, graph_from_args, header_lines
+from .run_stamp import source_stamp
+
 FRAME_MS = 80.0
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def timed(device: torch.device, work: Any) -> tuple[Any, float]:
@@ -44,53 +53,52 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from pipeline.engines.moshi.frame_step import FrameStepper
-    from pipeline.engines.moshi.mimi_frames import FRAME_SAMPLES, MimiFrames
-    from pipeline.engines.moshi.weights import load_moshi
+    from pipeline.engines.moshi.duplex_engine import MoshiDuplexEngine
+    from pipeline.engines.moshi.mimi_frames import FRAME_SAMPLES
 
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    p.add_argument("--tiny", action="store_true")
-    p.add_argument("--device", default="cuda:0")
-    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
-    p.add_argument("--model-path", default=None)
+    add_graph_options(p, "moshi", lengths=False)
     p.add_argument("--batches", default="1,8,16,32,48,64")
     p.add_argument("--steps", type=int, default=20, help="timed frames per batch size")
     p.add_argument("--warm", type=int, default=3, help="frames before timing")
-    p.add_argument("--context", type=int, default=4, help="codec frames of context")
-    p.add_argument("--eager-codec", action="store_true", help="the codec uncaptured, unpadded")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
+    graph = graph_from_args(args)
+    graph.check()
+    stage = graph.stage_by_engine("moshi.duplex") or graph.stage_names()[0]
+    engine = MoshiDuplexEngine(**graph.engine_kwargs(stage))
     began = time.perf_counter()
-    model = load_moshi(
-        tiny=args.tiny, device=args.device, dtype=DTYPES[args.dtype], model_path=args.model_path
-    )
+    engine._load()  # as the server's engine loads: sized, captured (here: this thread)
+    stepper, codec = engine._stepper, engine._codec
+    assert stepper is not None and codec is not None
+    model = stepper.model
     device = next(model.parameters()).device
     report: dict[str, Any] = {
+        **source_stamp(),
         "argv": vars(args),
+        "graph": graph.report(),
         "torch": torch.__version__,
+        "rows": engine.rows,
         "build_s": time.perf_counter() - began,
         "parameters_b": sum(p.numel() for p in model.parameters()) / 1e9,
+        "codec_captured": codec.captured,
         "levels": {},
     }
-    print(f"model built in {report['build_s']:.1f} s ({report['parameters_b']:.2f} B parameters)")
-    stepper = FrameStepper(model, rows=max(batches))
-    warmed = time.perf_counter()
-    stepper.warm()  # every bucket captured (on a GPU) before anything is timed
-    report["warm_s"] = time.perf_counter() - warmed
-    print(f"frame steps captured in {report['warm_s']:.1f} s")
-    codec = MimiFrames(
-        model.audio_encoder,
-        codebooks=stepper.codebooks,
-        context=args.context,
-        largest=None if args.eager_codec else max(batches),
+    note = graph.note(stage)
+    print("\n".join(header_lines(report["graph"])))
+    print(
+        f"model built, sized and captured in {report['build_s']:.1f} s"
+        f" ({report['parameters_b']:.2f} B parameters); the graph holds {engine.rows} sessions"
     )
-    codec.warm()  # on a GPU: the codec's buckets captured too, as the engine does
-    report["codec_captured"] = codec.captured
     window = stepper.cache.window
     rng = np.random.default_rng(0)
     mic = (rng.standard_normal(FRAME_SAMPLES) * 2000).astype(np.int16)
     for n in batches:
+        if n > engine.rows:
+            report["levels"][str(n)] = {"skipped": f"the graph holds {engine.rows} sessions"}
+            print(f"  {n:3d} sessions: not timed: the graph holds {engine.rows}")
+            continue
         ids = [f"s{i}" for i in range(n)]
         for s in ids:
             stepper.join(s)
@@ -127,9 +135,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for s in ids:
             stepper.leave(s)
             codec.forget(s)
-    held = [n for n in batches if report["levels"][str(n)]["real_time"]]
+    held = [n for n in batches if report["levels"][str(n)].get("real_time")]
     report["most_sessions_in_real_time"] = max(held) if held else 0
-    print(f"most sessions within the {FRAME_MS:g} ms frame: {report['most_sessions_in_real_time']}")
+    print(
+        f"most sessions within the {FRAME_MS:g} ms frame: {report['most_sessions_in_real_time']}"
+        f" (graph: {note})"
+    )
     if device.type == "cuda":
         report["peak_gpu_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     if args.out:

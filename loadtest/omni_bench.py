@@ -1,26 +1,31 @@
 """Benchmark: Qwen3-Omni through Parley's stage graph, and the plain transformers baseline.
 
-The full-size Qwen3-Omni-30B-A3B architecture with random bf16 weights (no weights can be
-downloaded here), one fixed input (seconds of 16 kHz audio, a few camera frames and a typed
-question) and fixed output lengths (random weights never stop by themselves). Phases, each
-in its own process so that one's GPU memory is free for the next:
+It measures a graph file: `--pipeline` (pipeline/configs/qwen3_omni.yaml by default) with
+every engine setting as the file gives it (each stage's context, rows, batches, session KV,
+Code2Wav's chunks and batch). Whatever the command changes is an override, printed in the
+report's header and beside every figure it affects (bench_graph.py): `--think-tokens` and
+`--speech-s` (random weights never stop by themselves, so their answers need a length),
+`--set STAGE.KEY=VALUE`, `--device`, `--model-path`, `--placement`, `--layouts`. Without
+`--model-path` the full-size architecture runs with random bf16 weights. One fixed input
+(seconds of 16 kHz audio, a few camera frames and a typed question). Phases, each in its own
+process so that one's GPU memory is free for the next:
 
-- `parley`: the graph (pipeline/configs/qwen3_omni.yaml's stages, each in a worker process)
-  is started once, warmed up, then answers each `--concurrency` level in turn (`--reps`
-  rounds of that many requests at once), streamed: time to the first audio chunk and to the
-  first text, the real-time factor (wall time / audio produced), Thinker tokens/s and Talker
-  frames/s (per request and aggregate), the time between audio chunks, peak GPU memory.
-- `kv_reuse`: the Thinker engine alone: a follow-up turn's prefill with and without KV reuse
-  (loadtest/omni_bench_engines.py).
-- `code2wav`: the Code2Wav engine alone: its time per chunk, batched as in the graph.
-- `baseline`: transformers' `Qwen3OmniMoeForConditionalGeneration.generate` on the same
-  input ids, audio features and image patches, at batch 1 (it does not stream: its first
-  audio is its whole answer).
+- `parley`: the graph (each stage where the file places it) is started once, warmed up,
+  then answers each `--concurrency` level in turn (`--reps` rounds of that many requests
+  at once), streamed: time to the first audio chunk and to the first text, the real-time
+  factor (wall time / audio produced), Thinker tokens/s and Talker frames/s (per request
+  and aggregate), the time between audio chunks, playback stalls, peak GPU memory.
+- `kv_reuse`: the graph's Thinker alone: a follow-up turn's prefill with and without KV
+  reuse (loadtest/omni_bench_engines.py).
+- `code2wav`: the graph's Code2Wav alone: its time per chunk at each level (batched at most
+  as the file's `max_batch` says).
+- `baseline`: transformers' `generate` on the same input (omni_baseline.py): it does not
+  stream, so its figure is the time to its finished answer.
 
-    python -m loadtest.omni_bench --out bench.json                       # on the GPU
-    python -m loadtest.omni_bench --tiny --device cpu --dtype float32    # the plumbing, here
+    python -m loadtest.omni_bench --think-tokens 128 --speech-s 10 --out bench.json   # GPU
+    python -m loadtest.omni_bench --pipeline qwen3_omni_tiny                 # the plumbing, here
     python -m loadtest.omni_bench --merge a.json b.json --out all.json   # phases run apart
-    python -m loadtest.omni_bench --layouts one,split,replicas --concurrency 1,4,10,32,64
+    python -m loadtest.omni_bench --pipeline qwen3_omni_2gpu --layouts file,replicas ...
         # two GPUs: the parley phase once per layout (omni_bench_options.LAYOUTS), in one run
 
 prints one table and writes everything, with the header that makes it reproducible, as JSON.
@@ -40,7 +45,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -48,26 +52,24 @@ from typing import Any
 
 import numpy as np
 
+from .omni_baseline import baseline_phase
 from .omni_bench_engines import code2wav_phase, kv_reuse_phase
 from .omni_bench_gpu import GpuMemoryPoller
 from .omni_bench_options import PHASES, parser
-from .omni_bench_report import (
-    FRAME_RATE_HZ,
-    level_figures,
-    merge,
-    percentiles,
-    request_record,
-    table_lines,
-)
+from .omni_bench_report import level_figures, merge, request_record, table_lines
+from .omni_graph import flat_graph, omni_graph, phase_devices
 from .run_stamp import command_output, source_stamp
 
-OUTPUT_RATE = 24_000
 QUESTION = "What is going on in this video, and what did I just say?"
 STOP_GRACE_S = 60.0
 """How long a phase stopped at the time limit gets to close its stages."""
-HANG_S = 60.0
-"""Each stage's hang bound: a GPU step that meets a new shape may take seconds (kernel
-choices, lazy set-up), which is no hang."""
+PHASE_STAGES: dict[str, tuple[str, ...]] = {
+    "parley": (),  # every stage
+    "kv_reuse": ("thinker",),
+    "code2wav": ("code2wav", "talker"),  # the Talker's speech length is its input
+    "baseline": ("thinker", "talker"),
+}
+"""The stages whose settings (and overrides) each phase's figures depend on."""
 CLOSE_RESERVE_S = 20.0
 """A phase starts no round that would end later than this before the time limit."""
 
@@ -76,6 +78,7 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import transformers
 
+    graph = omni_graph(args)
     info: dict[str, Any] = {
         **source_stamp(),
         "python": platform.python_version(),
@@ -83,38 +86,15 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "transformers": transformers.__version__,
         "numpy": np.__version__,
-        "device": args.device,
-        "dtype": args.dtype,
-        "architecture": "tiny" if args.tiny else "Qwen3-Omni-30B-A3B (random weights)",
-        "model_path": args.model_path,
-        "graph": graph_yaml(args),
+        "graph": graph.report(),
         "input": {
             "audio_s": args.audio_s,
             "frames": args.frames,
             "frame_size": [224, 224],
             "question": QUESTION,
         },
-        "lengths": {
-            "thinker_tokens": args.think_tokens,
-            "speech_s": args.speech_s,
-            "talker_frames": frames_for_speech(args.speech_s),
-            "code2wav_chunks": [args.first_chunk, args.chunk, args.left_context],
-        },
         "warmup_requests": args.warmup,
-        "decode": {
-            "rows": args.decode_rows,
-            "max_context": args.max_context,
-            "compile_predictor": args.compile_predictor,
-        },
-        "prefill": {
-            "batch": args.prefill_batch,
-            "chunk_tokens": args.prefill_chunk_tokens,
-            "talker_batch": args.talker_prefill_batch,
-        },
-        "placement": args.placement,
-        "gpu_sharing": args.gpu_sharing,
-        "audio_priority": args.audio_priority,
-        "switch_interval_ms": args.switch_interval_ms,
+        "layouts": args.layouts,
         "concurrency": args.concurrency,
         "reps_per_level": args.reps,
         "min_requests_per_level": args.min_requests,
@@ -125,15 +105,12 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
         "time_limit_s": args.time_limit_s,
         "argv": sys.argv,
     }
-    if args.device.startswith("cuda"):
+    devices = phase_devices(args, "file")
+    if any(d.startswith("cuda") for d in devices):
         info["gpu"] = command_output(
             ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
         )
     return info
-
-
-def frames_for_speech(speech_s: float) -> int:
-    return round(speech_s * FRAME_RATE_HZ)
 
 
 def make_request(
@@ -177,89 +154,9 @@ def rounds_at(args: argparse.Namespace, concurrency: int) -> int:
     return max(int(args.reps), -(-int(args.min_requests) // concurrency))
 
 
-def graph_yaml(args: argparse.Namespace) -> str:
-    """The bench's graph: each stage in a worker process (`worker`), all in the bench's own
-    process (`main`), or all in one worker process as a `subgraph` (what a server would run
-    to have the stages share one GPU's time without a process boundary between them)."""
-    model = f"dtype: {args.dtype}, tiny: {str(args.tiny).lower()}"
-    if args.model_path:
-        model += f", model_path: '{args.model_path}'"
-    frames = frames_for_speech(args.speech_s)
-    think = args.think_tokens
-    batch = args.max_batch or max(args.concurrency)
-    prefill_batch = args.prefill_batch or batch
-    rows = f"decode_rows: {args.decode_rows}, max_context: {args.max_context}"
-    inner = "main" if args.placement == "subgraph" else args.placement
-    thinker_on, audio_on = (json.dumps(on) for on in layout_devices(args, args.layout))
-    stages = f"""\
-  - name: thinker
-    engine: qwen3_omni.thinker
-    engine_args: {{{model}, max_new_tokens: {think}, min_new_tokens: {think}, max_batch: {batch},
-                  prefix_cache_tokens: 65536, {rows}, prefill_batch: {prefill_batch},
-                  prefill_chunk_tokens: {args.prefill_chunk_tokens}}}
-    placement: {{process: {inner}, devices: {thinker_on}}}
-    hang_s: {HANG_S:g}
-  - name: talker
-    engine: qwen3_omni.talker
-    engine_args: {{{model}, max_frames: {frames}, min_frames: {frames}, max_batch: {batch},
-                  {rows}, stream_priority: {args.audio_priority},
-                  compile_predictor: {str(args.compile_predictor).lower()},
-                  prefill_batch: {args.talker_prefill_batch}}}
-    placement: {{process: {inner}, devices: {audio_on}}}
-    hang_s: {HANG_S:g}
-  - name: code2wav
-    engine: qwen3_omni.code2wav
-    engine_args: {{{model}, first_chunk: {args.first_chunk}, chunk: {args.chunk},
-                  left_context: {args.left_context}, max_batch: {batch},
-                  stream_priority: {args.audio_priority}}}
-    placement: {{process: {inner}, devices: {audio_on}}}
-    hang_s: {HANG_S:g}
-"""
-    wiring = """\
-edges:
-  - {from: thinker, to: talker}
-  - {from: talker, to: code2wav}
-outputs: [thinker, code2wav]
-"""
-    if args.placement != "subgraph":
-        sharing = f"gpu_sharing: {args.gpu_sharing}\n"
-        return f"name: omni_bench\n{sharing}stages:\n{stages}{wiring}"
-    nested = textwrap.indent(f"stages:\n{stages}{wiring}", " " * 6)
-    switch = ""
-    if args.switch_interval_ms is not None:
-        switch = f"      switch_interval_ms: {args.switch_interval_ms:g}\n"
-    return f"""\
-name: omni_bench
-stages:
-  - name: omni
-    engine: subgraph
-    engine_args:
-{nested}{switch}    placement: {{process: worker}}
-    hang_s: {HANG_S:g}
-outputs: [omni]
-"""
-
-
-def layout_devices(args: argparse.Namespace, layout: str) -> tuple[list[str], list[str]]:
-    """The Thinker's devices and the Talker's and Code2Wav's in `layout` (LAYOUTS in
-    omni_bench_options.py)."""
-    first, second = args.device, args.second_device
-    if layout == "split":
-        return [first], [second]
-    if layout == "replicas":
-        return [first, second], [second]
-    return [first], [first]
-
-
-def phase_devices(args: argparse.Namespace, layout: str) -> list[str]:
-    """Every device a phase in `layout` runs on, each once."""
-    thinker, audio = layout_devices(args, layout)
-    return list(dict.fromkeys([*thinker, *audio]))
-
-
 def phase_name(phase: str, layout: str) -> str:
     """The report's key for a phase: the parley phase's gets its layout, except `one`."""
-    return f"{phase}_{layout}" if phase == "parley" and layout != "one" else phase
+    return f"{phase}_{layout}" if phase == "parley" and layout != "file" else phase
 
 
 async def one_request(graph: Any, request: Any, rep: int) -> dict[str, Any]:
@@ -289,8 +186,7 @@ async def parley_phase(
     from pipeline.graph import StageGraph
     from pipeline.registry import load_pipeline
 
-    path = Path(tempfile.mkdtemp(prefix="omni-bench-")) / "omni_bench.yaml"
-    path.write_text(graph_yaml(args))
+    path = omni_graph(args, args.layout).write(Path(tempfile.mkdtemp(prefix="omni-bench-")))
     result: dict[str, Any] = {}
     with GpuMemoryPoller(phase_devices(args, args.layout)) as memory:
         built = time.perf_counter()
@@ -334,103 +230,11 @@ async def parley_phase(
     return result
 
 
-# --- the transformers baseline -------------------------------------------------------------
-
-
-def baseline_phase(args: argparse.Namespace) -> dict[str, Any]:
-    import torch
-    from transformers import Qwen3OmniMoeForConditionalGeneration
-
-    from pipeline.engines.qwen3_omni.audio_features import AudioFeatures
-    from pipeline.engines.qwen3_omni.prompt import chat_prompt, load_vocab
-    from pipeline.engines.qwen3_omni.thinker import DEFAULT_INSTRUCTIONS
-    from pipeline.engines.qwen3_omni.vision_input import TOKEN_PIXELS, FrameImages
-    from pipeline.engines.qwen3_omni.weights import _fix_uninitialised, load_config
-
-    dtype = getattr(torch, args.dtype)
-    config = load_config(args.model_path, args.tiny)
-    built = time.perf_counter()
-    torch.manual_seed(0)
-    with torch.device(args.device):
-        model = Qwen3OmniMoeForConditionalGeneration._from_config(config, dtype=dtype)
-    _fix_uninitialised(model, 0)
-    model.eval()
-    result: dict[str, Any] = {"build_s": time.perf_counter() - built}
-    vision = config.thinker_config.vision_config
-    images = FrameImages(
-        patch_size=int(vision.patch_size),
-        merge_size=int(vision.spatial_merge_size),
-        temporal_patch_size=int(vision.temporal_patch_size),
-        max_pixels=128 * TOKEN_PIXELS,
-    )
-    features = AudioFeatures(int(config.thinker_config.audio_config.num_mel_bins), args.model_path)
-    vocab = load_vocab(args.model_path)
-    frames = frames_for_speech(args.speech_s)
-
-    def once(index: int) -> dict[str, Any]:
-        request = make_request(index, args)
-        audio, seen = features(request.audio), images(request.frames)
-        ids = chat_prompt(
-            vocab,
-            instructions=DEFAULT_INSTRUCTIONS,
-            history=[],
-            audio_tokens=audio.tokens if audio else 0,
-            text=request.text,
-            image_tokens=seen.tokens if seen else (),
-        )
-        inputs: dict[str, Any] = {"input_ids": torch.tensor([ids], device=args.device)}
-        inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
-        if audio is not None:
-            inputs["input_features"] = audio.features.to(args.device, dtype)
-            inputs["feature_attention_mask"] = audio.mask.to(args.device)
-        if seen is not None:
-            inputs["pixel_values"] = seen.pixel_values.to(args.device, dtype)
-            inputs["image_grid_thw"] = seen.grid_thw.to(args.device)
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        with torch.inference_mode():
-            _, wav = model.generate(
-                **inputs,
-                speaker="Ethan",
-                thinker_max_new_tokens=args.think_tokens,
-                thinker_min_new_tokens=args.think_tokens,
-                thinker_do_sample=False,
-                talker_max_new_tokens=frames + 1,
-                talker_min_new_tokens=frames + 1,
-            )
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        took = time.perf_counter() - started
-        samples = int(wav[0].shape[-1] if isinstance(wav, list) else wav.shape[-1])
-        audio_s = samples / OUTPUT_RATE
-        return {"prompt_tokens": len(ids), "total_s": took, "audio_s": audio_s}
-
-    for index in range(args.warmup):
-        once(10_000 + index)
-    runs: list[dict[str, Any]] = []
-    for index in range(args.baseline_reps):
-        if runs and out_of_time(args, runs[-1]["total_s"]):
-            break
-        runs.append(once(index))
-    result["c1"] = {
-        "requests": len(runs),
-        "prompt_tokens": runs[0]["prompt_tokens"],
-        "first_audio_ms": percentiles([1000 * r["total_s"] for r in runs]),
-        "rtf": percentiles([r["total_s"] / r["audio_s"] for r in runs if r["audio_s"]]),
-        "audio_s": percentiles([r["audio_s"] for r in runs]),
-    }
-    if args.device.startswith("cuda"):
-        result["peak_torch_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    print(f"baseline c1: {json.dumps(result['c1'])}", flush=True)
-    return result
-
-
 # --- the driver ----------------------------------------------------------------------------
 
 
 def run_phase_in_child(
-    phase: str, argv: list[str], args: argparse.Namespace, layout: str = "one"
+    phase: str, argv: list[str], args: argparse.Namespace, layout: str = "file"
 ) -> dict[str, Any]:
     """One phase in a fresh process (its GPU memory is all free again when it exits).
 
@@ -514,11 +318,13 @@ def main(argv: list[str] | None = None) -> None:
     child_argv = list(sys.argv[1:] if argv is None else argv)
     if args.time_limit_s is not None:
         args.deadline_epoch = time.time() + args.time_limit_s
+    # every layout's graph checked before anything runs (a contradiction names its field)
+    graphs = {layout: omni_graph(args, layout) for layout in args.layouts}
     report: dict[str, Any] = {"header": header(args)}
     runs = [
         (phase, layout)
         for phase in phases
-        for layout in (args.layouts if phase == "parley" else ["one"])
+        for layout in (args.layouts if phase == "parley" else ["file"])
     ]
     for phase, layout in runs:
         name = phase_name(phase, layout)
@@ -528,10 +334,10 @@ def main(argv: list[str] | None = None) -> None:
             continue
         report[name] = run_phase_in_child(phase, [*child_argv, "--layout", layout], args, layout)
         report[name]["phase_s"] = time.perf_counter() - started
-        if layout != "one":
-            report[name]["graph"] = graph_yaml(
-                argparse.Namespace(**{**vars(args), "layout": layout})
-            )
+        graph = graphs[layout] if phase == "parley" else flat_graph(args)
+        report[name]["graph_note"] = graph.note(*PHASE_STAGES[phase])
+        if layout != "file":
+            report[name]["graph"] = graph.report()
         Path(args.out).write_text(json.dumps(report, indent=1))
     print_table(report)
     print(f"\nfull report: {args.out}")

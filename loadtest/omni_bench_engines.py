@@ -1,25 +1,23 @@
 """The benchmark's single-engine phases: a follow-up turn's prefill, and Code2Wav per chunk.
 
-Both load one engine in the phase's own process, on the given device, and drive it through
-its public `generate` (the graph is not needed to time one stage, and a stage in a worker
-process cannot be timed from outside).
+Both build one engine of the graph file (omni_graph.py: the file with the command's
+overrides), with the engine arguments its stage has there, in the phase's own process, and
+drive it through its public `generate` (the graph is not needed to time one stage, and a
+stage in a worker process cannot be timed from outside).
 
-`kv_reuse`: a session of `--kv-turns` turns (each: audio, camera frames and the question;
-the history holds the earlier turns as text, with item ids, as a session sends it). The time
-of turn k >= 2 from the request to the prompt's hidden states (log-mel features, image
-patches and the prefill) is measured with reuse on, then the same request again outside the
-session with the prefix cache detached, on the same engine (same weights, warm kernels).
-Reuse is the Thinker's session KV when this checkout has it (`PipelineRequest.session_id`
-and `item_ids`, `HistoryItem.item_id`, engine args `session_kv_tokens` /
-`session_kv_max_tokens`): the next turn prefills only what it adds. Otherwise it is the
-prefix cache (`prefix_cache_tokens`), which stops at the first audio or image placeholder:
-a second turn re-reads the first exchange as text, only a third reuses it. Both are on when
-both exist (as a served graph would have them).
+`kv_reuse`: the graph's Thinker (its session KV and prefix cache as the file sizes them),
+a session of `--kv-turns` turns (each: audio, camera frames and the question; the history
+holds the earlier turns as text, with item ids, as a session sends it). The time of turn
+k >= 2 from the request to the prompt's hidden states (log-mel features, image patches and
+the prefill) is measured with reuse on (the session's KV: the turn prefills only what it
+adds), then the same request again outside the session with the prefix cache detached, on
+the same engine (same weights, warm kernels).
 
-`code2wav`: the Code2Wav engine alone, fed a whole answer's codec frames at once by
-`concurrency` requests together, so the time between its audio chunks is its decode time
-per chunk (the first, small chunk, then full chunks with their left context), batched as
-concurrent requests are in the graph.
+`code2wav`: the graph's Code2Wav (its chunks, its `max_batch`), fed a whole answer's codec
+frames (the Talker's `max_frames`) at once by `concurrency` requests together, so the time
+between its audio chunks is its decode time per chunk (the first, small chunk, then full
+chunks with their left context), batched as concurrent requests are in the graph: at most
+`max_batch` at once, the rest waiting their turn.
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import inspect
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -36,53 +33,15 @@ from typing import Any
 import numpy as np
 
 from .omni_bench_report import percentiles
+from .omni_graph import engine_setting, flat_graph
 
-KV_BUDGET_TOKENS = 65_536
 SESSION = "bench_session"
 
 
-def model_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The engine arguments every Qwen3-Omni stage takes, from the command line."""
-    model: dict[str, Any] = {"device": args.device, "dtype": args.dtype, "tiny": args.tiny}
-    if args.model_path:
-        model["model_path"] = args.model_path
-    return model
-
-
-def session_support() -> dict[str, bool]:
-    """Which parts of session KV reuse this checkout has (it is being added)."""
-    from pipeline.engines.qwen3_omni.thinker import ThinkerEngine
-    from pipeline.types import HistoryItem, PipelineRequest
-
-    fields = {f.name for f in dataclasses.fields(PipelineRequest)}
-    params = inspect.signature(ThinkerEngine.__init__).parameters
-    return {
-        "session_id": "session_id" in fields,
-        "item_ids": "item_ids" in fields,
-        "history_item_id": "item_id" in {f.name for f in dataclasses.fields(HistoryItem)},
-        "session_kv_tokens": "session_kv_tokens" in params,
-        "session_kv_max_tokens": "session_kv_max_tokens" in params,
-    }
-
-
-def history_item(role: str, text: str, item_id: str, support: dict[str, bool]) -> Any:
+def history_item(role: str, text: str, item_id: str) -> Any:
     from pipeline.types import HistoryItem
 
-    if support["history_item_id"]:
-        return HistoryItem(role, text, item_id=item_id)  # type: ignore[arg-type, call-arg, unused-ignore]
-    return HistoryItem(role, text)  # type: ignore[arg-type]
-
-
-def thinker_args(args: argparse.Namespace, support: dict[str, bool]) -> dict[str, Any]:
-    engine: dict[str, Any] = {
-        **model_args(args),
-        "max_new_tokens": args.think_tokens,
-        "min_new_tokens": args.think_tokens,
-        "prefix_cache_tokens": KV_BUDGET_TOKENS,
-    }
-    if support["session_kv_tokens"]:  # a session's share: up to its context (the default)
-        engine["session_kv_tokens"] = KV_BUDGET_TOKENS
-    return engine
+    return HistoryItem(role, text, item_id=item_id)  # type: ignore[arg-type]
 
 
 def without_session(request: Any) -> Any:
@@ -146,16 +105,13 @@ async def kv_reuse_phase(args: argparse.Namespace) -> dict[str, Any]:
 
     from .omni_bench import QUESTION, make_request, out_of_time
 
-    support = session_support()
-    sessions = all(support.values())
-    engine_args = thinker_args(args, support)
+    engine_args = flat_graph(args).engine_kwargs("thinker")
     engine = ThinkerEngine(**engine_args)
     built = time.perf_counter()
     await engine.start()
     result: dict[str, Any] = {
         "start_s": time.perf_counter() - built,
-        "mechanism": "session_kv" if sessions else "prefix_cache",
-        "session_support": support,
+        "mechanism": "session_kv",
         "engine_args": engine_args,
         "turns": args.kv_turns,
         "reuse_off": "the same engine and request, outside the session, prefix cache detached",
@@ -173,12 +129,7 @@ async def kv_reuse_phase(args: argparse.Namespace) -> dict[str, Any]:
             item_ids: list[str] = []
             for turn in range(1, args.kv_turns + 1):
                 item_ids.append(f"user_{turn}")
-                session_args: dict[str, Any] = {}
-                if sessions:
-                    session_args = {
-                        "session_id": f"{SESSION}_{session}",
-                        "item_ids": tuple(item_ids),
-                    }
+                session_args = {"session_id": f"{SESSION}_{session}", "item_ids": tuple(item_ids)}
                 request = make_request(
                     50_000 + 100 * session + turn, args, history=tuple(history), **session_args
                 )
@@ -195,8 +146,8 @@ async def kv_reuse_phase(args: argparse.Namespace) -> dict[str, Any]:
                         off[turn].append(figures)
                 said = f"[call {session}] {QUESTION}"  # calls share no history text
                 item_ids.append(f"assistant_{turn}")
-                history.append(history_item("user", said, f"user_{turn}", support))
-                history.append(history_item("assistant", reply, f"assistant_{turn}", support))
+                history.append(history_item("user", said, f"user_{turn}"))
+                history.append(history_item("assistant", reply, f"assistant_{turn}"))
             session_s = time.perf_counter() - began
         result["turn1"] = {"reuse_on": _summary(on[1])}
         for turn in range(2, args.kv_turns + 1):
@@ -245,24 +196,19 @@ async def code2wav_phase(args: argparse.Namespace) -> dict[str, Any]:
     from pipeline.engines.qwen3_omni.code2wav import Code2WavEngine
     from pipeline.types import PipelineRequest
 
-    from .omni_bench import frames_for_speech, out_of_time
+    from .omni_bench import out_of_time
 
-    chunk, context = args.chunk, args.left_context
-    engine = Code2WavEngine(
-        **model_args(args),
-        first_chunk=args.first_chunk,
-        chunk=chunk,
-        left_context=context,
-        max_batch=args.max_batch or max(args.concurrency),
-    )
+    graph = flat_graph(args)
+    engine = Code2WavEngine(**graph.engine_kwargs("code2wav"))
+    first_chunk, chunk, context = engine.first_chunk, engine.chunk, engine.left_context
+    count = int(engine_setting(graph, "talker", "max_frames", 375))
     built = time.perf_counter()
     await engine.start()
-    result: dict[str, Any] = {"start_s": time.perf_counter() - built}
+    result: dict[str, Any] = {"start_s": time.perf_counter() - built, "max_batch": engine.max_batch}
     try:
         assert engine.config is not None
         code2wav = engine.config.code2wav_config
         quantizers, codebook = int(code2wav.num_quantizers), int(code2wav.codebook_size)
-        count = frames_for_speech(args.speech_s)
         rng = np.random.default_rng(0)
 
         async def level(concurrency: int, rep: int) -> list[list[float]]:
@@ -280,11 +226,11 @@ async def code2wav_phase(args: argparse.Namespace) -> dict[str, Any]:
             for rep in range(args.warmup):  # each batch size's shapes once untimed
                 await level(concurrency, -1 - rep)
             runs = [t for rep in range(args.reps) for t in await level(concurrency, rep)]
-            full = (count - args.first_chunk) // chunk  # chunks of `chunk` frames after the first
+            full = (count - first_chunk) // chunk  # chunks of `chunk` frames after the first
             result[f"c{concurrency}"] = {
                 "requests": len(runs),
                 "frames": count,
-                "first_chunk_frames": args.first_chunk,
+                "first_chunk_frames": first_chunk,
                 "chunk_frames": chunk,
                 "left_context": context,
                 "first_chunk_ms": percentiles([1000 * t[0] for t in runs if t]),

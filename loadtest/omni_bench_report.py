@@ -3,9 +3,11 @@
 A request's record holds what a client sees (when each text delta and audio chunk arrived,
 relative to the request's start); `level_figures` turns one concurrency level's records into
 percentiles, per request and in aggregate (all requests of a repetition together). The table
-puts every measured row beside the published anchors, which are labelled as published: they
-were measured elsewhere (vLLM-Omni on two H800s), never by this script. `merge` joins the
-reports of phases run as separate commands (the GPU machine allows 10 minutes a command).
+prints beside each phase's rows the graph it measured (the file and the overrides that touch
+it), then the transformers baseline as what it is (the time to its finished answer, beside
+Parley's own finished answer: `generate` does not stream, so it has no first audio), then
+the figures published elsewhere with their hardware and workload (published_figures.py).
+`merge` joins the reports of phases run as separate commands.
 """
 
 from __future__ import annotations
@@ -15,24 +17,9 @@ from typing import Any
 
 import numpy as np
 
-FRAME_RATE_HZ = 12.5
-"""Codec frames per second of speech (one Talker frame is 80 ms of audio)."""
-
-PUBLISHED = "vLLM-Omni, 2x H800 (published, not measured here)"
-TARGET = "target (issue 9)"
-ANCHORS: list[dict[str, Any]] = [
-    {"name": PUBLISHED, "concurrency": 1, "first_audio_ms": 523, "rtf": 0.22},
-    {"name": PUBLISHED, "concurrency": 4, "first_audio_ms": 786, "rtf": None},
-    {"name": PUBLISHED, "concurrency": 10, "first_audio_ms": 1629, "rtf": 0.41},
-    {"name": "Qwen3-Omni theoretical first packet (published)", "concurrency": 1,
-     "first_audio_ms": 234, "rtf": None},
-    {"name": TARGET, "concurrency": 1, "first_audio_ms": 300, "rtf": 0.2},
-    {"name": TARGET, "concurrency": 10, "first_audio_ms": 800, "rtf": 0.4},
-]  # fmt: skip
-ANCHOR_NOTE = (
-    "The issue quotes vLLM-Omni's RTF as '0.22 / 0.41' for concurrency 1 / 4 / 10 (two figures "
-    "for three levels); 0.41 is shown at 10, where the issue's target (0.4) sits."
-)
+from .bench_graph import FRAME_RATE_HZ
+from .bench_graph import header_lines as graph_lines
+from .published_figures import published_lines
 
 
 def percentiles(values: Sequence[float]) -> dict[str, float]:
@@ -158,20 +145,18 @@ def _num(value: Any, spec: str) -> str:
 
 
 def header_lines(head: dict[str, Any]) -> list[str]:
-    """The run's header in three lines: what ran where, on what input, how often."""
+    """The run's header: what ran where, the graph and its overrides, on what input."""
     if not head:
         return []
-    given, lengths = head.get("input", {}), head.get("lengths", {})
+    given = head.get("input", {})
     return [
         f"commit {str(head.get('commit'))[:12]} (dirty files: {len(head.get('dirty_files', []))}),"
         f" python {head.get('python')}, torch {head.get('torch')} (CUDA {head.get('cuda')}),"
-        f" transformers {head.get('transformers')}",
-        f"{head.get('architecture')}, {head.get('dtype')} on {head.get('device')}"
-        f" ({head.get('gpu', 'no GPU')})",
+        f" transformers {head.get('transformers')}; {head.get('gpu', 'no GPU')}",
+        *graph_lines(head.get("graph") or {}),
         f"input: {given.get('audio_s')} s of audio, {given.get('frames')} frames and a question;"
-        f" output: {lengths.get('thinker_tokens')} Thinker tokens, {lengths.get('speech_s')} s"
-        f" of speech; warm-up {head.get('warmup_requests')}, {head.get('reps_per_level')}"
-        f" rounds per level at concurrency {head.get('concurrency')}",
+        f" warm-up {head.get('warmup_requests')}, {head.get('reps_per_level')} rounds per level"
+        f" at concurrency {head.get('concurrency')}",
     ]
 
 
@@ -187,51 +172,85 @@ def level_keys(phase: dict[str, Any]) -> list[str]:
 
 
 def table_lines(report: dict[str, Any]) -> list[str]:
-    """The summary: one row per (phase, concurrency), the anchors, KV reuse and Code2Wav."""
+    """The summary: one row per (phase, concurrency) with its graph beside it, the baseline,
+    the published figures, KV reuse and Code2Wav."""
     lines = header_lines(report.get("header", {}))
     lines += [
-        "Qwen3-Omni: first audio (p50 / p95), RTF (p50), Thinker tokens/s and Talker frames/s"
-        " (per request p50 / aggregate p50), peak GPU memory (nvidia-smi, whole device), playback"
-        " stall (p50 / p95 over requests: a player starting at the first chunk waits this long"
-        " for later ones)",
-        f"  {'row':48} {'conc':>4} {'first audio ms':>17} {'RTF':>6} {'tok/s':>13}"
+        "Qwen3-Omni: first audio (p50 / p95 / mean), RTF (p50), Thinker tokens/s and Talker"
+        " frames/s (per request p50 / aggregate p50), peak GPU memory (nvidia-smi, whole"
+        " device), playback stall (p50 / p95 over requests: a player starting at the first"
+        " chunk waits this long for later ones)",
+        f"  {'row':24} {'conc':>4} {'first audio ms':>25} {'RTF':>6} {'tok/s':>13}"
         f" {'frames/s':>13} {'GPU GiB':>8} {'stall ms':>15}",
     ]
-    names = ["parley", *(k for k in report if k.startswith("parley_")), "baseline"]
-    for name in names:
-        phase = report.get(name) or {}
-        if "error" in phase:
-            lines.append(f"  {name:48} {phase['error']}")
-        for key in level_keys(phase):
-            row = phase[key]
-            if row.get("skipped"):
-                lines.append(f"  {name:48} {key[1:]:>4} skipped: {row['skipped']}")
-                continue
-            peak = row.get("peak_gpu_used_gib", phase.get("peak_gpu_used_gib"))
-            lines.append(
-                f"  {name + ' (measured)':48} {key[1:]:>4}"
-                f" {_num(_pick(row, 'first_audio_ms'), '7.0f')} / "
-                f"{_num(_pick(row, 'first_audio_ms', 'p95'), '7.0f')}"
-                f" {_num(_pick(row, 'rtf'), '6.3f')}"
-                f" {_num(_pick(row, 'thinker_tokens_per_s'), '6.1f')}"
-                f"/{_num(_pick(row, 'thinker_tokens_per_s_aggregate'), '6.1f')}"
-                f" {_num(_pick(row, 'talker_frames_per_s'), '6.1f')}"
-                f"/{_num(_pick(row, 'talker_frames_per_s_aggregate'), '6.1f')}"
-                f" {_num(peak, '8.1f')}"
-                f" {_num(_pick(row, 'playback_stall_ms'), '6.0f')} /"
-                f" {_num(_pick(row, 'playback_stall_ms', 'p95'), '6.0f')}"
-            )
-    for anchor in ANCHORS:
-        rtf = anchor["rtf"]
-        mark = "<=" if anchor["name"] == TARGET else "  "
-        lines.append(
-            f"  {anchor['name']:48} {anchor['concurrency']:>4}"
-            f" {mark}{anchor['first_audio_ms']:5d}{'':10}"
-            f" {(mark + format(rtf, '.2f')) if rtf is not None else '-':>6}"
-        )
-    lines.append(f"  ({ANCHOR_NOTE})")
+    for name in ["parley", *(k for k in report if k.startswith("parley_"))]:
+        lines += _phase_rows(name, report.get(name) or {})
+    lines += _baseline_lines(report.get("baseline") or {}, report.get("parley") or {})
+    lines += ["", *published_lines()]
     lines += _kv_lines(report.get("kv_reuse") or {})
     lines += _code2wav_lines(report.get("code2wav") or {})
+    return lines
+
+
+def _phase_rows(name: str, phase: dict[str, Any]) -> list[str]:
+    if not phase:
+        return []
+    lines = []
+    if "error" in phase:
+        lines.append(f"  {name:24} {phase['error']}")
+    for key in level_keys(phase):
+        row = phase[key]
+        if row.get("skipped"):
+            lines.append(f"  {name:24} {key[1:]:>4} skipped: {row['skipped']}")
+            continue
+        peak = row.get("peak_gpu_used_gib", phase.get("peak_gpu_used_gib"))
+        lines.append(
+            f"  {name + ' (measured)':24} {key[1:]:>4}"
+            f" {_num(_pick(row, 'first_audio_ms'), '7.0f')} /"
+            f"{_num(_pick(row, 'first_audio_ms', 'p95'), '7.0f')} /"
+            f"{_num(_pick(row, 'first_audio_ms', 'mean'), '7.0f')}"
+            f" {_num(_pick(row, 'rtf'), '6.3f')}"
+            f" {_num(_pick(row, 'thinker_tokens_per_s'), '6.1f')}"
+            f"/{_num(_pick(row, 'thinker_tokens_per_s_aggregate'), '6.1f')}"
+            f" {_num(_pick(row, 'talker_frames_per_s'), '6.1f')}"
+            f"/{_num(_pick(row, 'talker_frames_per_s_aggregate'), '6.1f')}"
+            f" {_num(peak, '8.1f')}"
+            f" {_num(_pick(row, 'playback_stall_ms'), '6.0f')} /"
+            f" {_num(_pick(row, 'playback_stall_ms', 'p95'), '6.0f')}"
+        )
+    if phase.get("graph_note"):
+        lines.append(f"    graph: {phase['graph_note']}")
+    return lines
+
+
+def _baseline_lines(phase: dict[str, Any], parley: dict[str, Any]) -> list[str]:
+    """transformers' generate(): the time to its finished answer, beside Parley's."""
+    if not phase:
+        return []
+    lines = [
+        "",
+        "transformers generate() at batch 1 (it does not stream: the time to its finished"
+        " answer, not a first audio), p50 / p95 ms and RTF p50, beside Parley's own finished"
+        " answer at concurrency 1:",
+    ]
+    if "error" in phase:
+        lines.append(f"  baseline: {phase['error']}")
+    row, ours = phase.get("c1") or {}, parley.get("c1") or {}
+    if row:
+        lines.append(
+            f"  transformers: {_num(_pick(row, 'finished_answer_ms'), '.0f')} /"
+            f" {_num(_pick(row, 'finished_answer_ms', 'p95'), '.0f')} ms,"
+            f" RTF {_num(_pick(row, 'rtf'), '.3f')} ({_num(row.get('requests'), 'd')} answers)"
+        )
+    if _pick(ours, "total_s") is not None:
+        lines.append(
+            f"  Parley:       {_num(1000 * _pick(ours, 'total_s'), '.0f')} /"
+            f" {_num(1000 * (_pick(ours, 'total_s', 'p95') or 0), '.0f')} ms,"
+            f" RTF {_num(_pick(ours, 'rtf'), '.3f')}"
+            f" (its first audio: {_num(_pick(ours, 'first_audio_ms'), '.0f')} ms)"
+        )
+    if phase.get("graph_note"):
+        lines.append(f"    graph: {phase['graph_note']}")
     return lines
 
 
@@ -261,6 +280,8 @@ def _kv_lines(phase: dict[str, Any]) -> list[str]:
             f" speed-up {_num(turn.get('speedup_p50'), '.2f')}x,"
             f" {turn.get('turns_reused')} of {_num(_pick(on, 'prefill_ms', 'n'), '.0f')} reused"
         )
+    if phase.get("graph_note"):
+        lines.append(f"    graph: {phase['graph_note']}")
     return lines
 
 
@@ -282,6 +303,8 @@ def _code2wav_lines(phase: dict[str, Any]) -> list[str]:
             f" later chunks ({row.get('chunk_frames')} + {row.get('left_context')} context)"
             f" {_num(steady.get('p50'), '7.1f')} / {_num(steady.get('p95'), '7.1f')} ms"
         )
+    if phase.get("graph_note"):
+        lines.append(f"    graph: {phase['graph_note']} (max_batch {phase.get('max_batch')})")
     return lines
 
 

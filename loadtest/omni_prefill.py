@@ -26,7 +26,6 @@ from pipeline.engines.qwen3_omni.thinker import ThinkerEngine
 from pipeline.engines.qwen3_omni.weights import build_part
 
 from .omni_bench import make_request
-from .omni_bench_options import parser as bench_parser
 
 
 def _timed(device: torch.device, work: Callable[[], Any]) -> float:
@@ -74,8 +73,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    p = bench_parser()
-    p.description = __doc__
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--device", default="cuda:0")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--audio-s", type=float, default=10.0, help="the bench's question audio")
+    p.add_argument("--frames", type=int, default=4, help="camera frames with it")
+    p.add_argument("--out", default="omni_prefill.json")
     p.add_argument("--batches", default="1,4,10", help="batch sizes, e.g. 1,4,10")
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()

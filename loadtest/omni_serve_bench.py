@@ -2,29 +2,45 @@
 machine, each asking spoken questions; first audio as the client hears it, next to the
 graph's own first audio, so the session layer's share is known.
 
+It serves a graph file, `--pipeline` (pipeline/configs/qwen3_omni.yaml by default), as
+`parley serve` serves it: every engine setting the file's. What the command changes is an
+override (bench_graph.py), served from a copy of the file and printed in the report's header
+and under each table: `--think-tokens` and `--speech-s` (random-weight graphs never stop by
+themselves: the answer's length, minimum and maximum; with both and `--arrivals`, the
+Talker's `frames_per_token` too, so that a capped answer is spoken in proportion), `--set
+STAGE.KEY=VALUE`, `--device`, `--model-path`.
+
 The server is started here (`python -m web.cli serve`, so it runs from a checkout where
 Parley is not pip-installed) on a free loopback port with its embedded redis-server (found
-on PATH), and is ready when `/readyz` says 200: that wait is the start-up time. For each
-`--concurrency` level, that many sessions first ask one warm-up question each, then
-`--reps` rounds of questions (more rounds at small levels with `--min-requests`), each
-session a client of its own (loadtest/omni_serve_client.py: speech streamed in real time,
-then the microphone's silence, turns ended by the server's VAD, or `--turn manual`: commit
-and response.create). Per level: first audio p50 / p95 from the end of the speech sent and
-from the server's `speech_stopped`, audio seconds, playback stalls, errors; and from the
-server's `/metrics`, read before and after the measured rounds, the mean time from a
-request reaching the graph to each stage's first chunk (`parley_stage_first_chunk_seconds`,
-answers only): the graph's first audio with no session, transport or VAD in it.
+on PATH), and is ready when `/readyz` says 200: that wait is the start-up time. Two loads:
+
+- synchronised rounds (`--concurrency`): for each level, that many sessions first ask one
+  warm-up question each, then `--reps` rounds of questions (more rounds at small levels
+  with `--min-requests`), each session a client of its own (loadtest/omni_serve_client.py:
+  speech streamed in real time, then the microphone's silence, turns ended by the server's
+  VAD, or `--turn manual`: commit and response.create), every session asking at once;
+- Poisson arrivals (`--arrivals`, target mean sessions, e.g. 8,16,32; omni_arrivals.py):
+  sessions that come on their own at the rate that gives that many on average (the rate
+  and the measured mean are both reported), each asking one question of 2-10 s with an
+  answer of varied length, audio only or audio with camera frames (reported apart).
+
+Per level (and per set of the Poisson levels): n, p50, p95, p99 and max of first audio
+after the server's `speech_stopped`, of the answer's RTF as heard, and of playback stalls
+(serve_figures.py: p99 only where n >= 100, else the report says why); first audio from the
+end of the speech sent too; and, for rounds, from the server's `/metrics` read before and
+after them, the mean time from a request reaching the graph to each stage's first chunk
+(`parley_stage_first_chunk_seconds`, answers only): the graph's own first audio, with no
+session, transport or VAD in it.
 
 The questions are spoken by espeak-ng at run time, or read from `--speech` (an .npz that
 loadtest/gpu_bundle.py writes with the same voice, for machines without espeak-ng).
-Random-weight graphs never stop by themselves: `--think-tokens` and `--speech-s` fix the
-answer's length (minimum and maximum) in a copy of the graph file, as omni_bench does;
-`--device` moves every stage. `--time-limit-s` bounds the run: no round is started that
-would end past it (judged by that session's last), and the JSON is written after each level.
+`--time-limit-s` bounds the run: no round is started that would end past it (judged by that
+session's last), no arrival starts past it, and the JSON is written after each level.
 
 Here (the plumbing, the test's configuration):
 
-    python -m loadtest.omni_serve_bench --pipeline qwen3_omni_tiny --concurrency 1,2
+    python -m loadtest.omni_serve_bench --pipeline qwen3_omni_tiny --concurrency 1,2 \
+        --arrivals 3 --arrival-requests 6
 
 On an offline GPU host, from the repo root with the bundle carried (`.gpu/`, built by
 `python -m loadtest.gpu_bundle` on a machine with PyPI), as one command (`$OUT` is where
@@ -32,9 +48,9 @@ the report goes):
 
     pip install -q --no-index --no-deps --target /tmp/site .gpu/wheels/*.whl &&
     export PYTHONPATH=/tmp/site:$PWD PATH=$PWD/.gpu/redis/bin:$PATH &&
-    python -m loadtest.omni_serve_bench --pipeline qwen3_omni --think-tokens 64
-      --speech-s 5 --speech .gpu/speech.npz --concurrency 1,4,10,32 --reps 1
-      --min-requests 20 --time-limit-s 500 --out $OUT/omni_serve_h200.json
+    python -m loadtest.omni_serve_bench --think-tokens 64 --speech-s 5
+      --speech .gpu/speech.npz --concurrency "" --arrivals 8,16,32 --arrival-requests 100
+      --time-limit-s 540 --out $OUT/omni_serve_arrivals_h200.json
 
 (`.gpu/redis/bin/redis-server` is a wrapper that gives the carried redis-server its own
 libraries; nothing else sees them.)
@@ -59,11 +75,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
+from .bench_graph import FRAME_RATE_HZ, BenchGraph, add_graph_options, graph_from_args
+from .bench_graph import header_lines as graph_lines
+from .omni_arrivals import (
+    ArrivalSettings,
+    camera_frames,
+    level_summary,
+    plan,
+    run_arrivals,
+)
 from .omni_serve_client import RATE, Request, chunks, run_client
+from .published_figures import VLLM_OMNI_3X_H100
 from .questions import QUESTIONS
 from .run_stamp import command_output, source_stamp
+from .serve_figures import graph_means, p99_note, request_figures, row, row_head, session_share
 from .served import free_port
 
 START_S = 900.0
@@ -71,33 +97,31 @@ START_S = 900.0
 STOP_S = 60.0
 QUESTION_COUNT = 4
 SPEECH_KEY = "q{}"
+TURN_END_S = 0.6
+"""Server VAD's 500 ms of silence and a frame or two: from the speech's end to the turn's."""
+FIRST_AUDIO_GUESS_S = 1.0
+"""What the expected session time assumes for first audio (the level measures it)."""
+ANSWER_GUESS_S = 5.0
+"""What it assumes an answer lasts where the graph does not fix its length."""
 
 
 # --- the graph and the server --------------------------------------------------------------
 
 
-def graph_file(args: argparse.Namespace, folder: Path) -> str:
-    """The graph to serve: `--pipeline` as it is, or a copy with the lengths and device set."""
-    if args.think_tokens is None and args.speech_s is None and args.device is None:
-        return str(args.pipeline)
-    from pipeline.registry import graph_path
-
-    graph = yaml.safe_load(graph_path(args.pipeline).read_text())
-    for stage in graph["stages"]:
-        engine_args = stage.setdefault("engine_args", {})
-        if args.think_tokens is not None and stage["engine"].endswith(".thinker"):
-            engine_args["max_new_tokens"] = engine_args["min_new_tokens"] = args.think_tokens
-        if args.speech_s is not None and stage["engine"].endswith(".talker"):
-            frames = round(args.speech_s * 12.5)  # Qwen3-Omni's codec: 12.5 frames a second
-            engine_args["max_frames"] = engine_args["min_frames"] = frames
-        if args.device is not None and "device" in engine_args:
-            engine_args["device"] = args.device
-            placement = stage.get("placement", {})
-            if "devices" in placement:
-                placement["devices"] = [args.device]
-    path = folder / f"{graph['name']}_bench.yaml"
-    path.write_text(yaml.safe_dump(graph, sort_keys=False))
-    return str(path)
+def bench_graph(args: argparse.Namespace) -> BenchGraph:
+    """`--pipeline` with the command's overrides; for arrivals with both answer lengths,
+    the Talker speaks a capped answer in proportion (a random-weight Talker never ends by
+    itself, so without it every answer would be as long as the longest)."""
+    graph = graph_from_args(args)
+    talker = graph.stage_by_engine(".talker")
+    lengths = args.think_tokens is not None and args.speech_s is not None
+    if args.arrivals and lengths and talker is not None:
+        frames = round(args.speech_s * FRAME_RATE_HZ)
+        per_token = round(frames / max(args.think_tokens - 1, 1), 4)
+        asked = f"--think-tokens {args.think_tokens} --speech-s {args.speech_s:g}"
+        graph.set_arg(talker, "frames_per_token", per_token, asked)
+    graph.check()
+    return graph
 
 
 def start_server(
@@ -105,11 +129,10 @@ def start_server(
 ) -> tuple[subprocess.Popen[bytes], int, float]:
     """`python -m web.cli serve` on a free port: (the process, the port, seconds to ready)."""
     port = free_port()
-    sessions = 2 * max(args.concurrency) + 8  # the last level's sessions may still be closing
+    levels = [*args.concurrency, *args.arrivals] or [1]
+    sessions = 2 * max(levels) + 8  # Poisson peaks, and the last level's still closing
     cmd = [sys.executable, "-m", "web.cli", "serve", "--port", str(port), "--pipeline", graph]
     cmd += ["--max-sessions", str(sessions), "--log-level", args.log_level]
-    if args.model_path:
-        cmd += ["--model-path", args.model_path]
     log = log_path.open("wb")
     started = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -175,101 +198,10 @@ def load_speech(path: str | None) -> list[np.ndarray[Any, np.dtype[np.int16]]]:
     return [trim_silence(speak(q.text, RATE)) for q in QUESTIONS[:QUESTION_COUNT]]
 
 
-# --- figures -------------------------------------------------------------------------------
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    return round(float(np.percentile(values, q)), 1) if values else None
-
-
-def level_figures(
-    requests: list[Request], graph_ms: dict[str, float | None], wall_s: float
-) -> dict[str, Any]:
-    measured = [r for r in requests if not r.warmup]
-    heard = [r for r in measured if r.first_audio_ms is not None and r.error is None]
-    first = [r.first_audio_ms for r in heard if r.first_audio_ms is not None]
-    after_stop = [x for r in heard if (x := r.first_audio_after_stop_ms) is not None]
-    stopped = [r.speech_stopped_ms for r in heard if r.speech_stopped_ms is not None]
-    text = [r.first_text_ms for r in heard if r.first_text_ms is not None]
-    stalls = [r.stall_max_ms for r in heard]
-    audio_graph = graph_ms.get("code2wav") or next(reversed(graph_ms.values()), None)
-    share = None
-    if audio_graph is not None and after_stop:
-        share = round(float(np.mean(after_stop)) - audio_graph, 1)
-    return {
-        "requests": len(measured),
-        "with_audio": len(heard),
-        "errors": [r.error for r in measured if r.error][:5],
-        "error_count": sum(1 for r in measured if r.error or r.first_audio_ms is None),
-        "first_audio_ms": {
-            "p50": _pct(first, 50),
-            "p95": _pct(first, 95),
-            "min": _pct(first, 0),
-            "max": _pct(first, 100),
-        },
-        "first_audio_after_stop_ms": {
-            "p50": _pct(after_stop, 50),
-            "p95": _pct(after_stop, 95),
-            "mean": round(float(np.mean(after_stop)), 1) if after_stop else None,
-        },
-        "speech_stopped_ms_p50": _pct(stopped, 50),
-        "first_text_ms_p50": _pct(text, 50),
-        "audio_s_mean": round(float(np.mean([r.audio_s for r in heard])), 2) if heard else None,
-        "stall_max_ms": {
-            "p50": _pct(stalls, 50),
-            "p95": _pct(stalls, 95),
-            "max": _pct(stalls, 100),
-        },
-        "graph_first_chunk_ms_mean": graph_ms,
-        "session_share_ms": share,
-        "wall_s": round(wall_s, 1),
-    }
-
-
-def graph_means(
-    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
-) -> dict[str, float | None]:
-    out: dict[str, float | None] = {}
-    for stage, (total, count) in after.items():
-        total0, count0 = before.get(stage, (0.0, 0.0))
-        n = count - count0
-        out[stage] = round((total - total0) / n * 1000, 1) if n > 0 else None
-    return out
-
-
-def table(levels: list[dict[str, Any]]) -> str:
-    head = (
-        f"{'sessions':>8} {'requests':>8} {'audio':>6} {'first audio p50/p95':>20} "
-        f"{'after stop p50/p95':>19} {'graph':>7} {'session':>8} {'stall p50/max':>14}"
-    )
-    lines = [head]
-    for row in levels:
-        f = row["figures"]
-        fa, st, sl = f["first_audio_ms"], f["first_audio_after_stop_ms"], f["stall_max_ms"]
-        graph = f["graph_first_chunk_ms_mean"]
-        audio_graph = graph.get("code2wav") or next(reversed(graph.values()), None)
-        lines.append(
-            f"{row['sessions']:>8} {f['requests']:>8} {f['with_audio']:>6} "
-            f"{_ms(fa['p50'])} / {_ms(fa['p95'])} {_ms(st['p50'])} / {_ms(st['p95'])} "
-            f"{_ms(audio_graph)} {_ms(f['session_share_ms'])} "
-            f"{_ms(sl['p50'])} / {_ms(sl['max'])}"
-        )
-    lines.append(
-        "ms; first audio from the end of the speech sent; after stop: from the server's "
-        "speech_stopped; graph: request in -> first audio chunk inside the server (mean); "
-        "session: after-stop mean minus graph"
-    )
-    return "\n".join(lines)
-
-
-def _ms(value: float | None) -> str:
-    return f"{value:>8.0f}" if value is not None else f"{'-':>8}"
-
-
 # --- the run -------------------------------------------------------------------------------
 
 
-def header(args: argparse.Namespace, graph: str, start_s: float) -> dict[str, Any]:
+def header(args: argparse.Namespace, graph: BenchGraph, start_s: float) -> dict[str, Any]:
     info: dict[str, Any] = {
         **source_stamp(),
         "machine": {
@@ -280,7 +212,7 @@ def header(args: argparse.Namespace, graph: str, start_s: float) -> dict[str, An
         },
         "args": vars(args),
         "argv": sys.argv,
-        "graph": Path(graph).read_text() if Path(graph).is_file() else graph,
+        "graph": graph.report(),
         "server_start_s": round(start_s, 1),
     }
     for module in ("torch", "transformers"):
@@ -304,6 +236,7 @@ async def run_level(
     speech_s: list[float],
     deadline: float | None,
 ) -> dict[str, Any]:
+    """One level of synchronised rounds: `n` sessions, each asking at once."""
     manual = args.turn == "manual"
     started = time.monotonic()
     warm = [(k, True) for k in range(args.warmup)]
@@ -312,10 +245,10 @@ async def run_level(
             *(run_client(url, manual, speech, warm, n, i, speech_s, deadline) for i in range(n))
         )
     rounds = max(args.reps, math.ceil(args.min_requests / n))
-    plan = [(args.warmup + k, False) for k in range(rounds)]
+    asked = [(args.warmup + k, False) for k in range(rounds)]
     before = await asyncio.to_thread(first_chunk_sums, port)
     measured = await asyncio.gather(
-        *(run_client(url, manual, speech, plan, n, i, speech_s, deadline) for i in range(n)),
+        *(run_client(url, manual, speech, asked, n, i, speech_s, deadline) for i in range(n)),
         return_exceptions=True,
     )
     after = await asyncio.to_thread(first_chunk_sums, port)
@@ -326,7 +259,10 @@ async def run_level(
             requests.append(failed)
         else:
             requests.extend(client)
-    figures = level_figures(requests, graph_means(before, after), time.monotonic() - started)
+    figures = request_figures(requests)
+    figures["graph_first_chunk_ms_mean"] = graph_ms = graph_means(before, after)
+    figures["session_share_ms"] = session_share(figures, graph_ms)
+    figures["wall_s"] = round(time.monotonic() - started, 1)
     return {
         "sessions": n,
         "rounds": rounds,
@@ -335,59 +271,210 @@ async def run_level(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--pipeline", default="qwen3_omni_tiny", help="a graph name or file")
-    parser.add_argument("--model-path", default=None, help="a Qwen3-Omni checkpoint (serve's)")
-    parser.add_argument("--device", default=None, help="every stage's device, e.g. cuda:1")
-    parser.add_argument("--think-tokens", type=int, default=None, help="fixed reply tokens")
-    parser.add_argument("--speech-s", type=float, default=None, help="fixed answer speech (s)")
-    parser.add_argument(
-        "--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 10, 32]
+def expected_session_s(args: argparse.Namespace, graph: BenchGraph) -> float:
+    """How long an arriving session is expected to last, for the rate that gives a level's
+    mean sessions: the question, the turn's end, first audio, the answer heard out."""
+    if args.session_s is not None:
+        return float(args.session_s)
+    question = sum(args.question_s) / 2
+    answer = ANSWER_GUESS_S
+    talker = graph.stage_by_engine(".talker")
+    told = graph.engine_args(talker) if talker else {}
+    per_token = told.get("frames_per_token")
+    if per_token and args.answer_tokens:
+        answer = per_token * (sum(args.answer_tokens) / 2 - 1) / FRAME_RATE_HZ
+    elif told.get("min_frames") and told.get("min_frames") == told.get("max_frames"):
+        answer = told["max_frames"] / FRAME_RATE_HZ
+    return float(question + TURN_END_S + FIRST_AUDIO_GUESS_S + answer)
+
+
+async def run_arrival_level(
+    url: str,
+    target: int,
+    args: argparse.Namespace,
+    graph: BenchGraph,
+    questions: list[np.ndarray[Any, np.dtype[np.int16]]],
+    deadline: float | None,
+) -> dict[str, Any]:
+    """One Poisson level: sessions arriving at the rate that gives `target` on average."""
+    low, high = args.question_s
+    answers = (args.answer_tokens[0], args.answer_tokens[1]) if args.answer_tokens else None
+    settings = ArrivalSettings(
+        requests=args.arrival_requests,
+        max_s=args.arrival_s,
+        question_s=(low, high),
+        answer_tokens=answers,
+        with_frames=args.with_frames,
+        seed=args.seed,
     )
-    parser.add_argument("--reps", type=int, default=1, help="measured rounds per level")
-    parser.add_argument(
+    session_s = expected_session_s(args, graph)
+    rate = target / session_s
+    arrivals = plan(target, rate, settings, len(questions))
+    with_frames = {a.index for a in arrivals if a.with_frames}
+    frames = camera_frames(args.seed)
+    started = time.monotonic()
+    requests, spans = await run_arrivals(url, target, arrivals, questions, frames, deadline)
+    return {
+        **level_summary(target, rate, session_s, arrivals, spans),
+        "figures": request_figures(requests),
+        "audio_only": request_figures([r for r in requests if r.client not in with_frames]),
+        "audio_with_frames": request_figures([r for r in requests if r.client in with_frames]),
+        "wall_s": round(time.monotonic() - started, 1),
+        "requests": [r.record() for r in requests],
+    }
+
+
+def tables(report: dict[str, Any]) -> str:
+    """The printed summary: the graph, then the rounds, then the arrivals."""
+    graph = report["header"]["graph"]
+    lines = [*graph_lines(graph), ""]
+    rows: list[dict[str, Any]] = []
+    if report["levels"]:
+        lines += ["Synchronised rounds (every session asks at once):", row_head()]
+        for level in report["levels"]:
+            rows.append(level["figures"])
+            lines.append(row(f"{level['sessions']} sessions", level["figures"]))
+        shares = [
+            f"{lv['sessions']}: {_num(lv['figures']['graph_first_chunk_ms_mean'].get('code2wav'))}"
+            f" / {_num(lv['figures']['session_share_ms'])}"
+            for lv in report["levels"]
+        ]
+        lines.append(
+            "  the graph's own first audio (request in -> first chunk, mean ms) / the session"
+            " layer's share: " + ", ".join(shares)
+        )
+    if report["arrivals"]:
+        lines += ["", "Poisson arrivals (a session per question of 2-10 s, answers varied):"]
+        lines.append(row_head())
+        for level in report["arrivals"]:
+            lines.append(
+                f"target {level['target_sessions']}: {level['rate_per_s']:.3f} arrivals/s"
+                f" (a session expected to last {level['expected_session_s']:.1f} s): measured"
+                f" mean {_num(level['mean_sessions'])} sessions open, at most"
+                f" {level['most_sessions']}; {level['sessions_started']} sessions"
+            )
+            for label, key in (
+                ("  all", "figures"),
+                ("  audio only", "audio_only"),
+                ("  audio + frames", "audio_with_frames"),
+            ):
+                rows.append(level[key])
+                lines.append(row(label, level[key]))
+    lines.append(f"every row: {graph['note']}")
+    if (note := p99_note([r for r in rows if r["requests"]])) is not None:
+        lines.append(note)
+    lines.append(
+        "ms; first audio from the server's speech_stopped; RTF as heard: (answer + its"
+        " stalls) / answer (the server paces audio at real time); stall: each answer's"
+        " total wait"
+    )
+    lines.append(f"published, not measured here: {VLLM_OMNI_3X_H100.line()}")
+    return "\n".join(lines)
+
+
+def _num(value: float | None) -> str:
+    return f"{value:.1f}" if value is not None else "-"
+
+
+def pair(kind: type[float] | type[int], text: str) -> list[Any]:
+    values = [kind(x) for x in text.split(",") if x.strip()]
+    if len(values) != 2 or values[0] > values[1]:
+        raise argparse.ArgumentTypeError("write LOW,HIGH")
+    return values
+
+
+def levels(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    add_graph_options(p, "qwen3_omni", lengths=True)
+    p.add_argument("--concurrency", type=levels, default=[1, 4, 10, 32], help="rounds' levels")
+    p.add_argument("--reps", type=int, default=1, help="measured rounds per level")
+    p.add_argument(
         "--min-requests",
         type=int,
         default=0,
         help="more rounds at a level until it has this many requests",
     )
-    parser.add_argument("--warmup", type=int, default=1, help="warm-up rounds per level")
-    parser.add_argument("--turn", choices=("server_vad", "manual"), default="server_vad")
-    parser.add_argument("--speech", default=None, help=".npz of questions (gpu_bundle)")
-    parser.add_argument("--time-limit-s", type=float, default=None)
-    parser.add_argument("--start-s", type=float, default=START_S)
-    parser.add_argument("--log-level", default="warning", help="the server's")
-    parser.add_argument("--out", default=None, help="write the report here (JSON)")
-    args = parser.parse_args(argv)
+    p.add_argument("--warmup", type=int, default=1, help="warm-up rounds per level")
+    p.add_argument("--turn", choices=("server_vad", "manual"), default="server_vad")
+    p.add_argument(
+        "--arrivals", type=levels, default=[], help="Poisson levels: mean sessions, e.g. 8,16,32"
+    )
+    p.add_argument("--arrival-requests", type=int, default=100, help="arrivals per level")
+    p.add_argument("--arrival-s", type=float, default=600.0, help="no arrival after this")
+    p.add_argument(
+        "--question-s",
+        type=lambda t: pair(float, t),
+        default=[2.0, 10.0],
+        help="LOW,HIGH seconds of a question",
+    )
+    p.add_argument(
+        "--answer-tokens",
+        type=lambda t: pair(int, t),
+        default=None,
+        help="LOW,HIGH: each arrival's max_output_tokens (default with --think-tokens: a"
+        " quarter of it to all of it)",
+    )
+    p.add_argument("--with-frames", type=float, default=0.5, help="share sending frames")
+    p.add_argument("--session-s", type=float, default=None, help="expected session length")
+    p.add_argument("--seed", type=int, default=0, help="the arrivals' plan")
+    p.add_argument("--speech", default=None, help=".npz of questions (gpu_bundle)")
+    p.add_argument("--time-limit-s", type=float, default=None)
+    p.add_argument("--start-s", type=float, default=START_S)
+    p.add_argument("--log-level", default="warning", help="the server's")
+    p.add_argument("--out", default=None, help="write the report here (JSON)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.answer_tokens is None and args.think_tokens is not None and args.arrivals:
+        args.answer_tokens = [max(1, args.think_tokens // 4), args.think_tokens]
     began = time.monotonic()
     deadline = began + args.time_limit_s - STOP_S if args.time_limit_s else None
     pcm = load_speech(args.speech)
     speech = [chunks(p) for p in pcm]
     speech_s = [len(p) / RATE for p in pcm]
     folder = Path(tempfile.mkdtemp(prefix="omni-serve-bench-"))
-    graph = graph_file(args, folder)
-    proc, port, start_s = start_server(args, graph, folder / "server.log")
-    report: dict[str, Any] = {"header": header(args, graph, start_s), "levels": []}
+    graph = bench_graph(args)
+    proc, port, start_s = start_server(args, str(graph.write(folder)), folder / "server.log")
+    report: dict[str, Any] = {"header": header(args, graph, start_s), "levels": [], "arrivals": []}
     print(f"server ready in {start_s:.1f} s (pid {proc.pid}, port {port})", flush=True)
+    url = f"ws://127.0.0.1:{port}"
+
+    def save() -> None:
+        if args.out:
+            Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+
+    def out_of_time() -> bool:
+        if deadline is not None and time.monotonic() > deadline:
+            report["header"]["stopped_at_time_limit"] = True
+            return True
+        return False
+
     try:
         for n in args.concurrency:
-            if deadline is not None and time.monotonic() > deadline:
-                report["header"]["stopped_at_time_limit"] = True
+            if out_of_time():
                 break
-            level = asyncio.run(
-                run_level(f"ws://127.0.0.1:{port}", port, n, args, speech, speech_s, deadline)
-            )
+            level = asyncio.run(run_level(url, port, n, args, speech, speech_s, deadline))
             report["levels"].append(level)
             print(f"{n} sessions: {json.dumps(level['figures'])}", flush=True)
-            if args.out:
-                Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+            save()
+        for target in args.arrivals:
+            if out_of_time():
+                break
+            found = asyncio.run(run_arrival_level(url, target, args, graph, pcm, deadline))
+            report["arrivals"].append(found)
+            print(f"arrivals for {target}: {json.dumps(found['figures'])}", flush=True)
+            save()
     finally:
         stop_server(proc)
         report["header"]["server_log_tail"] = _tail(folder / "server.log")
-        if args.out:
-            Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-    print(table(report["levels"]))
+        save()
+    print(tables(report))
     return 0
 
 

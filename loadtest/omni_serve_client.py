@@ -7,12 +7,19 @@ noise after the question, as a real one does: with server VAD (Parley's default)
 silence is what ends the turn. With `manual` turns (turn detection off) the client sends
 `input_audio_buffer.commit` and `response.create` right after the speech instead.
 
+A question may come with camera frames: the client then sends a JPEG every 500 ms while it
+speaks (a user item of `input_image` parts, as a camera at 2 frames a second would), and the
+turn takes those of its moment. A session may cap its answers (`max_output_tokens`, sent in
+its `session.update`).
+
 Each request is timed from the end of the speech the client sent (the moment its last
 voiced chunk went out): the server's `speech_stopped`, the first text delta, the first
 audio delta. Playback is simulated: a player starts at the first audio delta and plays
 each delta in turn; a delta that arrives after the player ran dry is a stall of that
 long. The server paces audio at real time with a lead, so a server that keeps up shows no
-stall after the first delta.
+stall after the first delta, and the answer's RTF as heard (from its first audio to the
+end of its playback, over its length) is 1 plus its stalls over its length: the graph's own
+RTF (omni_bench) is behind the pacing, out of a client's sight.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ CHUNK = RATE // 50
 NOISE = 30
 """Peak of the noise sent as silence: a microphone never sends digital zero."""
 ANSWER_TIMEOUT_S = 120.0
+FRAME_EVERY_S = 0.5
+"""A camera frame every this long while the client speaks (2 frames a second)."""
 
 
 @dataclass
@@ -56,6 +65,17 @@ class Request:
     stall_total_ms: float = 0.0
     status: str | None = None
     error: str | None = None
+    frames_sent: int = 0
+    answer_tokens: int | None = None
+    """The session's `max_output_tokens` (None: not capped)."""
+
+    @property
+    def rtf_heard(self) -> float | None:
+        """From the first audio to the end of the answer's playback, over its length: 1.0
+        when it played without a wait."""
+        if not self.audio_s:
+            return None
+        return (self.audio_s + self.stall_total_ms / 1000) / self.audio_s
 
     @property
     def first_audio_after_stop_ms(self) -> float | None:
@@ -67,6 +87,7 @@ class Request:
     def record(self) -> dict[str, Any]:
         out = asdict(self)
         out["first_audio_after_stop_ms"] = self.first_audio_after_stop_ms
+        out["rtf_heard"] = self.rtf_heard
         return {k: round(v, 1) if isinstance(v, float) else v for k, v in out.items()}
 
 
@@ -99,6 +120,14 @@ def chunks(pcm: npt.NDArray[np.int16]) -> list[str]:
     return texts
 
 
+def image_item(jpeg: bytes) -> str:
+    """A camera frame as the client sends it: a user item of one `input_image` part."""
+    url = "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
+    content = [{"type": "input_image", "image_url": url}]
+    item = {"type": "message", "role": "user", "content": content}
+    return json.dumps({"type": "conversation.item.create", "item": item})
+
+
 def silence_chunks(count: int = 16, seed: int = 5) -> list[str]:
     rng = np.random.default_rng(seed)
     noise = rng.integers(-NOISE, NOISE + 1, CHUNK * count).astype(np.int16)
@@ -108,15 +137,22 @@ def silence_chunks(count: int = 16, seed: int = 5) -> list[str]:
 class Client:
     """One session: `ask()` a question at a time, its microphone running in between."""
 
-    def __init__(self, ws: ClientConnection, manual: bool) -> None:
+    def __init__(
+        self, ws: ClientConnection, manual: bool, answer_tokens: int | None = None
+    ) -> None:
         self.ws = ws
         self.manual = manual
+        self.answer_tokens = answer_tokens
         self._silence = silence_chunks()
 
     async def setup(self) -> None:
         await self._expect("session.created")
+        session: dict[str, Any] = {"type": "realtime"}
         if self.manual:
-            session = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+            session["audio"] = {"input": {"turn_detection": None}}
+        if self.answer_tokens is not None:
+            session["max_output_tokens"] = self.answer_tokens
+        if len(session) > 1:
             await self.ws.send(json.dumps({"type": "session.update", "session": session}))
             await self._expect("session.updated")
 
@@ -129,14 +165,20 @@ class Client:
                 if event["type"] == name:
                     return
 
-    async def _send_on_clock(self, texts: list[str], start: float) -> float:
-        """Send each chunk when its last sample would have been captured; the time the
-        last one went out."""
+    async def _send_on_clock(
+        self, texts: list[str], start: float, frames: list[str], request: Request
+    ) -> float:
+        """Send each chunk when its last sample would have been captured, and a camera
+        frame every FRAME_EVERY_S beside them; the time the last chunk went out."""
         sent = start
+        every = round(FRAME_EVERY_S / 0.02)
         for i, text in enumerate(texts):
             delay = start + (i + 1) * 0.02 - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
+            if frames and i % every == 0:
+                await self.ws.send(frames[request.frames_sent % len(frames)])
+                request.frames_sent += 1
             await self.ws.send(text)
             sent = time.monotonic()
         return sent
@@ -151,10 +193,13 @@ class Client:
             await self.ws.send(self._silence[i % len(self._silence)])
             i += 1
 
-    async def ask(self, speech: list[str], request: Request) -> Request:
-        """Say the question (chunks from `chunks()`), then listen until its answer is done
-        and would have finished playing; the microphone sends silence meanwhile."""
-        spoken_at = await self._send_on_clock(speech, time.monotonic())
+    async def ask(
+        self, speech: list[str], request: Request, frames: list[str] | None = None
+    ) -> Request:
+        """Say the question (chunks from `chunks()`; with camera frames from `image_item()`
+        while it speaks), then listen until its answer is done and would have finished
+        playing; the microphone sends silence meanwhile."""
+        spoken_at = await self._send_on_clock(speech, time.monotonic(), frames or [], request)
         async with TaskSet("omni-serve-client") as tasks:  # the microphone, if any
             if self.manual:
                 await self.ws.send(json.dumps({"type": "input_audio_buffer.commit"}))

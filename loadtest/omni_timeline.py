@@ -1,9 +1,10 @@
 """Where the time to first audio goes: one Qwen3-Omni request's milestones, stage by stage.
 
 The omni bench says how long first audio takes; this says why. It builds the bench's graph
-(`loadtest/omni_bench.py`, the same input and output), and notes when each stage's chunks
-reach the graph (for a stage in a worker process: when they arrive from it, a fraction of a
-millisecond after they were made):
+(`--pipeline`, qwen3_omni.yaml by default, with the same overrides, each printed: see
+loadtest/omni_graph.py; the same input), and notes when each stage's chunks reach the graph
+(for a stage in a worker process: when they arrive from it, a fraction of a millisecond
+after they were made):
 
 - `thinker prompt`: the Thinker's prompt hidden states, i.e. its prefill done (log-mel
   features, image patches, the prompt's forward);
@@ -13,11 +14,11 @@ millisecond after they were made):
 - `first audio`: Code2Wav's first chunk;
 
 then the intervals between the Thinker's reply tokens and between the Talker's frames.
-`--placement main` runs the stages in this process, as a group (`subgraph`) runs them in one
-worker; `worker` as the default graph places them.
+`--placement main` (an override) runs the stages in this process, as a group (`subgraph`)
+runs them in one worker; without it they run where the file places them.
 
-    python -m loadtest.omni_timeline --concurrency 1,10 --placement worker      # on the GPU
-    python -m loadtest.omni_timeline --tiny --device cpu --dtype float32 --think-tokens 8
+    python -m loadtest.omni_timeline --think-tokens 128 --speech-s 10 --concurrency 1,10
+    python -m loadtest.omni_timeline --pipeline qwen3_omni_tiny --think-tokens 8  # here
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any
 
-from .omni_bench import graph_yaml, make_request
+from .bench_graph import header_lines
+from .omni_bench import make_request
 from .omni_bench_options import parser as bench_parser
+from .omni_graph import engine_setting, omni_graph
 
 Marks = dict[str, list[float]]
 """Per request id: per milestone, the times (s since the request began) it was seen."""
@@ -95,15 +98,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from pipeline.graph import StageGraph
     from pipeline.registry import load_pipeline
 
-    path = Path(tempfile.mkdtemp(prefix="omni-timeline-")) / "graph.yaml"
-    path.write_text(graph_yaml(args))
-    graph = load_pipeline(str(path))
+    bench = omni_graph(args)
+    first_chunk = int(engine_setting(bench, "code2wav", "first_chunk", 5))
+    graph = load_pipeline(str(bench.write(Path(tempfile.mkdtemp(prefix="omni-timeline-")))))
     assert isinstance(graph, StageGraph)
     began: dict[str, float] = {}
     marks: dict[str, Marks] = {}
     watch(graph, began, marks)
     await graph.start()
-    report: dict[str, Any] = {"placement": args.placement}
+    report: dict[str, Any] = {"graph": bench.report(), "graph_note": bench.note()}
     try:
         for index in range(args.warmup):
             await answer(graph, make_request(90_000 + index, args), began)
@@ -116,7 +119,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             rounds = [requests[i : i + concurrency] for i in range(0, len(requests), concurrency)]
             for batch in rounds:
                 await asyncio.gather(*(answer(graph, r, began) for r in batch))
-            rows = [milestones(marks[r.request_id], args.first_chunk) for r in requests]
+            rows = [milestones(marks[r.request_id], first_chunk) for r in requests]
             report[f"c{concurrency}"] = {
                 label: statistics.median(row[label] for row in rows if label in row)
                 for label in rows[0]
@@ -139,9 +142,10 @@ async def answer(graph: Any, request: Any, began: dict[str, float]) -> None:
 
 
 def print_table(report: dict[str, Any]) -> None:
-    levels = [key for key in report if key.startswith("c")]
+    levels = [key for key in report if key[:1] == "c" and key[1:].isdigit()]
     labels = list(report[levels[0]]) if levels else []
-    print(f"placement: {report['placement']}; median ms from the request, per concurrency")
+    print("\n".join(header_lines(report["graph"])))
+    print(f"median ms from the request, per concurrency; graph: {report['graph_note']}")
     print(f"  {'milestone':<22}" + "".join(f"{level:>10}" for level in levels))
     for label in labels:
         cells = "".join(f"{report[level].get(label, float('nan')):>10.1f}" for level in levels)

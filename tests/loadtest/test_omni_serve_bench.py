@@ -1,34 +1,88 @@
 """The serve benchmark end to end on the tiny Qwen3-Omni graph: a real `parley serve` in a
-child process, two levels of WebSocket clients speaking questions; every request heard
-audio, and the report holds the figures the GPU run is read for."""
+child process, a level of WebSocket clients asking at once, then sessions arriving on their
+own (Poisson) with questions and answers of different lengths, some with camera frames;
+every request heard audio, and the report holds the figures the GPU run is read for, with
+the graph file and each override it was served with."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 from loadtest import omni_serve_bench
+from loadtest.omni_arrivals import ArrivalSettings, plan
+from loadtest.serve_figures import distribution
 
 
-@pytest.mark.timeout(120)
-def test_tiny_graph_at_one_and_two_sessions(tmp_path: Path) -> None:
+@pytest.mark.timeout(150)
+def test_tiny_graph_in_rounds_and_under_arrivals(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "report.json"
-    argv = ["--pipeline", "qwen3_omni_tiny", "--concurrency", "1,2", "--warmup", "0"]
-    argv += ["--think-tokens", "4", "--speech-s", "0.4", "--start-s", "60"]
+    argv = ["--pipeline", "qwen3_omni_tiny", "--concurrency", "2", "--warmup", "0"]
+    argv += ["--think-tokens", "8", "--speech-s", "1", "--start-s", "90"]
+    argv += ["--arrivals", "3", "--arrival-requests", "4", "--question-s", "1.5,3", "--seed", "1"]
     assert omni_serve_bench.main([*argv, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
     report = json.loads(out.read_text())
-    assert report["header"]["server_start_s"] > 0
-    assert "max_new_tokens: 4" in report["header"]["graph"]
-    levels = report["levels"]
-    assert [level["sessions"] for level in levels] == [1, 2]
-    for level in levels:
-        figures = level["figures"]
-        assert figures["requests"] == figures["with_audio"] == level["sessions"]
-        assert figures["error_count"] == 0
-        assert figures["first_audio_ms"]["p50"] > figures["speech_stopped_ms_p50"] > 0
-        assert figures["graph_first_chunk_ms_mean"]["code2wav"] > 0
-        assert figures["session_share_ms"] is not None
-        for request in level["requests"]:
-            assert request["audio_s"] > 0.2 and request["status"] == "completed"
+    head = report["header"]
+    assert head["server_start_s"] > 0
+
+    # the shipped file, served with the overrides asked for, each one said
+    graph = head["graph"]
+    assert graph["file"] == "pipeline/configs/qwen3_omni_tiny.yaml" and graph["shipped"]
+    assert not graph["as_shipped"]
+    assert "thinker.max_new_tokens=8 (file: 24) (--think-tokens 8)" in graph["overrides"]
+    assert "talker.max_frames=12 (file: 50) (--speech-s 1)" in graph["overrides"]
+    assert "max_new_tokens: 8" in graph["graph"] and "session_kv_tokens: 8192" in graph["graph"]
+    assert "override: thinker.max_new_tokens=8" in printed
+
+    (level,) = report["levels"]
+    figures = level["figures"]
+    assert figures["requests"] == figures["with_audio"] == 2 and figures["error_count"] == 0
+    after_stop = figures["first_audio_after_stop_ms"]
+    assert after_stop["n"] == 2 and 0 < after_stop["p50"] <= after_stop["max"]
+    assert after_stop["p99"] is None and after_stop["p99_left_out"] == "n = 2 < 100"
+    assert figures["rtf_heard"]["p50"] >= 1.0
+    assert figures["graph_first_chunk_ms_mean"]["code2wav"] > 0
+    assert figures["session_share_ms"] is not None
+
+    (arrivals,) = report["arrivals"]
+    assert arrivals["target_sessions"] == 3 and arrivals["sessions_started"] == 4
+    assert arrivals["rate_per_s"] == pytest.approx(3 / arrivals["expected_session_s"], rel=1e-3)
+    assert arrivals["mean_sessions"] > 0 and arrivals["most_sessions"] >= 1
+    assert arrivals["figures"]["error_count"] == 0 and arrivals["figures"]["with_audio"] == 4
+    # the plan is the seed's: the same questions and answer caps on every run
+    settings = ArrivalSettings(4, 600.0, (1.5, 3.0), (2, 8), 0.5, seed=1)
+    planned = plan(3, arrivals["rate_per_s"], settings, questions=4)
+    requests = sorted(arrivals["requests"], key=lambda r: r["client"])
+    assert [r["answer_tokens"] for r in requests] == [a.answer_tokens for a in planned]
+    assert [r["speech_s"] for r in requests] == [round(a.question_s, 1) for a in planned]
+    # answers as long as their caps: the Talker speaks 12 / 7 frames a reply token fed (a
+    # whole answer: 7 fed, 12 frames, as long as the rounds' answers)
+    frame_s = figures["audio_s"]["p50"] / 12
+    for r in requests:
+        assert r["status"] == "completed"
+        frames = min(12, math.ceil(round(12 / 7, 4) * (r["answer_tokens"] - 1)))
+        assert r["audio_s"] == pytest.approx(frame_s * frames, abs=0.06), r  # (0.1 s rounding)
+    # the mixed-modality set: half sent camera frames while speaking, reported apart
+    framed = [r for r in requests if r["frames_sent"]]
+    assert len(framed) == 2 == arrivals["audio_with_frames"]["requests"]
+    assert arrivals["audio_only"]["requests"] == 2
+    assert "measured mean" in printed and "p99 left out" in printed
+    assert (  # beside the tables: the graph they come from, and what was changed in it
+        "every row: pipeline/configs/qwen3_omni_tiny.yaml with --think-tokens 8:"
+        " thinker.max_new_tokens=8 (file: 24)" in printed
+    )
+
+
+def test_p99_is_given_from_a_hundred_requests_on() -> None:
+    assert distribution([])["n"] == 0
+    few = distribution([float(v) for v in range(99)])
+    assert few["p99"] is None and few["p99_left_out"] == "n = 99 < 100"
+    assert few["max"] == 98 and few["p50"] == 49
+    enough = distribution([float(v) for v in range(101)])
+    assert enough["p99"] == 99.0 and "p99_left_out" not in enough

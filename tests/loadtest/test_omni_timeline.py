@@ -25,7 +25,7 @@ def test_the_timeline_names_each_step_to_the_first_audio(
 ) -> None:
     out = tmp_path / "timeline.json"
     main(
-        ["--tiny", "--device", "cpu", "--dtype", "float32", "--placement", "main",
+        ["--pipeline", "qwen3_omni_tiny", "--placement", "main",
          "--think-tokens", "6", "--speech-s", "1", "--audio-s", "1", "--frames", "1",
          "--concurrency", "1,2", "--reps", "1", "--out", str(out)]
     )  # fmt: skip
@@ -34,4 +34,8 @@ def test_the_timeline_names_each_step_to_the_first_audio(
         times = [report[level][label] for label in ORDER]
         assert times == sorted(times), report[level]
         assert report[level]["talker frame gap"] > 0 and report[level]["thinker token gap"] > 0
-    assert "first audio" in capsys.readouterr().out  # the table is printed
+    printed = capsys.readouterr().out
+    assert "first audio" in printed  # the table is printed
+    # the shipped tiny file, with the overrides asked for said where the figures are
+    assert report["graph"]["file"] == "pipeline/configs/qwen3_omni_tiny.yaml"
+    assert "--placement main: thinker.placement.process=main (file: worker)" in printed

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadtest.omni_bench import graph_yaml
 from loadtest.omni_bench_options import parser as bench_parser
+from loadtest.omni_graph import omni_graph
 from pipeline.engines.subgraph import SubgraphEngine
 from pipeline.graph import StageGraph
 from pipeline.graph_config import GraphConfigError
@@ -133,11 +133,11 @@ def tiny_omni(placement: str) -> str:
     """The omni bench's graph of the tiny Qwen3-Omni: its three stages in this process
     (`main`), or grouped in one worker process (`subgraph`)."""
     args = bench_parser().parse_args(
-        ["--tiny", "--device", "cpu", "--dtype", "float32", "--placement", placement,
+        ["--pipeline", "qwen3_omni_tiny", "--placement", placement,
          "--think-tokens", "6", "--speech-s", "1", "--concurrency", "1",
-         "--decode-rows", "2", "--max-context", "1024"]
+         "--set", "thinker.decode_rows=2", "--set", "talker.decode_rows=2"]
     )  # fmt: skip
-    return graph_yaml(args)
+    return omni_graph(args).text()
 
 
 @pytest.mark.slow

@@ -10,7 +10,11 @@ Frame steps batch across requests (`StepBatcher`); when more wait than a batch t
 requests nearest to running out of audio go first (`Playback`: each frame is 80 ms of it).
 
 Random weights never choose codec EOS: `min_frames` holds it off and `max_frames` ends
-the reply, which gives fixed speech lengths.
+the reply, which gives fixed speech lengths. With `frames_per_token` (random weights only:
+a real model's speech ends with its codec EOS) the speech ends once the Thinker's text has
+ended and this many frames have been made per reply token, so a shorter reply (a response's
+`max_output_tokens`) is spoken shorter, as a real model's would be: what lets a benchmark
+vary answer lengths.
 
 With `decode_rows`, a request takes a cache row once its first text has come, before its
 prefill and first frame step, waiting for one or failing `server_busy` (`row_gate.py`).
@@ -65,6 +69,7 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
         *,
         max_frames: int = 375,
         min_frames: int = 0,
+        frames_per_token: float = 0.0,
         speaker: str = "ethan",
         clock: Clock = time.monotonic,
         prefill_batch: int = 0,
@@ -90,6 +95,9 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
             raise ValueError("max_frames must be at least 1")
         self.max_frames = max_frames
         self.min_frames = min_frames
+        if frames_per_token < 0:
+            raise ValueError("frames_per_token must be at least 0")
+        self.frames_per_token = frames_per_token
         qwen3_omni_talker(
             {"max_frames": max_frames, "min_frames": min_frames, "max_context": self.max_context}
         )
@@ -277,6 +285,8 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
                             await _until(can_advance, wake, reader)
                     if self._requests.aborted(request_id):
                         return  # aborted
+                    if self._spoken(state, frame):
+                        break
                     step = (state, previous)
                     codes = await self.batcher.step(step, deadline=playback.deadline())
                     if codes is None:
@@ -295,6 +305,11 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
             if gate is not None:  # after the release, which the model thread runs first
                 gate.give_back(request_id)
             self._wakes.pop(request_id, None)
+
+    def _spoken(self, state: TalkerState, frames: int) -> bool:
+        """With `frames_per_token`: the text has ended and `frames` speak all of it."""
+        per_token = self.frames_per_token
+        return bool(per_token) and state.text_done and frames >= per_token * state.received
 
     async def abort(self, request_id: str) -> None:
         await super().abort(request_id)

@@ -8,7 +8,8 @@ HiddenStates (`part == "reply"`) once it has been fed. Reply text is placeholder
 ("tok123 ") under random weights and real text with a checkpoint's tokenizer.
 
 Random weights never choose `<|im_end|>`; `min_new_tokens` can hold it off for a real model
-too, which gives the fixed reply lengths benchmarks need.
+too, which gives the fixed reply lengths benchmarks need. A response's `max_output_tokens`
+(OpenAI's) ends its reply sooner: at most that many tokens, `min_new_tokens` or not.
 
 With `session_kv_tokens`, a session's KV survives between its turns (`session_kv.py`): a turn
 that goes on from the session's last one prefills only what it adds. Its prompt chunk still
@@ -458,6 +459,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
             self._requests.set_state(request_id, state)
             fed = [hidden.states]
             reply: list[str] = []
+            budget = min(self.max_new_tokens, request.max_output_tokens or self.max_new_tokens)
             calls = CallParser()  # the reply's text, with any <tool_call> read out of it
             audio_frames = int(prompt.audio.mask.sum()) if prompt.audio is not None else 0
             kept = talker_positions(hidden.token_ids, past.length if past is not None else 0)
@@ -475,7 +477,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
             )
             assert self.batcher is not None
             with self.batcher.member():
-                for produced in range(1, self.max_new_tokens + 1):
+                for produced in range(1, budget + 1):
                     if self._requests.aborted(request_id):
                         return  # aborted
                     token = state.next_token
@@ -484,7 +486,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
                     reply.append(vocab.decode(token))
                     for chunk in calls.feed(reply[-1]):
                         yield chunk
-                    if produced == self.max_new_tokens:
+                    if produced == budget:
                         break  # as in generate(), the last token is chosen but never fed
                     step: ThinkerHidden = await self.batcher.step(state)
                     if self._requests.aborted(request_id):

@@ -126,9 +126,13 @@ def test_the_frame_benchmark_reports_each_batch_and_the_sessions_held() -> None:
     from loadtest.moshi_steps import main
 
     report = main(
-        ["--tiny", "--device", "cpu", "--dtype", "float32", "--batches", "1,2"]
-        + ["--steps", "2", "--warm", "1"]
+        ["--pipeline", "moshi_tiny", "--batches", "1,2,3", "--steps", "2", "--warm", "1"]
+        + ["--set", "moshi.rows=2"]
     )
+    graph = report["graph"]
+    assert graph["file"] == "pipeline/configs/moshi_tiny.yaml" and report["rows"] == 2
+    assert graph["overrides"] == ["moshi.rows=2 (file: 4) (--set moshi.rows=2)"]
+    assert report["levels"].pop("3") == {"skipped": "the graph holds 2 sessions"}
     assert set(report["levels"]) == {"1", "2"}
     for level in report["levels"].values():
         assert level["frame_ms"]["p50"] >= level["step_ms"]["p50"] > 0

@@ -4,6 +4,7 @@ a closed stream or a cancelled reader."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -133,6 +134,23 @@ async def test_talker_speaks_from_hidden_states_and_aborts_cleanly(
     assert [c async for c in stream] == []  # it stops waiting, with no End
     assert talker.active_requests() == 0
     held.discard()
+
+
+async def test_a_capped_reply_is_spoken_in_proportion(
+    thinker: ThinkerEngine, talker: TalkerEngine
+) -> None:
+    """A response's `max_output_tokens` caps the Thinker's reply, `min_new_tokens` or not,
+    and a random-weight Talker with `frames_per_token` speaks a reply in proportion to it:
+    what lets the serve benchmark vary its answers' lengths."""
+    capped = dataclasses.replace(request("m1"), max_output_tokens=3)
+    upstream = [c async for c in thinker.generate("m1", capped)]
+    assert len([c for c in upstream if isinstance(c, TextDelta)]) == 3  # 6 without the cap
+    talker.frames_per_token = 4.0
+    spoken = [c async for c in talker.generate("m1", StageInput(capped, feed(upstream)))]
+    assert len([c for c in spoken if isinstance(c, CodecCodes)]) == 8  # 2 tokens fed x 4
+    whole = [c async for c in thinker.generate("m2", request("m2"))]
+    spoken = [c async for c in talker.generate("m2", StageInput(request("m2"), feed(whole)))]
+    assert len([c for c in spoken if isinstance(c, CodecCodes)]) == 20  # 5 fed x 4 (< 30)
 
 
 async def test_talker_says_nothing_for_a_text_only_response(talker: TalkerEngine) -> None:
