@@ -16,6 +16,7 @@ import json
 import time
 from typing import Any
 
+from .omni_bench_input import make_request, out_of_time
 from .omni_bench_report import percentiles
 from .omni_graph import engine_setting, flat_graph
 
@@ -33,8 +34,6 @@ def baseline_phase(args: argparse.Namespace) -> dict[str, Any]:
     from pipeline.engines.qwen3_omni.thinker import DEFAULT_INSTRUCTIONS
     from pipeline.engines.qwen3_omni.vision_input import TOKEN_PIXELS, FrameImages
     from pipeline.engines.qwen3_omni.weights import _fix_uninitialised, load_config
-
-    from .omni_bench import make_request, out_of_time
 
     graph = flat_graph(args)
     model_args = graph.engine_kwargs("thinker")

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import io
 import json
 import platform
 import signal
@@ -55,12 +54,12 @@ import numpy as np
 from .omni_baseline import baseline_phase
 from .omni_bench_engines import code2wav_phase, kv_reuse_phase
 from .omni_bench_gpu import GpuMemoryPoller
+from .omni_bench_input import QUESTION, make_request, out_of_time
 from .omni_bench_options import PHASES, parser
 from .omni_bench_report import level_figures, merge, request_record, table_lines
 from .omni_graph import flat_graph, omni_graph, phase_devices
 from .run_stamp import command_output, source_stamp
 
-QUESTION = "What is going on in this video, and what did I just say?"
 STOP_GRACE_S = 60.0
 """How long a phase stopped at the time limit gets to close its stages."""
 PHASE_STAGES: dict[str, tuple[str, ...]] = {
@@ -70,8 +69,6 @@ PHASE_STAGES: dict[str, tuple[str, ...]] = {
     "baseline": ("thinker", "talker"),
 }
 """The stages whose settings (and overrides) each phase's figures depend on."""
-CLOSE_RESERVE_S = 20.0
-"""A phase starts no round that would end later than this before the time limit."""
 
 
 def header(args: argparse.Namespace) -> dict[str, Any]:
@@ -111,39 +108,6 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
             ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
         )
     return info
-
-
-def make_request(
-    index: int, args: argparse.Namespace, *, history: tuple[Any, ...] = (), **session: Any
-) -> Any:
-    """The fixed input: seeded noise as audio and as camera frames, and the question."""
-    from PIL import Image
-
-    from pipeline.types import PipelineRequest, VideoFrame
-
-    rng = np.random.default_rng(index)
-    audio = (rng.standard_normal(int(args.audio_s * 16_000)) * 2000).astype(np.int16)
-    frames = []
-    for k in range(args.frames):
-        buffer = io.BytesIO()
-        pixels = rng.integers(0, 255, (224, 224, 3), dtype=np.uint8)
-        Image.fromarray(pixels).save(buffer, "JPEG")
-        frames.append(VideoFrame(buffer.getvalue(), timestamp_ms=k * 500))
-    return PipelineRequest(
-        request_id=f"resp_bench_{index}",
-        audio=audio,
-        text=QUESTION,
-        frames=tuple(frames),
-        history=history,
-        **session,  # session_id and item_ids, where requests have them
-    )
-
-
-def out_of_time(args: argparse.Namespace, needed_s: float = 0.0) -> bool:
-    """Whether a round of about `needed_s` would end past the command's time limit, less
-    the time kept to close the phase (its stages, its file)."""
-    deadline: float | None = args.deadline_epoch
-    return deadline is not None and time.time() + needed_s > deadline - CLOSE_RESERVE_S
 
 
 # --- Parley's graph ------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from .omni_bench_input import QUESTION, make_request, out_of_time
 from .omni_bench_report import percentiles
 from .omni_graph import engine_setting, flat_graph
 
@@ -102,8 +103,6 @@ def _summary(turns: list[dict[str, Any]]) -> dict[str, Any]:
 
 async def kv_reuse_phase(args: argparse.Namespace) -> dict[str, Any]:
     from pipeline.engines.qwen3_omni.thinker import ThinkerEngine
-
-    from .omni_bench import QUESTION, make_request, out_of_time
 
     engine_args = flat_graph(args).engine_kwargs("thinker")
     engine = ThinkerEngine(**engine_args)
@@ -195,8 +194,6 @@ async def _decode_one(engine: Any, request: Any, frames: np.ndarray[Any, Any]) -
 async def code2wav_phase(args: argparse.Namespace) -> dict[str, Any]:
     from pipeline.engines.qwen3_omni.code2wav import Code2WavEngine
     from pipeline.types import PipelineRequest
-
-    from .omni_bench import out_of_time
 
     graph = flat_graph(args)
     engine = Code2WavEngine(**graph.engine_kwargs("code2wav"))

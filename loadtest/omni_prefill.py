@@ -25,7 +25,7 @@ import torch
 from pipeline.engines.qwen3_omni.thinker import ThinkerEngine
 from pipeline.engines.qwen3_omni.weights import build_part
 
-from .omni_bench import make_request
+from .omni_bench_input import make_request
 
 
 def _timed(device: torch.device, work: Callable[[], Any]) -> float:

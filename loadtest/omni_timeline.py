@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .bench_graph import header_lines
-from .omni_bench import make_request
+from .omni_bench_input import make_request
 from .omni_bench_options import parser as bench_parser
 from .omni_graph import engine_setting, omni_graph
 
