@@ -38,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 from websockets.asyncio.client import connect
 
-from .omni_serve_client import RATE, Client, Request, chunks, image_item
+from .omni_serve_client import RATE, Client, Request, chunks, failed_session, image_item
 
 FRAME_SIZE = 224
 CAMERA_FRAMES = 8
@@ -163,7 +163,7 @@ async def run_arrivals(
                 await client.setup()
                 await client.ask(speech, request, frames if arrival.with_frames else None)
         except Exception as exc:  # refused, closed under it, ...: this session's error alone
-            request.error = repr(exc)
+            failed_session(request, exc)
         spans.append(Span(start, time.monotonic() - began))
         return request
 

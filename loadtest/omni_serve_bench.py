@@ -34,8 +34,12 @@ session, transport or VAD in it.
 
 The questions are spoken by espeak-ng at run time, or read from `--speech` (an .npz that
 loadtest/gpu_bundle.py writes with the same voice, for machines without espeak-ng).
-`--time-limit-s` bounds the run: no round is started that would end past it (judged by that
-session's last), no arrival starts past it, and the JSON is written after each level.
+`--time-limit-s` bounds the run, the server's start included (a minute or more for the
+shipped graph), less `STOP_S` kept to stop it: no round is started that would end past it
+(judged by that session's last), no arrival starts past it, and the JSON is written after
+each level. A level the limit cut short says so (`cut_at_time_limit`). Sessions the server
+refuses at their start (past its session cap: `session_limit`) are counted apart with their
+reason (`refused`, `refusals`), not as errors.
 
 Here (the plumbing, the test's configuration):
 
@@ -85,7 +89,7 @@ from .omni_arrivals import (
     plan,
     run_arrivals,
 )
-from .omni_serve_client import RATE, Request, chunks, run_client
+from .omni_serve_client import RATE, Request, chunks, failed_session, run_client
 from .published_figures import VLLM_OMNI_3X_H100
 from .questions import QUESTIONS
 from .run_stamp import command_output, source_stamp
@@ -241,8 +245,9 @@ async def run_level(
     started = time.monotonic()
     warm = [(k, True) for k in range(args.warmup)]
     if warm:
-        await asyncio.gather(
-            *(run_client(url, manual, speech, warm, n, i, speech_s, deadline) for i in range(n))
+        await asyncio.gather(  # a session refused here is refused again, and counted, below
+            *(run_client(url, manual, speech, warm, n, i, speech_s, deadline) for i in range(n)),
+            return_exceptions=True,
         )
     rounds = max(args.reps, math.ceil(args.min_requests / n))
     asked = [(args.warmup + k, False) for k in range(rounds)]
@@ -254,15 +259,18 @@ async def run_level(
     after = await asyncio.to_thread(first_chunk_sums, port)
     requests: list[Request] = []
     for i, client in enumerate(measured):
-        if isinstance(client, BaseException):  # the session itself failed: one error for it
-            failed = Request(n, i, args.warmup, False, 0.0, error=repr(client))
-            requests.append(failed)
+        if isinstance(client, BaseException):  # the session failed or was refused: one record
+            requests.append(failed_session(Request(n, i, args.warmup, False, 0.0), client))
         else:
             requests.extend(client)
     figures = request_figures(requests)
     figures["graph_first_chunk_ms_mean"] = graph_ms = graph_means(before, after)
     figures["session_share_ms"] = session_share(figures, graph_ms)
     figures["wall_s"] = round(time.monotonic() - started, 1)
+    asked_for = n * rounds
+    if deadline is not None and len([r for r in requests if not r.warmup]) < asked_for:
+        # the time limit (which counts the server's start) came first: say so beside the row
+        figures["cut_at_time_limit"] = f"{len(requests)} of {asked_for} requests asked"
     return {
         "sessions": n,
         "rounds": rounds,

@@ -68,6 +68,9 @@ class Request:
     frames_sent: int = 0
     answer_tokens: int | None = None
     """The session's `max_output_tokens` (None: not capped)."""
+    refused: bool = False
+    """The server refused the session at its start, with the reason in `error`: past the
+    graph's capacity a session waits and is served, or is refused; neither is a failure."""
 
     @property
     def rtf_heard(self) -> float | None:
@@ -146,7 +149,11 @@ class Client:
         self._silence = silence_chunks()
 
     async def setup(self) -> None:
-        await self._expect("session.created")
+        """Open the session; Refused if the server turns it away (e.g. `session_limit`)."""
+        try:
+            await self._expect("session.created")
+        except ServerError as exc:
+            raise Refused(exc.code, exc.message) from None
         session: dict[str, Any] = {"type": "realtime"}
         if self.manual:
             session["audio"] = {"input": {"turn_detection": None}}
@@ -161,7 +168,8 @@ class Client:
             while True:
                 event = json.loads(await self.ws.recv())
                 if event["type"] == "error":
-                    raise RuntimeError(f"server error: {event.get('error')}")
+                    error = event.get("error") or {}
+                    raise ServerError(str(error.get("code")), str(error.get("message")))
                 if event["type"] == name:
                     return
 
@@ -246,6 +254,25 @@ class Client:
         request.stall_total_ms = sum(player.stalls) * 1000
         if player.ends_at is not None:  # hear the answer out before the next question
             await asyncio.sleep(max(0.0, player.ends_at - time.monotonic()))
+
+
+class ServerError(RuntimeError):
+    """An `error` event where the client waited for another event."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"server error {code}: {message}")
+        self.code, self.message = code, message
+
+
+class Refused(ServerError):
+    """The server would not open the session (its reason in `code` and `message`)."""
+
+
+def failed_session(request: Request, exc: BaseException) -> Request:
+    """`request` marked with why its session failed, or was refused."""
+    request.error = str(exc) if isinstance(exc, ServerError) else repr(exc)
+    request.refused = isinstance(exc, Refused)
+    return request
 
 
 async def run_client(

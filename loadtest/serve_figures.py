@@ -46,11 +46,16 @@ def request_figures(requests: Sequence[Request]) -> dict[str, Any]:
     """A level's (or one set's) measured requests as distributions."""
     measured = [r for r in requests if not r.warmup]
     heard = [r for r in measured if r.first_audio_ms is not None and r.error is None]
+    refused = [r for r in measured if r.refused]
     return {
         "requests": len(measured),
         "with_audio": len(heard),
-        "errors": [r.error for r in measured if r.error][:5],
-        "error_count": sum(1 for r in measured if r.error or r.first_audio_ms is None),
+        "refused": len(refused),
+        "refusals": sorted({r.error for r in refused if r.error})[:3],
+        "errors": [r.error for r in measured if r.error and not r.refused][:5],
+        "error_count": sum(
+            1 for r in measured if not r.refused and (r.error or r.first_audio_ms is None)
+        ),
         "first_audio_after_stop_ms": distribution(
             [x for r in heard if (x := r.first_audio_after_stop_ms) is not None]
         ),
@@ -108,9 +113,11 @@ def row_head() -> str:
 
 def row(label: str, figures: dict[str, Any]) -> str:
     fa, rtf, stall = (figures[key] for key in FIGURES)
+    refused = figures.get("refused")
+    said = f"  ({refused} refused: {'; '.join(figures['refusals'])})" if refused else ""
     return (
         f"{label:24}{figures['requests']:>5} {_cells(fa, '6.0f')}"
-        f" {_cells(rtf, '6.2f')} {_cells(stall, '6.0f')}"
+        f" {_cells(rtf, '6.2f')} {_cells(stall, '6.0f')}{said}"
     )
 
 

@@ -14,7 +14,8 @@ import pytest
 
 from loadtest import omni_serve_bench
 from loadtest.omni_arrivals import ArrivalSettings, plan
-from loadtest.serve_figures import distribution
+from loadtest.omni_serve_client import Refused, Request, failed_session
+from loadtest.serve_figures import distribution, request_figures, row
 
 
 @pytest.mark.timeout(150)
@@ -86,3 +87,24 @@ def test_p99_is_given_from_a_hundred_requests_on() -> None:
     assert few["max"] == 98 and few["p50"] == 49
     enough = distribution([float(v) for v in range(101)])
     assert enough["p99"] == 99.0 and "p99_left_out" not in enough
+
+
+def test_a_session_refused_past_the_cap_is_counted_with_its_reason_not_as_an_error() -> None:
+    """Offered more sessions than the graph holds, the server refuses the rest at their start
+    (`session_limit`, as an H100's cap of 6 did to 10): each is counted apart with its reason,
+    and the level goes on with the sessions admitted."""
+    served = Request(2, 0, 0, False, 1.0, speech_stopped_ms=5.0, first_audio_ms=300.0)
+    served.audio_s = 1.0
+    refused = failed_session(
+        Request(2, 1, 0, False, 0.0),
+        Refused("session_limit", "all 6 session slots are in use; try again shortly"),
+    )
+    broken = failed_session(Request(2, 2, 0, False, 0.0), ConnectionResetError("gone"))
+    figures = request_figures([served, refused, broken])
+    assert figures["requests"] == 3 and figures["with_audio"] == 1
+    assert figures["refused"] == 1 and figures["error_count"] == 1
+    assert figures["refusals"] == [
+        "server error session_limit: all 6 session slots are in use; try again shortly"
+    ]
+    assert figures["errors"] == ["ConnectionResetError('gone')"]
+    assert "(1 refused: server error session_limit" in row("3 sessions", figures)
