@@ -40,6 +40,7 @@ import argparse
 import asyncio
 import json
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -190,6 +191,7 @@ async def parley_phase(
                 partial(result)
         finally:
             await graph.close()
+            shutil.rmtree(path.parent, ignore_errors=True)  # the phase's graph file: scratch
         result["peak_gpu_used_gib"] = memory.peak()
     return result
 
@@ -226,6 +228,7 @@ def run_phase_in_child(
     result: dict[str, Any] = {}
     if out.is_file():
         result = json.loads(out.read_text())
+    shutil.rmtree(out.parent, ignore_errors=True)  # read into the report: scratch
     if stopped is not None:
         result["error"] = stopped
     elif child.returncode != 0:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -100,7 +101,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     bench = omni_graph(args)
     first_chunk = int(engine_setting(bench, "code2wav", "first_chunk", 5))
-    graph = load_pipeline(str(bench.write(Path(tempfile.mkdtemp(prefix="omni-timeline-")))))
+    scratch = Path(tempfile.mkdtemp(prefix="omni-timeline-"))
+    graph = load_pipeline(str(bench.write(scratch)))
     assert isinstance(graph, StageGraph)
     began: dict[str, float] = {}
     marks: dict[str, Marks] = {}
@@ -127,6 +129,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"c{concurrency}: {json.dumps(report[f'c{concurrency}'])}", flush=True)
     finally:
         await graph.close()
+        shutil.rmtree(scratch, ignore_errors=True)
     return report
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,9 @@ from loadtest.serve_figures import distribution, request_figures, row
 
 @pytest.mark.timeout(150)
 def test_tiny_graph_in_rounds_and_under_arrivals(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its folder (server log): here
     out = tmp_path / "report.json"
     argv = ["--pipeline", "qwen3_omni_tiny", "--concurrency", "2", "--warmup", "0"]
     argv += ["--think-tokens", "8", "--speech-s", "1", "--start-s", "90"]
