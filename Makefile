@@ -9,7 +9,7 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 SYSTEM_PACKAGES := redis-server espeak-ng sox chromium sip-tester
 
-.PHONY: serve test test-quick check system-deps deps vllm-env clean
+.PHONY: serve test test-quick check docs system-deps deps vllm-env clean
 
 serve: deps
 	$(BIN)/parley serve
@@ -25,6 +25,12 @@ check: deps
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/pytest -q tests/test_task_ownership.py -p no:cacheprovider
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
+
+# The documentation site (docs/, mkdocs.yml) into site/; --strict fails on a broken link or
+# anchor, a page outside the navigation, or any other warning.
+docs: deps
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 deps: system-deps $(STAMP)
 
@@ -57,4 +63,4 @@ $(VLLM_STAMP):
 	touch $(VLLM_STAMP)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache site
