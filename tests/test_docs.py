@@ -147,12 +147,14 @@ def _route_patterns() -> list[re.Pattern[str]]:
     return patterns
 
 
+ROUTE_NAMED = re.compile(r"(/v1(?:/[\w{}<>.|-]+)*|(?<![\w.])/(?:readyz|healthz|metrics)[\w-]*)")
+
+
 def _doc_routes(text: str) -> set[str]:
     routes = set()
     for span in _code(text):
-        for path in re.findall(r"(/v1(?:/[\w{}<>.|-]+)*|/readyz|/healthz|/metrics)", span):
-            path = path.removesuffix("/...")
-            for alternative in _alternatives(path):
+        for path in ROUTE_NAMED.findall(span):
+            for alternative in _alternatives(path.removesuffix("/...")):
                 routes.add(alternative)
     return routes
 
