@@ -90,7 +90,7 @@ def test_talker_waits_for_text_and_makes_frames_of_16_codes(tiny_parts: Parts) -
     talker = TalkerRunner(talker_model, config, min_frames=6)
     grids = ((1, 16, 20), (1, 16, 20))
     talking = talker.open(
-        TalkerPrompt(prompt_hidden.token_ids, prompt_hidden.states, tts, 150, grids)
+        TalkerPrompt(prompt_hidden.token_ids, prompt_hidden.states, tts, (150,), grids)
     )
     assert not talker.can_start(talking)  # needs the first reply token's hidden states
     talker.add_reply(talking, thinker_runner.step(state).states)
