@@ -178,13 +178,15 @@ def speak(
     *,
     tokens: int,
     frames: int,
+    chunk_tokens: int = 0,
 ) -> list[Answer]:
-    """Every prompt answered at once, as the engines do it: one batched prefill, then the
+    """Every prompt answered at once, as the engines do it: one batched prefill (in chunks of
+    `chunk_tokens` positions over all rows, 0: whole), then the
     Thinker's steps for all rows together, the Talker starting after the first reply token
     and stepping its frames for all rows together whenever every row has the text its next
     frame needs (the Thinker's last token is chosen, never fed)."""
     tts = thinker.special_embeddings([TOKENS["tts_bos"], TOKENS["tts_eos"], TOKENS["tts_pad"]])
-    job = thinker.prefill_job([(prompt, None) for prompt in prompts])
+    job = thinker.prefill_job([(prompt, None) for prompt in prompts], chunk_tokens=chunk_tokens)
     job.batch.begin()
     while not job.batch.done:
         job.batch.run_chunk()

@@ -176,12 +176,14 @@ def test_sessions_stepped_together_each_speak_as_generate(
     path: str,
 ) -> None:
     """The three sessions at once: one batched prefill (prompts of different lengths and
-    media), then every Thinker step and every Talker frame for all of them in one batch (a
+    media; on rows in chunks of 32 positions a row, as the shipped graph chunks longer
+    ones), then every Thinker step and every Talker frame for all of them in one batch (a
     padded batch of caches on `plain`, cache rows on `rows`). Each answers as it alone does
     under generate()."""
     thinker, talker = runners(tiny_parts, path)
     prompts = [case_prompt(case) for case in CASES]
-    answers = speak(thinker, talker, prompts, tokens=REPLY, frames=FRAMES)
+    chunk = 96 if path == "rows" else 0
+    answers = speak(thinker, talker, prompts, tokens=REPLY, frames=FRAMES, chunk_tokens=chunk)
     for case, got in zip(CASES, answers, strict=True):
         assert_same(got, reference[case][0])
     if path == "rows":
