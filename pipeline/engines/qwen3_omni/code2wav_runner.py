@@ -18,8 +18,8 @@ window, which holds that frame as context, starts its output 555 samples before 
 new frame and makes them. The chunks join into one whole-sequence decode, sample for sample
 where the left context covers what a frame depends on (without left context those samples
 are lost at every boundary: 23 ms). The shipped 25 frames of context are less than
-Code2Wav's 72-frame attention window (as in transformers' own `chunked_decode` and
-vLLM-Omni), so there the streamed speech approximates the whole decode.
+Code2Wav's 72-frame attention window (as in transformers' own `chunked_decode`, 25), so
+there the streamed speech approximates the whole decode.
 """
 
 from __future__ import annotations

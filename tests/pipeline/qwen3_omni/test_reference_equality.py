@@ -234,13 +234,14 @@ def test_streamed_code2wav_joins_into_the_whole_sequence_decode(
     sample within float rounding: the left context covers all a frame's samples depend on.
 
     A window's last 555 samples (the decoder's transposed convolutions look one step ahead)
-    need the frame after it; the next window, which has that frame, makes them. They were
-    cut from both before: 23 ms of speech missing at every chunk boundary.
+    need the frame after it; the next window, which has that frame, makes them. Parley cut
+    them from both before: 23 ms of speech missing at every chunk boundary. transformers'
+    own `chunked_decode` still does (a reference quirk: generate() decodes 300-frame chunks,
+    so an answer over 24 s has a 555-sample hole every 24 s); shown below at 10-frame chunks.
 
     The shipped Code2Wav's attention window is 72 frames (8 layers), past its 25 frames of
-    left context, as transformers' own `chunked_decode` (25) and vLLM-Omni's: there the
-    streamed speech approximates the whole decode (on the tiny model, within 2e-3 of the
-    peak with 25 frames)."""
+    left context, as in `chunked_decode` (25): there the streamed speech approximates the
+    whole decode (on the tiny model, within 2e-3 of the peak with 25 frames)."""
     codes = np.random.default_rng(0).integers(0, 2048, (30, 16)).astype(np.int32)
     whole = stream_wav(small_window_code2wav, codes, FrameChunker(first_chunk=30, chunk=30))
     assert len(whole) == 30 * 1920 - 555
@@ -248,4 +249,18 @@ def test_streamed_code2wav_joins_into_the_whole_sequence_decode(
         small_window_code2wav, codes, FrameChunker(first_chunk=2, chunk=5, left_context=8)
     )
     assert len(streamed) == len(whole)
-    np.testing.assert_allclose(streamed, whole, rtol=0, atol=WAVE * np.abs(whole).max())
+    peak = np.abs(whole).max()
+    np.testing.assert_allclose(streamed, whole, rtol=0, atol=WAVE * peak)
+
+    with torch.inference_mode():
+        frames = torch.from_numpy(codes.T[np.newaxis].astype(np.int64))
+        chunked = small_window_code2wav.chunked_decode(frames, 10, 8)[0, 0].numpy()
+    assert len(chunked) == len(whole) - 2 * 555  # two boundaries, a hole at each
+    first = 10 * 1920 - 555
+    np.testing.assert_allclose(chunked[:first], whole[:first], rtol=0, atol=WAVE * peak)
+    np.testing.assert_allclose(  # after the first boundary: the whole decode 555 samples on
+        chunked[first : first + 1920],
+        whole[first + 555 : first + 555 + 1920],
+        rtol=0,
+        atol=WAVE * peak,
+    )
