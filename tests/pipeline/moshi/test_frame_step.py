@@ -1,16 +1,15 @@
 """Moshi's frame step on the toy model: sessions stepped together are each stepped as if
-alone, whenever they join, for longer than the cache's window; the codec a frame at a time."""
+alone, whenever they join, for longer than the cache's window; its depth codes are those of
+transformers' own depth decoder. (The codec: test_mimi_stream.py.)"""
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
 from pipeline.engines.moshi.frame_step import FrameStepper, RowsFull, Sampling
-from pipeline.engines.moshi.mimi_frames import FRAME_SAMPLES, MimiFrames
 from pipeline.engines.moshi.weights import load_moshi
 
 STEPS = 12
@@ -90,36 +89,6 @@ def test_sampling_gives_codes_in_the_vocabulary(model: Any) -> None:
     codes = frames[-1].codes
     assert codes is not None and int(codes.min()) >= 0 and int(codes.max()) < 32
     assert all(0 <= f.text < 64 for f in frames)
-
-
-def test_the_codec_runs_a_frame_at_a_time_for_each_session_as_if_alone(model: Any) -> None:
-    rng = np.random.default_rng(0)
-    mic = [(rng.standard_normal(FRAME_SAMPLES) * 3000).astype(np.int16) for _ in range(5)]
-
-    def codec_run(
-        ids: list[str], bucketed: bool = False
-    ) -> dict[str, list[tuple[list[int], list[int]]]]:
-        frames = MimiFrames(
-            model.audio_encoder, codebooks=8, context=3, largest=4, bucketed=bucketed
-        )
-        frames.warm()
-        out: dict[str, list[tuple[list[int], list[int]]]] = {s: [] for s in ids}
-        for pcm in mic:
-            codes = frames.encode({s: pcm for s in ids})
-            voice = {s: torch.arange(8) % 32 for s in ids}
-            audio = frames.decode(voice)
-            for s in ids:
-                assert audio[s].shape == (FRAME_SAMPLES,) and audio[s].dtype == np.int16
-                out[s].append((codes[s].tolist(), audio[s][:16].tolist()))
-        for s in ids:
-            frames.forget(s)
-        return out
-
-    alone = codec_run(["a"])["a"]
-    assert codec_run(["a", "b"])["a"] == alone
-    # The GPU's path (static buffers, batches padded to a bucket: three sessions run as
-    # four), run plainly here: the same codes and audio.
-    assert codec_run(["a", "b", "c"], bucketed=True)["a"] == alone
 
 
 def test_the_frame_benchmark_reports_each_batch_and_the_sessions_held() -> None:
