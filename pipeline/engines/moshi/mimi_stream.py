@@ -1,10 +1,12 @@
 """Mimi's encoder and decoder run one 80 ms frame at a time over per-row state.
 
 transformers' `MimiModel.encode` can stream its encoder (a `MimiConv1dPaddingCache` and the
-transformer's past key values) but only for one session whose cache grows as Python lists,
-and its decoder does not stream its convolutions at all. Here each direction walks the
-model's own modules (their weights, transformers' attention layers) itself, reading and
-writing the state of mimi_state.py for the first `size` rows:
+transformer's past key values), but in new tensors every call, for one batch that starts
+together (no static buffers to capture, no rows that join and leave), with a cache that
+keeps 249 keys so that a frame's second position sees 251; its decoder does not stream its
+convolutions at all. Here each direction walks the model's own modules (their weights,
+transformers' attention layers) itself, reading and writing the state of mimi_state.py for
+the first `size` rows:
 
 - encode: 1,920 samples -> the SEANet encoder (causal convolutions, 2 positions out) -> the
   encoder transformer (2 positions over its ring) -> the `replicate` downsampling (1

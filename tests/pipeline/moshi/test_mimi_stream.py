@@ -91,10 +91,11 @@ def pcm16(audio: torch.Tensor) -> np.ndarray:
     return pcm
 
 
-JOINS = {"a": 0, "b": 1, "c": 3}
-"""Each session's first frame. Each speaks FRAMES + 1 frames and hears its voice's FRAMES
-frames, a frame behind (as Moshi's voice is: the decoder's rows fill a frame later). a
-leaves row 0 at frame 9 and c, in row 2, moves into it for its last frames."""
+SESSIONS = {"a": (0, 4), "b": (1, FRAMES), "c": (3, FRAMES), "d": (6, 5)}
+"""Each session's first frame and the frames of its voice it hears, a frame behind its
+microphone (as Moshi's voice is: the decoder's rows fill a frame later); its microphone
+sends one frame more. a leaves row 0 at frame 5 and c (row 2) moves into it; d joins at 6
+and takes row 2, which still holds c's old state."""
 
 
 @pytest.mark.parametrize("bucketed", [False, True], ids=["plain", "bucketed"])
@@ -104,15 +105,15 @@ def test_sessions_streamed_together_get_their_whole_clip_codes_and_audio(
     """Through the engine's codec (and the GPU's bucketed path, run plainly: three sessions
     run as a bucket of four), each session's codes are exactly those of its whole clip and
     its voice's audio that of the whole decode, to within one PCM16 step."""
-    clips = {s: clip(i, FRAMES + 1) for i, s in enumerate(JOINS)}
-    reference = {s: whole(codec, clips[s]) for s in JOINS}
+    clips = {s: clip(i, n + 1) for i, (s, (_, n)) in enumerate(SESSIONS.items())}
+    reference = {s: whole(codec, clips[s]) for s in SESSIONS}
     frames = MimiFrames(codec, codebooks=8, rows=4, bucketed=bucketed)
     frames.warm()
-    heard: dict[str, list[torch.Tensor]] = {s: [] for s in JOINS}
-    said: dict[str, list[np.ndarray]] = {s: [] for s in JOINS}
-    for tick in range(max(JOINS.values()) + FRAMES + 1):
-        live = {s: tick - at for s, at in JOINS.items() if 0 <= tick - at <= FRAMES}
-        for s in set(JOINS) - set(live):
+    heard: dict[str, list[torch.Tensor]] = {s: [] for s in SESSIONS}
+    said: dict[str, list[np.ndarray]] = {s: [] for s in SESSIONS}
+    for tick in range(max(at + n + 1 for at, n in SESSIONS.values())):
+        live = {s: tick - at for s, (at, n) in SESSIONS.items() if 0 <= tick - at <= n}
+        for s in set(SESSIONS) - set(live):
             frames.forget(s)
         mic = {s: clips[s][t * FRAME_SAMPLES : (t + 1) * FRAME_SAMPLES] for s, t in live.items()}
         for s, codes in frames.encode(mic).items():
@@ -120,15 +121,15 @@ def test_sessions_streamed_together_get_their_whole_clip_codes_and_audio(
         voice = {s: reference[s][0][:, t - 1] for s, t in live.items() if t > 0}
         for s, pcm in frames.decode(voice).items():
             said[s].append(pcm)
-    for s in JOINS:
+    for s, (_, n) in SESSIONS.items():
         codes, audio = reference[s]
         assert torch.equal(torch.stack(heard[s], dim=1), codes)
-        expected = pcm16(audio[: FRAMES * FRAME_SAMPLES]).astype(np.int32)
+        expected = pcm16(audio[: n * FRAME_SAMPLES]).astype(np.int32)
         assert np.abs(np.concatenate(said[s]) - expected).max() <= 1
         assert np.abs(expected).max() < 32767  # a waveform, not a clipped square
     within = WINDOW // 2  # frames whose transformer steps all lie inside the first window
-    plain_codes, _ = whole(codec, clips["a"], window=False)
-    assert torch.equal(torch.stack(heard["a"], dim=1)[:, :within], plain_codes[:, :within])
+    plain_codes, _ = whole(codec, clips["b"], window=False)
+    assert torch.equal(torch.stack(heard["b"], dim=1)[:, :within], plain_codes[:, :within])
 
 
 def test_the_streamed_audio_is_the_whole_decode_past_the_window_within_float_error(
