@@ -21,7 +21,7 @@ from pipeline.engines.moshi.weights import TINY_MIMI, random_codebooks
 
 WINDOW = 6
 """The transformers' context, in their 25 Hz steps: 3 frames, so every clip runs past it."""
-FRAMES = 8
+FRAMES = 6
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +157,7 @@ def test_the_streamed_audio_is_the_whole_decode_past_the_window_within_float_err
     inside = WINDOW // 2 * FRAME_SAMPLES
     assert float((audio - reference).abs().max()) <= tolerance  # measured: 4.3e-7 of the peak
     assert float((unwindowed - reference)[:, :inside].abs().max()) <= tolerance
-    assert float((unwindowed - reference)[:, inside:].abs().max()) > 100 * tolerance
+    assert float((unwindowed - reference)[:, inside:].abs().max()) > 10 * tolerance
 
 
 class HostReads(TorchDispatchMode):  # type: ignore[no-untyped-call]
