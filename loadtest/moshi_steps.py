@@ -11,9 +11,11 @@ fits in 80 ms.
 It measures a graph file, `--pipeline` (pipeline/configs/moshi.yaml by default): the
 engine is built from its stage's arguments and loads as the server's does (its rows sized to
 the card where the file says `auto`, its frame steps and codec captured as CUDA graphs on a
-GPU, the codec's context as the file says). A batch larger than the rows the graph holds is
-not timed: the report says so. What the command changes (`--set moshi.KEY=VALUE`,
-`--device`, `--model-path`) is an override, printed with the figures (bench_graph.py).
+GPU). A batch larger than the rows the graph holds is not timed: the report says so. What
+the command changes (`--set moshi.KEY=VALUE`, `--device`, `--model-path`) is an override,
+printed with the figures (bench_graph.py). Mimi streams with each session's state: a frame
+of codec work a frame, the same at any point of a conversation (its transformers attend
+over a ring of fixed size, full or not).
 
     python -m loadtest.moshi_steps --batches 1,8,16,32,48,64          # on the GPU
     python -m loadtest.moshi_steps --pipeline moshi_tiny --batches 1,4

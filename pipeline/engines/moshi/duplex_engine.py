@@ -108,7 +108,6 @@ class MoshiDuplexEngine:
         dtype: str = "float32",
         model_path: str | None = None,
         rows: int | str = 8,
-        codec_context: int = 4,
         sampling: Sampling | None = None,
         clock: Callable[[], float] = time.monotonic,
         stall_s: float = STALL_S,
@@ -132,7 +131,6 @@ class MoshiDuplexEngine:
         self.rows = self.rows_asked if isinstance(self.rows_asked, int) else max_rows
         """The sessions this engine holds at once (`auto`: `max_rows` until start sizes it on
         a GPU)."""
-        self.codec_context = codec_context
         self.sampling = sampling or Sampling()
         self.clock = clock
         self.stall_s, self.stuck_s, self.restart_s = stall_s, stuck_s, restart_s
@@ -205,10 +203,7 @@ class MoshiDuplexEngine:
         self._stepper = FrameStepper(model, rows=self.rows, sampling=self.sampling)
         self._stepper.warm()
         self._codec = MimiFrames(
-            model.audio_encoder,
-            codebooks=self._stepper.codebooks,
-            context=self.codec_context,
-            largest=self.rows,
+            model.audio_encoder, codebooks=self._stepper.codebooks, rows=self.rows
         )
         self._codec.warm()
         self._tokenizer = load_text_tokenizer(
@@ -218,12 +213,14 @@ class MoshiDuplexEngine:
         )
 
     def cache_figures(self) -> tuple[int, int]:
-        """(positions one session's row holds, device bytes of every row's KV) once loaded."""
-        stepper = self._stepper
-        if stepper is None:
+        """(positions one session's row holds, device bytes of every row's state: the main
+        and depth KV, the codec's streaming state) once loaded."""
+        stepper, codec = self._stepper, self._codec
+        if stepper is None or codec is None:
             return 0, 0
         caches = (stepper.cache, stepper.depth_cache)
         tensors = [t for cache in caches for t in (*cache.keys, *cache.values)]
+        tensors += [*codec.encoder.tensors(), *codec.decoder.tensors()]
         return stepper.cache.window, sum(t.numel() * t.element_size() for t in tensors)
 
     # --- sessions (on the loop) ----------------------------------------------------------

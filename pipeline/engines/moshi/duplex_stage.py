@@ -31,8 +31,8 @@ class MoshiStage(EntryEngine):
 
     def __init__(self, *, greedy: bool = False, **options: Any) -> None:
         """`options`: MoshiDuplexEngine's (tiny, device, dtype, model_path, rows,
-        codec_context, stall_s, stuck_s, restart_s); `greedy` picks the likeliest token
-        (tests) instead of sampling."""
+        stall_s, stuck_s, restart_s); `greedy` picks the likeliest token (tests) instead of
+        sampling."""
         self.duplex = MoshiDuplexEngine(**options, sampling=Sampling(greedy=greedy))
 
     async def start(self) -> None:

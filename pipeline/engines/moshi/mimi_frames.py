@@ -1,29 +1,31 @@
 """Mimi, Moshi's codec, a frame (80 ms, 1,920 samples at 24 kHz) at a time for many sessions.
 
 Each step encodes every session's newest microphone frame into 8 codes and decodes every
-session's newest voice frame into audio. Mimi's convolutions look back over earlier frames;
-here each session keeps its last `context` frames of microphone audio and of voice codes,
-and each step runs the codec over those windows (all sessions in one batch) and keeps the
-newest frame of the result. That costs `context` frames of codec work per frame, in
-exchange for needing no per-session convolution state; the frame benchmark measures it.
+session's newest voice frame into audio, each direction streamed with its state
+(mimi_stream.py): a session's codes and audio are those of Mimi over its whole stream so
+far, at one frame's work per frame. (Until issue 41 each frame re-ran the codec over the
+last 4 frames from a zero state: a different function, at 4 frames' work a frame.)
+
+Each direction keeps its sessions in its lowest rows (`SessionRows`): a session takes a row
+(its state reset: a stream from silence) at its first frame in that direction, and on
+`forget` the last row's session moves into the row it leaves, so a step over `n` sessions
+is a step over rows 0..n-1. The decoder's rows are its own: a session's first voice frame
+comes a frame after its first microphone frame (Moshi's acoustic delay).
 
 On a GPU both directions are captured as CUDA graphs per batch bucket (StepGraphs, as the
-frame step is), reading static buffers: the codec's kernels are small and many, so eagerly
-its time was launches (16 ms to encode one session's frame on an H200 beside a busy event
-loop, against 9.5 ms alone). `warm` captures every bucket before the first session, so no
-join meets a new batch size (its kernels chosen and loaded: a late frame each). A bucket
-larger than the sessions computes spare rows nothing reads. Mimi's convolutions keep their
-stride and kernel size as buffers, which moved to the GPU with the model, and compute their
-padding from them: a read back to the host, which no capture allows. They are shape
-arithmetic only, so they go back to the CPU (`_shapes_on_host`). A capture that fails all
-the same (another transformers version) leaves CUDA's random state unusable, so it stops
-the engine's start with the reason rather than running on. On a CPU each batch simply
-runs at its own size.
+frame step is) over the static buffers of their inputs and state: the codec's kernels are
+small and many, so eagerly its time was launches (16 ms to encode one session's frame on an
+H200 beside a busy event loop, against 9.5 ms alone). `warm` captures every bucket before
+the first session, so no join meets a new batch size. A bucket larger than the sessions
+computes spare rows whose results nothing reads and whose state nothing commits. A capture
+that fails all the same (another transformers version) leaves CUDA's random state
+unusable, so it stops the engine's start with the reason rather than running on. On a CPU
+each batch simply runs at its own size.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -31,44 +33,73 @@ import numpy.typing as npt
 import torch
 
 from ..qwen3_omni.step_graphs import StepGraphs
+from .mimi_stream import FRAME_SAMPLES, StreamedDecoder, StreamedEncoder
 
-FRAME_SAMPLES = 1920
 RATE = 24_000
+
+__all__ = ["FRAME_SAMPLES", "RATE", "MimiFrames", "SessionRows"]
+
+
+class SessionRows:
+    """Sessions in rows 0..n-1 of a direction's state."""
+
+    def __init__(
+        self, rows: int, *, reset: Callable[[int], None], move: Callable[[int, int], None]
+    ) -> None:
+        self.rows = rows
+        self._reset, self._move = reset, move
+        self._row_of: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._row_of)
+
+    def order(self, ids: Iterable[str]) -> list[str]:
+        """`ids` in row order, newcomers given the next rows (reset). A step takes a frame
+        from every session in the direction: one missing is a ValueError (nothing changed)."""
+        ids = list(ids)
+        new = [s for s in ids if s not in self._row_of]
+        missing = set(self._row_of) - set(ids)
+        if missing:
+            raise ValueError(f"no frame for sessions that joined: {sorted(missing)}")
+        if len(self._row_of) + len(new) > self.rows:
+            raise ValueError(f"more than the {self.rows} rows this codec holds")
+        for session_id in new:
+            row = len(self._row_of)
+            self._row_of[session_id] = row
+            self._reset(row)
+        return sorted(ids, key=self._row_of.__getitem__)
+
+    def leave(self, session_id: str) -> None:
+        """Free the session's row (idempotent); the last row's session moves into it."""
+        row = self._row_of.pop(session_id, None)
+        last = len(self._row_of)
+        if row is None or row == last:
+            return
+        moved = next(s for s, r in self._row_of.items() if r == last)
+        self._move(last, row)
+        self._row_of[moved] = row
 
 
 class MimiFrames:
     def __init__(
-        self,
-        codec: Any,
-        *,
-        codebooks: int,
-        context: int = 4,
-        largest: int | None = None,
-        bucketed: bool | None = None,
+        self, codec: Any, *, codebooks: int, rows: int, bucketed: bool | None = None
     ) -> None:
         parameter = next(codec.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
-        self.codec, self.codebooks, self.context = codec, codebooks, context
-        self._heard: dict[str, torch.Tensor] = {}
-        """Per session: its last `context` frames of microphone audio, [context * 1920]."""
-        self._said: dict[str, torch.Tensor] = {}
-        """Per session: its voice's last `context` frames of codes, [codebooks, context]."""
+        self.codebooks, self.rows = codebooks, rows
+        self.encoder = StreamedEncoder(codec, rows=rows, codebooks=codebooks)
+        self.decoder = StreamedDecoder(codec, rows=rows, codebooks=codebooks)
+        self._heard = SessionRows(rows, reset=self.encoder.reset, move=self.encoder.move)
+        self._said = SessionRows(rows, reset=self.decoder.reset, move=self.decoder.move)
         if bucketed is None:
-            bucketed = largest is not None and self.device.type == "cuda"
-        rows = (largest or 1) if bucketed else 0
-        shape = (rows, 1, context * FRAME_SAMPLES)
-        self._audio = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self._codes = torch.zeros(rows, codebooks, context, dtype=torch.long, device=self.device)
-        """The bucketed steps' inputs (none unbucketed): each step's windows are copied into
-        the first rows."""
+            bucketed = self.device.type == "cuda"
         self._encoder: StepGraphs[torch.Tensor] | None = None
         self._decoder: StepGraphs[torch.Tensor] | None = None
         """Bucketed steps over the static buffers: captured on a GPU; on a CPU (a test of
-        this path, `bucketed=True`) the same steps run plainly."""
+        this path, `bucketed=True`) the same steps run plainly at the bucket's size."""
         if bucketed:
-            _shapes_on_host(codec)
-            self._encoder = StepGraphs(self._encode_rows, largest=rows, device=self.device)
-            self._decoder = StepGraphs(self._decode_rows, largest=rows, device=self.device)
+            self._encoder = StepGraphs(self.encoder.step, largest=rows, device=self.device)
+            self._decoder = StepGraphs(self._decode_pcm, largest=rows, device=self.device)
 
     @property
     def captured(self) -> bool:
@@ -76,7 +107,8 @@ class MimiFrames:
         return any(g is not None and g.capture for g in (self._encoder, self._decoder))
 
     def warm(self) -> None:
-        """Capture (on a CPU: run once) every bucket both ways."""
+        """Capture (on a CPU: run once) every bucket both ways, before any session: the
+        capture's runs write spare state that a session's join resets."""
         for name, graphs in (("encode", self._encoder), ("decode", self._decoder)):
             if graphs is None:
                 continue
@@ -91,79 +123,40 @@ class MimiFrames:
             torch.cuda.synchronize(self.device)
 
     def forget(self, session_id: str) -> None:
-        self._heard.pop(session_id, None)
-        self._said.pop(session_id, None)
-
-    def _encode_rows(self, size: int) -> torch.Tensor:
-        """The captured encode: the first `size` rows of the static audio windows."""
-        return self._encode_at(self._audio[:size])
-
-    def _decode_rows(self, size: int) -> torch.Tensor:
-        """The captured decode: the first `size` rows of the static code windows."""
-        return self._decode_at(self._codes[:size])
+        """The session has left: its rows go to others (idempotent)."""
+        with torch.inference_mode():
+            self._heard.leave(session_id)
+            self._said.leave(session_id)
 
     @torch.inference_mode()
     def encode(self, frames: Mapping[str, npt.NDArray[np.int16]]) -> dict[str, torch.Tensor]:
-        """Each session's newest microphone frame (1,920 PCM16 samples) -> its [codebooks]."""
+        """Each session's next microphone frame (1,920 PCM16 samples) -> its [codebooks]."""
         if not frames:
             return {}
-        ids = list(frames)
-        windows = []
-        for s in ids:
-            pcm = torch.from_numpy(frames[s].astype(np.float32) / 32768.0)
-            past = self._heard.get(s)
-            if past is None:
-                past = torch.zeros(self.context * FRAME_SAMPLES)
-            window = torch.cat([past[FRAME_SAMPLES:], pcm])
-            self._heard[s] = window
-            windows.append(window)
-        batch = torch.stack(windows)[:, None]
-        if self._encoder is None:
-            newest = self._encode_at(batch.to(self.device, self.dtype))
-        else:
-            self._audio[: len(ids)].copy_(batch.to(self.dtype), non_blocking=True)
-            newest = self._encoder.run(len(ids))[: len(ids)]
-        codes = newest.cpu()
+        ids = self._heard.order(frames)
+        n = len(ids)
+        pcm = np.stack([frames[s] for s in ids]).astype(np.float32) / 32768.0
+        self.encoder.audio[:n, 0].copy_(torch.from_numpy(pcm), non_blocking=True)
+        step = self.encoder.step if self._encoder is None else self._encoder.run
+        codes = step(n)[:n].cpu()
+        self.encoder.commit(n)
         return {s: codes[i] for i, s in enumerate(ids)}
 
     @torch.inference_mode()
     def decode(self, codes: Mapping[str, torch.Tensor]) -> dict[str, npt.NDArray[np.int16]]:
-        """Each session's newest voice frame ([codebooks] codes) -> 1,920 PCM16 samples."""
+        """Each session's next voice frame ([codebooks] codes) -> 1,920 PCM16 samples."""
         if not codes:
             return {}
-        ids = list(codes)
-        windows = []
-        for s in ids:
-            past = self._said.get(s)
-            if past is None:
-                past = torch.zeros(self.codebooks, self.context, dtype=torch.long)
-            window = torch.cat([past[:, 1:], codes[s].to(torch.long)[:, None]], dim=1)
-            self._said[s] = window
-            windows.append(window)
-        batch = torch.stack(windows)
-        if self._decoder is None:
-            audio = self._decode_at(batch.to(self.device))
-        else:
-            self._codes[: len(ids)].copy_(batch, non_blocking=True)
-            audio = self._decoder.run(len(ids))[: len(ids)]
-        pcm = audio.cpu().numpy()
+        ids = self._said.order(codes)
+        n = len(ids)
+        batch = torch.stack([codes[s].to(torch.long) for s in ids])[:, :, None]
+        self.decoder.codes[:n].copy_(batch, non_blocking=True)
+        step = self._decode_pcm if self._decoder is None else self._decoder.run
+        pcm = step(n)[:n].cpu().numpy()
+        self.decoder.commit(n)
         return {s: pcm[i] for i, s in enumerate(ids)}
 
-    def _encode_at(self, audio: torch.Tensor) -> torch.Tensor:
-        """[n, 1, context * 1920] windows -> the newest frame's codes, [n, codebooks]."""
-        codes: torch.Tensor = self.codec.encode(audio, num_quantizers=self.codebooks)[0]
-        return codes[:, :, -1]
-
-    def _decode_at(self, codes: torch.Tensor) -> torch.Tensor:
-        """[n, codebooks, context] code windows -> the newest frame as PCM16, [n, 1920]."""
-        audio: torch.Tensor = self.codec.decode(codes).audio_values[:, 0, -FRAME_SAMPLES:]
+    def _decode_pcm(self, size: int) -> torch.Tensor:
+        """The decode step as PCM16, [size, 1920]."""
+        audio = self.decoder.step(size)
         return (audio.float().clamp(-1, 1) * 32767).round().to(torch.int16)
-
-
-def _shapes_on_host(codec: Any) -> None:
-    """Each convolution's stride, kernel size and padding back on the CPU (see above)."""
-    for module in codec.modules():
-        for name in ("stride", "kernel_size", "padding_total"):
-            value = module._buffers.get(name)
-            if isinstance(value, torch.Tensor) and value.device.type != "cpu":
-                module._buffers[name] = value.cpu()

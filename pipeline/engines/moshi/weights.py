@@ -70,4 +70,20 @@ def load_moshi(
         config._attn_implementation = "sdpa"
         with torch.device(device):
             model = MoshiForConditionalGeneration._from_config(config, dtype=dtype)
+        random_codebooks(model.audio_encoder, seed)
     return model.to(device).eval()
+
+
+def random_codebooks(codec: Any, seed: int) -> None:
+    """Random centroids for Mimi's quantizer. transformers leaves them at zero (buffers a
+    checkpoint fills), so a random-weight codec would give every frame code 0 in every
+    codebook: the toy model would hear nothing of its microphone and the codec's tests
+    would compare zeros."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in codec.quantizer.modules():
+            if hasattr(module, "embed_sum") and hasattr(module, "cluster_usage"):
+                centroids = torch.randn(module.embed_sum.shape, generator=generator)
+                module.embed_sum.copy_(centroids)
+                module.cluster_usage.fill_(1.0)
+                module._embed = None  # transformers caches embed_sum / cluster_usage

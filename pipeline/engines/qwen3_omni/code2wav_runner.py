@@ -11,6 +11,15 @@ while n <= m / r. Going straight from 5 frames to 25 left a gap of about half a 
 the first chunk at the RTF measured on an H200 (0.48); doubling (5, 10, 20, 25) holds up to an
 RTF of 0.5 and costs two more decodes per answer. Each frame is `samples_per_frame` samples
 (1920 at 24 kHz: 80 ms).
+
+The decoder looks one step ahead (each transposed convolution's output is trimmed at both
+ends), so a window's last 555 samples need the frame after it and are not made; the next
+window, which holds that frame as context, starts its output 555 samples before its first
+new frame and makes them. The chunks join into one whole-sequence decode, sample for sample
+where the left context covers what a frame depends on (without left context those samples
+are lost at every boundary: 23 ms). The shipped 25 frames of context are less than
+Code2Wav's 72-frame attention window (as in transformers' own `chunked_decode`, 25), so
+there the streamed speech approximates the whole decode.
 """
 
 from __future__ import annotations
@@ -77,10 +86,11 @@ class Code2WavRunner:
             wav = self.graphs.decode(codes)
         audio = wav.float().cpu().numpy()
         cut = self.samples_per_frame
-        # `cut` samples a frame, less a fixed few that the decoder's trims take off the end
+        # `cut` samples a frame, less the last `short` (the decoder's lookahead: they need the
+        # next frame), which a window with context makes for the window before it
         short = length * cut - audio.shape[-1]
         return [
-            audio[row, context * cut : len(frames) * cut - short].copy()
+            audio[row, max(context * cut - short, 0) : len(frames) * cut - short].copy()
             for row, (frames, context) in enumerate(windows)
         ]
 

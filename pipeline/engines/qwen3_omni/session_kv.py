@@ -10,6 +10,11 @@ position the next token takes. The next turn of the session feeds `tail` (the re
 chosen token, never fed, unless it was `<|im_end|>`; then `<|im_end|>\\n`), the items added
 since, its own user turn and the assistant's opening, and prefills only those.
 
+The Talker's prompt takes every user item, as transformers' generate() builds it for the
+whole conversation: a spoken or visual item of an earlier turn goes with the Thinker's hidden
+states of its placeholders, and the Talker places its audio and images by their lengths and
+patch grids (`PromptMedia`), which the entry keeps for every medium in its tokens.
+
 An entry is used only while the conversation is the one it saw (`continuation`): the same
 instructions, the same items in the same order, and the reply recorded in full as the
 session's assistant item. A truncated (barge-in), deleted or edited history does not match:
@@ -32,7 +37,9 @@ from transformers import DynamicCache
 from ...engine_limits import TALKER_PROMPT_EXTRA
 from ...types import HistoryItem
 from ..token_lru import TokenLRU
+from .audio_features import AudioInput
 from .config import TOKENS
+from .vision_input import VisionInput
 
 Hidden = npt.NDArray[np.floating]
 MULTIMODAL = frozenset({TOKENS["audio"], TOKENS["image"], TOKENS["video"]})
@@ -41,6 +48,24 @@ MEDIA_MARKUP = MULTIMODAL | {
 }
 """Ids that a prompt may hold only around its own media: a reply token among them (random
 weights choose any id) cannot be fed again in the next turn's prompt."""
+
+
+@dataclass(frozen=True, slots=True)
+class PromptMedia:
+    """The media behind a prompt's placeholders, in prompt order: each audio's mel frames and
+    each image's patch grid. The Talker's mRoPE positions need them for every audio and image
+    in its prompt (`get_rope_index` takes the n-th of each for the n-th placeholder run)."""
+
+    audio_lengths: tuple[int, ...] = ()
+    image_grids: tuple[tuple[int, int, int], ...] = ()
+
+    def then(self, audio: AudioInput | None, vision: VisionInput | None) -> PromptMedia:
+        """These media followed by a turn's own (a turn puts its images before its audio,
+        but each kind keeps its own order, which is all the positions read)."""
+        lengths = tuple(int(n) for n in audio.mask.sum(dim=1).tolist()) if audio else ()
+        grids = vision.grid_thw.tolist() if vision else []
+        images = tuple((int(t), int(h), int(w)) for t, h, w in grids)
+        return PromptMedia(self.audio_lengths + lengths, self.image_grids + images)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +93,8 @@ class SessionEntry:
     """[len(token_ids), 2, hidden]"""
     rope_delta: int
     """the next position is len(token_ids) + rope_delta (mRoPE: text goes on from max + 1)"""
+    media: PromptMedia = PromptMedia()
+    """the media of every audio and image placeholder in `token_ids`"""
 
     @property
     def tokens(self) -> int:
@@ -100,36 +127,14 @@ def continuation(
     return [item for item in history if item.item_id in added]
 
 
-def talker_positions(token_ids: Sequence[int], turn_start: int) -> list[int]:
-    """The prompt positions the Talker's prompt chunk carries.
-
-    The Talker takes one audio length and the image grids of one turn, as the prompt of a
-    full prefill has (earlier spoken turns have no text, so no item there). So the user
-    items before `turn_start` that hold audio or images are left out; everything else (the
-    system item, text items, replies, the turn itself) goes with its hidden states."""
+def talker_prompt_length(token_ids: Sequence[int]) -> int:
+    """The Talker's prompt length for this Thinker prompt: its user items (every one, spoken
+    and visual ones included) and the positions the Talker adds."""
     starts = [i for i, t in enumerate(token_ids) if t == TOKENS["im_start"]] + [len(token_ids)]
-    kept = list(range(starts[0]))
-    for begin, end in zip(starts, starts[1:], strict=False):
-        segment = token_ids[begin:end]
-        earlier_media = (
-            begin < turn_start
-            and segment[1] == TOKENS["user"]
-            and any(t in MULTIMODAL for t in segment)
-        )
-        if not earlier_media:
-            kept += range(begin, end)
-    return kept
-
-
-def talker_prompt_length(token_ids: Sequence[int], turn_start: int) -> int:
-    """The Talker's prompt length for this Thinker prompt: its user items among the
-    positions `talker_positions` keeps, and the positions the Talker adds."""
-    starts = [i for i, t in enumerate(token_ids) if t == TOKENS["im_start"]] + [len(token_ids)]
-    kept = set(talker_positions(token_ids, turn_start))
     users = sum(
         end - begin
         for begin, end in zip(starts, starts[1:], strict=False)
-        if begin in kept and token_ids[begin + 1] == TOKENS["user"]
+        if token_ids[begin + 1] == TOKENS["user"]
     )
     return users + TALKER_PROMPT_EXTRA
 

@@ -350,7 +350,7 @@ async def _first_prompt(chunks: AsyncIterator[Chunk]) -> TalkerPrompt | None:
                 # copies: a view onto a shared-memory ring holds the sender back while kept
                 states=np.array(chunk.array),
                 tts_embeds=np.array(meta["tts_embeds"]),
-                audio_feature_frames=int(meta.get("audio_feature_frames", 0)),
+                audio_feature_lengths=tuple(int(n) for n in meta.get("audio_feature_lengths", ())),
                 image_grid_thw=tuple(tuple(g) for g in meta.get("image_grid_thw", ())),
             )
     return None

@@ -47,9 +47,10 @@ class TalkerPrompt:
     """[n, 2, thinker_hidden]: embedding output and accept layer per prompt position"""
     tts_embeds: npt.NDArray[np.floating]
     """[3, thinker_hidden]: the Thinker's embeddings of tts_bos, tts_eos, tts_pad"""
-    audio_feature_frames: int = 0
+    audio_feature_lengths: tuple[int, ...] = ()
+    """each audio's mel frames, in prompt order, as the Thinker heard it"""
     image_grid_thw: tuple[tuple[int, int, int], ...] = ()
-    """each camera frame's patch grid, as the Thinker saw it (for 3-D positions)"""
+    """each camera frame's patch grid, in prompt order, as the Thinker saw it (3-D positions)"""
 
 
 @dataclass
@@ -295,8 +296,8 @@ class TalkerRunner:
     def _prompt_positions(self, state: TalkerState, rope_ids: list[int]) -> torch.Tensor:
         """The prompt's mRoPE positions [3, n]; sets the state's offset for what follows."""
         ids = torch.tensor([rope_ids], device=self.device)
-        frames = state.prompt.audio_feature_frames
-        lengths = torch.tensor([frames], device=self.device) if frames else None
+        frames = state.prompt.audio_feature_lengths
+        lengths = torch.tensor(frames, device=self.device) if frames else None
         grids = state.prompt.image_grid_thw
         grid = torch.tensor(grids, device=self.device) if grids else None
         positions, deltas = self.model.get_rope_index(

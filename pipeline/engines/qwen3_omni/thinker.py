@@ -1,9 +1,9 @@
 """The `qwen3_omni.thinker` engine: a PipelineRequest in; reply text and hidden states out.
 
 Chunks, in order: one HiddenStates for the prompt (`metadata["part"] == "prompt"`, with the
-prompt's token ids, the Thinker's embeddings of tts_bos/eos/pad and the audio's feature
-length: everything the Talker's prompt needs, so the Talker never holds the Thinker's
-embedding table), then per reply token a TextDelta as soon as it is chosen and a
+prompt's token ids, the Thinker's embeddings of tts_bos/eos/pad, each audio's feature length
+and each image's patch grid: everything the Talker's prompt needs, so the Talker never holds
+the Thinker's embedding table), then per reply token a TextDelta as soon as it is chosen and a
 HiddenStates (`part == "reply"`) once it has been fed. Reply text is placeholder words
 ("tok123 ") under random weights and real text with a checkpoint's tokenizer.
 
@@ -13,7 +13,8 @@ too, which gives the fixed reply lengths benchmarks need. A response's `max_outp
 
 With `session_kv_tokens`, a session's KV survives between its turns (`session_kv.py`): a turn
 that goes on from the session's last one prefills only what it adds. Its prompt chunk still
-has the hidden states of every position the Talker takes (`talker_positions`).
+has the hidden states of every position, and the media of every placeholder, earlier turns'
+included (`PromptMedia`): the Talker's prompt is the whole conversation's user items.
 
 With `decode_rows`, a turn takes a cache row before its prefill, waiting for one or failing
 `server_busy` (`row_gate.py`), and one longer than a row fails `context_length_exceeded`
@@ -62,10 +63,10 @@ from .sampling import Sampling
 from .session_kv import (
     MEDIA_MARKUP,
     Conversation,
+    PromptMedia,
     SessionEntry,
     SessionKV,
     continuation,
-    talker_positions,
     talker_prompt_length,
 )
 from .stage import ModelStage
@@ -277,9 +278,10 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
             ids = resumed.entry.token_ids + resumed.entry.tail + added.ids()
             fits = len(ids) + reply <= self.max_context
             if fits and talker:
-                fits = talker_prompt_length(ids, resumed.entry.tokens) <= talker
+                fits = talker_prompt_length(ids) <= talker
             if fits:
-                return _Fitted(ThinkerPrompt(ids, audio, vision), resumed.past(), 0, 0)
+                prompt = ThinkerPrompt(ids, audio, vision)
+                return _Fitted(prompt, resumed.past(), 0, 0, resumed.entry.media)
         instructions = self._instructions(request)
         parts = self._parts(request, request.history, audio, vision, instructions=instructions)
         before = parts.tokens(talker=bool(talker))
@@ -356,6 +358,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         state: ThinkerState,
         hidden: list[npt.NDArray[Any]],
         reply: str,
+        media: PromptMedia,
     ) -> None:
         """At the turn's end: keep what the Thinker was fed (prompt and reply) for the
         session's next turn. The reply's last chosen token was never fed."""
@@ -383,6 +386,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
             cache=state.cache,
             hidden=np.concatenate(hidden),
             rope_delta=state.rope_delta,
+            media=media,
         )
         self.sessions.store(request.session_id, entry)
 
@@ -461,18 +465,15 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
             reply: list[str] = []
             budget = min(self.max_new_tokens, request.max_output_tokens or self.max_new_tokens)
             calls = CallParser()  # the reply's text, with any <tool_call> read out of it
-            audio_frames = int(prompt.audio.mask.sum()) if prompt.audio is not None else 0
-            kept = talker_positions(hidden.token_ids, past.length if past is not None else 0)
+            media = fitted.earlier.then(prompt.audio, prompt.vision)
             yield HiddenStates(
-                array=hidden.states[kept] if past is not None else hidden.states,
+                array=hidden.states,
                 metadata={
                     "part": "prompt",
-                    "token_ids": [hidden.token_ids[i] for i in kept],
+                    "token_ids": hidden.token_ids,
                     "tts_embeds": self.tts_embeds,
-                    "audio_feature_frames": audio_frames,
-                    "image_grid_thw": (
-                        prompt.vision.grid_thw.tolist() if prompt.vision is not None else []
-                    ),
+                    "audio_feature_lengths": list(media.audio_lengths),
+                    "image_grid_thw": [list(grid) for grid in media.image_grids],
                 },
             )
             assert self.batcher is not None
@@ -497,7 +498,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
                     )
             if self.sessions is not None:  # its KV, out of its cache row, for the next turn
                 await self.thread.call(runner.release, state, keep=True)
-            self._remember(request, prompt, state, fed, "".join(reply))
+            self._remember(request, prompt, state, fed, "".join(reply), media)
             remembered = True
             for chunk in calls.finish():
                 yield chunk
@@ -523,6 +524,8 @@ class _Fitted:
     """the oldest history items left out now (0: no cut)"""
     tokens: int
     """the prompt's tokens before the cut (0: no cut was considered)"""
+    earlier: PromptMedia = PromptMedia()
+    """the media of the past's placeholders (none without a past)"""
 
 
 @dataclass(frozen=True, slots=True)

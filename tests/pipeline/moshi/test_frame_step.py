@@ -1,16 +1,15 @@
 """Moshi's frame step on the toy model: sessions stepped together are each stepped as if
-alone, whenever they join, for longer than the cache's window; the codec a frame at a time."""
+alone, whenever they join, for longer than the cache's window; its text tokens and voice
+codes are those of transformers' own Moshi (its `generate`, and its depth decoder)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
 from pipeline.engines.moshi.frame_step import FrameStepper, RowsFull, Sampling
-from pipeline.engines.moshi.mimi_frames import FRAME_SAMPLES, MimiFrames
 from pipeline.engines.moshi.weights import load_moshi
 
 STEPS = 12
@@ -92,36 +91,6 @@ def test_sampling_gives_codes_in_the_vocabulary(model: Any) -> None:
     assert all(0 <= f.text < 64 for f in frames)
 
 
-def test_the_codec_runs_a_frame_at_a_time_for_each_session_as_if_alone(model: Any) -> None:
-    rng = np.random.default_rng(0)
-    mic = [(rng.standard_normal(FRAME_SAMPLES) * 3000).astype(np.int16) for _ in range(5)]
-
-    def codec_run(
-        ids: list[str], bucketed: bool = False
-    ) -> dict[str, list[tuple[list[int], list[int]]]]:
-        frames = MimiFrames(
-            model.audio_encoder, codebooks=8, context=3, largest=4, bucketed=bucketed
-        )
-        frames.warm()
-        out: dict[str, list[tuple[list[int], list[int]]]] = {s: [] for s in ids}
-        for pcm in mic:
-            codes = frames.encode({s: pcm for s in ids})
-            voice = {s: torch.arange(8) % 32 for s in ids}
-            audio = frames.decode(voice)
-            for s in ids:
-                assert audio[s].shape == (FRAME_SAMPLES,) and audio[s].dtype == np.int16
-                out[s].append((codes[s].tolist(), audio[s][:16].tolist()))
-        for s in ids:
-            frames.forget(s)
-        return out
-
-    alone = codec_run(["a"])["a"]
-    assert codec_run(["a", "b"])["a"] == alone
-    # The GPU's path (static buffers, batches padded to a bucket: three sessions run as
-    # four), run plainly here: the same codes and audio.
-    assert codec_run(["a", "b", "c"], bucketed=True)["a"] == alone
-
-
 def test_the_frame_benchmark_reports_each_batch_and_the_sessions_held() -> None:
     from loadtest.moshi_steps import main
 
@@ -158,3 +127,63 @@ def test_the_depth_codes_are_those_of_transformers_own_depth_decoder(model: Any)
             token = out.logits[:, -1].argmax(-1)[:, None]
             theirs.append(token[:, 0])
     assert ours.tolist() == torch.stack(theirs, dim=1).tolist()
+
+
+def test_the_step_says_what_transformers_moshi_generates(model: Any) -> None:
+    """Two sessions stepped together, greedy, against `MoshiForConditionalGeneration.generate`
+    (greedy, its depth decoder greedy too) given the same start as a prompt: the text
+    tokens and the voice's codes of every frame it generates are the step's.
+
+    generate takes a prompt of P frames and then hears silence (Mimi's codes of a silent
+    frame); the step is given the same microphone. Its prompt is the step's own first
+    frames in Moshi's delayed layout (the text token and the voice's codes each step was
+    given); the prompt also fixes the acoustic codes of the voice's frame P - 1 (the delay),
+    so generate's own codes are compared from frame P on, its semantic code from P - 1."""
+    config = model.config
+    bos = int(config.audio_vocab_size)
+    prompt, new = 3, 5
+    with torch.inference_mode():
+        silent = model.audio_encoder.encode(torch.zeros(1, 1, 1920), num_quantizers=8)[0]
+    silence = silent[0, :, 0]
+    generator = torch.Generator().manual_seed(11)
+    heard = {  # the prompt's last frame silent too: generate hears silence's codes undelayed
+        s: [torch.randint(0, 32, (8,), generator=generator) for _ in range(prompt - 1)]
+        + [silence] * new
+        for s in ("a", "b")
+    }
+    stepper = FrameStepper(model, rows=2, sampling=Sampling(greedy=True))
+    texts: dict[str, list[int]] = {"a": [], "b": []}
+    voices: dict[str, list[torch.Tensor]] = {"a": [], "b": []}
+    for s in ("a", "b"):
+        stepper.join(s)
+    for t in range(prompt + new - 1):
+        out = stepper.step({s: heard[s][t] for s in ("a", "b")})
+        for s in ("a", "b"):
+            texts[s].append(out[s].text)
+            # the depth's raw codes, which the step feeds back (a FrameOut's whole frame
+            # pairs them across steps and drops the first step's acoustic ones)
+            voices[s].append(stepper._voice[stepper._row_of[s]].clone())
+    moshi = torch.full((2, 8, prompt), bos)  # generate delays codebooks 1-7 by a frame itself
+    for i, s in enumerate(("a", "b")):
+        for j in range(prompt):
+            moshi[i, 0, j] = bos if j == 0 else voices[s][j - 1][0]
+            moshi[i, 1:, j] = voices[s][j][1:]
+    text_ids = torch.tensor([[config.vocab_size, *texts[s][: prompt - 1]] for s in ("a", "b")])
+    sequences = model.generate(
+        input_ids=text_ids,
+        user_audio_codes=torch.stack([torch.stack(heard[s][:prompt], 1) for s in ("a", "b")]),
+        moshi_audio_codes=moshi,
+        concat_unconditional_inputs=False,
+        max_new_tokens=new,
+        do_sample=False,
+        depth_decoder_do_sample=False,
+        return_audio_waveforms=False,
+    )
+    # what generate fed itself: the voice's codes in the delayed layout, a frame per position
+    generated = model.generated_audio_codes
+    for i, s in enumerate(("a", "b")):
+        assert sequences[i, prompt:].tolist() == texts[s][prompt - 1 :]
+        theirs = generated[i, :, prompt:].T  # positions P.. hold the voice of frames P-1..
+        ours = torch.stack(voices[s][prompt - 1 : prompt - 1 + len(theirs)])
+        assert len(theirs) == new - 1
+        assert ours.tolist() == theirs.tolist()

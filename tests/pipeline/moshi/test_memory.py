@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from pipeline.engines.gpu_memory import DeviceFigures
 from pipeline.engines.moshi.duplex_engine import MoshiDuplexEngine
 from pipeline.engines.moshi.frame_step import RowsFull, Sampling
 from pipeline.engines.moshi.memory import HEADROOM
+from pipeline.engines.moshi.mimi_stream import codec_row_bytes
+from pipeline.engines.moshi.weights import moshi_config
 from pipeline.memory_plan import GIB, MemoryRefused
 
-ROW = 2 * 4 * 16 * 2 * 4 * 256 + 1 * 2 * 16 * 2 * 4 * 8
+CODEC_ROW = codec_row_bytes(
+    moshi_config(tiny=True).audio_encoder_config, codebooks=8, dtype=torch.float32
+)
+"""Mimi's streaming state for a session (test_mimi_stream.py: what MimiFrames allocates)."""
+ROW = 2 * 4 * 16 * 2 * 4 * 256 + 1 * 2 * 16 * 2 * 4 * 8 + CODEC_ROW
 """The toy model's session: its main ring (2 layers x 4 KV heads x head dim 16 x (K, V) x
-float32 x a 256-frame window) and its depth ring (8 codebooks)."""
+float32 x a 256-frame window), its depth ring (8 codebooks) and its codec's state."""
 WEIGHTS = GIB
 
 

@@ -145,28 +145,6 @@ def test_a_frame_on_rows_is_the_plain_frame(tiny_parts: Parts) -> None:
         )
 
 
-def test_a_compiled_predictor_makes_the_frames_it_makes_uncompiled(tiny_parts: Parts) -> None:
-    """The code predictor's layers compiled (the Talker's `compile_predictor`) choose the
-    same codes and give the same embedding sums, for a frame's first code (two queries) and
-    the rest (one), at two batch sizes (the second compiles with the batch dynamic)."""
-    thinker = ThinkerRunner(*tiny_parts["thinker"])
-    talker_model, config = tiny_parts["talker"]
-    greedy = Sampling()
-    talker = TalkerRunner(talker_model, config, predictor_sampling=greedy, codec_sampling=greedy)
-    plain = FramePredictor(talker_model, rows=4, sampling=greedy, capture=False)
-    fused = FramePredictor(talker_model, rows=4, sampling=greedy, capture=False, compile=True)
-    prompts = [text_prompt("Be brief."), text_prompt("Answer at length, " * 6), text_prompt("Hi")]
-    states = [open_talker(thinker, talker, p, reply_tokens=1) for p in prompts]
-    talker.predict_batch(states)  # each state's talker hidden state and first code
-    for count in (1, 3):
-        last = torch.cat([s.last_hidden for s in states[:count] if s.last_hidden is not None])
-        first = [s.next_code for s in states[:count]]
-        codes, sums = (t.clone() for t in plain.predict(last, first))
-        compiled_codes, compiled_sums = fused.predict(last, first)
-        assert compiled_codes.tolist() == codes.tolist()
-        torch.testing.assert_close(compiled_sums, sums, atol=1e-4, rtol=1e-4)
-
-
 ROWS_GRAPH = """\
 name: qwen3_omni_rows_test
 stages:

@@ -83,7 +83,7 @@ async def test_thinker_streams_text_and_the_hidden_states_the_talker_needs(
     assert isinstance(prompt, HiddenStates) and prompt.metadata["part"] == "prompt"
     assert prompt.array.shape == (len(prompt.metadata["token_ids"]), 2, 64)
     assert prompt.metadata["tts_embeds"].shape == (3, 64)
-    assert prompt.metadata["audio_feature_frames"] == 100  # 1 s of mel frames
+    assert prompt.metadata["audio_feature_lengths"] == [100]  # 1 s of mel frames
     assert prompt.metadata["image_grid_thw"] == [[1, 16, 20]]  # the camera frame's patches
     text = [c for c in out if isinstance(c, TextDelta)]
     reply = [c for c in out if isinstance(c, HiddenStates) and c.metadata["part"] == "reply"]

@@ -19,7 +19,12 @@ from transformers import DynamicCache
 from pipeline.engine_pipeline import EnginePipeline
 from pipeline.engines.qwen3_omni.audio_features import AudioInput
 from pipeline.engines.qwen3_omni.config import TOKENS
-from pipeline.engines.qwen3_omni.session_kv import Conversation, SessionEntry, SessionKV
+from pipeline.engines.qwen3_omni.session_kv import (
+    Conversation,
+    PromptMedia,
+    SessionEntry,
+    SessionKV,
+)
 from pipeline.engines.qwen3_omni.thinker import ThinkerEngine
 from pipeline.engines.qwen3_omni.thinker_runner import ThinkerPrompt, ThinkerRunner
 from pipeline.engines.qwen3_omni.vision_input import VisionInput
@@ -192,19 +197,16 @@ async def test_a_second_turn_prefills_only_its_new_tokens_and_matches_a_full_pre
     assert second.rope_delta == full_state.rope_delta
     assert_same_cache(second.cache, full_state.cache)
 
-    # the Talker gets this turn's media only (it takes one audio length): the first turn's
-    # user item is left out of its prompt chunk, every other position goes with its states
+    # the Talker gets every position (the first turn's spoken item too, as generate() builds
+    # its prompt) with both turns' audio lengths and image grids, to place them
     prompt_chunk = turns.chunks[0]
     assert isinstance(prompt_chunk, HiddenStates) and prompt_chunk.metadata["part"] == "prompt"
-    talker_ids = prompt_chunk.metadata["token_ids"]
-    assert talker_ids.count(TOKENS["audio_start"]) == 1
-    assert talker_ids.count(TOKENS["vision_start"]) == 1
-    user1 = ids.index(TOKENS["user"]) - 1
-    user1_end = user1 + ids[user1:].index(TOKENS["im_end"]) + 2
-    kept = list(range(user1)) + list(range(user1_end, len(ids)))
-    assert talker_ids == [ids[i] for i in kept]
-    np.testing.assert_allclose(prompt_chunk.array, full.states[kept], atol=CLOSE)
-    assert len(prompt_chunk.metadata["image_grid_thw"]) == 1
+    assert prompt_chunk.metadata["token_ids"] == ids
+    np.testing.assert_allclose(prompt_chunk.array, full.states, atol=CLOSE)
+    audio, vision = turns.prompt.audio, turns.prompt.vision
+    assert audio is not None and vision is not None
+    assert prompt_chunk.metadata["audio_feature_lengths"] == audio.mask.sum(dim=1).tolist()
+    assert prompt_chunk.metadata["image_grid_thw"] == vision.grid_thw.tolist()
 
 
 async def test_the_new_part_takes_the_positions_of_a_full_rope_index(
@@ -501,5 +503,5 @@ async def test_a_reply_ending_on_a_media_id_is_not_kept(
     prompt = (await thinker.thread.call(thinker._fitted_prompt, request, None)).prompt
     state, hidden = await thinker.thread.call(thinker.runner.prefill, prompt)
     state.generated[-1] = last
-    thinker._remember(request, prompt, state, [hidden.states], "tok1")
+    thinker._remember(request, prompt, state, [hidden.states], "tok1", PromptMedia())
     assert ("s" in thinker.sessions) is kept

@@ -195,7 +195,7 @@ def test_the_talkers_prompt_is_as_long_as_the_thinker_counts_it(
     thinker = ThinkerRunner(thinker_model, config)
     talker = TalkerRunner(talker_model, talker_config)
     talking = open_talker(thinker, talker, ThinkerPrompt(ids), reply_tokens=2)
-    assert talking.length == talker_prompt_length(ids, 0)
+    assert talking.length == talker_prompt_length(ids)
 
 
 async def test_the_talkers_share_is_cut_to_its_room_too() -> None:
@@ -218,7 +218,7 @@ async def test_the_talkers_share_is_cut_to_its_room_too() -> None:
             assert turn.error is None
             prompt = turn.chunks[0]
             assert isinstance(prompt, HiddenStates)
-            assert talker_prompt_length(prompt.metadata["token_ids"], 0) <= 200
+            assert talker_prompt_length(prompt.metadata["token_ids"]) <= 200
             assert turn.fed + 1 <= CONTEXT
         assert engine.cuts.cuts >= 1
     finally:

@@ -1,0 +1,29 @@
+"""The benchmark pages' charts, drawn from the reports kept in loadtest/results/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loadtest import plots
+
+
+def test_every_chart_is_drawn_from_the_kept_reports(tmp_path: Path) -> None:
+    assert plots.main(["--out", str(tmp_path)]) == 0
+    drawn = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert drawn == sorted(f"{chart.name}.png" for chart in plots.charts())
+    served = next(c for c in plots.charts() if c.name == "qwen3_omni_served")
+    shipped = served.series[0]
+    assert shipped.label.startswith("shipped qwen3_omni.yaml (H100 80GB HBM3, 2026-12-06")
+    assert shipped.x == [1, 3] and shipped.ys["p50"] == [653.5, 393.1]
+
+
+def test_a_missing_report_is_named_and_an_empty_chart_not_drawn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(plots, "RESULTS", tmp_path / "none")
+    for chart in plots.charts():
+        assert not chart.series and chart.missing
+        assert plots.draw(chart, tmp_path) is None
+    assert not list(tmp_path.glob("*.png"))
