@@ -182,6 +182,22 @@ def test_every_route_named_is_served() -> None:
     assert not wrong, wrong
 
 
+def test_every_option_of_a_loadtest_command_is_taken() -> None:
+    """`python -m loadtest.X --opt ...`: each option is one the loadtest package declares.
+    The history page is left out, as above."""
+    source = _loadtest_source()
+    wrong = []
+    for page in PAGES:
+        if page.name == "history.md":
+            continue
+        for line in _code(_text(page)):
+            for command in re.findall(r"-m loadtest[\w.]*((?:\s+[^\s`|;]+)*)", line):
+                for option in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", command):
+                    if f'"{option}"' not in source and option not in FOREIGN_OPTIONS:
+                        wrong.append(f"{page.relative_to(ROOT)}: {option}")
+    assert not wrong, sorted(set(wrong))
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_loadtest_module_named_exists(page: Path) -> None:
     wrong = []
