@@ -84,59 +84,51 @@ def gather(chart: Chart, names: Sequence[str], read: Callable[[str, dict[str, An
             chart.sources.append(name)
 
 
+def point_series(label: str, points: list[tuple[float, Any, Any]]) -> Series | None:
+    """A series of (x, p50, p95) points, in x's order; None without a point."""
+    if not points:
+        return None
+    points.sort()
+    return Series(
+        label,
+        [p[0] for p in points],
+        {"p50": [p[1] for p in points], "p95": [p[2] for p in points]},
+    )
+
+
 def served_series(label: str) -> Callable[[str, dict[str, Any]], Series | None]:
     def read(name: str, report: dict[str, Any]) -> Series | None:
-        points = []
+        points: list[tuple[float, Any, Any]] = []
         for level in report.get("levels", []):
             after = level["figures"].get("first_audio_after_stop_ms") or {}
             if after.get("p50") is not None:
                 points.append((level["sessions"], after["p50"], after.get("p95")))
-        if not points:
-            return None
-        points.sort()
-        return Series(
-            f"{label} ({stamp(report['header'])})",
-            [p[0] for p in points],
-            {"p50": [p[1] for p in points], "p95": [p[2] for p in points]},
-        )
+        return point_series(f"{label} ({stamp(report['header'])})", points)
 
     return read
 
 
 def graph_series(name: str, report: dict[str, Any]) -> Series | None:
     phase = report.get("parley") or {}
-    points = []
+    points: list[tuple[float, Any, Any]] = []
     for key, level in phase.items():
         if key.startswith("c") and key[1:].isdigit() and isinstance(level, dict):
             first = level.get("first_audio_ms") or {}
             if first.get("p50") is not None:
                 points.append((int(key[1:]), first["p50"], first.get("p95")))
-    if not points:
-        return None
-    points.sort()
-    return Series(
-        f"{name.removesuffix('.json')} ({stamp(report['header'])})",
-        [p[0] for p in points],
-        {"p50": [p[1] for p in points], "p95": [p[2] for p in points]},
-    )
+    return point_series(f"{name.removesuffix('.json')} ({stamp(report['header'])})", points)
 
 
 def levels_series(key: str, label: str) -> Callable[[str, dict[str, Any]], Series | None]:
     def read(name: str, report: dict[str, Any]) -> Series | None:
         levels = report.get("levels") or {}
-        points = sorted(
+        points: list[tuple[float, Any, Any]] = [
             (int(n), level[key]["p50"], level[key].get("p95"))
             for n, level in levels.items()
             if isinstance(level.get(key), dict) and level[key].get("p50") is not None
-        )
-        if not points:
-            return None
+        ]
         device = (report.get("argv") or {}).get("device", "")
-        return Series(
-            f"{label} ({name.removesuffix('.json')}, {device})",
-            [p[0] for p in points],
-            {"p50": [p[1] for p in points], "p95": [p[2] for p in points]},
-        )
+        return point_series(f"{label} ({name.removesuffix('.json')}, {device})", points)
 
     return read
 

@@ -40,6 +40,7 @@ import torch
 from ...duplex import DuplexFull
 from ..qwen3_omni.step_graphs import StepGraphs
 from .ring_cache import RingCache
+from .session_rows import SessionRows
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +115,7 @@ class FrameStepper:
         self.graphs: StepGraphs[tuple[torch.Tensor, torch.Tensor]] = StepGraphs(
             self._frame, largest=rows, device=self.device, capture=capture
         )
-        self._row_of: dict[str, int] = {}
+        self._sessions = SessionRows(rows, reset=self._reset_row, move=self._move_row)
         """Session -> its row: always rows 0..sessions-1."""
         shape = (rows, self.codebooks)
         self._text = torch.full((rows,), self.text_bos, dtype=torch.long, device=self.device)
@@ -125,34 +126,29 @@ class FrameStepper:
 
     @property
     def sessions(self) -> int:
-        return len(self._row_of)
+        return len(self._sessions)
 
     def join(self, session_id: str) -> None:
         """Give `session_id` a row from the next step on; RowsFull if none is free."""
-        if session_id in self._row_of:
-            return
-        row = len(self._row_of)
-        if row >= self.rows:
+        if not self._sessions.join(session_id):
             raise RowsFull(f"all {self.rows} rows hold sessions")
-        self._row_of[session_id] = row
+
+    def leave(self, session_id: str) -> None:
+        """Free the session's row (idempotent); the last row's session moves into it."""
+        self._sessions.leave(session_id)
+
+    def _reset_row(self, row: int) -> None:
         self.cache.clear(row)
         self._text[row] = self.text_bos
         self._voice[row] = self.audio_bos
         self._user[row] = self.audio_bos
         self._semantic[row] = -1
 
-    def leave(self, session_id: str) -> None:
-        """Free the session's row (idempotent); the last row's session moves into it."""
-        row = self._row_of.pop(session_id, None)
-        last = len(self._row_of)
-        if row is None or row == last:
-            return
-        moved = next(s for s, r in self._row_of.items() if r == last)
+    def _move_row(self, last: int, row: int) -> None:
         with torch.inference_mode():
             self.cache.move(last, row)
             for state in (self._text, self._voice, self._user, self._semantic):
                 state[row] = state[last]
-        self._row_of[moved] = row
 
     def warm(self) -> None:
         """Capture every bucket now (before the model is ready), so no session waits on one."""
@@ -163,9 +159,9 @@ class FrameStepper:
         """One frame for each session in `user_codes` (its microphone's [codebooks] codes)."""
         if not user_codes:
             return {}
-        if set(user_codes) != set(self._row_of):
+        if set(user_codes) != self._sessions.ids():
             raise ValueError("a step takes a frame from every session that joined, and no other")
-        ids = sorted(user_codes, key=self._row_of.__getitem__)  # row order: 0..n-1
+        ids = self._sessions.in_row_order(user_codes)  # row order: 0..n-1
         n = len(ids)
         self._heard[:n].copy_(torch.stack([user_codes[s] for s in ids]).to(self.device, torch.long))
         text_all, voice_all = self.graphs.run(n)

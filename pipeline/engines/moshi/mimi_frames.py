@@ -25,7 +25,7 @@ each batch simply runs at its own size.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -34,50 +34,11 @@ import torch
 
 from ..qwen3_omni.step_graphs import StepGraphs
 from .mimi_stream import FRAME_SAMPLES, StreamedDecoder, StreamedEncoder
+from .session_rows import SessionRows
 
 RATE = 24_000
 
-__all__ = ["FRAME_SAMPLES", "RATE", "MimiFrames", "SessionRows"]
-
-
-class SessionRows:
-    """Sessions in rows 0..n-1 of a direction's state."""
-
-    def __init__(
-        self, rows: int, *, reset: Callable[[int], None], move: Callable[[int, int], None]
-    ) -> None:
-        self.rows = rows
-        self._reset, self._move = reset, move
-        self._row_of: dict[str, int] = {}
-
-    def __len__(self) -> int:
-        return len(self._row_of)
-
-    def order(self, ids: Iterable[str]) -> list[str]:
-        """`ids` in row order, newcomers given the next rows (reset). A step takes a frame
-        from every session in the direction: one missing is a ValueError (nothing changed)."""
-        ids = list(ids)
-        new = [s for s in ids if s not in self._row_of]
-        missing = set(self._row_of) - set(ids)
-        if missing:
-            raise ValueError(f"no frame for sessions that joined: {sorted(missing)}")
-        if len(self._row_of) + len(new) > self.rows:
-            raise ValueError(f"more than the {self.rows} rows this codec holds")
-        for session_id in new:
-            row = len(self._row_of)
-            self._row_of[session_id] = row
-            self._reset(row)
-        return sorted(ids, key=self._row_of.__getitem__)
-
-    def leave(self, session_id: str) -> None:
-        """Free the session's row (idempotent); the last row's session moves into it."""
-        row = self._row_of.pop(session_id, None)
-        last = len(self._row_of)
-        if row is None or row == last:
-            return
-        moved = next(s for s, r in self._row_of.items() if r == last)
-        self._move(last, row)
-        self._row_of[moved] = row
+__all__ = ["FRAME_SAMPLES", "RATE", "MimiFrames"]
 
 
 class MimiFrames:

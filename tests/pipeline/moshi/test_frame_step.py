@@ -162,7 +162,7 @@ def test_the_step_says_what_transformers_moshi_generates(model: Any) -> None:
             texts[s].append(out[s].text)
             # the depth's raw codes, which the step feeds back (a FrameOut's whole frame
             # pairs them across steps and drops the first step's acoustic ones)
-            voices[s].append(stepper._voice[stepper._row_of[s]].clone())
+            voices[s].append(stepper._voice[stepper._sessions.row(s)].clone())
     moshi = torch.full((2, 8, prompt), bos)  # generate delays codebooks 1-7 by a frame itself
     for i, s in enumerate(("a", "b")):
         for j in range(prompt):
