@@ -113,8 +113,14 @@ class FrameChunker:
     """One request's frames, cut into decode windows: bounded to context + one chunk."""
 
     def __init__(self, *, first_chunk: int = 5, chunk: int = 25, left_context: int = 25) -> None:
-        if first_chunk < 1 or chunk < 1 or left_context < 0:
-            raise ValueError("chunk sizes must be positive, left context non-negative")
+        if first_chunk < 1 or chunk < 1:
+            raise ValueError("chunk sizes must be positive")
+        if left_context < 1:  # the frame before a window makes its first samples
+            raise ValueError(
+                "left_context must be at least 1 frame: a window's first 555 samples come"
+                " from the frame before it (the decoder looks a frame ahead), so without one"
+                " every chunk boundary would be a gap"
+            )
         self.first_chunk = first_chunk
         self.chunk = chunk
         self.left_context = left_context

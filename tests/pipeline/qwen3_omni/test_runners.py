@@ -126,6 +126,13 @@ def test_chunks_grow_from_the_first_to_the_full_size() -> None:
     assert sizes == [5, 10, 20, 25, 25]
 
 
+def test_a_chunker_without_left_context_is_refused() -> None:
+    """Without the frame before it, a window cannot make its first samples: each chunk
+    boundary would be a 23 ms gap, so the setting is refused, saying why."""
+    with pytest.raises(ValueError, match="left_context must be at least 1 frame"):
+        FrameChunker(first_chunk=5, chunk=25, left_context=0)
+
+
 def test_code2wav_chunks_with_left_context(tiny_parts: Parts) -> None:
     chunker = FrameChunker(first_chunk=2, chunk=4, left_context=3)
     windows = []
