@@ -110,7 +110,7 @@ def test_a_batch_goes_to_the_smallest_length_that_holds_its_longest(tiny_parts: 
     model = tiny_parts["code2wav"][0]
     assert window_lengths(5, 25, 25) == [5, 15, 35, 50]  # the GPU graph's windows
     assert window_lengths(2, 4, 3) == [2, 6, 7]
-    assert window_lengths(10, 5, 0) == [5, 10]
+    assert window_lengths(10, 5, 1) == [6, 10]  # a first chunk longer than `chunk` comes last
     graphs = WindowGraphs(model, lengths=[35, 5, 15, 50, 5], max_batch=4)
     assert graphs.lengths == [5, 15, 35, 50]
     assert [graphs.length_for(1, n) for n in (1, 5, 6, 15, 16, 50)] == [5, 5, 15, 15, 35, 50]
