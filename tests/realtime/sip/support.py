@@ -70,6 +70,20 @@ def free_udp_port() -> int:
         return port
 
 
+def free_sipp_port() -> int:
+    """A port sipp can bind for UDP and for TCP alike: a port free for UDP alone was once
+    taken for TCP, and sipp over TCP exited 254 ("Unable to bind main socket")."""
+    for _ in range(50):
+        port = free_udp_port()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no port free for both UDP and TCP on 127.0.0.1")
+
+
 async def run_sipp(
     scenario: str,
     server: SipServer,
@@ -88,7 +102,7 @@ async def run_sipp(
         "-i",
         "127.0.0.1",
         "-p",
-        str(free_udp_port()),
+        str(free_sipp_port()),
         "-t",
         transport,
         "-m",
