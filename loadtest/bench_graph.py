@@ -135,26 +135,30 @@ class BenchGraph:
     def set_arg(self, stage: str, key: str, value: Any, asked_by: str) -> None:
         """One engine argument of one stage (none written where it already says so)."""
         args = self._stage(stage).setdefault("engine_args", {})
-        was = args.get(key, UNSET)
-        if was == value:
-            return
-        args[key] = value
-        self.overrides.append(Override(f"{stage}.{key}", value, was, asked_by, stage))
+        self._set(args, f"{stage}.{key}", key, value, asked_by, stage)
 
     def set_graph(self, key: str, value: Any, asked_by: str) -> None:
-        was = self.data.get(key, UNSET)
-        if was == value:
-            return
-        self.data[key] = value
-        self.overrides.append(Override(key, value, was, asked_by, None))
+        self._set(self.data, key, key, value, asked_by, None)
 
     def set_placement(self, stage: str, key: str, value: Any, asked_by: str) -> None:
         placement = self._stage(stage).setdefault("placement", {})
-        was = placement.get(key, UNSET)
+        self._set(placement, f"{stage}.placement.{key}", key, value, asked_by, stage)
+
+    def _set(
+        self,
+        where: dict[str, Any],
+        name: str,
+        key: str,
+        value: Any,
+        asked_by: str,
+        stage: str | None,
+    ) -> None:
+        """`where[key] = value`, recorded as an override named `name` unless it says so."""
+        was = where.get(key, UNSET)
         if was == value:
             return
-        placement[key] = value
-        self.overrides.append(Override(f"{stage}.placement.{key}", value, was, asked_by, stage))
+        where[key] = value
+        self.overrides.append(Override(name, value, was, asked_by, stage))
 
     def set_devices(self, stage: str, devices: list[str], asked_by: str) -> None:
         """The stage's replicas on `devices`; the placement says it (an engine's own
