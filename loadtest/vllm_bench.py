@@ -41,7 +41,7 @@ from pipeline.engines.openai_chat.thinker import ChatThinkerEngine
 from pipeline.registry import CONFIGS
 from pipeline.types import HistoryItem, PipelineRequest, TextDelta
 
-from .vllm_server import MODEL, Vllm, start, stop
+from .vllm_server import LONG_ANSWER, MODEL, Vllm, start, stop
 
 QUESTIONS = (
     "What is the capital of France?",
@@ -145,9 +145,7 @@ async def cancels(server: Vllm, n: int) -> dict[str, Any]:
     try:
         with MetricsPoller(server) as poller:
             for k in range(n):
-                request = PipelineRequest(
-                    f"c{k}", np.zeros(0, np.int16), text="Count from one to two hundred."
-                )
+                request = PipelineRequest(f"c{k}", np.zeros(0, np.int16), text=LONG_ANSWER)
                 stream = engine.generate(f"c{k}", request)
                 words = 0
                 async for chunk in stream:
@@ -155,6 +153,8 @@ async def cancels(server: Vllm, n: int) -> dict[str, Any]:
                         words += 1
                         if words == 5:
                             break
+                else:  # it stopped by itself: nothing to time
+                    raise RuntimeError(f"the answer ended after {words} words, before a cancel")
                 cancelled = time.monotonic()
                 await stream.aclose()
                 deadline = time.monotonic() + 5

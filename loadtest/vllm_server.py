@@ -25,6 +25,11 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = Path(os.environ.get("PARLEY_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 MODEL = "smollm2"
+LONG_ANSWER = "List the numbers from 1 to 100, separated by commas."
+"""A question SmolLM2-135M-Instruct answers at length at temperature 0 (past 160 tokens).
+Asked to "Count from one to fifty, one number a line." it says "One number a line." (6
+tokens), and "Count from one to two hundred." gets "I'm ready to assist you..." (14): a
+test that needs an answer still streaming, or a cancel that must stop one, asks this."""
 START_S = 600.0
 """How long it may take to serve (about 40 s on this 2-core machine, more when busy)."""
 

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from loadtest.vllm_server import LONG_ANSWER, Vllm
 from loadtest.vllm_server import MODEL as VLLM_MODEL
-from loadtest.vllm_server import Vllm
 from pipeline.engines.openai_chat.thinker import ChatThinkerEngine
 from pipeline.types import End, PipelineRequest, TextDelta, ToolCallDelta, ToolSpec
 from tests.fakes.chat_server import MODEL as SCRIPTED_MODEL
@@ -93,7 +93,7 @@ async def test_a_named_tools_call_streams_arguments_that_parse(server: Server) -
 
 
 async def test_a_cancel_stops_the_server_generating(server: Server) -> None:
-    long = turn("Count from one to one hundred, one number a line.")
+    long = turn(LONG_ANSWER)
     async with thinker(server) as engine:
         stream = engine.generate("r1", long)
         async for chunk in stream:
@@ -113,8 +113,9 @@ async def test_a_cancel_stops_the_server_generating(server: Server) -> None:
 async def test_two_sessions_stream_at_once(server: Server) -> None:
     """Both answers are at the server together (generating, or one waiting for its batch).
     The server is asked how many requests it holds from the start until both answers end or
-    it has said two; the answers are long (160 tokens) so that a busy CPU's slow /metrics
-    still sees them: with 64-token answers it once answered only after both had ended."""
+    it has said two. The answers are long (160 tokens of LONG_ANSWER) so that a busy CPU's
+    slow /metrics still sees them: the question asked before was answered in 6 tokens, over
+    before a loaded CI machine's first poll came back."""
     answered = 0
     peak = 0.0
 
@@ -128,7 +129,7 @@ async def test_two_sessions_stream_at_once(server: Server) -> None:
 
         async def one(k: int) -> str:
             nonlocal answered
-            request = turn("Count from one to fifty, one number a line.")
+            request = turn(LONG_ANSWER)
             chunks = [c async for c in engine.generate(f"r{k}", request)]
             answered += 1
             return "".join(c.text for c in chunks if isinstance(c, TextDelta))
@@ -140,5 +141,5 @@ async def test_two_sessions_stream_at_once(server: Server) -> None:
             watching.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watching
-    assert all(a.strip() for a in answers)
+    assert all(len(a.split()) >= 40 for a in answers)  # long: both streamed for a while
     assert peak >= 2  # both at the server together: nothing here serialised them
