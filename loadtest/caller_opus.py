@@ -6,7 +6,7 @@ Handed PCM frames, aiortc encodes each 20 ms frame of each caller in its thread 
 the server's late frames measure the callers' load. Handed `av.Packet`s, aiortc only packs
 them. So the caller's microphone sends packets from here: silence is one cached packet
 (what libopus codes digital silence as, once its state has decayed), and an utterance is
-encoded once (mono, as the server's own outbound track does: realtime/webrtc/opus_out.py)
+encoded once (mono, as the server's own outbound track does: realtime/transports/webrtc/opus_out.py)
 and its packets are replayed by every caller that says it.
 """
 
@@ -22,7 +22,7 @@ import numpy.typing as npt
 import soxr
 from av.stream import Stream
 
-from realtime.webrtc.opus_out import SILENT_PACKET_BYTES, OpusPacketizer
+from realtime.transports.webrtc.opus_out import SILENT_PACKET_BYTES, OpusPacketizer
 
 RATE = 48_000
 FRAME = 960

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from realtime import g711
-from realtime.sip import message as sip
-from realtime.sip.rtp import RtpSender, parse
-from realtime.sip.sdp_audio import parse_offer
+from realtime.transports.sip import message as sip
+from realtime.transports.sip.rtp import RtpSender, parse
+from realtime.transports.sip.sdp_audio import parse_offer
 
 PACKET = 160
 LATE_GAP_S = 0.030

@@ -5,7 +5,7 @@ offer POSTed to /v1/realtime/calls, answer applied. Everything it hears is times
 
 A bench runs tens of callers on the server's cores, so a caller is made cheap: its
 microphone sends pre-encoded Opus (caller_opus.py) and its audio is decoded on the loop
-(realtime/webrtc/inline_decode.py), not in a thread per call.
+(realtime/transports/webrtc/inline_decode.py), not in a thread per call.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from aiortc.mediastreams import MediaStreamError
 from av.stream import Stream
 
 from pipeline.tasks import TaskSet
-from realtime.webrtc.inline_decode import decode_inline
-from realtime.webrtc.outbound import sends_opus
+from realtime.transports.webrtc.inline_decode import decode_inline
+from realtime.transports.webrtc.outbound import sends_opus
 
 from . import caller_opus
 

@@ -17,7 +17,7 @@ import logging
 from sessions import PlayoutBuffer, PlayoutSink, Session
 from sessions.events import Event, SessionClosed
 
-from .webrtc.call_events import CallEvents, CallListener
+from .openai.call_events import CallEvents, CallListener
 
 log = logging.getLogger("parley.realtime.call")
 
@@ -34,6 +34,9 @@ class SessionCall(PlayoutSink):
         self.close_reason = ""
         self._end = asyncio.Event()
         self._closed = False
+        self.hung_up = False
+        """Ended by a hang-up (the app's, the client's, the server's), which ends the
+        session even where the peer dropped first and would leave it for a re-attach."""
 
     @property
     def live_session_id(self) -> str | None:
@@ -54,6 +57,16 @@ class SessionCall(PlayoutSink):
         if not self._end.is_set():
             self.close_reason = reason
             self._end.set()
+
+    def hang_up(self, reason: str) -> None:
+        """End the call and its session. A hang-up that lands as the peer drops (a broken
+        offer's ICE failing, a network gone) still ends the session: its reason replaces
+        the drop's while the call has not begun closing, and a session the close already
+        left for a re-attach is closed after it (`hung_up`)."""
+        self.hung_up = True
+        if not self._closed:
+            self.close_reason = reason
+        self.request_close(reason)
 
     def _closing(self, reason: str) -> bool:
         """Start closing (False if the call was closed already: `close` is idempotent)."""

@@ -9,7 +9,7 @@ or query that closed it; a typed turn: the moment the answer starts).
 One clock for audio and frames: the server's wall clock, as things arrive. A frame is
 stamped when it arrives on a WebSocket (neither the OpenAI Realtime `input_image` nor the
 video chat's `video.frame` carries a time of its own), or by its RTP timestamp over WebRTC,
-converted to that clock (realtime/webrtc/frame_clock.py). The audio is placed on it by
+converted to that clock (realtime/transports/webrtc/frame_clock.py). The audio is placed on it by
 when each stretch of it arrived (audio_arrivals.py). Not the audio timeline itself (ms of
 audio received): it stands still while a client sends no audio (push-to-talk, a video
 chat client that sends the question's audio with the query), and every frame sent

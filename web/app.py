@@ -29,8 +29,8 @@ from pipeline.tasks import TaskSet, background, cancel_and_wait
 from pipeline.types import Pipeline, ReportsStages
 from realtime.auth import Authenticator
 from realtime.call_index import CallIndex
-from realtime.ice import IceSettings, parse_ice_servers
-from realtime.webrtc.registry import CallRegistry
+from realtime.transports.webrtc.ice import IceSettings, parse_ice_servers
+from realtime.transports.webrtc.registry import CallRegistry
 from sessions import SessionManager
 from sessions.process_beat import new_process_id
 from sessions.redis_link import WRITE_PROBE_KEY

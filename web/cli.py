@@ -35,8 +35,8 @@ from pipeline.registry import PipelineNotFound, graph_path
 from pipeline.remote_stage import serve_remote_stage
 from pipeline.tasks import TaskSet
 from pipeline.worker_main import EngineBroken, exit_broken
-from realtime.ice import is_loopback
-from realtime.websocket.connection import MAX_MESSAGE_BYTES
+from realtime.transports.webrtc.ice import is_loopback
+from realtime.transports.websocket.connection import MAX_MESSAGE_BYTES
 
 from . import event_loop
 from .app import Services, create_app

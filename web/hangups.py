@@ -10,7 +10,7 @@ or SIP call). Nothing runs until asked: each request is handled in the mailbox's
 from __future__ import annotations
 
 from realtime.hangup_relay import OP, HangupRelays
-from realtime.webrtc.registry import CallNotFound
+from realtime.transports.webrtc.registry import CallNotFound
 
 from .live_sip_routes import LIVE_HANGUP, hang_up_here
 from .realtime_routes import CALL_HANGUP

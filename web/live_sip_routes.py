@@ -43,9 +43,16 @@ from realtime.auth import AuthError
 from realtime.hangup_relay import ANSWER_S, Outcome, relay_hangup
 from realtime.live.live_config import LiveConfigError, parley_config, parse_accept_session
 from realtime.live.live_protocol import CLOSE_REQUESTED
-from realtime.sip.call_gate import WebhookCallGate
-from realtime.sip.media_calls import SipCallNotFound, SipMediaCalls
-from realtime.sip.pending_calls import Accept, Decision, PendingCalls, Refer, Reject, describe
+from realtime.transports.sip.call_gate import WebhookCallGate
+from realtime.transports.sip.media_calls import SipCallNotFound, SipMediaCalls
+from realtime.transports.sip.pending_calls import (
+    Accept,
+    Decision,
+    PendingCalls,
+    Refer,
+    Reject,
+    describe,
+)
 from sessions import SessionConfig
 
 from .services import Services, services_of

@@ -4,7 +4,7 @@
 The body is JSON: `{"session": <the GPT-Live session config>, "transport": {"type":
 "webrtc", "sdp": <the offer>}}`; the answer is 201 with `{"session": {"id"}, "transport":
 {"type": "webrtc", "sdp": <the answer>}}`. The page then applies the answer and waits for
-`session.started` on its `oai-events` data channel (realtime/webrtc/live_call.py).
+`session.started` on its `oai-events` data channel (realtime/live/live_webrtc_call.py).
 
 Auth is the other routes': `Authorization: Bearer <API key or ephemeral secret>` (a secret
 counts against the key that minted it). The session config is GPT-Live's, strict (an
@@ -28,19 +28,19 @@ from starlette.responses import JSONResponse, Response
 
 from realtime.auth import AuthError, with_caller
 from realtime.live.live_config import LiveConfigError, parley_config, parse_live_config
-from realtime.sdp import OfferError, OfferTooLarge
-from realtime.webrtc.registry import CallSetupError
-from realtime.websocket.denial import TOO_MANY_REQUESTS, retry_after
+from realtime.transports.webrtc.registry import CallSetupError
+from realtime.transports.webrtc.sdp import OfferError, OfferTooLarge
+from realtime.transports.websocket.denial import TOO_MANY_REQUESTS, retry_after
 from sessions import SessionConfig, SessionLimitError
 from sessions.errors import KeyLimitError
 
 from .services import services_of
 
-if TYPE_CHECKING:  # aiortc is loaded at the first offer (realtime/webrtc/registry.py)
+if TYPE_CHECKING:  # aiortc is loaded at the first offer (realtime/transports/webrtc/registry.py)
     from aiortc import RTCPeerConnection
 
     from realtime.live.live_config import LiveSessionConfig
-    from realtime.webrtc.live_call import LiveCall
+    from realtime.live.live_webrtc_call import LiveCall
 
 log = logging.getLogger("parley.web.live")
 
@@ -94,7 +94,7 @@ async def create_live_session(request: Request) -> Response:
     registry = running.calls
 
     def make_call(call_id: str, pc: RTCPeerConnection) -> LiveCall:
-        from realtime.webrtc.live_call import LiveCall
+        from realtime.live.live_webrtc_call import LiveCall
 
         return LiveCall(call_id, pc, live, registry.metrics, registry.slow, services.live_sessions)
 

@@ -13,7 +13,7 @@ from starlette.websockets import WebSocket
 from realtime.live.live_accept import serve_live
 from realtime.live.live_sideband import find_live_sideband
 from realtime.sideband_relay import relay_sideband
-from realtime.websocket.denial import deny
+from realtime.transports.websocket.denial import deny
 from sessions import SessionConfig
 
 from .services import services_of

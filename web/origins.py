@@ -25,7 +25,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from realtime.ice import is_loopback
+from realtime.transports.webrtc.ice import is_loopback
 
 from .origin_names import ANY_ORIGIN, bracketed, normalize_origin
 from .settings import Settings

@@ -54,11 +54,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
 from realtime.auth import DEFAULT_TTL_S, AuthError, with_caller
-from realtime.client_events import ProtocolError, SessionUpdate, session_patch
 from realtime.hangup_relay import ANSWER_S, Outcome, relay_hangup
-from realtime.sdp import MAX_OFFER_BYTES, OfferError, OfferTooLarge
-from realtime.server_events import session_object
-from realtime.sip.pending_calls import (
+from realtime.openai.client_events import ProtocolError, SessionUpdate, session_patch
+from realtime.openai.server_events import session_object
+from realtime.transports.sip.pending_calls import (
     Accept,
     Decision,
     PendingCalls,
@@ -66,9 +65,15 @@ from realtime.sip.pending_calls import (
     Reject,
     describe,
 )
-from realtime.webrtc.call_options import CallOptions
-from realtime.webrtc.registry import CallNotFound, CallSetupError, Reattach, ReattachRefused
-from realtime.websocket.denial import TOO_MANY_REQUESTS, retry_after
+from realtime.transports.webrtc.call_options import CallOptions
+from realtime.transports.webrtc.registry import (
+    CallNotFound,
+    CallSetupError,
+    Reattach,
+    ReattachRefused,
+)
+from realtime.transports.webrtc.sdp import MAX_OFFER_BYTES, OfferError, OfferTooLarge
+from realtime.transports.websocket.denial import TOO_MANY_REQUESTS, retry_after
 from sessions import ConfigError, SessionConfig, SessionLimitError
 from sessions.errors import KeyLimitError
 

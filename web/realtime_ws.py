@@ -6,8 +6,8 @@ browser (which cannot set headers on a WebSocket), the subprotocol
 key is refused before the upgrade: HTTP 401 where the server supports denial responses,
 else a close with 1008. `model` is accepted and ignored (the pipeline is the server's).
 `session_id`, `resume_token` and `last_event_id` resume a session after a dropped
-connection (see realtime.websocket.openai_ws). `call_id` attaches to a running WebRTC call
-instead (a sideband: realtime.websocket.sideband); an unknown call is refused before the
+connection (see realtime.openai.websocket). `call_id` attaches to a running WebRTC call
+instead (a sideband: realtime.openai.sideband); an unknown call is refused before the
 upgrade with HTTP 404 (`call_not_found`). A new session's key (or, with no key, address)
 at its limits is refused before the upgrade with HTTP 429 (`rate_limit_exceeded`).
 """
@@ -18,13 +18,13 @@ from typing import Any
 
 from starlette.websockets import WebSocket
 
-from realtime.client_events import ProtocolError, SessionUpdate, session_patch
+from realtime.openai.client_events import ProtocolError, SessionUpdate, session_patch
+from realtime.openai.sideband import serve_sideband
+from realtime.openai.websocket_accept import ConnectRequest, serve_openai_realtime
 from realtime.sideband_relay import Serve, relay_sideband
 from realtime.slow_clients import SlowClients
-from realtime.webrtc.registry import CallNotFound
-from realtime.websocket.denial import deny
-from realtime.websocket.openai_accept import ConnectRequest, serve_openai_realtime
-from realtime.websocket.sideband import serve_sideband
+from realtime.transports.webrtc.registry import CallNotFound
+from realtime.transports.websocket.denial import deny
 from sessions import ConfigError, SessionConfig, SessionManager
 
 from .services import Running, services_of

@@ -21,13 +21,13 @@ from realtime.auth import Authenticator
 from realtime.call_index import CallIndex
 from realtime.live.live_sideband import LiveSessions
 from realtime.metrics import TransportMetrics
-from realtime.sip.media_calls import SipCallNotFound, SipMediaCalls
+from realtime.openai.sideband import SidebandCall
+from realtime.openai.websocket_accept import OpenAIConnections
 from realtime.slow_clients import SlowClients
-from realtime.webrtc.registry import CallNotFound, CallRegistry
-from realtime.websocket.connections import DEFAULT_GRACE_S
-from realtime.websocket.openai_accept import OpenAIConnections
-from realtime.websocket.sideband import SidebandCall
-from realtime.websocket.video_stream import VideoStreams
+from realtime.transports.sip.media_calls import SipCallNotFound, SipMediaCalls
+from realtime.transports.webrtc.registry import CallNotFound, CallRegistry
+from realtime.transports.websocket.connections import DEFAULT_GRACE_S
+from realtime.video_chat.video_stream import VideoStreams
 from sessions import SessionManager, SessionMetrics
 
 from .settings import Settings

@@ -11,10 +11,10 @@ from typing import Any
 
 from pipeline.registry import DEFAULT_PIPELINE
 from realtime.auth import parse_keys
-from realtime.sip.allow import Allowlist, is_loopback
-from realtime.sip.call_gate import SipApi
 from realtime.slow_clients import DEFAULT_STALL_S
-from realtime.websocket.connections import DEFAULT_GRACE_S
+from realtime.transports.sip.allow import Allowlist, is_loopback
+from realtime.transports.sip.call_gate import SipApi
+from realtime.transports.websocket.connections import DEFAULT_GRACE_S
 from sessions import DEFAULT_MAX_SESSIONS
 from sessions.key_limits import KeyLimits
 from sessions.session import SessionLimits

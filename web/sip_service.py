@@ -1,9 +1,10 @@
 """SIP calls for `parley serve --sip-port`: the user agent server, the calls' media and, with
 `--sip-webhook`, OpenAI's call flow, made and closed together by the app's lifespan.
 
-The pieces live in `realtime/sip/`: `SipServer` (signalling) drives `SipMediaCalls` (SDP, RTP
-and a session per call) through the `CallHandler` seam, and the media side ends a call from
-its end through the server's `hangup` and transfers one through its `refer`. With a webhook,
+The pieces live in `realtime/transports/sip/`: `SipServer` (signalling) drives
+`SipMediaCalls` (SDP, RTP and a session per call) through the `CallHandler` seam, and the
+media side ends a call from its end through the server's `hangup` and transfers one through
+its `refer`. With a webhook,
 every usable INVITE first goes to the app as a signed `realtime.call.incoming`
 (`WebhookCallGate`), and the routes of `/v1/realtime/calls/{call_id}/accept|reject|refer`
 resolve it through the `PendingCalls` kept in the app's state; a refer of an answered call
@@ -28,11 +29,11 @@ from typing import Any
 
 from realtime.call_index import CallIndex
 from realtime.live.live_sideband import LiveSessions
-from realtime.sip.call_gate import WebhookCallGate
-from realtime.sip.media_calls import SipMediaCalls
-from realtime.sip.pending_calls import PendingCalls
-from realtime.sip.uas import SipServer
-from realtime.sip.webhook import WebhookSender
+from realtime.transports.sip.call_gate import WebhookCallGate
+from realtime.transports.sip.media_calls import SipMediaCalls
+from realtime.transports.sip.pending_calls import PendingCalls
+from realtime.transports.sip.uas import SipServer
+from realtime.transports.sip.webhook import WebhookSender
 from sessions import SessionManager
 
 from .realtime_routes import PENDING_CALLS_STATE

@@ -2,7 +2,7 @@
 `/v1/realtime/calls/{id}/refer` and GPT-Live's `/v1/live/sessions/{id}/refer`).
 
 Before the answer a refer redirects the ringing call (a 302, through `PendingCalls`); once
-the call is up it is a transfer: a REFER in the call's dialog (realtime/sip/transfer.py).
+the call is up it is a transfer: a REFER in the call's dialog (realtime/transports/sip/transfer.py).
 The route answers 200 when the caller's side has taken the transfer on; the call then ends
 by itself when the target answers (GPT-Live's `session.closed` says `close_requested`, the
 app having asked for it), and goes on with the model if the transfer fails. A REFER that is
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from starlette.responses import JSONResponse, Response
 
-from realtime.sip.media_calls import SipCallNotFound, SipMediaCalls, TransferRefused
+from realtime.transports.sip.media_calls import SipCallNotFound, SipMediaCalls, TransferRefused
 
 HTTP_STATUS = {481: 409, 491: 409, 408: 504, 501: 501}
 """The REFER's SIP status -> the route's HTTP status; any other refusal is 502 (the caller's

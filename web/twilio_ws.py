@@ -1,11 +1,11 @@
 """`/v1/twilio/media`: a Twilio Media Stream, bound to a session of its own
-(realtime.websocket.twilio_accept says who may open one and how)."""
+(realtime.twilio.twilio_accept says who may open one and how)."""
 
 from __future__ import annotations
 
 from starlette.websockets import WebSocket
 
-from realtime.websocket.twilio_accept import serve_twilio
+from realtime.twilio.twilio_accept import serve_twilio
 
 from .services import services_of
 

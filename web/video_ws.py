@@ -2,7 +2,7 @@
 
 Auth is the signaling's (`Authorization: Bearer <API key or ephemeral secret>`); a bad key is
 refused before the upgrade with HTTP 401, and a server still starting with 503. The
-connection itself is realtime.websocket.video_stream's. Whether it starts a session or
+connection itself is realtime.video_chat.video_stream's. Whether it starts a session or
 resumes one says its first message, after the upgrade: so a key (or address) at its limits
 is refused then, with an `error` message `rate_limit_exceeded` (and close 1013), not 429.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from starlette.websockets import WebSocket
 
-from realtime.websocket.video_stream import VideoChatStream
+from realtime.video_chat.video_stream import VideoChatStream
 
 from .services import services_of
 from .ws_admission import admit

@@ -2,7 +2,7 @@
 
 A bad or missing key is refused before the upgrade with HTTP 401, and a server still
 starting (no session manager yet) with 503, as JSON errors; where the server cannot send
-denial responses the socket is closed with 1008 instead (realtime.websocket.denial).
+denial responses the socket is closed with 1008 instead (realtime.transports.websocket.denial).
 
 A connection that will start a new session is also checked against its caller's limits
 (sessions/key_limits.py: its API key's, or, with no key, its address's) and refused with
@@ -17,7 +17,7 @@ from __future__ import annotations
 from starlette.websockets import WebSocket
 
 from realtime.auth import AuthError, Grant, with_caller
-from realtime.websocket.denial import deny, deny_limited
+from realtime.transports.websocket.denial import deny, deny_limited
 from sessions import SessionManager
 from sessions.errors import KeyLimitError
 

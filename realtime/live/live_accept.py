@@ -21,7 +21,7 @@ from sessions import Session, SessionConfig, SessionLimitError, SessionManager
 from sessions.events import ConversationItem
 
 from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
-from ..websocket.connection import CLOSE_POLICY, CLOSE_TRY_AGAIN
+from ..transports.websocket.connection import CLOSE_POLICY, CLOSE_TRY_AGAIN
 from .live_config import LiveConfigError, LiveSessionConfig, parley_config, parse_live_config
 from .live_connection import LiveConnection
 from .live_errors import live_error

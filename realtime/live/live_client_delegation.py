@@ -45,7 +45,7 @@ from sessions.events import (
     new_id,
 )
 
-from ..websocket.sender import Message
+from ..transports.websocket.sender import Message
 
 log = logging.getLogger("parley.realtime.live")
 

@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from sessions import ConfigError, SessionConfig
 
-from ..client_events import AudioFormats
 from ..g711 import PCMA, PCMU
+from ..openai.client_events import AudioFormats
 from .live_client_delegation import DELEGATE_TOOL
 
 MAX_INPUT_ITEMS = 128

@@ -1,7 +1,7 @@
 """GPT-Live over a WebSocket (`/v1/live/sessions`): one connection, one session.
 
 The connection's lifecycle (reader, paced sender, size limit, close) is the
-MessageConnection's (realtime/websocket/connection.py); GPT-Live's message mapping is the
+MessageConnection's (realtime/transports/websocket/connection.py); GPT-Live's message mapping is the
 session's `LiveProtocol` (live_protocol.py, shared with SIP calls), and this connection adds
 the audio both ways. As the `openai` SDK's `client.live` speaks it:
 
@@ -24,7 +24,7 @@ There is no client control of turns: Parley's own turn detection and barge-in de
 the assistant speaks and when it stops, as the model does in GPT-Live.
 
 Output audio never pauses, as GPT-Live's: between answers the sender streams silence in
-40 ms pieces at real-time pace (realtime/websocket/sender.py).
+40 ms pieces at real-time pace (realtime/transports/websocket/sender.py).
 
 Responses delegation (`response.event`, `response.item.create`, `response.create`):
 live_delegation.py, Parley's own model as the backend. Not yet: client delegation events
@@ -46,13 +46,13 @@ from pipeline.tasks import TaskSet
 from sessions import MediaError, Session, SessionManager
 from sessions.events import Event
 
-from ..client_events import AudioFormats
 from ..g711 import G711, PCMA, PCMU
+from ..openai.client_events import AudioFormats
+from ..openai.websocket import output_payload
 from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
-from ..websocket.connection import MessageConnection
-from ..websocket.connections import ConnectionRegistry
-from ..websocket.openai_ws import output_payload
-from ..websocket.sender import Message
+from ..transports.websocket.connection import MessageConnection
+from ..transports.websocket.connections import ConnectionRegistry
+from ..transports.websocket.sender import Message
 from .live_config import LiveSessionConfig
 from .live_errors import live_error
 from .live_protocol import LiveProtocol

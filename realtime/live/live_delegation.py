@@ -30,7 +30,7 @@ from sessions.events import (
     new_id,
 )
 
-from ..websocket.sender import Message
+from ..transports.websocket.sender import Message
 
 MAX_OPEN_CALLS = 64
 """Function calls waiting for their outputs; past this the oldest are forgotten."""

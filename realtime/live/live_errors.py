@@ -6,7 +6,7 @@ from typing import Any
 
 from sessions.events import new_id
 
-from ..websocket.sender import Message
+from ..transports.websocket.sender import Message
 
 
 def live_error(

@@ -51,7 +51,7 @@ from sessions.events import (
 )
 
 from ..error_throttle import ErrorThrottle
-from ..websocket.sender import Message
+from ..transports.websocket.sender import Message
 from .live_client_delegation import ClientDelegations
 from .live_commentary import MAX_CHARS, Commentary, CommentaryFull
 from .live_config import (

@@ -19,7 +19,7 @@ sideband is a second connection to the session:
 Sidebands attach to sessions served by this process (`LiveSessions`; one on another worker
 process is relayed there and served the same way: realtime/sideband_relay.py), whatever carries
 the session's audio: what they attach to is the session's `LiveProtocol` (live_protocol.py),
-which a GPT-Live WebSocket and a GPT-Live SIP call (realtime/sip/live_sip_call.py) both host.
+which a GPT-Live WebSocket and a GPT-Live SIP call (realtime/live/live_sip_call.py) both host.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from sessions import SessionManager
 
 from ..sideband_relay import Serve
 from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
-from ..websocket.connection import CLOSE_NORMAL, MessageConnection
-from ..websocket.sender import Message
+from ..transports.websocket.connection import CLOSE_NORMAL, MessageConnection
+from ..transports.websocket.sender import Message
 from .live_errors import live_error
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from starlette.applications import Starlette
 from loadtest import caller_opus
 from loadtest.speech import silence, speak, trim_silence
 from loadtest.webrtc_client import FRAME, RATE, Caller, Microphone, rms
-from realtime.webrtc.inline_decode import InlineDecoder
+from realtime.transports.webrtc.inline_decode import InlineDecoder
 from tests.realtime.apps import asgi_client, fake_app
 
 

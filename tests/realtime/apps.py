@@ -17,7 +17,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from pipeline.tasks import cancel_and_wait
-from realtime.websocket.connection import MAX_MESSAGE_BYTES as WS_MAX_SIZE
+from realtime.transports.websocket.connection import MAX_MESSAGE_BYTES as WS_MAX_SIZE
 from sessions import SessionManager
 from web.app import Services, create_app
 from web.settings import Settings

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from realtime.webrtc.call import EVENT_ID_SCAN_BYTES, MAX_MESSAGE_BYTES, client_event_id
+from realtime.transports.webrtc.call import EVENT_ID_SCAN_BYTES, MAX_MESSAGE_BYTES, client_event_id
 
 
 def test_the_event_id_of_an_oversized_message_is_found_without_parsing_it() -> None:

@@ -1,4 +1,4 @@
-"""A call's server events (realtime.webrtc.call_events) without a peer connection: the GA
+"""A call's server events (realtime.openai.call_events) without a peer connection: the GA
 sequence on a stand-in data channel, the playout news only with a response id, listeners
 fed and told once when the call ends."""
 
@@ -12,7 +12,7 @@ import pytest
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
-from realtime.webrtc.call_events import MAX_CHANNEL_BUFFER, CallEvents
+from realtime.openai.call_events import MAX_CHANNEL_BUFFER, CallEvents
 from sessions import events as ev
 from sessions.config import SessionConfig
 from sessions.events import ConversationItem, Event

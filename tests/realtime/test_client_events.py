@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from realtime.client_events import (
+from realtime.openai.client_events import (
     AudioFormats,
     ConversationItemCreate,
     ConversationItemDelete,
@@ -25,7 +25,7 @@ from realtime.client_events import (
     partial_session_patch,
     session_patch,
 )
-from realtime.client_items import client_item
+from realtime.openai.client_items import client_item
 from sessions.config import SessionConfig
 
 JPEG_URL = "data:image/jpeg;base64," + base64.b64encode(b"\xff\xd8\xff\xe0jpeg").decode()

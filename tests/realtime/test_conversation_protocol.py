@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from realtime.dispatch import ClientEventDispatcher
-from realtime.ga_events import GAExpander
-from realtime.server_events import to_wire
+from realtime.openai.dispatch import ClientEventDispatcher
+from realtime.openai.ga_events import GAExpander
+from realtime.openai.server_events import to_wire
 from sessions.clock import ScaledClock
 from sessions.events import (
     ConversationItemCreated,

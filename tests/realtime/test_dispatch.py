@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from realtime.client_events import AudioFormats, parse_client_event
-from realtime.dispatch import ClientEventDispatcher, Transport
-from realtime.server_events import to_wire
+from realtime.openai.client_events import AudioFormats, parse_client_event
+from realtime.openai.dispatch import ClientEventDispatcher, Transport
+from realtime.openai.server_events import to_wire
 from sessions.events import ErrorEvent, Event, ResponseCreated, ResponseDone, SessionUpdated
 from sessions.session import Session
 from tests.fakes.fake_engine import FakeEngine

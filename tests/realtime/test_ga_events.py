@@ -7,11 +7,11 @@ from typing import Any
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
-from realtime.client_events import AudioFormats
-from realtime.ga_events import GAExpander, source_id
-from realtime.server_events import to_wire
-from realtime.websocket.openai_ws import ga_messages
-from realtime.websocket.resume import Replay, replay_messages
+from realtime.openai.client_events import AudioFormats
+from realtime.openai.ga_events import GAExpander, source_id
+from realtime.openai.resume import Replay, replay_messages
+from realtime.openai.server_events import to_wire
+from realtime.openai.websocket import ga_messages
 from sessions import events as ev
 from sessions.config import SessionConfig
 from sessions.events import ConversationItem, Event

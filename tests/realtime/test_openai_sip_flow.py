@@ -18,10 +18,10 @@ import pytest
 from openai.types.webhooks import RealtimeCallIncomingWebhookEvent
 from starlette.applications import Starlette
 
-from realtime.sip.call_gate import WebhookCallGate
-from realtime.sip.handler import IncomingCall, Rejection
-from realtime.sip.pending_calls import Accept, PendingCalls, Refer, Reject
-from realtime.sip.webhook import WebhookSender, new_secret
+from realtime.transports.sip.call_gate import WebhookCallGate
+from realtime.transports.sip.handler import IncomingCall, Rejection
+from realtime.transports.sip.pending_calls import Accept, PendingCalls, Refer, Reject
+from realtime.transports.sip.webhook import WebhookSender, new_secret
 from web.app import create_app
 from web.realtime_routes import PENDING_CALLS_STATE
 from web.settings import Settings

@@ -1,5 +1,6 @@
-"""realtime/sip/pending_calls.py: calls ringing while the app decides, bounded, each decided
-once, turned away with 480 when nobody decides in time, and gone when their waiter is."""
+"""realtime/transports/sip/pending_calls.py: calls ringing while the app decides, bounded, each
+decided once, turned away with 480 when nobody decides in time, and gone when their waiter
+is."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import asyncio
 
 import pytest
 
-from realtime.sip.handler import Rejection
-from realtime.sip.pending_calls import (
+from realtime.transports.sip.handler import Rejection
+from realtime.transports.sip.pending_calls import (
     Accept,
     PendingCalls,
     Refer,

@@ -1,5 +1,5 @@
-"""realtime/sip/webhook.py: the realtime.call.incoming and live.transport.incoming events,
-signed so that the official openai SDK's `webhooks.unwrap` accepts them, delivered with
+"""realtime/transports/sip/webhook.py: the realtime.call.incoming and live.transport.incoming
+events, signed so that the official openai SDK's `webhooks.unwrap` accepts them, delivered with
 bounded retries."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from openai.types.webhooks import (
     RealtimeCallIncomingWebhookEvent,
 )
 
-from realtime.sip.webhook import (
+from realtime.transports.sip.webhook import (
     WebhookError,
     WebhookSender,
     incoming_call_event,

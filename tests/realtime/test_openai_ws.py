@@ -25,10 +25,10 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from loadtest.speech import silence, speak, trim_silence
 from realtime.g711 import ulaw_encode
-from realtime.ga_events import source_id
-from realtime.server_events import PARLEY_EVENTS
-from realtime.websocket.connection import MAX_MESSAGE_BYTES
-from realtime.websocket.connection import MAX_MESSAGE_BYTES as WS_MAX_SIZE
+from realtime.openai.ga_events import source_id
+from realtime.openai.server_events import PARLEY_EVENTS
+from realtime.transports.websocket.connection import MAX_MESSAGE_BYTES
+from realtime.transports.websocket.connection import MAX_MESSAGE_BYTES as WS_MAX_SIZE
 from tests.realtime.apps import ServedApp, fake_graph_file, served_app
 from tests.realtime.clients import RecordingClient
 from web.app import create_app

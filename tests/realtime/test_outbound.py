@@ -9,7 +9,7 @@ import numpy.typing as npt
 import pytest
 import soxr
 
-from realtime.webrtc.outbound import OUTPUT_RATE, OutboundAudioTrack
+from realtime.transports.webrtc.outbound import OUTPUT_RATE, OutboundAudioTrack
 from sessions.playout import PlayoutBuffer
 
 

@@ -19,8 +19,8 @@ from starlette.types import Message
 from starlette.websockets import WebSocket
 
 from pipeline.tasks import cancel_and_wait
-from realtime.client_events import AudioFormats
-from realtime.websocket.openai_ws import OpenAIRealtimeConnection
+from realtime.openai.client_events import AudioFormats
+from realtime.openai.websocket import OpenAIRealtimeConnection
 from sessions import SessionManager
 
 SOURCE, CLIENT = 24_000, 16_000

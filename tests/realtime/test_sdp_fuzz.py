@@ -27,7 +27,7 @@ from starlette.applications import Starlette
 
 from loadtest.sdp_fuzz import OK_STATUSES, Mutant, headers_for, mutants, real_offers
 from loadtest.webrtc_client import Microphone
-from realtime.webrtc.peer import close_peer
+from realtime.transports.webrtc.peer import close_peer
 from web.app import Services
 
 from .apps import asgi_client, fake_app

@@ -13,7 +13,7 @@ import numpy.typing as npt
 import pytest
 
 from pipeline.tasks import cancel_and_wait
-from realtime.websocket.sender import SILENCE_AHEAD_S, PacedSender, SlowClientError
+from realtime.transports.websocket.sender import SILENCE_AHEAD_S, PacedSender, SlowClientError
 
 RATE = 24_000
 

@@ -14,9 +14,9 @@ from openai.types.realtime import (
 )
 from pydantic import TypeAdapter
 
-from realtime.client_events import AudioFormats
-from realtime.ga_events import GAExpander
-from realtime.server_events import (
+from realtime.openai.client_events import AudioFormats
+from realtime.openai.ga_events import GAExpander
+from realtime.openai.server_events import (
     PARLEY_EVENTS,
     output_audio_buffer_event,
     session_object,

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from pipeline.types import Truncation
-from realtime.dispatch import ClientEventDispatcher
-from realtime.server_events import to_wire
+from realtime.openai.dispatch import ClientEventDispatcher
+from realtime.openai.server_events import to_wire
 from sessions.clock import ScaledClock
 from sessions.events import ErrorEvent, ResponseDone, SessionUpdated
 from tests.fakes.fake_engine import FakeEngine

@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 
 from loadtest.webrtc_client import Caller
 from realtime.auth import Authenticator, AuthError
-from realtime.webrtc.call_options import CallOptions
+from realtime.transports.webrtc.call_options import CallOptions
 from sessions.config import SessionConfig
 from web.app import Services
 

@@ -22,8 +22,8 @@ from websockets.asyncio.client import connect
 
 from pipeline.tasks import cancel_and_wait
 from realtime.slow_clients import TOO_SLOW
-from realtime.websocket.connection import MessageConnection
-from realtime.websocket.sender import DEFAULT_MAX_ITEMS, DEFAULT_MAX_QUEUED_MS
+from realtime.transports.websocket.connection import MessageConnection
+from realtime.transports.websocket.sender import DEFAULT_MAX_ITEMS, DEFAULT_MAX_QUEUED_MS
 from sessions import Session
 from sessions.manager import SessionManager
 from tests.realtime.apps import ServedApp, fake_graph_file, served_app

@@ -26,8 +26,8 @@ from websockets.asyncio.client import connect
 from loadtest.speech import silence, speak, trim_silence
 from loadtest.webrtc_client import Caller
 from pipeline.types import PipelineRequest
-from realtime.websocket.video_input import session_settings
-from realtime.websocket.video_messages import SessionConfigMessage, parse_message
+from realtime.video_chat.video_input import session_settings
+from realtime.video_chat.video_messages import SessionConfigMessage, parse_message
 from sessions.frame_window import LOOKBACK_MS
 from tests.fakes.fake_engine import FakeEngine
 from tests.realtime.apps import ServedApp, fake_graph_file, served_app

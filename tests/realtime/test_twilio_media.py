@@ -21,7 +21,7 @@ from websockets.exceptions import InvalidStatus
 from loadtest.speech import silence, speak, trim_silence
 from realtime.metrics import TransportMetrics
 from realtime.slow_clients import TOO_SLOW, SlowClients
-from realtime.websocket import twilio_stream
+from realtime.twilio import twilio_stream
 from sessions import Session, SessionManager
 from tests.realtime.apps import ServedApp, fake_graph_file, served_app
 from tests.realtime.twilio_caller import RATE, TwilioCaller

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from realtime.websocket.twilio_marks import MarkLedger
-from realtime.websocket.twilio_messages import (
+from realtime.twilio.twilio_marks import MarkLedger
+from realtime.twilio.twilio_messages import (
     BadMessage,
     Connected,
     Dtmf,

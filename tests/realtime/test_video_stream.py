@@ -29,8 +29,9 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from loadtest.speech import speak, trim_silence
 from realtime.auth import Authenticator
-from realtime.ga_events import source_id
-from realtime.websocket import connection, video_input, video_stream
+from realtime.openai.ga_events import source_id
+from realtime.transports.websocket import connection
+from realtime.video_chat import video_input, video_stream
 from sessions.session import SessionLimits
 from tests.fakes.fake_engine import FakeEngine
 from tests.realtime.apps import ServedApp, fake_graph_file, served_app

@@ -31,10 +31,10 @@ from starlette.applications import Starlette
 from loadtest.speech import silence, speak, trim_silence
 from loadtest.webrtc_client import Caller
 from realtime.error_throttle import DEFAULT_LIMIT
-from realtime.ice import IceSettings
 from realtime.slow_clients import TOO_SLOW
-from realtime.webrtc.call import MAX_MESSAGE_BYTES
-from realtime.webrtc.registry import CallRegistry, CallSetupError
+from realtime.transports.webrtc.call import MAX_MESSAGE_BYTES
+from realtime.transports.webrtc.ice import IceSettings
+from realtime.transports.webrtc.registry import CallRegistry, CallSetupError
 from sessions.config import SessionConfig
 from web.app import Services
 

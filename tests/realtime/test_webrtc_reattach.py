@@ -21,6 +21,7 @@ from starlette.applications import Starlette
 
 from loadtest.speech import silence, speak, trim_silence
 from loadtest.webrtc_client import Caller
+from realtime.transports.webrtc.call import PEER_FAILED
 from web.app import Services
 
 from .apps import asgi_client, fake_app
@@ -130,6 +131,21 @@ async def test_a_dropped_call_re_attaches_to_its_session_with_a_new_offer(
     hangup = await http.post(f"/v1/realtime/calls/{second.call_id}/hangup")
     assert hangup.status_code == 200
     assert len(manager) == 0
+
+
+async def test_a_hang_up_as_the_peer_drops_ends_the_session_at_once(
+    http: httpx.AsyncClient, app: Starlette, callers: list[Caller]
+) -> None:
+    """The app hangs up just as the call's peer connection fails (a broken network, a bad
+    offer's ICE): the session ends with the call, not kept for a re-attach nobody makes."""
+    first, _ = await started_call(http, callers)
+    services = services_of(app)
+    assert first.call_id is not None and services.calls is not None
+    services.calls.get(first.call_id).request_close(PEER_FAILED)  # as the call's watch sees it
+    hangup = await http.post(f"/v1/realtime/calls/{first.call_id}/hangup")
+    assert hangup.status_code in (200, 404)  # 404: the call had already gone
+    manager = services.manager
+    assert manager is not None and len(manager) == 0
 
 
 async def test_a_wrong_claim_is_refused_and_an_abandoned_session_ends_after_the_grace(

@@ -22,7 +22,7 @@ from openai.types.webhooks import (
 
 from realtime import request_relay
 from realtime.call_index import call_key
-from realtime.sip.webhook import new_secret
+from realtime.transports.sip.webhook import new_secret
 from sessions.process_beat import Request
 from tests.realtime.apps import ServedApp, fake_graph_file, served_app
 from tests.realtime.openai_sip_receiver import Delivery

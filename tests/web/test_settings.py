@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from realtime.slow_clients import DEFAULT_STALL_S
-from realtime.websocket.connections import DEFAULT_GRACE_S
+from realtime.transports.websocket.connections import DEFAULT_GRACE_S
 from web.app import create_app
 from web.settings import SettingsError, parse_settings
 

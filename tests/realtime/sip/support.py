@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from realtime.sip.handler import Answer, IncomingCall, Rejection
-from realtime.sip.uas import SipServer
+from realtime.transports.sip.handler import Answer, IncomingCall, Rejection
+from realtime.transports.sip.uas import SipServer
 
 SCENARIOS = Path(__file__).parent / "scenarios"
 T1 = 0.05

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from realtime.sip.digest import DigestAuth, parse_credentials
+from realtime.transports.sip.digest import DigestAuth, parse_credentials
 
 
 def md5(text: str) -> str:

@@ -21,8 +21,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from loadtest.speech import silence, speak, trim_silence
-from realtime.sip.media_call import SipMediaCall
-from realtime.sip.webhook import new_secret
+from realtime.transports.sip.media_call import SipMediaCall
+from realtime.transports.sip.webhook import new_secret
 
 from ..apps import ServedApp
 from ..openai_sip_receiver import Delivery

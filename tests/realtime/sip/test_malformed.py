@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from realtime.sip.uas import SipServer
+from realtime.transports.sip.uas import SipServer
 
 from .support import ScriptedHandler, serve
 

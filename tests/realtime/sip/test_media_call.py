@@ -22,13 +22,13 @@ from aiortc.rtp import RtcpPacket, RtcpSrPacket
 
 from loadtest.speech import silence, speak, trim_silence
 from realtime import g711
-from realtime.server_events import to_wire
-from realtime.sip.dtmf import event_payload
-from realtime.sip.handler import Answer, IncomingCall, Rejection
-from realtime.sip.media_calls import SipCallNotFound, SipMediaCalls
-from realtime.sip.pending_calls import Accept, Decision, Refer, Reject
-from realtime.sip.rtp import RtpSender, parse
-from realtime.sip.sdp_audio import parse_offer
+from realtime.openai.server_events import to_wire
+from realtime.transports.sip.dtmf import event_payload
+from realtime.transports.sip.handler import Answer, IncomingCall, Rejection
+from realtime.transports.sip.media_calls import SipCallNotFound, SipMediaCalls
+from realtime.transports.sip.pending_calls import Accept, Decision, Refer, Reject
+from realtime.transports.sip.rtp import RtpSender, parse
+from realtime.transports.sip.sdp_audio import parse_offer
 from sessions import SessionConfig, SessionManager
 from sessions.events import Event
 from tests.fakes.fake_engine import FakeEngine

@@ -17,8 +17,8 @@ import pytest
 
 from loadtest.speech import silence, speak, trim_silence
 from realtime import g711
-from realtime.sip.media_calls import SipMediaCalls
-from realtime.sip.uas import SipServer
+from realtime.transports.sip.media_calls import SipMediaCalls
+from realtime.transports.sip.uas import SipServer
 from sessions import SessionManager
 
 from .support import SCENARIOS, T1, free_udp_port, requires_sipp

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from realtime.sip.message import (
+from realtime.transports.sip.message import (
     MAX_HEADER_LINE_BYTES,
     MalformedMessage,
     frame,

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from realtime import g711
-from realtime.sip.rtp import RtpPacket
-from realtime.sip.rtp_session import PACKET_SAMPLES, RtpEndpoint
-from realtime.sip.sdp_audio import Negotiated
+from realtime.transports.sip.rtp import RtpPacket
+from realtime.transports.sip.rtp_session import PACKET_SAMPLES, RtpEndpoint
+from realtime.transports.sip.sdp_audio import Negotiated
 from sessions import PlayoutBuffer
 
 

@@ -6,9 +6,9 @@ import struct
 
 from aiortc.rtp import RtcpPacket
 
-from realtime.sip.dtmf import DtmfReceiver, event_payload, parse_event
-from realtime.sip.jitter import JitterBuffer
-from realtime.sip.rtp import RtpSender, parse, unwrap
+from realtime.transports.sip.dtmf import DtmfReceiver, event_payload, parse_event
+from realtime.transports.sip.jitter import JitterBuffer
+from realtime.transports.sip.rtp import RtpSender, parse, unwrap
 
 
 def test_sender_numbers_packets_and_they_parse_back() -> None:

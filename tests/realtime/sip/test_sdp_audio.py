@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from realtime.g711 import PCMA, PCMU
-from realtime.sip.handler import Rejection
-from realtime.sip.sdp_audio import (
+from realtime.transports.sip.handler import Rejection
+from realtime.transports.sip.sdp_audio import (
     Negotiated,
     SdpError,
     build_answer,

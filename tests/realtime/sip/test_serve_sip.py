@@ -19,8 +19,8 @@ import pytest
 from openai.types.webhooks import RealtimeCallIncomingWebhookEvent
 from websockets.asyncio.client import connect
 
-from realtime.sip.media_call import SipMediaCall
-from realtime.sip.webhook import new_secret
+from realtime.transports.sip.media_call import SipMediaCall
+from realtime.transports.sip.webhook import new_secret
 from web.settings import Settings
 
 from ..apps import ServedApp, fake_graph_file, served_app

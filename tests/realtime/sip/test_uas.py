@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from realtime.sip.allow import Allowlist
-from realtime.sip.handler import Answer, IncomingCall, Rejection
-from realtime.sip.uas import SipServer
+from realtime.transports.sip.allow import Allowlist
+from realtime.transports.sip.handler import Answer, IncomingCall, Rejection
+from realtime.transports.sip.uas import SipServer
 
 from .support import ANSWER_SDP, ScriptedHandler, requires_sipp, run_sipp, serve
 from .test_malformed import Client, request

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from realtime.sip.uas import SipServer
+from realtime.transports.sip.uas import SipServer
 
 from .support import ScriptedHandler, requires_sipp, run_sipp, serve
 

@@ -15,7 +15,7 @@ from starlette.applications import Starlette
 
 from loadtest.speech import silence, speak, trim_silence
 from loadtest.webrtc_client import Caller
-from realtime.webrtc.inline_decode import InlineDecoder
+from realtime.transports.webrtc.inline_decode import InlineDecoder
 from web.app import Services
 
 from ..apps import fake_app

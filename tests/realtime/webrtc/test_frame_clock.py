@@ -1,10 +1,11 @@
-"""A WebRTC frame's RTP timestamp on the session's clock (realtime/webrtc/frame_clock.py)."""
+"""A WebRTC frame's RTP timestamp on the session's clock
+(realtime/transports/webrtc/frame_clock.py)."""
 
 from __future__ import annotations
 
 from fractions import Fraction
 
-from realtime.webrtc.frame_clock import RESYNC_MS, FrameClock
+from realtime.transports.webrtc.frame_clock import RESYNC_MS, FrameClock
 
 VIDEO = Fraction(1, 90_000)
 START = 3_000_000_000  # an RTP timestamp starts anywhere

@@ -9,7 +9,7 @@ import numpy.typing as npt
 import pytest
 import soxr
 
-from realtime.webrtc.mic import MicConverter
+from realtime.transports.webrtc.mic import MicConverter
 
 
 def voice(rate: int, seconds: float) -> npt.NDArray[np.int16]:

@@ -9,8 +9,8 @@ import av
 import numpy as np
 import numpy.typing as npt
 
-from realtime.webrtc.opus_out import FRAME_SAMPLES, OpusPacketizer
-from realtime.webrtc.outbound import OUTPUT_RATE, OutboundAudioTrack, sends_opus
+from realtime.transports.webrtc.opus_out import FRAME_SAMPLES, OpusPacketizer
+from realtime.transports.webrtc.outbound import OUTPUT_RATE, OutboundAudioTrack, sends_opus
 from sessions.playout import PlayoutBuffer
 
 SILENCE = np.zeros(FRAME_SAMPLES, dtype=np.int16)
