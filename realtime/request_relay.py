@@ -1,37 +1,39 @@
 """HTTP requests across worker processes: a request lands on any worker, what it names may not.
 
-With `parley serve --workers N` the kernel gives an HTTP request to any worker, and a SIP
-call an app decides on or transfers (`/v1/realtime/calls/{id}/accept|reject|refer`,
-`/v1/live/sessions/{id}/accept|reject|refer`) rings or talks in the one worker whose
-sockets carry it. The worker that took the request (the taker) hands it to that worker
-(the owner), which serves it as if it had landed there, through its own ASGI app, and the
-taker answers with the owner's answer (status, Content-Type, body), byte for byte:
+With `parley serve --workers N` the kernel gives an HTTP request to any worker, and what it
+names may live in another: the SIP call an app decides on or transfers
+(`/v1/realtime/calls/{id}/accept|reject|refer`, `/v1/live/sessions/{id}/accept|reject|refer`)
+rings or talks in the one worker whose sockets carry it, and the call or session a hang-up
+ends (`/v1/realtime/calls/{id}/hangup`, `/v1/live/sessions/{id}/hangup`) in one too. The
+worker that took the request (the taker) hands it to that worker (the owner), which
+serves it as if it had landed there, through its own ASGI app, and the taker answers with
+the owner's answer (status, Content-Type, body), byte for byte. The owner is reached as
+every relay reaches it (owner_relay.py):
 
-1. The taker subscribes to a fresh answer channel (pub/sub: no keys are left behind), then
-   sends the request through the owner's mailbox (process_beat.py's `tell`, `OP`): the
-   method, the path, the headers that matter (`FORWARDED`) and the body (base64, at most
-   `MAX_BODY_BYTES`: the routes' own cap and one byte, so the owner refuses a body over
-   it in its own words).
+1. The taker subscribes to a fresh answer channel, then sends the request through the
+   owner's mailbox (told, `OP`): the method, the path, the headers that matter
+   (`FORWARDED`) and the body (base64, at most `MAX_BODY_BYTES`: the routes' own cap and
+   one byte, so the owner refuses a body over it in its own words).
 2. The owner publishes `TAKEN` on the channel, runs the request through its app (the scope
    says `RELAYED`, so it is never relayed again), then publishes the answer (JSON).
 3. The taker waits `TAKEN_S` for `TAKEN` (the owner is alive but silent otherwise), then up
-   to `ANSWER_S` for the answer, checking every `PEER_CHECK_S` that the owner still beats
-   (a transfer waits for the caller's side, which may take a while; a dead owner does not
-   keep it waiting). No answer is `None`: the route says 503 `owner_unavailable`.
+   to `ANSWER_S` for the answer while the owner beats (a transfer waits for the caller's
+   side, which may take a while; a dead owner does not keep it waiting), all within the
+   caller's bound (`within_s`: a hang-up's route gives it 5 s in all). No answer is
+   `None`: the route says 503 `owner_unavailable`.
 
 Nothing is unbounded: the request and the answer are capped (`MAX_ANSWER_BYTES`), the
 taker's wait has its deadline, and the owner's side runs in the mailbox's own task for the
-request (no task of its own).
+request (no task of its own), its app within `ANSWER_S` (a taker that gave up sooner, a
+hang-up's, leaves the owner's route to finish within it; its answer then goes unread).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import logging
-import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +44,7 @@ from starlette.types import ASGIApp, Message
 from sessions.keys import NAMESPACE
 from sessions.process_beat import ProcessBeat, Request
 
-from .sideband_relay import next_message
+from .owner_relay import RelayListener, new_relay_id, relay_channel
 
 log = logging.getLogger("parley.realtime.request_relay")
 
@@ -64,7 +66,6 @@ ANSWER_S = 75.0
 """How long the taker waits for the answer while the owner beats: past the slowest route,
 a transfer (its REFER waits up to 64 T1 for the answer's ACK, then as long for its own
 answer: 64 s at the default T1 of 500 ms)."""
-PEER_CHECK_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +90,7 @@ class Answer:
 
 
 def answer_channel(relay_id: str, namespace: str = NAMESPACE) -> str:
-    return f"{namespace}:request-relay:{relay_id}"
+    return relay_channel("request-relay", relay_id, namespace)
 
 
 def is_relayed(scope: Any) -> bool:
@@ -103,15 +104,17 @@ async def relay_request(
     owner: str,
     scope: Any,
     body: bytes,
+    within_s: float | None = None,
 ) -> Answer | None:
     """The taker's side: have `owner` serve the request of `scope` (an HTTP scope) with
-    `body`; its answer, or None when it did not give one in time."""
+    `body`; its answer, or None when it did not give one in time (`within_s` in all, else
+    `TAKEN_S` and `ANSWER_S`)."""
     headers = [
         [name.decode("latin-1"), value.decode("latin-1")]
         for name, value in scope["headers"]
         if name.decode("latin-1").lower() in FORWARDED
     ]
-    relay_id = secrets.token_hex(8)
+    relay_id = new_relay_id()
     request = {
         "op": OP,
         "relay": relay_id,
@@ -121,22 +124,16 @@ async def relay_request(
         "headers": headers,
         "body": base64.b64encode(body[:MAX_BODY_BYTES]).decode(),
     }
-    pubsub = redis.pubsub(ignore_subscribe_messages=True)
     try:
-        async with asyncio.timeout(TAKEN_S + ANSWER_S):
-            await pubsub.subscribe(answer_channel(relay_id))
-            if not await beat.tell(owner, request):
+        bound_s = TAKEN_S + ANSWER_S if within_s is None else within_s
+        async with asyncio.timeout(bound_s), RelayListener(redis, beat, owner) as listener:
+            if not await listener.reach(answer_channel(relay_id), request):
                 return None
-            if await next_message(pubsub, TAKEN_S) != TAKEN:
+            if await listener.next(TAKEN_S) != TAKEN:
                 return None
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + ANSWER_S
-            while loop.time() < deadline:
-                said = await next_message(pubsub, PEER_CHECK_S)
-                if said is not None:
-                    return Answer.from_json(said)
-                if not await beat.alive(owner):
-                    return None
+            async with asyncio.timeout(ANSWER_S):
+                said = await listener.heard()
+            return None if said is None else Answer.from_json(said)
     except TimeoutError:
         pass
     except ValueError as exc:
@@ -145,9 +142,6 @@ async def relay_request(
         )
     except (RedisError, OSError) as exc:
         log.warning("%s %s not relayed to %s: %s", scope["method"], scope["path"], owner, exc)
-    finally:
-        with contextlib.suppress(RedisError, OSError):
-            await pubsub.aclose()
     return None
 
 

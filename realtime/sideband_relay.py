@@ -3,13 +3,14 @@
 With `parley serve --workers N` the kernel gives a sideband's WebSocket (GPT-Live's
 `/v1/live/sessions/{id}/attach`, OpenAI Realtime's `/v1/realtime?call_id=`) to any worker,
 and what it names may live in another: its owner. The worker that took the WebSocket (the
-taker) relays it to the owner over Redis pub/sub, which leaves no keys behind, and the
-owner serves it exactly as it serves a local one: its protocol's own sideband code runs on
-a `WebSocket` whose ASGI channel is the relay (`RelayedSocket`). So a protocol supplies one
-thing, how to serve a sideband of one of its sessions or calls on a WebSocket (a `Find`),
-and everything a local sideband does (what it is sent, how its client events apply, its
-refusals, its close codes and reasons, its bounded sender and slow-client rule) holds for
-a relayed one too.
+taker) relays it to the owner over Redis pub/sub, reaching it as every relay does
+(owner_relay.py: pub/sub, which leaves no keys behind, the owner's mailbox, heartbeats
+checked while waiting), and the owner serves it exactly as it serves a local one: its
+protocol's own sideband code runs on a `WebSocket` whose ASGI channel is the relay
+(`RelayedSocket`). So a protocol supplies one thing, how to serve a sideband of one of its
+sessions or calls on a WebSocket (a `Find`), and everything a local sideband does (what it
+is sent, how its client events apply, its refusals, its close codes and reasons, its
+bounded sender and slow-client rule) holds for a relayed one too.
 
 1. The taker subscribes to the relay's `out` channel (a fresh relay id), then asks the
    owner (process_beat.py's mailbox) to serve the sideband (`OP`, naming the protocol
@@ -22,8 +23,9 @@ a relayed one too.
    client message goes in on `in`; the owner's close publishes `finished` with its code
    and reason, which the taker's client gets as its close frame.
 4. The client's close publishes `detach` (with its close code) on `in`. Each side checks
-   the other's heartbeat while it waits: a taker whose owner has gone closes its client
-   (1011); an owner whose taker has gone ends the relayed connection as a dropped one.
+   the other's heartbeat while it waits (`RelayListener.heard`): a taker whose owner has
+   gone closes its client (1011); an owner whose taker has gone ends the relayed
+   connection as a dropped one.
 
 Every pub/sub message is one tag character and a body: `m` a text message, `b` a binary
 one (base64), `c` the relay's own control word (JSON), so no client message can pass for
@@ -38,7 +40,6 @@ import base64
 import contextlib
 import json
 import logging
-import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -52,6 +53,7 @@ from pipeline.tasks import TaskSet, cancel_all
 from sessions.keys import NAMESPACE
 from sessions.process_beat import ProcessBeat, Request
 
+from .owner_relay import RelayListener, new_relay_id, other_live_owner, relay_channel
 from .slow_clients import CLOSE_TOO_SLOW, TOO_SLOW
 
 log = logging.getLogger("parley.realtime.sideband_relay")
@@ -61,8 +63,6 @@ ATTACHED, MISSING, FINISHED, DETACH = "attached", "missing", "finished", "detach
 TEXT, BINARY, CONTROL = "m", "b", "c"
 ASK_S = 3.0
 """How long the taker waits for the owner to answer, then for its first message."""
-PEER_CHECK_S = 1.0
-"""How often each side, while it waits, checks that the other still beats."""
 SEND_S = 5.0
 """How long the taker waits for its client to take one message; past it the client is slow
 and the sideband is closed (1008), as a local sideband's would be."""
@@ -78,7 +78,7 @@ None when this process has no such target, or it has ended."""
 
 def channels(relay_id: str, namespace: str = NAMESPACE) -> tuple[str, str]:
     """The relay's `out` (owner -> taker) and `in` (taker -> owner) channels."""
-    base = f"{namespace}:sideband-relay:{relay_id}"
+    base = relay_channel("sideband-relay", relay_id, namespace)
     return f"{base}:out", f"{base}:in"
 
 
@@ -112,29 +112,14 @@ def _asgi_receive(data: str) -> AsgiMessage | None:
     return None
 
 
-async def next_message(pubsub: Any, within_s: float) -> str | None:
-    """The next message on a subscribed channel, or None after `within_s` (the hang-up
-    relay waits for its answer with it too: hangup_relay.py)."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(within_s):
-            while True:
-                message = await pubsub.get_message(timeout=within_s)
-                if message is not None and message.get("type") == "message":
-                    raw = message["data"]
-                    return raw.decode() if isinstance(raw, bytes) else str(raw)
-    return None
-
-
 class RelayedSocket:
     """The owner's side of one relay: a Starlette `WebSocket` whose ASGI channel is the
     relay, for the protocol's sideband code to serve as it serves a client's socket."""
 
     def __init__(self, redis: aioredis.Redis, beat: ProcessBeat, relay_id: str, taker: str) -> None:
         self._redis = redis
-        self._beat = beat
-        self._taker = taker
         self.out, self.inbox = channels(relay_id)
-        self._pubsub = redis.pubsub(ignore_subscribe_messages=True)
+        self._listener = RelayListener(redis, beat, taker)
         self._connected = False
         self.finished = False
         scope = {"type": "websocket", "path": "/relayed-sideband", "headers": []}
@@ -142,7 +127,7 @@ class RelayedSocket:
 
     async def open(self) -> None:
         """Listen on `in` (before `attached` goes out: nothing the taker sends is lost)."""
-        await self._pubsub.subscribe(self.inbox)
+        await self._listener.subscribe(self.inbox)
 
     async def aclose(self) -> None:
         """The relay's end: a sideband that ended without a close frame ends the taker's
@@ -156,8 +141,7 @@ class RelayedSocket:
                         "reason": "the sideband ended",
                     }
                 )
-        with contextlib.suppress(RedisError, OSError):
-            await self._pubsub.aclose()
+        await self._listener.aclose()
 
     async def _receive(self) -> AsgiMessage:
         if not self._connected:
@@ -165,11 +149,9 @@ class RelayedSocket:
             return {"type": "websocket.connect"}
         try:
             while True:
-                data = await next_message(self._pubsub, PEER_CHECK_S)
-                if data is None:
-                    if not await self._beat.alive(self._taker):
-                        return {"type": "websocket.disconnect", "code": 1006}
-                    continue
+                data = await self._listener.heard()
+                if data is None:  # the taker has gone
+                    return {"type": "websocket.disconnect", "code": 1006}
                 body = parse_control(data)
                 if body is not None:
                     if body["relay"] == DETACH:
@@ -262,58 +244,52 @@ async def relay_sideband(
     `request` names (`protocol`, `target`, `subprotocol`), held by the `owner` process.
     False, with the socket untouched, when no other live process has it (the caller
     refuses it, 404)."""
-    if owner is None or owner == beat.process_id or not await beat.alive(owner):
+    owner = await other_live_owner(beat, owner)
+    if owner is None:
         return False
-    relay_id = secrets.token_hex(8)
+    relay_id = new_relay_id()
     out, inbox = channels(relay_id)
-    pubsub = redis.pubsub(ignore_subscribe_messages=True)
     detach_code = 1006
     try:
-        await pubsub.subscribe(out)
-        ask = {**request, "op": OP, "relay": relay_id, "taker": beat.process_id}
-        if not await beat.ask(owner, ask, ASK_S):
-            return False
-        first = await next_message(pubsub, ASK_S)
-        attached = parse_control(first) if first is not None else None
-        if attached is None or attached["relay"] != ATTACHED:
-            return False
-        subprotocol = attached.get("subprotocol")
-        await websocket.accept(subprotocol=subprotocol if isinstance(subprotocol, str) else None)
-        async with asyncio.TaskGroup() as tasks:
-            down = tasks.create_task(_down(websocket, pubsub, beat, owner))
-            up = tasks.create_task(_up(websocket, redis, inbox))
-            await asyncio.wait({down, up}, return_when=asyncio.FIRST_COMPLETED)
-            if up.done() and not up.cancelled():
-                detach_code = up.result()
-            await cancel_all([down, up])
-        return True
+        async with RelayListener(redis, beat, owner) as listener:
+            ask = {**request, "op": OP, "relay": relay_id, "taker": beat.process_id}
+            if not await listener.reach(out, ask, ASK_S):
+                return False
+            first = await listener.next(ASK_S)
+            attached = parse_control(first) if first is not None else None
+            if attached is None or attached["relay"] != ATTACHED:
+                return False
+            subprotocol = attached.get("subprotocol")
+            chosen = subprotocol if isinstance(subprotocol, str) else None
+            await websocket.accept(subprotocol=chosen)
+            async with asyncio.TaskGroup() as tasks:
+                down = tasks.create_task(_down(websocket, listener))
+                up = tasks.create_task(_up(websocket, redis, inbox))
+                await asyncio.wait({down, up}, return_when=asyncio.FIRST_COMPLETED)
+                if up.done() and not up.cancelled():
+                    detach_code = up.result()
+                await cancel_all([down, up])
+            return True
     finally:
         with contextlib.suppress(RedisError, OSError):
             await redis.publish(inbox, control(DETACH, code=detach_code))
-        with contextlib.suppress(RedisError, OSError):
-            await pubsub.aclose()
 
 
-async def _down(websocket: WebSocket, pubsub: Any, beat: ProcessBeat, owner: str) -> None:
+async def _down(websocket: WebSocket, listener: RelayListener) -> None:
     """The owner's messages to the client, until the owner closes or has gone."""
-    loop = asyncio.get_running_loop()
-    checked = loop.time()
     try:
         while True:
-            data = await next_message(pubsub, PEER_CHECK_S)
-            if data is not None:
-                body = parse_control(data)
-                if body is not None and body["relay"] == FINISHED:
-                    code = body.get("code")
-                    await _close(websocket, code if isinstance(code, int) else 1000, body)
-                    return
-                if body is None and not await _deliver(websocket, data):
-                    return
-            if loop.time() - checked >= PEER_CHECK_S:
-                checked = loop.time()
-                if not await beat.alive(owner):
-                    await _close(websocket, status.WS_1011_INTERNAL_ERROR, {"reason": OWNER_GONE})
-                    return
+            data = await listener.heard()
+            if data is None:
+                await _close(websocket, status.WS_1011_INTERNAL_ERROR, {"reason": OWNER_GONE})
+                return
+            body = parse_control(data)
+            if body is not None and body["relay"] == FINISHED:
+                code = body.get("code")
+                await _close(websocket, code if isinstance(code, int) else 1000, body)
+                return
+            if body is None and not await _deliver(websocket, data):
+                return
     except (RedisError, OSError) as exc:
         log.info("sideband relay: lost its Redis channel: %s", exc)
         await _close(websocket, status.WS_1011_INTERNAL_ERROR, {"reason": "relay lost"})

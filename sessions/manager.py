@@ -369,7 +369,7 @@ class SessionManager:
 
     def serve_requests(self, op: str, handler: Handler) -> None:
         """Let `handler` answer other processes' `op` requests (the relays' of sidebands and
-        hang-ups, say)."""
+        HTTP requests, say)."""
         self._request_handlers[op] = handler
 
     async def _on_request(self, request: Request) -> None:

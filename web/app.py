@@ -37,7 +37,6 @@ from sessions.redis_link import WRITE_PROBE_KEY
 
 from .broken_stages import exit_when_broken
 from .call_controls import serve_call_controls
-from .hangups import serve_hangups
 from .metrics_fanin import MetricsFanIn
 from .origins import OriginAllowlist, OriginPolicy
 from .realtime_routes import ROUTES as REALTIME_ROUTES
@@ -165,7 +164,6 @@ async def _serving(app: Starlette, services: Services) -> AsyncIterator[None]:
                             )
                         running = Running(manager, calls, sip.calls if sip else None, index)
                         await stack.enter_async_context(serve_sidebands(services, running))
-                        serve_hangups(services, running)
                         serve_call_controls(services, running, app)
                         services.running = running
                         yield

@@ -16,8 +16,9 @@ With `--sip-api live` a SIP call rings while a GPT-Live app decides (its signed
   a ringing one is declined (603). A live session of this process on another transport (a
   GPT-Live WebSocket or WebRTC call) ends too, as its own `session.close` would end it. A
   session another worker process owns, or a SIP call ringing or answered there, is hung
-  up there (realtime/hangup_relay.py), and the route answers once that process says it has
-  ended it (503 `owner_unavailable` when it does not say within a few seconds).
+  up there: the request is relayed to that process and served by this route there
+  (web/call_controls.py, realtime/request_relay.py), and the route answers once that process
+  says it has ended it (503 `owner_unavailable` when it does not say within 5 s).
 
 With `--workers N` the decisions and transfers land on any worker and are served by the
 one that has the call (web/call_controls.py).
@@ -31,7 +32,6 @@ would refuse (naming the field; the call keeps ringing, so the app can still dec
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from typing import Any
@@ -40,7 +40,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from realtime.auth import AuthError
-from realtime.hangup_relay import ANSWER_S, Outcome, relay_hangup
 from realtime.live.live_config import LiveConfigError, parley_config, parse_accept_session
 from realtime.live.live_protocol import CLOSE_REQUESTED
 from realtime.transports.sip.call_gate import WebhookCallGate
@@ -55,14 +54,13 @@ from realtime.transports.sip.pending_calls import (
 )
 from sessions import SessionConfig
 
+from .call_controls import OwnerUnavailable, relay_hangup
 from .services import Services, services_of
 from .sip_transfer import transfer
 
 log = logging.getLogger("parley.web.live_sip")
 
 MAX_BODY_BYTES = 1024 * 1024
-LIVE_HANGUP = "live"
-"""The protocol's name among relayed hang-ups (realtime/hangup_relay.py)."""
 MAX_TARGET_URI = 1024
 TARGET_SCHEMES = ("sip:", "sips:", "tel:")
 
@@ -241,14 +239,14 @@ async def hangup_session(request: Request) -> Response:
 
 async def _hang_up_elsewhere(request: Request, not_found: Refused) -> Response:
     """A session that is no SIP call of this process: a live one here (a WebSocket's, a
-    WebRTC call's), else one another worker process owns, hung up there
-    (realtime/hangup_relay.py); `not_found` when none has it."""
+    WebRTC call's), else one another worker process owns, hung up there by this route
+    (the request relayed: call_controls.relay_hangup); `not_found` when none has it."""
     services = services_of(request)
     session_id: str = request.path_params["session_id"]
     if _hang_up_live(services, session_id):
         return Response(status_code=200)
     running = services.running
-    if running is None or services.redis is None:
+    if running is None:
         return not_found.response()
     manager, index = running.manager, running.call_index
 
@@ -257,31 +255,15 @@ async def _hang_up_elsewhere(request: Request, not_found: Refused) -> Response:
         found = None if index is None else await index.owner(session_id)
         return found or await manager.ownership.owner(session_id)
 
-    outcome = await relay_hangup(services.redis, manager.beat, owner, LIVE_HANGUP, session_id)
-    if outcome is Outcome.ENDED:
-        return Response(status_code=200)
-    if outcome is Outcome.UNANSWERED:
+    try:
+        answer = await relay_hangup(request, session_id, owner)
+    except OwnerUnavailable as exc:
         message = (
             f"the server process holding session {session_id} did not say within "
-            f"{ANSWER_S:g} s whether it hung up; try again"
+            f"{exc.within_s:g} s whether it hung up; try again"
         )
         return Refused(503, "owner_unavailable", message, kind="server_error").response()
-    return not_found.response()
-
-
-async def hang_up_here(services: Services, session_id: str) -> bool:
-    """What the hangup route does to a session of this process (a ringing or answered SIP
-    call, a live session on another transport), for a hang-up another worker relayed here;
-    False when this process has no such session."""
-    sip = _sip(services)
-    if sip is not None:
-        calls, pending = sip
-        if pending.resolve(session_id, Reject(603, "hung up by the app before answering")):
-            return True
-        with contextlib.suppress(SipCallNotFound):
-            await calls.hangup(session_id, CLOSE_REQUESTED)
-            return True
-    return _hang_up_live(services, session_id)
+    return not_found.response() if answer is None else answer
 
 
 def _hang_up_live(services: Services, session_id: str) -> bool:

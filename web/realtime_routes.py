@@ -5,9 +5,10 @@ Code written for OpenAI's browser guide works against Parley by changing the bas
 `POST /v1/realtime/calls` takes the SDP offer (raw `application/sdp`, or the multipart form
 with `sdp` and `session` parts that the `openai` SDK sends) and answers 201 with the SDP
 answer and a `Location` for the call; `POST /v1/realtime/calls/{call_id}/hangup` ends it
-(a call another worker process holds is hung up there: realtime/hangup_relay.py; 200 once
-it has ended, 404 `call_not_found` when no process has it, 503 `owner_unavailable` when its
-process does not say within a few seconds).
+(a call another worker process holds is hung up there, the request relayed to it as call
+control's is: call_controls.py, realtime/request_relay.py; 200 once it has ended, 404
+`call_not_found` when no process has it, 503 `owner_unavailable` when its process does not
+say within a few seconds).
 
 OpenAI's SIP flow: a SIP call waiting for the app (its `realtime.call.incoming` webhook has
 gone out) is decided by `POST /v1/realtime/calls/{call_id}/accept` (the body is a session
@@ -54,7 +55,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 
 from realtime.auth import DEFAULT_TTL_S, AuthError, with_caller
-from realtime.hangup_relay import ANSWER_S, Outcome, relay_hangup
 from realtime.openai.client_events import ProtocolError, SessionUpdate, session_patch
 from realtime.openai.server_events import session_object
 from realtime.transports.sip.pending_calls import (
@@ -77,12 +77,12 @@ from realtime.transports.websocket.denial import TOO_MANY_REQUESTS, retry_after
 from sessions import ConfigError, SessionConfig, SessionLimitError
 from sessions.errors import KeyLimitError
 
-from .call_controls import relayed
+from .call_controls import OwnerUnavailable, relay_hangup, relayed
 from .live_sip_routes import accept_session, hangup_session, refer_session, reject_session
 from .live_webrtc import create_live_session
 from .live_ws import live_attach, live_sessions
 from .realtime_ws import openai_realtime
-from .services import Services, services_of
+from .services import services_of
 from .sip_transfer import transfer
 from .twilio_ws import twilio_media
 from .video_ws import video_chat_stream
@@ -92,8 +92,6 @@ log = logging.getLogger("parley.web.realtime")
 OFFER_TYPES = ("application/sdp", "multipart/form-data")
 MAX_FORM_BYTES = 1024 * 1024
 """The openai SDK's form: the offer (64 KiB at most) and the session object."""
-CALL_HANGUP = "realtime_call"
-"""The protocol's name among relayed hang-ups (realtime/hangup_relay.py)."""
 
 
 class UnsupportedMediaType(ValueError):
@@ -325,26 +323,28 @@ async def hangup(request: Request) -> Response:
             raise CallNotFound(call_id)
         await services.running.hangup(call_id)
     except CallNotFound:
-        outcome = await _hang_up_elsewhere(services, call_id)
-        if outcome is Outcome.UNANSWERED:
+        try:
+            answer = await _hang_up_elsewhere(request, call_id)
+        except OwnerUnavailable as exc:
             message = (
                 f"the server process holding call {call_id} did not say within "
-                f"{ANSWER_S:g} s whether it hung up; try again"
+                f"{exc.within_s:g} s whether it hung up; try again"
             )
             return error(503, "owner_unavailable", message, "server_error")
-        if outcome is Outcome.MISSING:
+        if answer is None:
             return error(404, "call_not_found", f"no live call {call_id}")
+        return answer
     return Response(status_code=200)
 
 
-async def _hang_up_elsewhere(services: Services, call_id: str) -> Outcome:
-    """A call not of this process: hung up by the worker process that holds it, found
-    as a sideband finds it (the call index; realtime/hangup_relay.py)."""
-    running = services.running
-    if running is None or running.call_index is None or services.redis is None:
-        return Outcome.MISSING
-    beat, index = running.manager.beat, running.call_index
-    return await relay_hangup(services.redis, beat, index.owner, CALL_HANGUP, call_id)
+async def _hang_up_elsewhere(request: Request, call_id: str) -> Response | None:
+    """A call not of this process: hung up by the worker process that holds it, found as a
+    sideband finds it (the call index), through this route there (the request relayed:
+    call_controls.relay_hangup); None when none has it."""
+    running = services_of(request).running
+    if running is None or running.call_index is None:
+        return None
+    return await relay_hangup(request, call_id, running.call_index.owner)
 
 
 MAX_TARGET_URI = 1024

@@ -1,11 +1,12 @@
 """Hang-ups that land on another worker process than their session's or call's: two apps
 (two server processes, as `--workers 2` makes them) on one Redis, the session or call on
-one and the app's hang-up, through the official SDK, on the other, relayed over Redis
-(realtime/hangup_relay.py)."""
+one and the app's hang-up, through the official SDK, on the other, relayed over Redis to
+the owner's own route (web/call_controls.py, realtime/request_relay.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,10 +16,11 @@ import pytest
 from openai import AsyncOpenAI
 
 from loadtest.webrtc_client import Caller
-from realtime import hangup_relay
+from realtime import request_relay
 from sessions.process_beat import Request
 from tests.realtime.apps import ServedApp, two_workers
 from tests.realtime.test_live_relay import KEY, START, started_on, until
+from web import call_controls
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
@@ -111,13 +113,13 @@ async def test_an_owner_that_does_not_answer_is_a_503(
     apps: tuple[ServedApp, ServedApp], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     owner, other = apps
-    monkeypatch.setattr(hangup_relay, "ANSWER_S", 0.5)
+    monkeypatch.setattr(request_relay, "TAKEN_S", 0.5)
     released = asyncio.Event()
 
     async def stalled(request: Request) -> None:  # alive, but it never gets to the hang-up
         await released.wait()
 
-    owner.manager.serve_requests(hangup_relay.OP, stalled)
+    owner.manager.serve_requests(request_relay.OP, stalled)
     try:
         async with started_on(owner, other) as (device, _, session_id):
             async with AsyncOpenAI(
@@ -127,6 +129,42 @@ async def test_an_owner_that_does_not_answer_is_a_503(
                     await client.live.sessions.hangup(session_id)
             assert refused.value.status_code == 503
             assert refused.value.code == "owner_unavailable"
+            await device.session.close()  # it went on
+            assert (await until(device, "session.closed")).reason == "close_requested"
+    finally:
+        released.set()
+    await no_live_sessions(owner)
+
+
+async def test_an_owner_that_takes_a_hangup_on_but_never_answers_is_a_503_in_time(
+    apps: tuple[ServedApp, ServedApp], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The relay itself waits up to 75 s for an answer (a transfer's); a hang-up no longer
+    than its own bound (`HANGUP_S`, 5 s)."""
+    owner, other = apps
+    monkeypatch.setattr(call_controls, "HANGUP_S", 1.0)
+    redis = owner.services.redis
+    assert redis is not None
+    released = asyncio.Event()
+
+    async def taken(request: Request) -> None:  # takes it on, then never answers
+        channel = request_relay.answer_channel(str(request["relay"]))
+        await redis.publish(channel, request_relay.TAKEN)
+        await released.wait()
+
+    owner.manager.serve_requests(request_relay.OP, taken)
+    try:
+        async with started_on(owner, other) as (device, _, session_id):
+            async with AsyncOpenAI(
+                api_key=KEY, base_url=f"{other.http_url}/v1", max_retries=0
+            ) as client:
+                started = time.monotonic()
+                with pytest.raises(openai.InternalServerError) as refused:
+                    await client.live.sessions.hangup(session_id)
+                waited = time.monotonic() - started
+            assert refused.value.status_code == 503
+            assert refused.value.code == "owner_unavailable"
+            assert waited < 5.0
             await device.session.close()  # it went on
             assert (await until(device, "session.closed")).reason == "close_requested"
     finally:
