@@ -17,6 +17,11 @@ Charts:
   `duplex_latency` reports.
 - `fault_recovery.png`: per injected fault, seconds until the client was told, `/readyz`
   turned red and the service was back, from `fault_drill` reports.
+
+Not drawn: barge-in and calls held (WebRTC, SIP, the peers). Their figures on the
+transports and telephony pages were read from printed output and no report of them is kept
+here; `webrtc_bench --json`, `sip_bench --json` and `peers.run --out` write one, and a chart
+is added once such a report is kept (never from figures typed in here).
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ import psutil
 
 from pipeline.tasks import TaskSet
 
+from .run_stamp import source_stamp
 from .served import free_port, parley_serve
 from .sip_probe import Probe
 from .sip_sipp import SippRun
@@ -255,7 +256,9 @@ def main(argv: list[str] | None = None) -> None:
         "--ramp", type=float, default=1.0, help="seconds over which sipp places a step's calls"
     )
     parser.add_argument("--trials", type=int, default=10, help="barge-in trials (0: none)")
-    parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument(
+        "--json", type=Path, help="write the figures here, e.g. loadtest/results/NAME.json"
+    )
     args = parser.parse_args(argv)
     steps = [int(n) for n in args.calls.split(",")]
     with tempfile.TemporaryDirectory(prefix="sip_bench") as tmp:
@@ -264,8 +267,9 @@ def main(argv: list[str] | None = None) -> None:
         )
     report["seconds"] = args.seconds
     print(table(report))
-    if args.json:
-        args.json.write_text(json.dumps({**report, "date": time.ctime()}, indent=2) + "\n")
+    if args.json:  # the commit with it, so a chart drawn from it can say where it came from
+        stamped = {**report, "date": time.ctime(), **source_stamp()}
+        args.json.write_text(json.dumps(stamped, indent=2) + "\n")
 
 
 if __name__ == "__main__":

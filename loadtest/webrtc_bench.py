@@ -21,7 +21,11 @@ peers over loopback (Opus both ways).
   /tmp/webrtc_bench_<calls>.txt.
 
     .venv/bin/python -m loadtest.webrtc_bench [--barge 30] [--steps 1,10,20,30] [--window 20]
-                                              [--workers N|auto] [--nice 10]
+                                              [--workers N|auto] [--nice 10] [--json PATH]
+
+`--json PATH` keeps the figures as a report (what `loadtest.plots` draws from, once it is in
+`loadtest/results/`): the commit and start time, the machine's cores and load average
+before the run, the arguments, every barge-in latency and every step's row as printed.
 
 `--workers`: the server runs that many processes behind its port; CPU and late frames are
 then summed over the workers (their /metrics samples carry a `process` label).
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -50,6 +55,7 @@ import numpy as np
 from pipeline.tasks import TaskSet
 
 from .proc_cpu import cpu_seconds, is_redis, tree
+from .run_stamp import source_stamp
 from .served import metric_total, parley_serve
 from .speech import silence, speak, trim_silence
 from .webrtc_client import Caller
@@ -250,8 +256,31 @@ async def loop_calls(
     }
 
 
-async def run(args: argparse.Namespace) -> None:
+def latency_figures(latencies: list[float]) -> dict[str, Any]:
+    """p50, p95 and max of the barge-in latencies (ms), with every value kept."""
+    if not latencies:
+        return {"n": 0, "ms": []}
+    return {
+        "n": len(latencies),
+        "p50_ms": round(float(np.percentile(latencies, 50)), 1),
+        "p95_ms": round(float(np.percentile(latencies, 95)), 1),
+        "max_ms": round(max(latencies), 1),
+        "ms": [round(x, 1) for x in latencies],
+    }
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Barge-in, then the steps, printed as they end; returns them for `--json`."""
     steps = [int(s) for s in args.steps.split(",") if s]
+    report: dict[str, Any] = {
+        "header": {
+            **source_stamp(),
+            "machine": {"cores": os.cpu_count(), "load_average_before": os.getloadavg()},
+            "argv": vars(args) | {"json": str(args.json) if args.json else None},
+        },
+        "barge_in": latency_figures([]),
+        "steps": [],
+    }
     with parley_serve(
         "--pipeline",
         "echo",
@@ -273,6 +302,7 @@ async def run(args: argparse.Namespace) -> None:
         async with httpx.AsyncClient(base_url=served.http_url, timeout=30, limits=fresh) as http:
             if args.barge:
                 latencies = await barge_in(http, args.barge)
+                report["barge_in"] = latency_figures(latencies)
                 p50, p95 = np.percentile(latencies, 50), np.percentile(latencies, 95)
                 print(
                     f"barge-in ({len(latencies)} interruptions): p50 {p50:.0f} ms, "
@@ -288,6 +318,10 @@ async def run(args: argparse.Namespace) -> None:
                     row["late_pct"] < 1.0
                     and not row["failed_calls"]
                     and row["answers_in_window"] >= n
+                )
+                kept = {k: v for k, v in row.items() if k != "barge_in_ms"}
+                report["steps"].append(
+                    kept | {"ok": ok, "barge_in": latency_figures(row["barge_in_ms"])}
                 )
                 print(
                     f"{n:3d} calls: late {row['late_pct']:5.2f} %, "
@@ -311,6 +345,7 @@ async def run(args: argparse.Namespace) -> None:
                     )
                 if not ok:
                     break
+    return report
 
 
 def main() -> None:
@@ -335,7 +370,14 @@ def main() -> None:
         help="run the callers at this niceness (the server keeps its own): the server "
         "gets the CPU first, as on a host of its own",
     )
-    asyncio.run(run(parser.parse_args()))
+    parser.add_argument(
+        "--json", type=Path, help="also write the figures here, e.g. loadtest/results/NAME.json"
+    )
+    args = parser.parse_args()
+    report = asyncio.run(run(args))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"report: {args.json}")
 
 
 if __name__ == "__main__":

@@ -6,9 +6,11 @@ report (report.json + report.html) at the end.
     .venv/bin/python -m loadtest.locust.run --churn 300 --churn-rounds 3 --report out/churn
 
 Without `--url` it starts `parley serve --pipeline echo` on a redis-server of its own. Each
-step runs `locust --headless -u N` for `--step-s` (its CSV and exact samples under
-`report/step-N/`); the run stops at the first step that breaks a target (report.TARGETS),
-unless `--keep-going`.
+step runs `locust --headless -u N` for `--step-s`; under `report/step-N/` it leaves Locust's
+own reports under stable names (`--csv`: `locust_stats.csv`, `locust_stats_history.csv`,
+`locust_failures.csv`, `locust_exceptions.csv`; `--html`: `locust.html`), its log
+`locust.log`, and our exact samples. The run stops at the first step that breaks a target
+(report.TARGETS), unless `--keep-going`.
 Locust runs in a child process so its gevent patching never touches this one; with
 `--processes K` Locust itself forks K workers.
 """
@@ -53,7 +55,8 @@ def locust_step(
     rate = args.spawn_rate or max(1.0, users / 5)
     cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary"]
     cmd += ["-u", str(users), "-r", str(rate), "-t", f"{seconds:.0f}s", "--host", url]
-    cmd += ["--csv", str(folder / "locust"), "--samples-dir", str(folder)]
+    cmd += ["--csv", str(folder / "locust"), "--html", str(folder / "locust.html")]
+    cmd += ["--samples-dir", str(folder)]
     cmd += ["--turns", str(args.turns), "--barge-every", str(args.barge_every)]
     cmd += ["--exit-code-on-error", "0", "--sip-port", str(args.sip_port)]
     if args.processes > 1:
@@ -148,6 +151,7 @@ def steps(args: argparse.Namespace, url: str, sampler: Sampler | None) -> dict[s
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    load_before = [round(x, 2) for x in os.getloadavg()]  # a busy machine skews every figure
     top = max([int(s) for s in args.steps.split(",") if s] + [8])
     with contextlib.ExitStack() as stack:
         if args.url:
@@ -187,6 +191,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ),
         url=args.url or "parley serve started by the runner",
         started_at=started,
+        load_average_before=load_before,
         finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
     return result

@@ -82,6 +82,7 @@ def test_a_locust_step_over_every_protocol_reports_every_figure(tmp_path: Path) 
     assert any("generator_cpu_pct" in row and "generator_runq_pct" in row for row in timeline)
     assert {"server_cpu_pct", "server_rss_mb", "server_runq_pct"} <= set(step["resources"])
     assert (out / "step-4" / "locust_stats.csv").exists()  # Locust's own CSV, next to ours
+    assert (out / "step-4" / "locust.html").exists()  # and its own HTML report
     page = (out / "report.html").read_text()
     assert page.count("<svg") >= 5 and "<script" not in page and "<link" not in page
 
