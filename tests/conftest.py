@@ -151,11 +151,24 @@ async def fail_on_tasks_left(before: set[asyncio.Task[Any]]) -> None:
     pytest.fail(f"test left {len(leaked)} asyncio task(s) running: {names}")
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start `vllm serve` now, in a thread, if a selected test uses it: it comes up while
+    the tests before those run (tests/pipeline/openai_chat/early_vllm.py)."""
+    from tests.pipeline.openai_chat.early_vllm import EARLY, FIXTURE
+
+    if any(FIXTURE in getattr(item, "fixturenames", ()) for item in session.items):
+        EARLY.begin()
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Servers the tests killed on purpose (SIGKILL, a sticky device error's `os._exit`)
+    """Stop the early `vllm serve`, if one was started.
+
+    Servers the tests killed on purpose (SIGKILL, a sticky device error's `os._exit`)
     could not remove their runtime directories: the run removes them, leaving the temp
     directory as it found it."""
+    from tests.pipeline.openai_chat.early_vllm import EARLY
     from web.leftover_dirs import REDIS_PREFIX, STAGES_PREFIX, sweep_stale_dirs
 
+    EARLY.end()
     for prefix in (REDIS_PREFIX, STAGES_PREFIX):
         sweep_stale_dirs(prefix)

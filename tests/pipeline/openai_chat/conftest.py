@@ -1,25 +1,19 @@
-"""The real `vllm serve` these tests share (loadtest/vllm_server.py), started at the first
-test that asks for it and stopped at the end of the run."""
+"""The real `vllm serve` these tests share (loadtest/vllm_server.py): started as the run
+begins when any selected test uses it (tests/conftest.py, early_vllm.py), taken over by
+the first test that asks for it, and stopped at the end of the run."""
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
-
 import pytest
 
-from loadtest.vllm_server import Vllm, VllmError, start, stop
+from loadtest.vllm_server import Vllm, VllmError
+
+from .early_vllm import EARLY
 
 
 @pytest.fixture(scope="session")
-def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm]:
-    workdir = tmp_path_factory.mktemp("vllm")
+def vllm() -> Vllm:
     try:
-        server = start(workdir)
+        return EARLY.server()
     except VllmError as exc:
         pytest.fail(str(exc))
-    try:
-        yield server
-    finally:
-        stop(server)
-        shutil.rmtree(workdir, ignore_errors=True)

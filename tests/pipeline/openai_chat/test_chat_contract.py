@@ -112,27 +112,39 @@ async def test_a_cancel_stops_the_server_generating(server: Server) -> None:
 
 async def test_two_sessions_stream_at_once(server: Server) -> None:
     """Both answers are at the server together (generating, or one waiting for its batch).
-    The server is asked how many requests it holds from the start until both answers end or
-    it has said two. The answers are long (160 tokens of LONG_ANSWER) so that a busy CPU's
-    slow /metrics still sees them: the question asked before was answered in 6 tokens, over
-    before a loaded CI machine's first poll came back."""
+    The server is asked how many requests it holds from the start until it has said two
+    (then both answers are cancelled: nothing more to learn from them) or both have ended.
+    The answers would be long (160 tokens of LONG_ANSWER) so that a busy CPU's slow /metrics
+    still sees them: the question asked before was answered in 6 tokens, over before a
+    loaded CI machine's first poll came back."""
     answered = 0
     peak = 0.0
+    both_held = asyncio.Event()
 
     async def watch() -> None:
         nonlocal peak
-        while answered < 2 and peak < 2:
+        while answered < 2 and not both_held.is_set():
             peak = max(peak, await asyncio.to_thread(server.held))
+            if peak >= 2:
+                both_held.set()
             await asyncio.sleep(0.02)
 
     async with thinker(server, max_tokens=160) as engine:
 
         async def one(k: int) -> str:
             nonlocal answered
-            request = turn(LONG_ANSWER)
-            chunks = [c async for c in engine.generate(f"r{k}", request)]
-            answered += 1
-            return "".join(c.text for c in chunks if isinstance(c, TextDelta))
+            text = ""
+            stream = engine.generate(f"r{k}", turn(LONG_ANSWER))
+            try:
+                async for chunk in stream:
+                    if isinstance(chunk, TextDelta):
+                        text += chunk.text
+                    if both_held.is_set() and text.strip():
+                        break
+            finally:
+                await stream.aclose()
+                answered += 1
+            return text
 
         watching = asyncio.create_task(watch())
         try:
@@ -141,5 +153,5 @@ async def test_two_sessions_stream_at_once(server: Server) -> None:
             watching.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watching
-    assert all(len(a.split()) >= 40 for a in answers)  # long: both streamed for a while
+    assert all(a.strip() for a in answers)
     assert peak >= 2  # both at the server together: nothing here serialised them
