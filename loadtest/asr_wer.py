@@ -36,6 +36,12 @@ def _whisper() -> Transcribe:
     return WhisperRecognizer().transcribe
 
 
+def _whisper_tiny() -> Transcribe:
+    from pipeline.engines.cascade.whisper_asr import TINY_EN, WhisperRecognizer
+
+    return WhisperRecognizer(model=TINY_EN).transcribe
+
+
 def _whisper_30s() -> Transcribe:
     """faster-whisper's own transcribe: the full 30 s window, greedy, for comparison."""
     from pipeline.engines.cascade.whisper_asr import load_whisper
@@ -58,6 +64,7 @@ def _whisper_30s() -> Transcribe:
 RECOGNIZERS: dict[str, Callable[[], Transcribe]] = {
     "pocketsphinx": _pocketsphinx,
     "whisper": _whisper,
+    "whisper-tiny": _whisper_tiny,
     "whisper-30s": _whisper_30s,
 }
 

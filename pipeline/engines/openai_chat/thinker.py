@@ -74,9 +74,10 @@ class ChatThinkerEngine(EntryEngine):
     ) -> None:
         """`url`: the server's base, up to `/v1` (`http://host:8000/v1`); `model`: the
         name it serves; `images`: send the turn's camera frames (a vision model);
-        `recognizer`: "whisper", "pocketsphinx" or "none" (text turns only); `sampling`:
-        temperature, top_p, top_k, frequency_penalty, presence_penalty, seed; `strict_tools`:
-        ask the server to hold a call's arguments to its tool's schema (vLLM needs it)."""
+        `recognizer`: "whisper", "whisper-tiny", "pocketsphinx" or "none" (text turns only);
+        `sampling`: temperature, top_p, top_k, frequency_penalty, presence_penalty, seed;
+        `strict_tools`: ask the server to hold a call's arguments to its tool's schema (vLLM
+        needs it)."""
         if recognizer not in (*RECOGNIZERS, "none"):
             raise ValueError(f"recognizer must be one of {', '.join(RECOGNIZERS)} or none")
         unknown = sorted(set(sampling or {}) - set(SAMPLING))

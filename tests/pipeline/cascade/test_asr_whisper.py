@@ -88,3 +88,15 @@ def test_the_thinker_takes_a_recognizer_argument() -> None:
     assert ThinkerEngine(recognizer="pocketsphinx").recognizer == "pocketsphinx"
     with pytest.raises(ValueError, match="recognizer"):
         ThinkerEngine(recognizer="kaldi")
+
+
+def test_tiny_en_is_a_recognizer_the_thinker_can_name(speak: Speak) -> None:
+    """`recognizer: whisper-tiny`: Whisper tiny.en from its package, English only (no
+    language or task tokens), hears a question and silence as base does."""
+    tiny = make_recognizer("whisper-tiny")
+    assert isinstance(tiny, WhisperRecognizer) and tiny.model == "tiny.en"
+    heard = tiny.transcribe(speak("how many days are in a week"))
+    assert word_errors("how many days are in a week", heard)[0] <= 1, heard
+    assert tiny.transcribe(np.zeros(16_000, dtype=np.int16)) == ""
+    with pytest.raises(ValueError, match="recognizer must be one of"):
+        ThinkerEngine(recognizer="whisper-small")
