@@ -14,6 +14,7 @@ import torch
 from prometheus_client import generate_latest
 
 from pipeline.engines.qwen3_omni.audio_features import AudioFeatures, audio_token_count
+from pipeline.engines.qwen3_omni.talker_runner import TalkerPrompt, TalkerRunner
 from pipeline.engines.qwen3_omni.thinker import ThinkerEngine
 from pipeline.metrics import PipelineMetrics
 from pipeline.types import (
@@ -28,8 +29,10 @@ from pipeline.types import (
 )
 
 from .conftest import turn_audio
+from .reference import GREEDY, TALKER_CHOICE, Codes, Parts
 
 REPLY = 4
+FRAMES = 6
 CLOSE = 1e-5
 """Hidden states against the whole turn's: float rounding (the audio tower's windows and the
 decoder layers run in other shapes)."""
@@ -97,6 +100,33 @@ def assert_same(got: list[Chunk], want: list[Chunk]) -> None:
         np.testing.assert_allclose(mine.array, theirs.array, atol=CLOSE, rtol=0)
 
 
+def speech(parts: Parts, chunks: list[Chunk]) -> Codes:
+    """The codec frames the Talker (tiny, greedy as the reference is) makes of an answer's
+    hidden states: what the listener would hear."""
+    model, config = parts["talker"]
+    talker = TalkerRunner(
+        model, config, codec_sampling=TALKER_CHOICE, predictor_sampling=GREEDY, min_frames=FRAMES
+    )
+    prompt, *replies = [c for c in chunks if isinstance(c, HiddenStates)]
+    meta = prompt.metadata
+    lengths = tuple(meta["audio_feature_lengths"])
+    said = TalkerPrompt(meta["token_ids"], prompt.array, meta["tts_embeds"], lengths)
+    state = talker.open(said)
+    for reply_states in replies:
+        talker.add_reply(state, reply_states.array)
+    talker.end_text(state)
+    talker.prefill(state)
+    frames: list[Codes] = []
+    for _ in range(FRAMES):
+        if frames:
+            talker.advance(state, frames[-1])
+        codes = talker.predict(state)
+        assert codes is not None
+        frames.append(codes)
+    talker.release(state)
+    return np.stack(frames)
+
+
 async def stream(
     engine: ThinkerEngine, turn_id: str, context: PipelineRequest, audio: np.ndarray
 ) -> None:
@@ -148,11 +178,11 @@ def test_a_frame_is_final_once_its_window_of_samples_is_in() -> None:
 
 @pytest.mark.parametrize("seconds", [8.3, 10.0], ids=["rest-within-a-chunk", "rest-of-chunks"])
 async def test_a_streamed_first_turn_answers_as_the_whole_turn(
-    thinker: ThinkerEngine, seconds: float
+    thinker: ThinkerEngine, tiny_parts: Parts, seconds: float
 ) -> None:
     """A session's first turn, 8.3 s or 10 s: the prompt before the audio and the tower's
     first 8 s window are prefilled while it arrives; at its end only the rest (0.3 s within
-    one conv chunk, or 2 s) and the closing tokens are."""
+    one conv chunk, or 2 s) and the closing tokens are. The Talker speaks the same codes."""
     audio = turn_audio(seconds, seed=11)
     whole = await answer(thinker, request("w1", f"whole{seconds}", ("u1",), audio=audio))
     session = f"streamed{seconds}"
@@ -165,10 +195,13 @@ async def test_a_streamed_first_turn_answers_as_the_whole_turn(
     frames = len(audio) // 160
     assert prefilled(thinker) == closing(frames, 800)
     assert_same(streamed, whole)
+    np.testing.assert_array_equal(speech(tiny_parts, streamed), speech(tiny_parts, whole))
     assert thinker.streamed is not None and len(thinker.streamed) == 0
 
 
-async def test_a_streamed_follow_up_goes_on_from_the_session_kv(thinker: ThinkerEngine) -> None:
+async def test_a_streamed_follow_up_goes_on_from_the_session_kv(
+    thinker: ThinkerEngine, tiny_parts: Parts
+) -> None:
     """A second turn (9 s) streamed after a first one: its lead (the tail of the first turn
     and its own opening) and first window go after the session's KV as it arrives, and it
     answers as the same turn taken whole in a session with the same first turn."""
@@ -188,6 +221,9 @@ async def test_a_streamed_follow_up_goes_on_from_the_session_kv(thinker: Thinker
         if session == "ks":
             assert prefilled(thinker) == closing(900, 800)
     assert_same(answers["ks"], answers["kw"])
+    np.testing.assert_array_equal(
+        speech(tiny_parts, answers["ks"]), speech(tiny_parts, answers["kw"])
+    )
     assert thinker.sessions is not None
     kept, whole = thinker.sessions.get("ks"), thinker.sessions.get("kw")
     assert kept is not None and whole is not None and kept.token_ids == whole.token_ids
@@ -235,7 +271,7 @@ async def test_a_turn_dropped_mid_speech_leaves_no_trace(thinker: ThinkerEngine)
 async def test_a_turn_it_cannot_use_is_taken_whole_and_counted(
     thinker: ThinkerEngine, case: str
 ) -> None:
-    """`missing`: the request names a turn the engine does not have (as after a restart);
+    """`missing`: the request names a turn the engine does not have (its stage restarted);
     `changed`: what was streamed is not the turn's audio. Either is answered from the
     request alone, as the whole turn is, and counted in the stage's metrics."""
     audio = turn_audio(9.0, seed=5)
@@ -245,6 +281,12 @@ async def test_a_turn_it_cannot_use_is_taken_whole_and_counted(
     session = f"cs{case}"
     if case == "changed":
         await stream(thinker, "t4", request("x", session, ("u1",)), turn_audio(9.0, seed=6))
+    else:  # streamed, then the stage restarts: what it staged is gone with it
+        await stream(thinker, "t4", request("x", session, ("u1",)), audio)
+        await thinker.close()
+        await thinker.start()
+        assert thinker.streamed is not None
+        counted = thinker.streamed_turns()[case]
     streamed = await answer(thinker, request("c1", session, ("u1",), audio=audio, streamed="t4"))
     assert prefilled(thinker) == len(streamed[0].metadata["token_ids"])  # type: ignore[union-attr]
     assert_same(streamed, whole)
