@@ -43,13 +43,13 @@ import numpy.typing as npt
 import torch
 
 from ...tasks import TaskSet, cancel_all
-from ...types import PipelineRequest
+from ...types import PipelineRequest, StreamingInput
 from .audio_features import AudioFeatures, AudioInput, audio_token_count
 from .audio_tower import window_frames
 from .config import TOKENS
-from .model_thread import ModelThread
 from .session_kv import SessionEntry
-from .thinker_runner import ThinkerPast, ThinkerPrompt, ThinkerRunner
+from .staging_queue import StagingQueue
+from .thinker_runner import Extension, ThinkerPast, ThinkerPrompt
 
 log = logging.getLogger("parley.pipeline.qwen3_omni")
 OUTCOMES = ("prefilled", "missing", "changed", "failed")
@@ -100,20 +100,18 @@ class StreamedTurns:
     def __init__(
         self,
         name: str,
-        thread: ModelThread,
-        runner: ThinkerRunner,
+        staging: StagingQueue,
         features: AudioFeatures,
         lead: Callable[[PipelineRequest], Lead | None],
         *,
         max_positions: int,
     ) -> None:
         self.name = name
-        self.thread = thread
-        self.runner = runner
+        self.staging = staging
         self.features = features
         self.lead = lead
         self.max_positions = max_positions
-        self.chunk_frames, self.window_frames = window_frames(runner.model)
+        self.chunk_frames, self.window_frames = window_frames(staging.runner.model)
         self.counts: Counter[str] = Counter({outcome: 0 for outcome in OUTCOMES})
         self._turns: dict[str, _Turn] = {}
         self._tasks = TaskSet(f"{name}:streamed")
@@ -152,9 +150,10 @@ class StreamedTurns:
             await self.drop(turn_id)
 
     async def close(self) -> None:
-        """Drop every turn. Idempotent."""
+        """Drop every turn and stop its staging queue. Idempotent."""
         self._turns.clear()
         await self._tasks.close()
+        await self.staging.close()
 
     async def take(self, request: PipelineRequest) -> Staged | None:
         """The staged part of the turn `request` names, once its work in flight is done;
@@ -164,6 +163,7 @@ class StreamedTurns:
             self.counts["missing"] += 1
             return None
         if turn.task is not None and not turn.task.done():
+            self.staging.hurry()  # what it waits for goes now
             await asyncio.wait({turn.task})
         if turn.failed or turn.lead is None or turn.past is None:
             self.counts["failed"] += 1
@@ -241,9 +241,31 @@ class StreamedTurns:
         past = turn.past
         if past is None and entry is not None:
             past = ThinkerPast(entry.cache, entry.tokens, entry.rope_delta, entry.hidden)
-        turn.past = await self.thread.call(self.runner.extend, past, ids, audio)
+        turn.past = await self.staging.extend(Extension(past, ids, audio))
         turn.ids = turn.ids + ids
         if audio is not None:
             parts = [turn.features] if turn.features is not None else []
             turn.features = torch.cat([*parts, audio.features], dim=2)
             turn.windows = windows
+
+
+class TurnsStreamedIn(StreamingInput):
+    """`StreamingInput` for an engine that keeps its open turns in `streamed` (None until
+    it has started: then a turn is not streamed, and its request is taken whole)."""
+
+    streamed: StreamedTurns | None = None
+
+    async def open_turn(self, turn_id: str, context: PipelineRequest) -> None:
+        if self.streamed is not None:
+            await self.streamed.open(turn_id, context)
+
+    async def feed_turn(self, turn_id: str, pcm: npt.NDArray[np.int16]) -> None:
+        if self.streamed is not None:
+            await self.streamed.feed(turn_id, pcm)
+
+    async def drop_turn(self, turn_id: str) -> None:
+        if self.streamed is not None:
+            await self.streamed.drop(turn_id)
+
+    def streamed_turns(self) -> dict[str, int]:
+        return dict(self.streamed.counts) if self.streamed is not None else {}

@@ -54,7 +54,6 @@ from ...types import (
     HiddenStates,
     HistoryItem,
     PipelineRequest,
-    StreamingInput,
 )
 from ..context_fit import CONTEXT_LENGTH_EXCEEDED, ContextCuts, ContextExceeded, fit
 from .audio_features import AudioFeatures, AudioInput
@@ -76,8 +75,9 @@ from .session_kv import (
     talker_prompt_length,
 )
 from .stage import ModelStage
+from .staging_queue import StagingQueue
 from .step_batcher import StepBatcher
-from .streamed_turns import Lead, StreamedTurns
+from .streamed_turns import Lead, StreamedTurns, TurnsStreamedIn
 from .thinker_runner import ThinkerHidden, ThinkerPast, ThinkerPrompt, ThinkerRunner, ThinkerState
 from .thinker_slots import ThinkerSlots
 from .tool_calls import CallParser, history_turn, offered, tools_text
@@ -88,7 +88,7 @@ logger = logging.getLogger(__name__)
 SESSION_KV, PREFIX_CACHE = "session KV", "prefix cache"
 
 
-class ThinkerEngine(ModelStage[ThinkerState], EntryEngine, StreamingInput):
+class ThinkerEngine(ModelStage[ThinkerState], EntryEngine, TurnsStreamedIn):
     name = "qwen3_omni.thinker"
     part = "thinker"
 
@@ -423,21 +423,6 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine, StreamingInput):
         start = entry.tokens if entry is not None else 0
         return Lead(entry, ids[start : ids.index(TOKENS["audio"], len(base))])
 
-    async def open_turn(self, turn_id: str, context: PipelineRequest) -> None:
-        if self.streamed is not None:
-            await self.streamed.open(turn_id, context)
-
-    async def feed_turn(self, turn_id: str, pcm: npt.NDArray[np.int16]) -> None:
-        if self.streamed is not None:
-            await self.streamed.feed(turn_id, pcm)
-
-    async def drop_turn(self, turn_id: str) -> None:
-        if self.streamed is not None:
-            await self.streamed.drop(turn_id)
-
-    def streamed_turns(self) -> dict[str, int]:
-        return dict(self.streamed.counts) if self.streamed is not None else {}
-
     def _row_memory(self) -> int:
         slots = self.runner.slots if self.runner is not None else None
         return slots.decoder.cache.nbytes if slots is not None else 0
@@ -464,10 +449,18 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine, StreamingInput):
         )
         self.prefills.start()
         assert self.features is not None
-        self.streamed = StreamedTurns(
+        staging = StagingQueue(
             self.name,
             self.thread,
             self.runner,
+            decode=self.batcher,
+            max_batch=self.prefill_batch,
+            chunk_tokens=self.prefill_chunk_tokens,
+        )
+        staging.start()
+        self.streamed = StreamedTurns(
+            self.name,
+            staging,
             self.features,
             self._lead,
             max_positions=self.max_context - self.max_new_tokens,

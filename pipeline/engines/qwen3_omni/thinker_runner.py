@@ -96,6 +96,28 @@ class _Planned:
 
 
 @dataclass(frozen=True, slots=True)
+class Extension:
+    """A streamed turn's next part: `ids` (and their `audio`) after `past` (None: none)."""
+
+    past: ThinkerPast | None
+    ids: list[int]
+    audio: AudioInput | None = None
+
+    def start(self) -> int:
+        """The mRoPE position of its first id."""
+        past = self.past
+        return past.length + past.rope_delta + past.staged if past is not None else 0
+
+
+@dataclass(frozen=True, slots=True)
+class StagingJob:
+    """Streamed turns' next parts prefilled together (`ThinkerRunner.staging_job`)."""
+
+    parts: list[Extension]
+    batch: BatchedPrefill
+
+
+@dataclass(frozen=True, slots=True)
 class PrefillJob:
     """Prompts prefilled together: their plans and the batch that runs them."""
 
@@ -245,27 +267,46 @@ class ThinkerRunner:
         (None: from the start) and keep them as staged positions of a longer past: a
         streamed turn's next part (`streamed_turns.py`). Nothing is chosen; `past` is
         left as it was. Its mRoPE positions go on one by one, as text's and audio's do."""
-        if MULTIMODAL.difference({TOKENS["audio"]}).intersection(ids):
-            raise ValueError("only text and audio are prefilled ahead")
-        empty = np.zeros((0, 2, self.hidden_size), dtype=self.hidden_dtype)
-        base = past or ThinkerPast(DynamicCache(), 0, 0, empty)
-        start = base.length + base.rope_delta + base.staged
-        row = PrefillRow(ids, _one_by_one(start, len(ids)), past.cache if past else None, audio)
-        batch = BatchedPrefill(self.model, [row], accept_layer=self.accept_layer)
-        batch.begin()
-        while not batch.done:
-            batch.run_chunk()
-        (result,) = batch.finish()
-        hidden = result.hidden.numpy().astype(self.hidden_dtype, copy=False)
-        frames = int(audio.mask.sum()) if audio is not None else 0
-        return ThinkerPast(
-            result.cache,
-            base.length,
-            base.rope_delta,
-            np.concatenate((base.hidden, hidden)),
-            base.staged + len(ids),
-            base.audio_frames + frames,
+        job = self.staging_job([Extension(past, ids, audio)])
+        while not job.batch.done:
+            job.batch.run_chunk()
+        return self.finish_staging(job)[0]
+
+    def staging_job(self, parts: list[Extension], *, chunk_tokens: int = 0) -> StagingJob:
+        """`extend` for several turns as one batch (begun: run its chunks, then
+        `finish_staging`), `chunk_tokens` positions over all rows at a time."""
+        rows = []
+        for part in parts:
+            if MULTIMODAL.difference({TOKENS["audio"]}).intersection(part.ids):
+                raise ValueError("only text and audio are prefilled ahead")
+            start = part.start()
+            past = part.past.cache if part.past is not None else None
+            rows.append(PrefillRow(part.ids, _one_by_one(start, len(part.ids)), past, part.audio))
+        batch = BatchedPrefill(
+            self.model, rows, accept_layer=self.accept_layer, chunk_tokens=chunk_tokens
         )
+        batch.begin()
+        return StagingJob(parts, batch)
+
+    @torch.inference_mode()
+    def finish_staging(self, job: StagingJob) -> list[ThinkerPast]:
+        """Each turn's longer past, its own cache and hidden states."""
+        done = []
+        for part, result in zip(job.parts, job.batch.finish(), strict=True):
+            empty = np.zeros((0, 2, self.hidden_size), dtype=self.hidden_dtype)
+            base = part.past or ThinkerPast(result.cache, 0, 0, empty)
+            hidden = result.hidden.numpy().astype(self.hidden_dtype, copy=False)
+            frames = int(part.audio.mask.sum()) if part.audio is not None else 0
+            longer = ThinkerPast(
+                result.cache,
+                base.length,
+                base.rope_delta,
+                np.concatenate((base.hidden, hidden)),
+                base.staged + len(part.ids),
+                base.audio_frames + frames,
+            )
+            done.append(longer)
+        return done
 
     @torch.inference_mode()
     def finish_prefill(

@@ -53,6 +53,8 @@ async def thinker(request: pytest.FixtureRequest) -> AsyncIterator[ThinkerEngine
         max_context=1024,
     )
     await engine.start()
+    assert engine.streamed is not None
+    engine.streamed.staging.gather_s = 0.01  # the tests' audio comes at once, not in seconds
     yield engine
     await engine.close()
 
