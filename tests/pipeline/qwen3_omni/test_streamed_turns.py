@@ -25,10 +25,11 @@ from pipeline.types import (
     PipelineRequest,
     StreamingInput,
     TextDelta,
+    VideoFrame,
     streams_input,
 )
 
-from .conftest import turn_audio
+from .conftest import camera_frame, turn_audio
 from .reference import GREEDY, TALKER_CHOICE, Codes, Parts
 
 REPLY = 4
@@ -67,10 +68,12 @@ def request(
     *,
     audio: np.ndarray | None = None,
     streamed: str = "",
+    frames: tuple[VideoFrame, ...] = (),
 ) -> PipelineRequest:
     return PipelineRequest(
         request_id=rid,
         audio=audio if audio is not None else np.zeros(0, dtype=np.int16),
+        frames=frames,
         history=history,
         instructions="Be brief.",
         session_id=session,
@@ -269,31 +272,63 @@ async def test_a_turn_dropped_mid_speech_leaves_no_trace(thinker: ThinkerEngine)
     assert_same(answers[1], answers[0])
 
 
-@pytest.mark.parametrize("case", ["missing", "changed"])
+@pytest.mark.parametrize("case", ["missing", "changed", "frames"])
 async def test_a_turn_it_cannot_use_is_taken_whole_and_counted(
     thinker: ThinkerEngine, case: str
 ) -> None:
     """`missing`: the request names a turn the engine does not have (its stage restarted);
-    `changed`: what was streamed is not the turn's audio. Either is answered from the
-    request alone, as the whole turn is, and counted in the stage's metrics."""
+    `changed`: what was streamed is not the turn's audio; `frames`: the turn came with a
+    camera frame (taken whole for now: its image goes before the audio). Each is answered
+    from the request alone, as the whole turn is, and counted in the stage's metrics."""
     audio = turn_audio(9.0, seed=5)
-    whole = await answer(thinker, request("c1", f"cw{case}", ("u1",), audio=audio))
+    frames = (camera_frame(0, seed=3),) if case == "frames" else ()
+    whole = await answer(thinker, request("c1", f"cw{case}", ("u1",), audio=audio, frames=frames))
     assert thinker.streamed is not None
-    counted = thinker.streamed_turns()[case]
+    outcome = "changed" if case == "frames" else case
+    counted = thinker.streamed_turns()[outcome]
     session = f"cs{case}"
-    if case == "changed":
-        await stream(thinker, "t4", request("x", session, ("u1",)), turn_audio(9.0, seed=6))
+    if case != "missing":
+        streamed_audio = turn_audio(9.0, seed=6) if case == "changed" else audio
+        await stream(thinker, "t4", request("x", session, ("u1",)), streamed_audio)
     else:  # streamed, then the stage restarts: what it staged is gone with it
         await stream(thinker, "t4", request("x", session, ("u1",)), audio)
         await thinker.close()
         await thinker.start()
         assert thinker.streamed is not None
         counted = thinker.streamed_turns()[case]
-    streamed = await answer(thinker, request("c1", session, ("u1",), audio=audio, streamed="t4"))
+    turn = request("c1", session, ("u1",), audio=audio, streamed="t4", frames=frames)
+    streamed = await answer(thinker, turn)
     assert prefilled(thinker) == len(streamed[0].metadata["token_ids"])  # type: ignore[union-attr]
     assert_same(streamed, whole)
-    assert thinker.streamed_turns()[case] == counted + 1
+    assert thinker.streamed_turns()[outcome] == counted + 1
     metrics = PipelineMetrics()
     metrics.watch_engine("thinker", thinker)
-    line = f'parley_stage_streamed_turns_total{{outcome="{case}",stage="thinker"}} {counted + 1}.0'
-    assert line in generate_latest(metrics.registry).decode()
+    line = f'parley_stage_streamed_turns_total{{outcome="{outcome}",stage="thinker"}} '
+    assert f"{line}{counted + 1}.0" in generate_latest(metrics.registry).decode()
+
+
+async def test_a_turn_judged_unfinished_at_a_pause_goes_on_streaming(
+    thinker: ThinkerEngine,
+) -> None:
+    """The user pauses after 5 s: the transcription asked then (`judge_turn_end`) names the
+    turn and leaves it open; the user goes on, and the turn's answer is the whole turn's."""
+    audio = turn_audio(10.0, seed=8)
+    whole = await answer(thinker, request("p1", "pw", ("u1",), audio=audio))
+    half = 5 * SECOND
+    await stream(thinker, "t5", request("x", "ps", ("u1",)), audio[:half])
+    pause = PipelineRequest(
+        request_id="p0",
+        audio=audio[:half],
+        session_id="ps",
+        item_ids=("u1",),
+        transcribe_only=True,
+        judge_turn_end=True,
+        streamed_turn="t5",
+    )
+    assert [c async for c in thinker.generate("p0", pause)] == [End()]
+    assert thinker.streamed is not None and len(thinker.streamed) == 1  # still open
+    for start in range(half, len(audio), PIECE):
+        await thinker.feed_turn("t5", audio[start : start + PIECE])
+    streamed = await answer(thinker, request("p1", "ps", ("u1",), audio=audio, streamed="t5"))
+    assert prefilled(thinker) == closing(len(audio) // 160, 800)
+    assert_same(streamed, whole)
