@@ -78,8 +78,8 @@ class Staged:
 
 @dataclass(eq=False)
 class _Turn:
-    session_id: str
-    lead: Lead | None
+    context: PipelineRequest
+    lead: Lead | None = None
     pcm: list[npt.NDArray[np.int16]] = field(default_factory=list)
     samples: int = 0
     past: ThinkerPast | None = None
@@ -90,6 +90,10 @@ class _Turn:
     """its lead is prefilled"""
     failed: bool = False
     task: asyncio.Task[None] | None = None
+
+    @property
+    def session_id(self) -> str:
+        return self.context.session_id
 
 
 class StreamedTurns:
@@ -126,9 +130,9 @@ class StreamedTurns:
 
     async def open(self, turn_id: str, context: PipelineRequest) -> None:
         await self.drop(turn_id)
-        await self.forget_session(context.session_id)  # one open turn a session
-        lead = await asyncio.to_thread(self.lead, context)
-        turn = _Turn(context.session_id, lead, failed=lead is None)
+        if context.session_id:
+            await self.forget_session(context.session_id)  # one open turn a session
+        turn = _Turn(context)  # its audio may come at once: its lead is found behind it
         self._turns[turn_id] = turn
         self._kick(turn_id, turn)
 
@@ -146,7 +150,9 @@ class StreamedTurns:
             await cancel_all([turn.task])
 
     async def forget_session(self, session_id: str) -> None:
-        for turn_id in [t for t, turn in self._turns.items() if turn.session_id == session_id]:
+        for turn_id in [
+            t for t, turn in self._turns.items() if turn.context.session_id == session_id
+        ]:
             await self.drop(turn_id)
 
     async def close(self) -> None:
@@ -213,7 +219,10 @@ class StreamedTurns:
     async def _stage(self, turn: _Turn) -> None:
         try:
             if not turn.led:
-                assert turn.lead is not None
+                turn.lead = await asyncio.to_thread(self.lead, turn.context)
+                if turn.lead is None:  # an answer would not fit the context as it is
+                    turn.failed, turn.pcm = True, []
+                    return
                 await self._extend(turn, list(turn.lead.ids), None, 0)
                 turn.led = True
             while not turn.failed and (ready := self._ready(turn)) > turn.windows:
