@@ -1,5 +1,6 @@
 """Per-stage instruments: time to first chunk, chunks, queue depth, batch size, and the
-cache rows (in use, turns waiting for one, turns refused `server_busy`: `row_gate.py`)."""
+cache rows (in use, turns waiting for one, turns refused `server_busy`: `row_gate.py`),
+and the outcomes of turns streamed while the user spoke (`StreamingInput`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .types import Engine
+from .types import Engine, StreamingInput
 
 RequestKind = Literal["answer", "transcription"]
 
@@ -73,7 +74,9 @@ class PipelineMetrics:
 
 class _RowCollector(Collector):
     """The rows of every watched engine that has a row gate (`Engine.row_load()`; a stage in
-    another process reports them with its heartbeat), read at each scrape."""
+    another process reports them with its heartbeat), and how the turns streamed to an
+    engine that takes streaming input ended (`StreamingInput.streamed_turns()`), read at
+    each scrape."""
 
     def __init__(self) -> None:
         self.engines: dict[str, Engine] = {}
@@ -93,7 +96,18 @@ class _RowCollector(Collector):
             "waiting queue full",
             labels=["stage"],
         )
+        streamed = CounterMetricFamily(
+            "parley_stage_streamed_turns",
+            "Turns streamed to the stage while the user spoke, by how they ended: prefilled "
+            "(its prefill went on from what was staged), missing (the stage did not have "
+            "it, e.g. restarted: taken whole), changed (the turn's request was not what was "
+            "streamed: taken whole), failed (staging failed or outgrew the context)",
+            labels=["stage", "outcome"],
+        )
         for stage, engine in self.engines.items():
+            if isinstance(engine, StreamingInput):
+                for outcome, count in engine.streamed_turns().items():
+                    streamed.add_metric([stage, outcome], count)
             load = engine.row_load()
             if load is None:
                 continue
@@ -103,3 +117,4 @@ class _RowCollector(Collector):
         yield in_use
         yield waiting
         yield refused
+        yield streamed

@@ -130,6 +130,10 @@ class PipelineRequest:
     sound like a whole turn (a `turn_end` TextDelta), if the engine can judge that."""
     truncation: Truncation = field(default_factory=Truncation)
     """How to cut a conversation longer than the engine's context."""
+    streamed_turn: str = ""
+    """The turn as it was streamed to an engine while the user spoke (`StreamingInput`):
+    an engine that has it goes on from what it prefilled then; any other (or one that lost
+    it) reads the whole turn from `audio` as always, so `audio` is the whole turn still."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +309,45 @@ class StreamEngine(Engine):
 
     @abstractmethod
     def generate(self, request_id: str, inputs: StageInput, /) -> AsyncGenerator[Chunk, None]: ...
+
+
+class StreamingInput(ABC):
+    """What an engine that can take a turn's input while it arrives adds to its contract.
+
+    While the user speaks, whoever owns the audio opens a turn (`open_turn`, with the
+    request the turn would be answered with so far: its session, history, items and
+    instructions, no audio yet), feeds it the turn's audio as it comes (`feed_turn`, PCM16
+    mono at INPUT_SAMPLE_RATE, in order) and then either asks for the answer with a request
+    naming the turn (`PipelineRequest.streamed_turn`, with the whole turn's audio as
+    always), or drops it (`drop_turn`: cancelled, abandoned, interrupted). The engine does
+    ahead what the turn's end would otherwise wait for, and keeps nothing of a dropped turn.
+
+    Streaming is an optimisation, never a second meaning: the answer to a request naming a
+    streamed turn is the answer to the same request with no streamed turn, and an engine
+    that lost the turn (a restarted stage) or cannot use what it prepared answers from the
+    request alone. One open turn per session: opening another drops the earlier one.
+    Engines without this capability (the cascade, the OpenAI-compatible Thinker, Moshi)
+    take every turn whole, as before; `streams_input` tells them apart."""
+
+    @abstractmethod
+    async def open_turn(self, turn_id: str, context: PipelineRequest) -> None: ...
+
+    @abstractmethod
+    async def feed_turn(self, turn_id: str, pcm: npt.NDArray[np.int16]) -> None:
+        """More of the turn's audio; returns at once (the work runs behind it)."""
+
+    @abstractmethod
+    async def drop_turn(self, turn_id: str) -> None:
+        """Forget the turn and all done for it (idempotent; an unknown id is no error)."""
+
+    def streamed_turns(self) -> dict[str, int]:
+        """How streamed turns ended so far, by outcome (for the metrics)."""
+        return {}
+
+
+def streams_input(engine: object) -> bool:
+    """Whether `engine` takes a turn's input while it arrives (`StreamingInput`)."""
+    return isinstance(engine, StreamingInput)
 
 
 @runtime_checkable

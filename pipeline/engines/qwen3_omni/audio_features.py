@@ -49,6 +49,17 @@ class AudioFeatures:
                 feature_size=mel_bins, sampling_rate=SAMPLE_RATE, hop_length=160, n_fft=400
             )
 
+    def final_frames(self, samples: int) -> int:
+        """How many of the mel frames of a turn's first `samples` samples no later sample
+        changes: those whose STFT window lies within them (the last ones are padded by
+        reflection until the audio after them comes). Each frame's value is also clamped
+        to 80 dB below the turn's loudest; a louder frame later changes the clamped ones,
+        which a streamed turn checks at its end (`streamed_turns.py`)."""
+        hop, n_fft = int(self._extractor.hop_length), int(self._extractor.n_fft)
+        if samples < n_fft:
+            return 0
+        return min(samples // hop, (samples - n_fft // 2) // hop + 1)
+
     def __call__(self, pcm: npt.NDArray[np.int16]) -> AudioInput | None:
         """None for no audio (a typed turn)."""
         if len(pcm) < self._extractor.n_fft:

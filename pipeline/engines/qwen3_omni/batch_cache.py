@@ -29,11 +29,15 @@ def _layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def stack_caches(caches: Sequence[DynamicCache]) -> tuple[DynamicCache, list[int]]:
-    """One cache of batch len(caches), left-padded; and each row's padding."""
+    """One cache of batch len(caches), left-padded; and each row's padding. A cache with
+    nothing in it yet (a row with no past beside rows with one) is all padding."""
     lengths = [cache.get_seq_length() for cache in caches]
     longest = max(lengths)
     pads = [longest - length for length in lengths]
     per_request = [_layers(cache) for cache in caches]
+    shaped = next((layers for layers in per_request if layers), [])
+    empty = [(keys[:, :, :0], values[:, :, :0]) for keys, values in shaped]
+    per_request = [layers or empty for layers in per_request]
     batched = DynamicCache()
     for index in range(len(per_request[0])):
         keys = torch.cat(

@@ -37,6 +37,7 @@ import torch
 from transformers import DynamicCache
 
 from .audio_features import AudioInput
+from .audio_tower import encode_rest, window_frames, windowed
 from .batch_cache import row_cache, stack_caches
 from .vision_input import VisionInput
 
@@ -53,6 +54,9 @@ class PrefillRow:
     """KV of the positions before `input_ids` (a batch of one); None: none"""
     audio: AudioInput | None = None
     vision: VisionInput | None = None
+    audio_from: int = 0
+    """frames of `audio` whose positions are in `past` already (a streamed turn's finished
+    windows): the row's audio placeholders are those of the frames after them"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +184,9 @@ class BatchedPrefill:
         assert self._positions is not None
         media: dict[str, Any] = {}
         dtype = self.model.dtype
-        if row.audio is not None:
+        if row.audio is not None and row.audio_from:
+            media["inputs_embeds"] = self._with_rest(row.audio, row.audio_from, ids)
+        elif row.audio is not None:
             media["input_features"] = row.audio.features.to(self.device, dtype)
             media["feature_attention_mask"] = row.audio.mask.to(self.device)
         if row.vision is not None:
@@ -189,7 +195,8 @@ class BatchedPrefill:
         positions = self._positions[:, index : index + 1, : ids.shape[1]]
         hook = self.model.model.register_forward_pre_hook(_stop_before_layers, with_kwargs=True)
         try:
-            self.model(input_ids=ids, position_ids=positions, use_cache=False, **media)
+            with windowed(self.model):
+                self.model(input_ids=ids, position_ids=positions, use_cache=False, **media)
         except _Merged as merged:
             found = merged.kwargs
         else:  # pragma: no cover - the hook always fires
@@ -201,6 +208,18 @@ class BatchedPrefill:
             found.get("visual_pos_masks"),
             found.get("deepstack_visual_embeds"),
         )
+
+    def _with_rest(self, audio: AudioInput, start: int, ids: torch.Tensor) -> torch.Tensor:
+        """The row's embeddings with the audio tower's positions of the frames from `start`
+        on in its audio placeholders (merged as the Thinker's forward merges an audio)."""
+        embeds: torch.Tensor = self.model.get_input_embeddings()(ids)
+        rest = audio.features[:, :, start : int(audio.mask.sum())]
+        if rest.shape[2]:
+            chunk, _ = window_frames(self.model)
+            encoded = encode_rest(self.model, rest, padded=int(audio.mask.sum()) >= chunk)
+            placeholders = (ids == self.model.config.audio_token_id).unsqueeze(-1)
+            embeds = embeds.masked_scatter(placeholders.expand_as(embeds), encoded.to(embeds))
+        return embeds
 
     @torch.inference_mode()
     def run_chunk(self) -> None:

@@ -39,6 +39,7 @@ from ...types import HistoryItem
 from ..token_lru import TokenLRU
 from .audio_features import AudioInput
 from .config import TOKENS
+from .thinker_runner import ThinkerPast
 from .vision_input import VisionInput
 
 Hidden = npt.NDArray[np.floating]
@@ -99,6 +100,18 @@ class SessionEntry:
     @property
     def tokens(self) -> int:
         return len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """A turn going on from its session's entry, with the history items added since."""
+
+    entry: SessionEntry
+    added: list[HistoryItem]
+
+    def past(self) -> ThinkerPast:
+        entry = self.entry
+        return ThinkerPast(entry.cache, entry.tokens, entry.rope_delta, entry.hidden)
 
 
 def continuation(

@@ -28,6 +28,9 @@ are alone; those fail with their error and the others are answered. The runners 
 request's state only once its forward pass has returned, so a step that raised can run again.
 An error that leaves the device unusable (`ModelThread.fatal`) is not retried: the batch
 fails whole, and so does every later step (`DeviceLost`).
+
+Work that must not hold up the steps (a streamed turn's prefill, `staging_queue.py`) waits
+for the next batch before each piece of it (`next_batch`): steps first.
 """
 
 from __future__ import annotations
@@ -119,6 +122,9 @@ class StepBatcher(Generic[ItemT, ResultT]):
         self._tasks = TaskSet(name)
         """Owns the dispatcher (`_task`); `close()` closes it."""
         self._members = 0
+        self.batches_run = 0
+        """Batches run so far (answered or failed)."""
+        self._ran = asyncio.Event()
         self.isolated = 0
         """Batches that failed and were run again in halves to fail only the steps at fault."""
         self.tally = BatchTally(since=time.perf_counter())
@@ -145,6 +151,7 @@ class StepBatcher(Generic[ItemT, ResultT]):
         finally:
             self._members -= 1
             self._arrived.set()  # a regroup waiting for it need not wait any more
+            self._ran.set()  # nor work waiting behind its steps
 
     @contextlib.contextmanager
     def away(self) -> Iterator[None]:
@@ -152,10 +159,27 @@ class StepBatcher(Generic[ItemT, ResultT]):
         dispatcher does not wait for its step meanwhile."""
         self._members -= 1
         self._arrived.set()
+        self._ran.set()
         try:
             yield
         finally:
             self._members += 1
+
+    @property
+    def decoding(self) -> bool:
+        """Whether requests are in their decode phase now (`member()`, not `away()`)."""
+        return self._members > 0
+
+    async def next_batch(self, bound_s: float) -> None:
+        """Until a batch has run from now on, nobody decodes any more, or `bound_s` passed:
+        how work that must not hold up decode steps lets them go first (one piece of it
+        between two batches)."""
+        seen = self.batches_run
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(bound_s):
+                while self.decoding and self.batches_run == seen:
+                    self._ran.clear()
+                    await self._ran.wait()
 
     async def step(self, item: ItemT, deadline: float | None = None) -> ResultT:
         """Run `item` in a batch and return its result. `deadline` (on `clock`): when the step
@@ -185,6 +209,9 @@ class StepBatcher(Generic[ItemT, ResultT]):
                     if not step.waiter.done():
                         step.waiter.set_exception(RuntimeError(f"{self.name} is closed"))
                 raise
+            finally:
+                self.batches_run += 1
+                self._ran.set()
 
     async def _answer(self, batch: list[_Step[ItemT, ResultT]], retry: bool = False) -> None:
         """Run `batch` as one call and answer its steps; if it raises, find the failing

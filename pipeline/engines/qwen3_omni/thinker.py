@@ -25,6 +25,10 @@ is cut as the request's `truncation` says (`context_fit.py`), its oldest items l
 this turn's and the session's later prompts; a cut that changes the prompt's beginning
 drops the session's KV entry (one full prefill). One that cannot be cut fails with
 `context_length_exceeded`.
+
+A spoken turn can be streamed while the user speaks (`StreamingInput`, `streamed_turns.py`):
+its lead and finished audio windows are prefilled then, and the request that names it
+prefills only the rest; docs/engines/streamed-prefill.md.
 """
 
 from __future__ import annotations
@@ -64,13 +68,16 @@ from .session_kv import (
     MEDIA_MARKUP,
     Conversation,
     PromptMedia,
+    Resumed,
     SessionEntry,
     SessionKV,
     continuation,
     talker_prompt_length,
 )
 from .stage import ModelStage
+from .staging_queue import StagingQueue
 from .step_batcher import StepBatcher
+from .streamed_turns import Lead, StreamedTurns, TurnsStreamedIn
 from .thinker_runner import ThinkerHidden, ThinkerPast, ThinkerPrompt, ThinkerRunner, ThinkerState
 from .thinker_slots import ThinkerSlots
 from .tool_calls import CallParser, history_turn, offered, tools_text
@@ -81,7 +88,7 @@ logger = logging.getLogger(__name__)
 SESSION_KV, PREFIX_CACHE = "session KV", "prefix cache"
 
 
-class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
+class ThinkerEngine(ModelStage[ThinkerState], EntryEngine, TurnsStreamedIn):
     name = "qwen3_omni.thinker"
     part = "thinker"
 
@@ -117,6 +124,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         stage is ready, so that no request pays for first use (lazy inits, first shapes,
         cuBLAS workspaces). None: on a GPU, where first use costs (a CPU has little to warm)."""
         self.prefills: PrefillQueue | None = None
+        self.streamed: StreamedTurns | None = None
         self._vocab_lock = threading.Lock()
         if max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
@@ -263,7 +271,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         tools = offered(request.tools, request.tool_choice or "auto")
         return f"{base}\n\n{tools_text(tools)}" if tools else base
 
-    def _fitted_prompt(self, request: PipelineRequest, resumed: _Resumed | None) -> _Fitted:
+    def _fitted_prompt(self, request: PipelineRequest, resumed: Resumed | None) -> _Fitted:
         """On a prep thread (`PrefillQueue`): log-mel features, image patches and the chat
         prompt's ids, going on from the session's entry (its tokens, then only what the turn
         adds) where that fits `max_context`, else from the history, cut to fit as the
@@ -303,6 +311,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         vision: VisionInput | None,
         *,
         instructions: str,
+        audio_tokens: int = 0,
     ) -> ChatParts:
         assert self.vocab is not None
         with self._vocab_lock:  # prompts are built on several threads; a tokenizer is one
@@ -310,7 +319,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
                 self.vocab,
                 instructions=instructions,
                 history=[history_turn(item) for item in history],
-                audio_tokens=audio.tokens if audio else 0,
+                audio_tokens=audio.tokens if audio else audio_tokens,
                 text=request.text,
                 image_tokens=vision.tokens if vision else (),
             )
@@ -335,7 +344,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
 
     # --- a session's KV between its turns ------------------------------------------------
 
-    def _session_prompt(self, request: PipelineRequest) -> _Resumed | None:
+    def _session_prompt(self, request: PipelineRequest) -> Resumed | None:
         """The session's entry, taken for this turn, when the request goes on from it; an
         entry that the conversation no longer matches is dropped."""
         if self.sessions is None or not request.session_id or not request.item_ids:
@@ -349,7 +358,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
             item_ids=request.item_ids,
             history=request.history,
         )
-        return _Resumed(entry, added) if added is not None else None
+        return Resumed(entry, added) if added is not None else None
 
     def _remember(
         self,
@@ -390,11 +399,37 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
         )
         self.sessions.store(request.session_id, entry)
 
+    # --- a turn streamed while the user speaks (streamed_turns.py) --------------------------
+
+    def _lead(self, context: PipelineRequest) -> Lead | None:
+        """Where a spoken turn after `context` goes on from, as `generate` would build it
+        (None: an answer would not fit the context as it is)."""
+        context = self.cuts.view(context)
+        instructions = self._instructions(context)
+        entry = self.sessions.get(context.session_id) if self.sessions is not None else None
+        added = None
+        if entry is not None and context.item_ids:
+            added = continuation(
+                entry, instructions=instructions, item_ids=context.item_ids, history=context.history
+            )
+        if entry is None or added is None:
+            entry, added, base = None, list(context.history), []
+        else:
+            instructions, base = "", entry.token_ids + entry.tail
+        parts = self._parts(context, added, None, None, instructions=instructions, audio_tokens=1)
+        ids = base + parts.ids()
+        if len(ids) + self.max_new_tokens > self.max_context:
+            return None
+        start = entry.tokens if entry is not None else 0
+        return Lead(entry, ids[start : ids.index(TOKENS["audio"], len(base))])
+
     def _row_memory(self) -> int:
         slots = self.runner.slots if self.runner is not None else None
         return slots.decoder.cache.nbytes if slots is not None else 0
 
     async def forget_session(self, session_id: str) -> None:
+        if self.streamed is not None:
+            await self.streamed.forget_session(session_id)
         self.cuts.forget(session_id)
         if self.sessions is not None:
             self.sessions.forget(session_id)
@@ -413,8 +448,28 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
             min_new_tokens=self.min_new_tokens,
         )
         self.prefills.start()
+        assert self.features is not None
+        staging = StagingQueue(
+            self.name,
+            self.thread,
+            self.runner,
+            decode=self.batcher,
+            max_batch=self.prefill_batch,
+            chunk_tokens=self.prefill_chunk_tokens,
+        )
+        staging.start()
+        self.streamed = StreamedTurns(
+            self.name,
+            staging,
+            self.features,
+            self._lead,
+            max_positions=self.max_context - self.max_new_tokens,
+        )
 
     async def close(self) -> None:
+        if self.streamed is not None:
+            await self.streamed.close()
+            self.streamed = None
         if self.prefills is not None:
             await self.prefills.close()
             self.prefills = None
@@ -442,6 +497,10 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
                     yield refused
                 return  # a chunk saying why, or aborted while it waited
             request = self.cuts.view(request)  # less what earlier cuts left out
+            streamed = self.streamed
+            staged = None
+            if streamed is not None and request.streamed_turn:
+                staged = await streamed.take(request)
             resumed = self._session_prompt(request)
             assert self.prefills is not None
             try:
@@ -454,6 +513,9 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine):
                 yield ErrorChunk(message=str(exc), stage=self.name, code=code)
                 return
             past = fitted.past
+            if staged is not None and streamed is not None:  # what it prefilled, if it fits
+                entry = resumed.entry if resumed is not None and past is not None else None
+                past = streamed.past_for(staged, fitted.prompt, entry) or past
             if fitted.dropped:
                 request = self._cut(request, fitted)
             prompt, state, hidden = await self.prefills.submit(fitted.prompt, past)
@@ -526,15 +588,3 @@ class _Fitted:
     """the prompt's tokens before the cut (0: no cut was considered)"""
     earlier: PromptMedia = PromptMedia()
     """the media of the past's placeholders (none without a past)"""
-
-
-@dataclass(frozen=True, slots=True)
-class _Resumed:
-    """A turn going on from its session's entry, with the history items added since."""
-
-    entry: SessionEntry
-    added: list[HistoryItem]
-
-    def past(self) -> ThinkerPast:
-        entry = self.entry
-        return ThinkerPast(entry.cache, entry.tokens, entry.rope_delta, entry.hidden)

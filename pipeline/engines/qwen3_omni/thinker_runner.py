@@ -59,12 +59,17 @@ class ThinkerHidden:
 class ThinkerPast:
     """What a prefill goes on from (a session's earlier turns): the KV of the prompt's first
     `length` positions, their hidden states, and their mRoPE offset (the next position is
-    `length + rope_delta`). The prefill extends `cache` in place."""
+    `length + rope_delta`). The prefill leaves `cache` as it was (its batch copies it)."""
 
     cache: DynamicCache
     length: int
     rope_delta: int
     hidden: npt.NDArray[np.floating]
+    staged: int = 0
+    """positions of the prompt after `length` that `cache` and `hidden` hold already (a
+    streamed turn's, `extend`): the prefill computes only those after them"""
+    audio_frames: int = 0
+    """of the prompt's audio, the frames whose positions are among the staged ones"""
 
 
 @dataclass
@@ -91,6 +96,28 @@ class _Planned:
 
 
 @dataclass(frozen=True, slots=True)
+class Extension:
+    """A streamed turn's next part: `ids` (and their `audio`) after `past` (None: none)."""
+
+    past: ThinkerPast | None
+    ids: list[int]
+    audio: AudioInput | None = None
+
+    def start(self) -> int:
+        """The mRoPE position of its first id."""
+        past = self.past
+        return past.length + past.rope_delta + past.staged if past is not None else 0
+
+
+@dataclass(frozen=True, slots=True)
+class StagingJob:
+    """Streamed turns' next parts prefilled together (`ThinkerRunner.staging_job`)."""
+
+    parts: list[Extension]
+    batch: BatchedPrefill
+
+
+@dataclass(frozen=True, slots=True)
 class PrefillJob:
     """Prompts prefilled together: their plans and the batch that runs them."""
 
@@ -98,8 +125,15 @@ class PrefillJob:
     batch: BatchedPrefill
 
 
-def _with_media(row: PrefillRow, prompt: ThinkerPrompt) -> PrefillRow:
-    return PrefillRow(row.input_ids, row.positions, row.past, prompt.audio, prompt.vision)
+def _with_media(row: PrefillRow, prompt: ThinkerPrompt, audio_from: int = 0) -> PrefillRow:
+    return PrefillRow(
+        row.input_ids, row.positions, row.past, prompt.audio, prompt.vision, audio_from
+    )
+
+
+def _one_by_one(start: int, count: int) -> torch.Tensor:
+    """[3, count] mRoPE positions from `start` on, one a position (text's and audio's)."""
+    return torch.arange(start, start + count).view(1, -1).expand(3, -1)
 
 
 class ThinkerRunner:
@@ -197,9 +231,17 @@ class ThinkerRunner:
                 new, grid, None, torch.ones_like(new), False, audio_lengths, None
             )
             positions = positions + (past.length + past.rope_delta)
-            row = PrefillRow(prompt.input_ids[past.length :], positions[:, 0], past.cache)
+            staged = positions[:, 0, : past.staged]
+            if not torch.equal(staged, _one_by_one(past.length + past.rope_delta, past.staged)):
+                raise ValueError("a streamed turn's positions are not the prompt's")
+            row = PrefillRow(
+                prompt.input_ids[past.length + past.staged :],
+                positions[:, 0, past.staged :],
+                past.cache,
+            )
             rope_delta = past.rope_delta + int(deltas.reshape(-1)[0])
-            return _Planned(prompt, _with_media(row, prompt), total, rope_delta, past.hidden, None)
+            row = _with_media(row, prompt, past.audio_frames)
+            return _Planned(prompt, row, total, rope_delta, past.hidden, None)
         positions, deltas = self.model.get_rope_index(
             ids, grid, None, torch.ones_like(ids), False, audio_lengths, None
         )
@@ -216,6 +258,55 @@ class ThinkerRunner:
         )
         earlier = hit.hidden if hit is not None else None
         return _Planned(prompt, _with_media(row, prompt), total, rope_delta, earlier, text_end)
+
+    @torch.inference_mode()
+    def extend(
+        self, past: ThinkerPast | None, ids: list[int], audio: AudioInput | None = None
+    ) -> ThinkerPast:
+        """Prefill `ids` (text and audio placeholders, `audio` their audio) after `past`
+        (None: from the start) and keep them as staged positions of a longer past: a
+        streamed turn's next part (`streamed_turns.py`). Nothing is chosen; `past` is
+        left as it was. Its mRoPE positions go on one by one, as text's and audio's do."""
+        job = self.staging_job([Extension(past, ids, audio)])
+        while not job.batch.done:
+            job.batch.run_chunk()
+        return self.finish_staging(job)[0]
+
+    def staging_job(self, parts: list[Extension], *, chunk_tokens: int = 0) -> StagingJob:
+        """`extend` for several turns as one batch (begun: run its chunks, then
+        `finish_staging`), `chunk_tokens` positions over all rows at a time."""
+        rows = []
+        for part in parts:
+            if MULTIMODAL.difference({TOKENS["audio"]}).intersection(part.ids):
+                raise ValueError("only text and audio are prefilled ahead")
+            start = part.start()
+            past = part.past.cache if part.past is not None else None
+            rows.append(PrefillRow(part.ids, _one_by_one(start, len(part.ids)), past, part.audio))
+        batch = BatchedPrefill(
+            self.model, rows, accept_layer=self.accept_layer, chunk_tokens=chunk_tokens
+        )
+        batch.begin()
+        return StagingJob(parts, batch)
+
+    @torch.inference_mode()
+    def finish_staging(self, job: StagingJob) -> list[ThinkerPast]:
+        """Each turn's longer past, its own cache and hidden states."""
+        done = []
+        for part, result in zip(job.parts, job.batch.finish(), strict=True):
+            empty = np.zeros((0, 2, self.hidden_size), dtype=self.hidden_dtype)
+            base = part.past or ThinkerPast(result.cache, 0, 0, empty)
+            hidden = result.hidden.numpy().astype(self.hidden_dtype, copy=False)
+            frames = int(part.audio.mask.sum()) if part.audio is not None else 0
+            longer = ThinkerPast(
+                result.cache,
+                base.length,
+                base.rope_delta,
+                np.concatenate((base.hidden, hidden)),
+                base.staged + len(part.ids),
+                base.audio_frames + frames,
+            )
+            done.append(longer)
+        return done
 
     @torch.inference_mode()
     def finish_prefill(

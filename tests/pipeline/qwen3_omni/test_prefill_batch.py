@@ -134,6 +134,26 @@ def test_batched_prefill_goes_on_from_each_session_s_past(tiny_parts: Parts) -> 
         assert decode(cached, state, 5) == tokens
 
 
+def test_a_row_with_no_past_batches_beside_one_with_a_past(tiny_parts: Parts) -> None:
+    """No prefix cache: a fresh prompt (no past at all) and a session's follow-up in one
+    batch, each as alone (the fresh row's past is all padding)."""
+    model, config = tiny_parts["thinker"]
+    runner = ThinkerRunner(model, config)
+    first = prompt("first turn", seed=5)
+
+    def past() -> ThinkerPast:
+        state, hidden = ThinkerRunner(model, config).prefill(first)
+        return ThinkerPast(state.cache, state.length, state.rope_delta, hidden.states)
+
+    follow_up = ThinkerPrompt(first.input_ids + prompt("more", seed=7).input_ids[3:])
+    fresh = prompt("hello there", seed=9)
+    alone = [runner.prefill(follow_up, past=past()), runner.prefill(fresh)]
+    done, _ = run_job(runner, [(follow_up, past()), (fresh, None)], chunk_tokens=0)
+    for (state, hidden), (want_state, want) in zip(done, alone, strict=True):
+        np.testing.assert_allclose(hidden.states, want.states, atol=1e-4)
+        assert decode(runner, state, 5) == decode(runner, want_state, 5)
+
+
 # --- in the engine: gathered, chunked between decode steps, warmed before ready -----------
 
 
