@@ -315,6 +315,7 @@ class ServerTurnTaking(TurnTaking):
                     # Speech began over the answer's last moments and the answer ended before
                     # it was long enough to cut: nothing is left to interrupt, and this is
                     # the user's next turn (not noise, which is how its end would be taken).
+                    await self._drop_judgement()
                     host.sink.resume()
                     self._machine.to(_S.USER_SPEAKING, "speech started")
             case SpeechPause(start_ms=start, end_ms=end):
@@ -375,11 +376,12 @@ class ServerTurnTaking(TurnTaking):
         noise resumes the answer where it was held; a real interruption cuts it, as
         `always` does, and if the speech has ended already, it is the user's turn."""
         past_deadline = self._overlap.past_deadline
-        ended = await self._overlap.finish()
-        if self.detector is not None:
-            self.detector.pause_sooner = False
+        ended = await self._drop_judgement()
         self._verdicts.labels("deadline" if past_deadline else verdict.value).inc()
         host, machine = self._host, self._machine
+        if self.config is None:  # turn detection was turned off meanwhile: the client decides
+            host.sink.resume()
+            return
         if verdict is Verdict.KEEP:
             self._kept_speech = self._turns.speech_item_id  # None: it has ended
             host.sink.resume()
@@ -496,13 +498,17 @@ class ServerTurnTaking(TurnTaking):
     async def drop_ahead(self) -> None:
         await self._ahead.drop()
 
+    async def _drop_judgement(self) -> EndedSpeech | None:
+        """The judgement of the speech over the answer, if any, is over: what it was doing
+        stops; the speech that ended before its verdict, if it did."""
+        if self.detector is not None:
+            self.detector.pause_sooner = False
+        return await self._overlap.finish() if self._overlap.active else None
+
     async def _forget_speech(self) -> None:
         await super()._forget_speech()
         self._kept_speech = None
-        if self._overlap.active:  # the speech is gone: nothing left to judge
-            await self._overlap.finish()
-            if self.detector is not None:
-                self.detector.pause_sooner = False
+        await self._drop_judgement()  # the speech is gone: nothing left to judge
 
     async def close(self) -> None:
         await self._idle.close()

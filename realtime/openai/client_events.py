@@ -492,9 +492,7 @@ def partial_session_patch(
         vad_knobs = extras.model_dump(
             include={"min_speech_ms", "interruption_deadline_ms"}, exclude_none=True
         )
-        for knob, value in vad_knobs.items():
-            if not td_set:
-                break
+        for knob, value in vad_knobs.items() if td_set else ():
             vad = patch.get("turn_detection", {})
             if vad is None:
                 errors.append(

@@ -175,3 +175,19 @@ async def test_always_cuts_what_adaptive_keeps(rigs: list[Rig]) -> None:
     r = answering(rigs, ScriptedRecogniser("Yeah."), interruption="always")
     await r.hear(speech("Yeah."))
     assert r.host.called("interrupt") == [()]
+
+
+async def test_a_cleared_buffer_drops_the_judgement(rigs: list[Rig]) -> None:
+    """input_audio_buffer.clear while the speech is judged: the speech is gone, the answer
+    goes on, and the words that come later decide nothing."""
+    pipeline = ScriptedRecogniser("Wait.")
+    pipeline.release = asyncio.Event()
+    r = answering(rigs, pipeline)
+    await r.hear(speech("Wait."))
+    await settle(r, frames=6)  # past the pause: the words are on their way
+    assert pipeline.asked == 1
+    await r.tt.clear()
+    assert r.host.called("resume_output")
+    pipeline.release.set()
+    await settle(r, frames=5)
+    assert not r.host.called("interrupt")
