@@ -98,6 +98,9 @@ async def test_a_backchannel_leaves_the_answer_whole(server: ServedApp) -> None:
         assert "conversation.item.truncated" not in names  # ...and cut nothing
         assert names.count("response.created") == 1  # nor started another answer
         assert client.audio_ms(delta["response_id"]) == pytest.approx(ANSWER_MS, abs=1)
+    sdk_event: TypeAdapter[Any] = TypeAdapter(RealtimeServerEvent)
+    for message in client.events:  # a strict client knows every event it got
+        assert sdk_event.validate_python(message).type == message["type"]
 
 
 async def test_real_speech_over_the_answer_still_cuts_it(server: ServedApp) -> None:
