@@ -47,6 +47,7 @@ MaxFrames = Annotated[int, AfterValidator(_between(1, 256))]
 NumFrames = Annotated[int, AfterValidator(_between(1, 128))]
 AudioSeconds = Annotated[int, AfterValidator(_between(1, 3_600))]
 IdleTimeoutMs = Annotated[int, AfterValidator(_between(1_000, 3_600_000))]
+DeadlineMs = Annotated[int, AfterValidator(_between(100, 10_000))]
 OutputTokens = Annotated[int, AfterValidator(_between(1, 4_096))]
 Speed = Annotated[float, AfterValidator(_between(0.25, 1.5))]
 MAX_TOOLS = 128
@@ -91,6 +92,20 @@ class TurnDetectionConfig(_Model):
     idle_timeout_ms: IdleTimeoutMs | None = None
     """After an answer has played, this long without speech commits the silence as a
     turn and answers it (`input_audio_buffer.timeout_triggered`); None: never."""
+    interruption: Literal["always", "adaptive"] = "always"
+    """What speech over an answer does (with `interrupt_response`). `always`: speech that
+    lasts `min_speech_ms` cuts the answer (OpenAI's meaning). `adaptive`: the answer is
+    held silent while the speech is judged (overlap_judge.py); a backchannel or a noise lets
+    it go on where it stopped, anything more cuts it as `always` does."""
+    interruption_deadline_ms: DeadlineMs = 1_000
+    """`adaptive`: speech over an answer that is not judged within this much input audio
+    from its first voiced frame counts as a real interruption. Why 1000 ms: the judge
+    needs the words, which come when the voice stops plus ~80 ms (the pause) plus one
+    recognition (Whisper base, ~230 ms on the 2-core bench machine): "yeah" (~350 ms
+    voiced) is judged about 650 ms in, "okay" or "I see" about 750 ms, the longest voice
+    still taken for a backchannel (700 ms) about 1000 ms. 600 ms would cut nearly every
+    backchannel on that machine. The answer is silent from the first voiced frame
+    whatever the deadline, so a longer one costs no talking over the user."""
 
     @model_validator(mode="before")
     @classmethod

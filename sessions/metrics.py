@@ -30,6 +30,14 @@ class SessionMetrics:
         self.barge_ins = Counter(
             "parley_barge_ins", "Responses cut off by the user speaking", registry=r
         )
+        self.overlap_verdicts = Counter(
+            "parley_overlap_verdicts",
+            "Speech over an answer judged (interruption: adaptive), by verdict: keep (a "
+            "backchannel or a noise: the answer resumed), interrupt, or deadline (not judged "
+            "in time: interrupted)",
+            ["verdict"],
+            registry=r,
+        )
         self.dropped_frames = Counter(
             "parley_dropped_buffer_frames",
             "Buffered frames dropped: audio past the cap, video evicted or filtered, events",

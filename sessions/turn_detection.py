@@ -142,10 +142,18 @@ class TurnDetector:
         self._paused = False
         self._window_ms: int | None = None
         """The silence window of this pause as the words judged it (semantic_vad)."""
+        self.pause_sooner = False
+        """Report a pause after SEMANTIC_PAUSE_MS whatever the type: set while speech over
+        an answer is judged (overlap.py), whose words are wanted as soon as the voice stops."""
 
     @property
     def in_speech(self) -> bool:
         return self._start_ms is not None
+
+    @property
+    def speech_end_ms(self) -> int | None:
+        """The end of the last speech frame of the turn in progress (None outside one)."""
+        return None if self._start_ms is None else self._last_speech_end_ms
 
     def reconfigure(self, config: TurnDetectionConfig) -> None:
         """Use `config` from the next frame on; a turn in progress carries on."""
@@ -255,7 +263,8 @@ class TurnDetector:
         return [end]
 
     def _pause_ms(self) -> int:
-        return SEMANTIC_PAUSE_MS if self._config.type == "semantic_vad" else PAUSE_MS
+        sooner = self.pause_sooner or self._config.type == "semantic_vad"
+        return SEMANTIC_PAUSE_MS if sooner else PAUSE_MS
 
     def _verdict_pending(self) -> bool:
         """semantic_vad reported a pause whose words are not judged yet."""

@@ -53,6 +53,8 @@ from .events import (
 )
 from .idle_timer import IdleTimer
 from .metrics import SessionMetrics
+from .overlap import EndedSpeech, OverlapJudgement
+from .overlap_judge import BackchannelRules, Verdict
 from .prefetch import Prefetch, PrefetchSlot
 from .sink import OutputSink
 from .state import SessionState, StateMachine
@@ -147,11 +149,16 @@ class TurnTaking:
         for i, frame in enumerate(frames):
             if self.detector is None:
                 return
-            for signal in self.detector.process(frame, first_ms + i * FRAME_MS):
+            offset_ms = first_ms + i * FRAME_MS
+            for signal in self.detector.process(frame, offset_ms):
                 await self._on_signal(signal)
+            await self._frame_heard(offset_ms + FRAME_MS)
 
     async def _on_signal(self, signal: TurnSignal) -> None:
         raise NotImplementedError
+
+    async def _frame_heard(self, end_ms: int) -> None:
+        """A frame's signals are handled: input audio up to `end_ms` has been heard."""
 
     def reconfigure(self, config: TurnDetectionConfig | None) -> None:
         """New `turn_detection` settings from the next frame on (None: the client decides)."""
@@ -173,7 +180,7 @@ class TurnTaking:
                 "is needed",
                 "input_audio_buffer_commit_empty",
             )
-        self._forget_speech()
+        await self._forget_speech()
         if self._machine.state is _S.USER_SPEAKING:
             self._machine.to(_S.LISTENING, "buffer committed")
         begin, end = self._turns.uncommitted_from_ms, self._turns.offset_ms
@@ -184,12 +191,12 @@ class TurnTaking:
     async def clear(self) -> None:
         """input_audio_buffer.clear: the uncommitted audio is dropped."""
         self._turns.cleared()
-        self._forget_speech()
+        await self._forget_speech()
         if self._machine.state is _S.USER_SPEAKING:
             self._machine.to(_S.LISTENING, "buffer cleared")
         self._host.emit(AudioBufferCleared())
 
-    def _forget_speech(self) -> None:
+    async def _forget_speech(self) -> None:
         if self.detector is not None:
             self.detector.reset()
         self._host.sink.resume()
@@ -272,6 +279,14 @@ class ServerTurnTaking(TurnTaking):
         """The words of the turn in progress, recognised at its pauses."""
         self._ahead = PrefetchSlot(metrics.prefetches)
         """An answer begun at the open turn's last pause."""
+        self._overlap = OverlapJudgement(
+            name, BackchannelRules(), pipeline, read_audio, media_lock, self._settle
+        )
+        """`interruption: "adaptive"`: the judgement of the speech over an answer."""
+        self._verdicts = metrics.overlap_verdicts
+        self._kept_speech: str | None = None
+        """The speech (its item id) last judged a backchannel, while it goes on: its voice
+        coming back after a pause is judged again (a backchannel followed by more)."""
 
     async def _on_signal(self, signal: TurnSignal) -> None:
         td = self.config
@@ -284,15 +299,23 @@ class ServerTurnTaking(TurnTaking):
                 if state is _S.LISTENING:
                     self._machine.to(_S.USER_SPEAKING, "speech started")
                 elif td.interrupt_response and host.responding:
-                    host.sink.pause()  # silent at once; cut when confirmed, resumed if not
-            case SpeechConfirmed():
+                    if td.interruption == "adaptive":
+                        self._judge_overlap(start)  # silent at once; cut or resumed as judged
+                    else:
+                        host.sink.pause()  # silent at once; cut when confirmed, resumed if not
+            case SpeechConfirmed(start_ms=start):
                 if state in (_S.THINKING, _S.SPEAKING) and td.interrupt_response:
+                    if td.interruption == "adaptive":
+                        if not self._overlap.active:  # it began as the answer did
+                            self._judge_overlap(start)
+                        return
                     self._barge_ins.inc()
                     await host.interrupt()
                 elif state is _S.LISTENING and turns.speech_item_id is not None:
                     # Speech began over the answer's last moments and the answer ended before
                     # it was long enough to cut: nothing is left to interrupt, and this is
                     # the user's next turn (not noise, which is how its end would be taken).
+                    await self._drop_judgement()
                     host.sink.resume()
                     self._machine.to(_S.USER_SPEAKING, "speech started")
             case SpeechPause(start_ms=start, end_ms=end):
@@ -300,13 +323,78 @@ class ServerTurnTaking(TurnTaking):
                 if state is _S.USER_SPEAKING and speech_id is not None:
                     begin = self._speech_begin_ms(start)
                     await self.transcript.pause(speech_id, begin, end)
-            case SpeechResumed():
+                elif self._overlap.active:
+                    begin = self._speech_begin_ms(start)
+                    verdict = await self._overlap.paused(begin, end)
+                    if verdict is not None:
+                        await self._settle(verdict)
+            case SpeechResumed(at_ms=at):
                 # the turn goes on: an answer begun on the pause's words would only hold the
                 # CPU that recognising the next pause needs
                 await self.transcript.moot()
                 await self._ahead.drop()
+                if self._overlap.active:
+                    await self._overlap.resumed()
+                elif (
+                    self._kept_speech is not None
+                    and self._kept_speech == turns.speech_item_id
+                    and td.interruption == "adaptive"
+                    and td.interrupt_response
+                    and host.responding
+                ):  # a backchannel followed by more: held again, and judged on all of it
+                    self._judge_overlap(at)
             case SpeechEnd(start_ms=start, end_ms=end):
+                self._kept_speech = None
+                if self._overlap.active:  # not judged yet: its verdict still decides
+                    item_id = turns.speech_stopped()
+                    host.emit(SpeechStopped(audio_end_ms=end, item_id=item_id))
+                    self._overlap.speech_ended(EndedSpeech(item_id, start, end))
+                    return
                 await self._speech_ended(td, start, end)
+
+    async def _frame_heard(self, end_ms: int) -> None:
+        """While speech over an answer is judged: how long its voice lasts, and its deadline."""
+        detector = self.detector
+        if not self._overlap.active or detector is None:
+            return
+        verdict = self._overlap.heard(end_ms, detector.speech_end_ms)
+        if verdict is not None:
+            await self._settle(verdict)
+
+    def _judge_overlap(self, from_ms: int) -> None:
+        """Speech over the answer from `from_ms`: the answer is held (silent, its audio kept)
+        while the speech is judged (overlap.py)."""
+        assert self.config is not None
+        self._host.sink.pause()
+        self._kept_speech = None
+        self._overlap.begin(from_ms, self.config)
+        if self.detector is not None:
+            self.detector.pause_sooner = True
+
+    async def _settle(self, verdict: Verdict) -> None:
+        """The speech over the answer is judged (under the media lock): a backchannel or a
+        noise resumes the answer where it was held; a real interruption cuts it, as
+        `always` does, and if the speech has ended already, it is the user's turn."""
+        past_deadline = self._overlap.past_deadline
+        ended = await self._drop_judgement()
+        self._verdicts.labels("deadline" if past_deadline else verdict.value).inc()
+        host, machine = self._host, self._machine
+        if self.config is None:  # turn detection was turned off meanwhile: the client decides
+            host.sink.resume()
+            return
+        if verdict is Verdict.KEEP:
+            self._kept_speech = self._turns.speech_item_id  # None: it has ended
+            host.sink.resume()
+            return
+        if machine.state in (_S.THINKING, _S.SPEAKING):
+            self._barge_ins.inc()
+            await host.interrupt()
+        else:  # the answer ended meanwhile (cancelled): the speech is the user's turn
+            host.sink.resume()
+            if machine.state is _S.LISTENING:
+                machine.to(_S.USER_SPEAKING, "speech started")
+        if ended is not None and self.config is not None:
+            await self._answer_turn(self.config, ended.item_id, ended.start_ms, ended.end_ms)
 
     async def _speech_ended(self, td: TurnDetectionConfig, start_ms: int, end_ms: int) -> None:
         """The user's speech ended at `end_ms`: the turn is committed and answered (or
@@ -317,8 +405,15 @@ class ServerTurnTaking(TurnTaking):
         await self.transcript.ended(item_id, end_ms)
         host.emit(SpeechStopped(audio_end_ms=end_ms, item_id=item_id))
         if self._machine.state is not _S.USER_SPEAKING:
-            host.sink.resume()  # too short to interrupt the answer: noise
+            host.sink.resume()  # too short to interrupt the answer (or judged): noise
             return
+        await self._answer_turn(td, item_id, start_ms, end_ms)
+
+    async def _answer_turn(
+        self, td: TurnDetectionConfig, item_id: str, start_ms: int, end_ms: int
+    ) -> None:
+        """The speech `item_id` [start_ms, end_ms) becomes the user's turn, and is answered."""
+        host, turns = self._host, self._turns
         begin = self._speech_begin_ms(start_ms)
         await host.commit_turn(item_id, begin, turns.offset_ms)
         words = self.transcript.ready(item_id)
@@ -403,7 +498,20 @@ class ServerTurnTaking(TurnTaking):
     async def drop_ahead(self) -> None:
         await self._ahead.drop()
 
+    async def _drop_judgement(self) -> EndedSpeech | None:
+        """The judgement of the speech over the answer, if any, is over: what it was doing
+        stops; the speech that ended before its verdict, if it did."""
+        if self.detector is not None:
+            self.detector.pause_sooner = False
+        return await self._overlap.finish() if self._overlap.active else None
+
+    async def _forget_speech(self) -> None:
+        await super()._forget_speech()
+        self._kept_speech = None
+        await self._drop_judgement()  # the speech is gone: nothing left to judge
+
     async def close(self) -> None:
         await self._idle.close()
         await self.transcript.close()
+        await self._overlap.close()
         await self._ahead.drop()

@@ -7,9 +7,12 @@ those of the SDK's `SessionConfig` (openai/types/live/session_config.py in the S
 
 Parley serves it with its own pipelines, which take turns: Parley's turn detection and
 barge-in decide when the assistant speaks (there is no client control over it, as in
-GPT-Live). `responses` delegation is served by Parley's own model (its Thinker plays the
-backend's part, function tools and all: live_delegation.py); `decisions` and hosted tools
-have no counterpart and are refused with a clear error rather than silently ignored.
+GPT-Live), with adaptive interruption (`turn_detection.interruption: "adaptive"`: a
+backchannel or a noise over an answer holds it for a moment and lets it go on,
+sessions/overlap_judge.py). `responses` delegation is served by Parley's own model (its
+Thinker plays the backend's part, function tools and all: live_delegation.py); `decisions`
+and hosted tools have no counterpart and are refused with a clear error rather than
+silently ignored.
 """
 
 from __future__ import annotations
@@ -224,6 +227,8 @@ def parley_config(
     connection's audio formats (one format both ways, as GPT-Live has it)."""
     check_delegation(live.delegation)
     patch: dict[str, Any] = dict(delegated_tools(live.delegation))
+    if base.turn_detection is not None:  # Parley decides: a backchannel never cuts an answer
+        patch["turn_detection"] = {"interruption": "adaptive"}
     if live.instructions and live.instructions.strip():
         patch["instructions"] = live.instructions
     if live.voice is not None:

@@ -86,6 +86,9 @@ class TurnDetectionSpec(_Open):
     interrupt_response: bool | None = None
     eagerness: str | None = None
     idle_timeout_ms: int | None = None
+    interruption: str | None = None
+    """Parley's extension: `always` (OpenAI's meaning of interrupt_response) or `adaptive`
+    (a backchannel or a noise does not cut the answer: sessions/overlap_judge.py)."""
 
 
 class AudioInputSpec(_Open):
@@ -107,7 +110,7 @@ class AudioSpec(_Open):
 class ParleyExtras(_Open):
     """Parley's own settings, under the session's `parley` key.
 
-    The session takes these four (`extra_events`: send Parley's own server events, such
+    The session takes these five (`extra_events`: send Parley's own server events, such
     as `session.state_changed`, which OpenAI's API does not have; off by default, as an
     OpenAI client may reject them); a transport may read more of its own here (the WebRTC
     call's `video_fps_idle` and `video_fps_speaking`), so other keys are let through.
@@ -115,6 +118,7 @@ class ParleyExtras(_Open):
 
     video: dict[str, Any] | None = None
     min_speech_ms: int | None = None
+    interruption_deadline_ms: int | None = None
     max_audio_seconds: int | None = None
     extra_events: bool | None = None
 
@@ -485,24 +489,28 @@ def partial_session_patch(
             patch["max_audio_seconds"] = extras.max_audio_seconds
         if extras.extra_events is not None:
             patch["extra_events"] = extras.extra_events
-        if extras.min_speech_ms is not None and td_set:
+        vad_knobs = extras.model_dump(
+            include={"min_speech_ms", "interruption_deadline_ms"}, exclude_none=True
+        )
+        for knob, value in vad_knobs.items() if td_set else ():
             vad = patch.get("turn_detection", {})
             if vad is None:
                 errors.append(
                     ProtocolError(
                         "invalid_value",
-                        "parley.min_speech_ms needs voice activity turn detection, "
+                        f"parley.{knob} needs voice activity turn detection, "
                         "but this update turns it off",
                         eid,
-                        "session.parley.min_speech_ms",
+                        f"session.parley.{knob}",
                     )
                 )
             else:
-                patch["turn_detection"] = {**vad, "min_speech_ms": extras.min_speech_ms}
+                patch["turn_detection"] = {**vad, knob: value}
     return patch, new, errors
 
 
 _EAGERNESS = ("low", "medium", "high", "auto")
+_INTERRUPTION = ("always", "adaptive")
 
 
 def _turn_detection(
@@ -510,6 +518,13 @@ def _turn_detection(
 ) -> dict[str, Any] | None:
     if spec is None:
         return None  # manual turns: input_audio_buffer.commit + response.create
+    if spec.interruption not in (None, *_INTERRUPTION):
+        raise ProtocolError(
+            "invalid_value",
+            f"unknown interruption {spec.interruption!r}; use 'always' or 'adaptive'",
+            eid,
+            f"{param}.interruption",
+        )
     if spec.type == "semantic_vad":
         if spec.eagerness not in (None, *_EAGERNESS):
             raise ProtocolError(
@@ -519,7 +534,13 @@ def _turn_detection(
                 f"{param}.eagerness",
             )
         knobs = spec.model_dump(
-            include={"eagerness", "create_response", "interrupt_response", "idle_timeout_ms"},
+            include={
+                "eagerness",
+                "create_response",
+                "interrupt_response",
+                "idle_timeout_ms",
+                "interruption",
+            },
             exclude_none=True,
         )
         return {"type": "semantic_vad", **knobs}
@@ -538,6 +559,7 @@ def _turn_detection(
             "create_response",
             "interrupt_response",
             "idle_timeout_ms",
+            "interruption",
         },
         exclude_none=True,
     )

@@ -220,6 +220,7 @@ def session_object(
     parley: dict[str, Any] = {
         "video": config.video.model_dump(mode="json"),
         "min_speech_ms": td.min_speech_ms if td is not None else None,
+        "interruption_deadline_ms": td.interruption_deadline_ms if td is not None else None,
         "max_audio_seconds": config.max_audio_seconds,
         "output_sample_rate": config.output_sample_rate,
         "extra_events": config.extra_events,
@@ -304,14 +305,18 @@ def _tool_choice(choice: str) -> str | dict[str, str]:
 
 def _turn_detection(td: TurnDetectionConfig | None) -> dict[str, Any] | None:
     """As the client set it: semantic_vad shows only OpenAI's semantic_vad fields (its
-    silence window follows eagerness); min_speech_ms is under `parley`."""
+    silence window follows eagerness); min_speech_ms and interruption_deadline_ms are under
+    `parley`; Parley's `interruption` is shown only when it is not OpenAI's meaning
+    (`adaptive`), so a client that never set it sees OpenAI's fields alone."""
     if td is None:
         return None
+    extension = {"interruption"} if td.interruption != "always" else set()
     if td.type == "semantic_vad":
-        return td.model_dump(include={"type", "eagerness", "create_response", "interrupt_response"})
-    exclude = {"min_speech_ms", "eagerness"} | (
-        {"idle_timeout_ms"} if td.idle_timeout_ms is None else set()
-    )
+        shown = {"type", "eagerness", "create_response", "interrupt_response"}
+        return td.model_dump(include=shown | extension)
+    exclude = {"min_speech_ms", "eagerness", "interruption", "interruption_deadline_ms"} - extension
+    if td.idle_timeout_ms is None:
+        exclude.add("idle_timeout_ms")
     return td.model_dump(exclude=exclude)
 
 

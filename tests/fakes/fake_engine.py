@@ -48,6 +48,7 @@ class FakeEngine(EntryEngine):
         first_chunk_delay_s: float = 0.0,
         start_delay_s: float = 0.0,
         clock: Clock = REAL_CLOCK,
+        transcript: str | None = None,
     ) -> None:
         self.text = text
         self.text_interval_s = text_interval_s
@@ -60,7 +61,7 @@ class FakeEngine(EntryEngine):
         self.first_chunk_delay_s = first_chunk_delay_s
         self.start_delay_s = start_delay_s
         self.clock = clock
-        self.transcript: str | None = None
+        self.transcript = transcript
         """What its recogniser hears, whatever the audio (None: "heard <n> ms")."""
         self.turn_end: str | None = None
         """Its verdict on the words at a pause when asked (`judge_turn_end`): "finished",

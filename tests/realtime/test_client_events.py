@@ -441,3 +441,22 @@ def test_tools_tool_choice_and_token_caps_become_settings() -> None:
     assert [(e.code, e.field) for e in errors] == [("unsupported", "session.tools[1].type")]
     config = SessionConfig().updated(patch)
     assert config.tools[0].name == "get_weather" and config.tool_choice == "get_weather"
+
+
+def test_interruption_and_its_deadline_are_taken_with_the_turn_detection() -> None:
+    vad = {"type": "server_vad", "interruption": "adaptive"}
+    parley = {"min_speech_ms": 300, "interruption_deadline_ms": 800}
+    session = {"audio": {"input": {"turn_detection": vad}}, "parley": parley}
+    patch = session_patch(update(session))[0]
+    assert patch == {
+        "turn_detection": {**vad, "min_speech_ms": 300, "interruption_deadline_ms": 800}
+    }
+    config = SessionConfig().updated(patch)
+    assert config.turn_detection is not None
+    assert (config.turn_detection.interruption, config.turn_detection.interruption_deadline_ms) == (
+        "adaptive",
+        800,
+    )
+    bad = {"turn_detection": {"type": "semantic_vad", "interruption": "never"}}
+    (error,) = partial_session_patch(update(bad, "evt_i"))[2]
+    assert (error.event_id, error.field) == ("evt_i", "session.turn_detection.interruption")

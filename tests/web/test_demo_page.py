@@ -73,6 +73,23 @@ def question_wav(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture
+def backchannel_wav(tmp_path: Path) -> Path:
+    """The question, then "Yeah." about a second into its (echoed) answer, then silence."""
+    speech = trim_silence(speak(QUESTION, rate=WAV_RATE))
+    yeah = trim_silence(speak("Yeah.", rate=WAV_RATE))
+    pcm = np.concatenate(
+        [silence(1_000, WAV_RATE), speech, silence(1_800, WAV_RATE), yeah, silence(9_000, WAV_RATE)]
+    )
+    path = tmp_path / "backchannel.wav"
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(WAV_RATE)
+        out.writeframes(pcm.astype("<i2").tobytes())
+    return path
+
+
 def _start(*args: str) -> Iterator[tuple[Server, str]]:
     """`parley serve --pipeline echo` on a free port, ready; stopped (and its Redis) after."""
     port = free_port()
@@ -282,6 +299,34 @@ async def test_the_page_re_attaches_its_call_when_the_connection_drops(
         while await sessions(base) != 0:
             assert time.monotonic() < deadline, "the hang-up did not end the session"
             await page.wait_for_timeout(100)
+    assert not problems, problems
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.slow
+async def test_a_backchannel_over_the_answer_is_kept_and_the_log_says_so(
+    echo_server: tuple[Server, str], backchannel_wav: Path, tmp_path: Path
+) -> None:
+    """The page asks for adaptive interruption: "Yeah." over the answer (the echo hears no
+    words in it: a noise) holds it a moment, and it plays on; the event log says so."""
+    server, base = echo_server
+    problems: list[str] = []
+    async with chromium(tmp_path / "profile", backchannel_wav) as context:
+        page = await open_page(context, f"{base}/", problems)
+        await expect(page.locator("#server")).to_have_attribute("data-state", "ready")
+        await page.click("#connect")
+        note = page.locator("#events li.note", has_text="kept")
+        try:
+            await expect(note.first).to_be_attached(timeout=WAIT_MS)  # the log is folded
+        except Exception:
+            events = await page.locator("#events").text_content()
+            raise AssertionError(
+                f"problems {problems}\nevents:\n{events}\nserver output:\n{''.join(server.output)}"
+            ) from None
+        events = await page.locator("#events").text_content() or ""
+        assert '"status":"cancelled"' not in events
+        await page.click("#hangup")
+        await expect(page.locator("#status")).to_have_attribute("data-state", "ended")
     assert not problems, problems
 
 

@@ -82,6 +82,17 @@ function logEvent(direction, event) {
   list.scrollTop = list.scrollHeight;
 }
 
+/** A line of the page's own in the event log (not an event). */
+function logNote(text) {
+  const list = $("events");
+  const item = document.createElement("li");
+  item.className = "note";
+  item.textContent = `${new Date().toLocaleTimeString([], { hour12: false })} · ${text}`;
+  list.append(item);
+  while (list.childElementCount > MAX_LOGGED_EVENTS) list.firstElementChild.remove();
+  list.scrollTop = list.scrollHeight;
+}
+
 function delay(ms) {
   return new Promise((resolve) => setTimeout(resolve, ms));
 }
@@ -242,6 +253,9 @@ function sessionBody(s) {
           threshold: s.threshold,
           prefix_padding_ms: s.prefix_padding_ms,
           silence_duration_ms: s.silence_duration_ms,
+          // Parley's extension: a backchannel ("uh-huh", "yeah") or a cough over the
+          // answer holds it a moment and lets it go on; real speech still cuts it.
+          interruption: "adaptive",
         },
       },
     },
@@ -550,6 +564,7 @@ class Call {
     this.micMeter = null;
     this.remoteMeter = null;
     this.responseId = null;
+    this.overlaps = 0; // speech heard over the answer in progress
     this.assistantAudio = false; // between output_audio_buffer.started and stopped/cleared
     this.lastRemoteSound = -Infinity;
     this.updateTimer = null;
@@ -787,6 +802,7 @@ class Call {
         this.connected();
         break;
       case "input_audio_buffer.speech_started":
+        if (this.responseId) this.overlaps += 1;
         setSpeaking("user-speaking", true);
         if (this.responseId || this.assistantAudio) $("barge-in").hidden = false;
         latency.speechStarted();
@@ -802,6 +818,7 @@ class Call {
         break;
       case "response.created":
         this.responseId = responseId;
+        this.overlaps = 0;
         $("cancel").disabled = false;
         $("barge-in").hidden = true;
         latency.responseCreated(now);
@@ -828,6 +845,10 @@ class Call {
         if (event.item?.id) items.push(event.item.id);
         const reason = response.status_details?.error?.message ?? response.status_details?.reason ?? event.reason;
         transcript.responseDone(responseId, response.status ?? "completed", items, reason);
+        if (responseId === this.responseId && this.overlaps && response.status === "completed") {
+          const times = this.overlaps > 1 ? ` (${this.overlaps} times)` : "";
+          logNote(`kept: speech over this answer${times} was a backchannel or a noise; the answer played on whole`);
+        }
         transcript.settleUsers();
         if (responseId === this.responseId) {
           this.responseId = null;

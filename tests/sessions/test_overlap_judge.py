@@ -1,0 +1,67 @@
+"""The judge of speech over an answer, rule by rule (overlap_judge.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sessions.overlap_judge import BackchannelRules, Overlap, Verdict
+
+KEEP, INTERRUPT = Verdict.KEEP, Verdict.INTERRUPT
+
+
+def judged(words: str | None, voiced_ms: int = 400, stopped: bool = True) -> Verdict | None:
+    return BackchannelRules().judge(Overlap(voiced_ms, stopped, words, min_speech_ms=200))
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        "uh-huh",
+        "Uh uh",
+        "Yeah.",
+        "Right!",
+        "okay",
+        "OK",
+        "Mm-hmm.",
+        "Mhm",
+        "I see.",
+        "Yeah, right.",
+    ],
+)
+def test_a_backchannel_keeps_the_answer(words: str) -> None:
+    assert judged(words) is KEEP
+
+
+@pytest.mark.parametrize("words", ["", "[cough]", "(coughs)", " ... "])
+def test_no_words_is_a_noise(words: str) -> None:
+    assert judged(words) is KEEP
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        "Wait, stop!",
+        "Stop",
+        "No, I meant Tuesday.",
+        "Yeah, but what about the price?",
+        "okay so",
+        "yeah yeah yeah yeah yeah",  # past four words: not a backchannel any more
+    ],
+)
+def test_anything_more_interrupts(words: str) -> None:
+    assert judged(words) is INTERRUPT
+
+
+def test_the_words_are_awaited_while_the_voice_is_short() -> None:
+    assert judged(None, voiced_ms=400, stopped=False) is None
+    assert judged(None, voiced_ms=400, stopped=True) is None
+
+
+def test_a_long_voice_interrupts_whatever_its_words() -> None:
+    assert judged(None, voiced_ms=720, stopped=False) is INTERRUPT
+    assert judged("yeah", voiced_ms=720) is INTERRUPT
+
+
+def test_a_voice_shorter_than_min_speech_is_a_noise() -> None:
+    assert judged(None, voiced_ms=120, stopped=True) is KEEP
+    assert judged(None, voiced_ms=120, stopped=False) is None  # it may go on
