@@ -19,18 +19,14 @@ from typing import Any, Literal, TypeAlias, cast
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from pipeline.audio_format import OUTPUT_SAMPLE_RATE, SUPPORTED_INPUT_RATES, SUPPORTED_OUTPUT_RATES
 from sessions import SessionConfig
 
 from .client_items import ItemSpec
 from .response_spec import max_tokens_value, tool_choice_value, tool_configs
+from .session_spec import G711_FORMATS, PCM_RATE, SessionSpec, audio_format, turn_detection_patch
+from .session_spec import G711_RATE as G711_RATE
 from .wire_values import ProtocolError as ProtocolError
 from .wire_values import decode_base64 as decode_base64
-
-PCM_RATE = OUTPUT_SAMPLE_RATE
-G711_RATE = 8_000
-_G711 = ("audio/pcmu", "audio/pcma")
-_BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +49,7 @@ class AudioFormats:
 
     @property
     def uses_g711(self) -> bool:
-        return self.input in _G711 or self.output in _G711
+        return self.input in G711_FORMATS or self.output in G711_FORMATS
 
 
 def format_object(fmt: str, rate: int) -> dict[str, Any]:
@@ -66,82 +62,6 @@ def format_object(fmt: str, rate: int) -> dict[str, Any]:
 
 class _Closed(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
-
-
-class AudioFormatSpec(_Open):
-    type: str
-    rate: int | None = None
-
-
-class TurnDetectionSpec(_Open):
-    type: str
-    threshold: float | None = None
-    prefix_padding_ms: int | None = None
-    silence_duration_ms: int | None = None
-    create_response: bool | None = None
-    interrupt_response: bool | None = None
-    eagerness: str | None = None
-    idle_timeout_ms: int | None = None
-    interruption: str | None = None
-    """Parley's extension: `always` (OpenAI's meaning of interrupt_response) or `adaptive`
-    (a backchannel or a noise does not cut the answer: sessions/overlap_judge.py)."""
-
-
-class AudioInputSpec(_Open):
-    format: AudioFormatSpec | None = None
-    turn_detection: TurnDetectionSpec | None = None
-
-
-class AudioOutputSpec(_Open):
-    format: AudioFormatSpec | None = None
-    voice: str | None = None
-    speed: float | None = None
-
-
-class AudioSpec(_Open):
-    input: AudioInputSpec | None = None
-    output: AudioOutputSpec | None = None
-
-
-class ParleyExtras(_Open):
-    """Parley's own settings, under the session's `parley` key.
-
-    The session takes these five (`extra_events`: send Parley's own server events, such
-    as `session.state_changed`, which OpenAI's API does not have; off by default, as an
-    OpenAI client may reject them); a transport may read more of its own here (the WebRTC
-    call's `video_fps_idle` and `video_fps_speaking`), so other keys are let through.
-    """
-
-    video: dict[str, Any] | None = None
-    min_speech_ms: int | None = None
-    interruption_deadline_ms: int | None = None
-    max_audio_seconds: int | None = None
-    extra_events: bool | None = None
-
-
-class SessionSpec(_Open):
-    type: str | None = None
-    instructions: str | None = None
-    output_modalities: list[Literal["audio", "text"]] | None = None
-    audio: AudioSpec | None = None
-    parley: ParleyExtras | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    max_output_tokens: int | Literal["inf"] | None = None
-    truncation: Any = None
-    """`auto`, `disabled` or a retention_ratio object: any JSON here, the session checks it
-    (its ConfigError names the field and what is wrong, and the rest of the update applies)."""
-    # beta spellings
-    max_response_output_tokens: int | Literal["inf"] | None = None
-    modalities: list[Literal["audio", "text"]] | None = None
-    voice: str | None = None
-    turn_detection: TurnDetectionSpec | None = None
-    input_audio_format: str | None = None
-    output_audio_format: str | None = None
 
 
 class _Event(_Closed):
@@ -424,11 +344,11 @@ def partial_session_patch(
     td_set = True
     try:
         if audio_in is not None and "turn_detection" in audio_in.model_fields_set:
-            patch["turn_detection"] = _turn_detection(
+            patch["turn_detection"] = turn_detection_patch(
                 audio_in.turn_detection, "session.audio.input.turn_detection", eid
             )
         elif "turn_detection" in spec.model_fields_set:
-            patch["turn_detection"] = _turn_detection(
+            patch["turn_detection"] = turn_detection_patch(
                 spec.turn_detection, "session.turn_detection", eid
             )
     except ProtocolError as exc:
@@ -464,7 +384,7 @@ def partial_session_patch(
 
     new = formats
     try:
-        in_fmt = _format(
+        in_fmt = audio_format(
             audio_in.format if audio_in else None, spec.input_audio_format, "input", eid
         )
         if in_fmt is not None:
@@ -472,7 +392,7 @@ def partial_session_patch(
     except ProtocolError as exc:
         errors.append(exc)
     try:
-        out_fmt = _format(
+        out_fmt = audio_format(
             audio_out.format if audio_out else None, spec.output_audio_format, "output", eid
         )
         if out_fmt is not None:
@@ -507,107 +427,3 @@ def partial_session_patch(
             else:
                 patch["turn_detection"] = {**vad, knob: value}
     return patch, new, errors
-
-
-_EAGERNESS = ("low", "medium", "high", "auto")
-_INTERRUPTION = ("always", "adaptive")
-
-
-def _turn_detection(
-    spec: TurnDetectionSpec | None, param: str, eid: str | None
-) -> dict[str, Any] | None:
-    if spec is None:
-        return None  # manual turns: input_audio_buffer.commit + response.create
-    if spec.interruption not in (None, *_INTERRUPTION):
-        raise ProtocolError(
-            "invalid_value",
-            f"unknown interruption {spec.interruption!r}; use 'always' or 'adaptive'",
-            eid,
-            f"{param}.interruption",
-        )
-    if spec.type == "semantic_vad":
-        if spec.eagerness not in (None, *_EAGERNESS):
-            raise ProtocolError(
-                "invalid_value",
-                f"unknown eagerness {spec.eagerness!r}; use low, medium, high or auto",
-                eid,
-                f"{param}.eagerness",
-            )
-        knobs = spec.model_dump(
-            include={
-                "eagerness",
-                "create_response",
-                "interrupt_response",
-                "idle_timeout_ms",
-                "interruption",
-            },
-            exclude_none=True,
-        )
-        return {"type": "semantic_vad", **knobs}
-    if spec.type != "server_vad":
-        raise ProtocolError(
-            "invalid_value",
-            f"unknown turn detection type {spec.type!r}; use 'server_vad' or 'semantic_vad'",
-            eid,
-            f"{param}.type",
-        )
-    knobs = spec.model_dump(
-        include={
-            "threshold",
-            "prefix_padding_ms",
-            "silence_duration_ms",
-            "create_response",
-            "interrupt_response",
-            "idle_timeout_ms",
-            "interruption",
-        },
-        exclude_none=True,
-    )
-    return {"type": "server_vad", **knobs}
-
-
-def _format(
-    ga: AudioFormatSpec | None,
-    beta: str | None,
-    direction: Literal["input", "output"],
-    eid: str | None,
-) -> tuple[str, int] | None:
-    """(format, rate) from the GA object or the beta string; None when neither is given."""
-    if ga is None and beta is None:
-        return None
-    param = f"session.audio.{direction}.format" if ga else f"session.{direction}_audio_format"
-    if ga is None:
-        fmt = _BETA_FORMATS.get(beta or "")
-        if fmt is None:
-            raise ProtocolError(
-                "invalid_value",
-                f"unknown audio format {beta!r}; use pcm16, g711_ulaw or g711_alaw",
-                eid,
-                param,
-            )
-        return fmt, G711_RATE if fmt in _G711 else PCM_RATE
-    if ga.type in _G711:
-        if ga.rate not in (None, G711_RATE):
-            raise ProtocolError(
-                "invalid_value", f"{ga.type} is always {G711_RATE} Hz", eid, f"{param}.rate"
-            )
-        return ga.type, G711_RATE
-    if ga.type != "audio/pcm":
-        raise ProtocolError(
-            "invalid_value",
-            f"unknown audio format {ga.type!r}; use audio/pcm, audio/pcmu or audio/pcma",
-            eid,
-            f"{param}.type",
-        )
-    # OpenAI takes only 24 kHz; Parley's resamplers take more, so other rates are allowed.
-    rates = SUPPORTED_INPUT_RATES if direction == "input" else SUPPORTED_OUTPUT_RATES
-    rate = PCM_RATE if ga.rate is None else ga.rate
-    if rate not in rates:
-        listed = ", ".join(str(r) for r in rates)
-        raise ProtocolError(
-            "invalid_value",
-            f"unsupported {direction} rate {rate} Hz; use one of: {listed}",
-            eid,
-            f"{param}.rate",
-        )
-    return "audio/pcm", rate
