@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 
 from .capacity import PipelineCapacity, StageCapacity
+from .streamed_entry import PassesStreamedTurns, turn_engine
 from .types import (
     AudioChunk,
     End,
@@ -16,12 +17,13 @@ from .types import (
     ErrorChunk,
     OutputChunk,
     PipelineRequest,
+    StreamingInput,
     TextDelta,
     ToolCallDelta,
 )
 
 
-class EnginePipeline:
+class EnginePipeline(PassesStreamedTurns):
     def __init__(self, engine: EntryEngine, name: str | None = None) -> None:
         self.engine = engine
         self.name = name or engine.name
@@ -37,6 +39,9 @@ class EnginePipeline:
 
     async def forget_session(self, session_id: str) -> None:
         await self.engine.forget_session(session_id)
+
+    def _turn_engine(self) -> StreamingInput | None:
+        return turn_engine(self.engine)
 
     def capacity(self) -> PipelineCapacity | None:
         stated = self.engine.capacity()

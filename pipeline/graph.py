@@ -33,6 +33,7 @@ from .graph_config import (
     wrong_engine_kind,
 )
 from .metrics import PipelineMetrics, RequestKind
+from .streamed_entry import PassesStreamedTurns, turn_engine
 from .tasks import TaskSet
 from .types import (
     AudioChunk,
@@ -45,6 +46,7 @@ from .types import (
     PipelineRequest,
     StageInput,
     StreamEngine,
+    StreamingInput,
     TextDelta,
     ToolCallDelta,
 )
@@ -65,7 +67,7 @@ class _Edge:
     transform: Callable[[Sequence[Chunk]], Sequence[Chunk]] | None
 
 
-class StageGraph:
+class StageGraph(PassesStreamedTurns):
     """A Pipeline made of engines wired by a GraphConfig.
 
     Raises GraphConfigError, naming the stage, when an engine is not the kind its stage
@@ -213,6 +215,13 @@ class StageGraph:
         for stage, result in zip(self.engines, results, strict=True):
             if isinstance(result, BaseException):
                 log.error("stage %s did not forget session %s: %r", stage, session_id, result)
+
+    def _turn_engine(self) -> StreamingInput | None:
+        """A turn streamed while the user speaks goes to the graph's entry stage, if there
+        is one and its engine takes streamed turns (`streamed_entry.py`)."""
+        if len(self._entry) != 1:
+            return None
+        return turn_engine(next(iter(self._entry.values())))
 
     async def generate(self, request: PipelineRequest) -> AsyncGenerator[OutputChunk, None]:
         out: Channel[OutputChunk | _StageDone] = Channel(self.channel_size)

@@ -20,6 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
 from .capacity import Capacity, RowLoad
 from .types import Chunk, PipelineRequest
 
@@ -63,6 +66,29 @@ class ForgetSession:
 
 
 @dataclass(frozen=True, slots=True)
+class OpenTurn:
+    """A turn begins while the user speaks (`StreamingInput.open_turn`)."""
+
+    turn_id: str
+    context: PipelineRequest
+
+
+@dataclass(frozen=True, slots=True)
+class FeedTurn:
+    """More of a streamed turn's audio (`StreamingInput.feed_turn`)."""
+
+    turn_id: str
+    pcm: npt.NDArray[np.int16]
+
+
+@dataclass(frozen=True, slots=True)
+class DropTurn:
+    """A streamed turn is dropped (`StreamingInput.drop_turn`)."""
+
+    turn_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class Stats:
     """Ask how many requests the engine holds; answered by a StatsReply with the same token."""
 
@@ -74,7 +100,18 @@ class Close:
     """Stop serving (the main process is shutting the stage down)."""
 
 
-ToStage = Generate | Input | InputEnd | Abort | ForgetSession | Stats | Close
+ToStage = (
+    Generate
+    | Input
+    | InputEnd
+    | Abort
+    | ForgetSession
+    | OpenTurn
+    | FeedTurn
+    | DropTurn
+    | Stats
+    | Close
+)
 
 
 # --- from the stage ----------------------------------------------------------------------
@@ -84,9 +121,11 @@ ToStage = Generate | Input | InputEnd | Abort | ForgetSession | Stats | Close
 class Ready:
     """The engine is loaded and requests are served (sent again after a link outage), with
     what it can serve (`Engine.capacity()`), so that the main process's graph, and its
-    admission, count the stage as if it ran there."""
+    admission, count the stage as if it ran there. `streams_input`: the engine takes turns
+    streamed while the user speaks (`types.streams_input`)."""
 
     capacity: Capacity | None = None
+    streams_input: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,10 +133,13 @@ class Alive:
     """The heartbeat: the serving side's loop runs and its engine makes progress. Its
     absence tells what no link can: the other side is stopped (SIGSTOP, a hung host) or,
     over Redis, gone. It carries the engine's capacity (a remote stage may be first heard
-    by its heartbeat) and its rows now, for the main process's metrics."""
+    by its heartbeat) and its rows now, for the main process's metrics; for an engine that
+    takes streamed turns, how they ended so far (`StreamingInput.streamed_turns`; None for
+    any other engine)."""
 
     capacity: Capacity | None = None
     load: RowLoad | None = None
+    streamed: dict[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

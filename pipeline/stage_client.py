@@ -24,6 +24,13 @@ deadline, `stalled` (hence `/readyz`) names it, and `_on_hung` lets a subclass t
 the process kill it (then it is restarted like one that died). A link lost keeps the stage
 down until a new one is attached; a stage that speaks again (`Alive`, or `Ready` after
 riding out an outage) is up.
+
+Streamed turns. An engine over there that takes turns streamed while the user speaks says
+so in its `Ready` (and its heartbeat carries how its turns ended, for the metrics): then
+`open_turn`, `feed_turn` and `drop_turn` go over the link like `forget_session`, on the
+same link as the turn's request and before it. A call is sent or let go, never waited on
+past the send: with no link (the stage down, or restarting) it is dropped, and the turn's
+request, naming a turn the engine never had, is answered whole and counted `missing` there.
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ import itertools
 import logging
 from collections.abc import AsyncGenerator
 
+import numpy as np
+import numpy.typing as npt
+
 from .capacity import Capacity, RowLoad
 from .channel import Channel, ChannelClosed
 from .connectors.base import Link, LinkClosed, LinkUnavailable
@@ -42,17 +52,29 @@ from .link_messages import (
     Alive,
     ChunkMessage,
     Done,
+    DropTurn,
+    FeedTurn,
     ForgetSession,
     Generate,
     Input,
     InputEnd,
+    OpenTurn,
     Ready,
     Stats,
     StatsReply,
     Stuck,
 )
 from .tasks import TaskSet, background, cancel_and_wait
-from .types import Chunk, End, EntryEngine, ErrorChunk, PipelineRequest, StageInput, StreamEngine
+from .types import (
+    Chunk,
+    End,
+    EntryEngine,
+    ErrorChunk,
+    PipelineRequest,
+    StageInput,
+    StreamEngine,
+    StreamingInput,
+)
 
 log = logging.getLogger("parley.pipeline.stage_client")
 
@@ -63,7 +85,7 @@ WATCH_S = 0.25
 """How often the watchdog looks at how long the stage has been silent (at most)."""
 
 
-class LinkedStage(EntryEngine, StreamEngine):
+class LinkedStage(EntryEngine, StreamEngine, StreamingInput):
     def __init__(self, name: str, start_timeout_s: float, liveness_s: float | None = None) -> None:
         self.name = name
         self.start_timeout_s = start_timeout_s
@@ -92,6 +114,10 @@ class LinkedStage(EntryEngine, StreamEngine):
         """What the engine over there said it can serve (its `Ready` or heartbeat)."""
         self._load: RowLoad | None = None
         """Its rows at its last heartbeat."""
+        self._streams = False
+        """The engine over there takes streamed turns (its `Ready` said so)."""
+        self._streamed: dict[str, int] = {}
+        """How its streamed turns ended, at its last heartbeat."""
 
     # --- for subclasses ------------------------------------------------------------------
 
@@ -173,10 +199,12 @@ class LinkedStage(EntryEngine, StreamEngine):
                         future = self._stats.pop(token, None)
                         if future is not None and not future.done():
                             future.set_result(active)
-                    case Ready(capacity):
-                        self._capacity = capacity
-                    case Alive(capacity, load):
+                    case Ready():
+                        self._heard_ready(message)
+                    case Alive(capacity, load, streamed):
                         self._capacity, self._load = capacity, load
+                        self._streams = streamed is not None
+                        self._streamed = streamed or {}
                     case _:
                         pass
         except LinkClosed:
@@ -251,8 +279,14 @@ class LinkedStage(EntryEngine, StreamEngine):
         return self._load
 
     def _heard_ready(self, ready: Ready | Alive) -> None:
-        """The far side's first word: what it can serve."""
+        """The far side's first word: what it can serve, and whether it takes streamed
+        turns."""
         self._capacity = ready.capacity
+        match ready:
+            case Ready(streams_input=streams):
+                self._streams = streams
+            case Alive(streamed=streamed):
+                self._streams = streamed is not None
 
     async def remote_active_requests(self) -> int:
         """How many requests the engine on the other side holds (for tests and checks)."""
@@ -292,6 +326,30 @@ class LinkedStage(EntryEngine, StreamEngine):
         if self._link is not None:
             with contextlib.suppress(LinkClosed, LinkUnavailable):
                 await self._link.send(ForgetSession(session_id))
+
+    # --- streamed turns (StreamingInput), passed on as forget_session is --------------------
+
+    def takes_streamed_turns(self) -> bool:
+        """While the engine over there said it takes them and the link is up."""
+        return self._streams and self._link is not None and self.down_reason is None
+
+    def streamed_turns(self) -> dict[str, int]:
+        return dict(self._streamed)
+
+    async def open_turn(self, turn_id: str, context: PipelineRequest) -> None:
+        await self._send_turn_call(OpenTurn(turn_id, context))
+
+    async def feed_turn(self, turn_id: str, pcm: npt.NDArray[np.int16]) -> None:
+        await self._send_turn_call(FeedTurn(turn_id, pcm))
+
+    async def drop_turn(self, turn_id: str) -> None:
+        await self._send_turn_call(DropTurn(turn_id))
+
+    async def _send_turn_call(self, call: OpenTurn | FeedTurn | DropTurn) -> None:
+        """Sent if the stage is up; let go otherwise (a restarted stage has no turns)."""
+        if self._link is not None and self.down_reason is None:
+            with contextlib.suppress(LinkClosed, LinkUnavailable):
+                await self._link.send(call)
 
     async def generate(
         self, request_id: str, inputs: PipelineRequest | StageInput

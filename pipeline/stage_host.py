@@ -37,7 +37,6 @@ from dataclasses import asdict
 
 from .connectors.base import LinkClosed
 from .connectors.shm_dial import BadHello, answer
-from .link_messages import Ready
 from .tasks import TaskSet, background, cancel_all
 from .types import Engine
 from .worker_main import (
@@ -48,6 +47,7 @@ from .worker_main import (
     WorkerSpec,
     exit_broken,
     ignore_terminal_interrupt,
+    ready_message,
     start_engine,
 )
 
@@ -204,7 +204,7 @@ class _Host:
         )
         log.info("stage %s: connection %d opened", self.stage, number)
         try:
-            await link.send(Ready(self.engine.capacity()))
+            await link.send(ready_message(self.engine))
             await server.serve()
         except LinkClosed:
             pass

@@ -344,10 +344,16 @@ class StreamingInput(ABC):
         """How streamed turns ended so far, by outcome (for the metrics)."""
         return {}
 
+    def takes_streamed_turns(self) -> bool:
+        """Whether turns streamed to it are used now. True for an engine that has the
+        capability itself; a stage's proxy in the main process (`stage_client.py`) says
+        what the engine over its link said (False while it has said nothing)."""
+        return True
+
 
 def streams_input(engine: object) -> bool:
     """Whether `engine` takes a turn's input while it arrives (`StreamingInput`)."""
-    return isinstance(engine, StreamingInput)
+    return isinstance(engine, StreamingInput) and engine.takes_streamed_turns()
 
 
 @runtime_checkable
@@ -377,6 +383,29 @@ class Pipeline(Protocol):
         """What the started pipeline can serve at once (its stages' `Engine.capacity()`
         combined); None when no stage states any (admission keeps its configured cap)."""
         ...
+
+
+@runtime_checkable
+class StreamsTurns(Protocol):
+    """A pipeline that passes streamed turns (`StreamingInput`) on to its entry stage's
+    engine, when that engine takes them: a session asks `streams_turns()`, and each call
+    answers whether it was passed on (False: the pipeline cannot stream, and the turn is
+    taken whole when its answer comes, as always)."""
+
+    def streams_turns(self) -> bool:
+        """Whether turns streamed now reach an engine that uses them."""
+        ...
+
+    async def open_turn(self, turn_id: str, context: PipelineRequest) -> bool: ...
+
+    async def feed_turn(self, turn_id: str, pcm: npt.NDArray[np.int16]) -> bool: ...
+
+    async def drop_turn(self, turn_id: str) -> bool: ...
+
+
+def pipeline_streams_turns(pipeline: object) -> bool:
+    """Whether a session should stream its turns to `pipeline` (`StreamsTurns`)."""
+    return isinstance(pipeline, StreamsTurns) and pipeline.streams_turns()
 
 
 @runtime_checkable

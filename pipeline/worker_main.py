@@ -40,7 +40,7 @@ import signal
 import socket
 import sys
 from collections.abc import AsyncGenerator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, NoReturn
 
 from .channel import Channel, ChannelClosed
@@ -55,11 +55,14 @@ from .link_messages import (
     ChunkMessage,
     Close,
     Done,
+    DropTurn,
     Fatal,
+    FeedTurn,
     ForgetSession,
     Generate,
     Input,
     InputEnd,
+    OpenTurn,
     Ready,
     Stats,
     StatsReply,
@@ -75,6 +78,8 @@ from .types import (
     PipelineRequest,
     StageInput,
     StreamEngine,
+    StreamingInput,
+    streams_input,
 )
 
 log = logging.getLogger("parley.pipeline.worker")
@@ -202,6 +207,12 @@ async def start_engine(spec: WorkerSpec) -> Engine:
     return engine
 
 
+def ready_message(engine: Engine) -> Ready:
+    """What the serving side says once its engine serves: its capacity, and whether it
+    takes turns streamed while the user speaks."""
+    return Ready(engine.capacity(), streams_input(engine))
+
+
 def _fits(kind: StageKind, engine: Engine) -> bool:
     return isinstance(engine, EntryEngine if kind == "entry" else StreamEngine)
 
@@ -216,7 +227,7 @@ async def _serve_until_closed(server: StageServer, link: Link, ride_outages: boo
     retry_s = RETRY_MIN_S
     while True:
         try:
-            await link.send(Ready(server.engine.capacity()))
+            await link.send(ready_message(server.engine))
             if retry_s > RETRY_MIN_S:
                 log.info("the link works again; serving")
                 retry_s = RETRY_MIN_S
@@ -296,8 +307,11 @@ class StageServer:
                     log.error("stage %s is stuck: %s", self.stage, reason)
                 said = reason
                 engine = self.engine
+                streamed = engine.streamed_turns() if isinstance(engine, StreamingInput) else None
                 await self.link.send(
-                    Alive(engine.capacity(), engine.row_load()) if reason is None else Stuck(reason)
+                    Alive(engine.capacity(), engine.row_load(), streamed)
+                    if reason is None
+                    else Stuck(reason)
                 )
             log.critical("stage %s is broken: %s", self.stage, broken)
             await self.link.send(Stuck(broken, broken=True))
@@ -321,6 +335,8 @@ class StageServer:
                     await self._abort(rid)
                 case ForgetSession(session_id):
                     await self.engine.forget_session(session_id)
+                case OpenTurn() | FeedTurn() | DropTurn() as call:
+                    await self._streamed(call)
                 case Stats(token):
                     await self.link.send(StatsReply(token, self.engine.active_requests()))
                 case Close():
@@ -328,10 +344,28 @@ class StageServer:
                 case other:
                     log.warning("ignoring %r: not a message to a stage", other)
 
+    async def _streamed(self, call: OpenTurn | FeedTurn | DropTurn) -> None:
+        """A call of a turn streamed while the user speaks, passed on to an engine that
+        takes them (the turn's id prefixed as a request's is); any other ignores it, and
+        the turn's request, naming a turn it never had, is taken whole."""
+        engine = self.engine
+        if not isinstance(engine, StreamingInput):
+            return
+        turn_id = self.engine_prefix + call.turn_id
+        match call:
+            case OpenTurn(_, context):
+                await engine.open_turn(turn_id, context)
+            case FeedTurn(_, pcm):
+                await engine.feed_turn(turn_id, pcm)
+            case DropTurn():
+                await engine.drop_turn(turn_id)
+
     def _open(
         self, rid: str, request: PipelineRequest, streamed: bool
     ) -> AsyncGenerator[Chunk, None]:
         """The engine's stream for a request, fed by an input channel for a stream stage."""
+        if request.streamed_turn and self.engine_prefix:  # the turn as `_streamed` named it
+            request = replace(request, streamed_turn=self.engine_prefix + request.streamed_turn)
         match self.engine:
             case StreamEngine() if streamed:
                 channel: Channel[Chunk] = Channel(INPUT_CHANNEL_SIZE)

@@ -25,6 +25,7 @@ from pipeline.types import (
     PipelineRequest,
     StageInput,
     StreamEngine,
+    StreamingInput,
     TextDelta,
 )
 
@@ -262,3 +263,52 @@ class Rowed(EchoEngine):
 
     def row_load(self) -> RowLoad:
         return RowLoad(in_use=self.active_requests())
+
+
+class StreamedEntry(TracksRequests, EntryEngine, StreamingInput):
+    """An entry stage that takes streamed turns as a Thinker does, and says what it got: a
+    request naming a turn it has answers "prefilled <session> <samples fed> <pid>", one
+    naming a turn it lacks "missing ... <pid>", any other "whole <pid>"; each outcome is
+    counted (`streamed_turns`) as the Thinker counts its own."""
+
+    name = "streamed"
+
+    def __init__(self) -> None:
+        self.turns: dict[str, tuple[str, int]] = {}
+        """per open turn: its session and the samples fed so far"""
+        self.counts = {"prefilled": 0, "missing": 0}
+        self._requests: RequestTracker[None] = RequestTracker()
+
+    async def open_turn(self, turn_id: str, context: PipelineRequest) -> None:
+        for other, (session, _) in list(self.turns.items()):
+            if session == context.session_id:  # one open turn a session
+                del self.turns[other]
+        self.turns[turn_id] = (context.session_id, 0)
+
+    async def feed_turn(self, turn_id: str, pcm: np.ndarray) -> None:
+        if turn_id in self.turns:
+            session, samples = self.turns[turn_id]
+            self.turns[turn_id] = (session, samples + len(pcm))
+
+    async def drop_turn(self, turn_id: str) -> None:
+        self.turns.pop(turn_id, None)
+
+    async def forget_session(self, session_id: str) -> None:
+        for turn_id, (session, _) in list(self.turns.items()):
+            if session == session_id:
+                del self.turns[turn_id]
+
+    def streamed_turns(self) -> dict[str, int]:
+        return dict(self.counts)
+
+    async def generate(
+        self, request_id: str, request: PipelineRequest
+    ) -> AsyncGenerator[Chunk, None]:
+        with self._requests.track(request_id):
+            said = "whole"
+            if request.streamed_turn:
+                turn = self.turns.pop(request.streamed_turn, None)
+                said = "missing" if turn is None else f"prefilled {turn[0]} {turn[1]}"
+                self.counts[said.split()[0]] += 1
+            yield TextDelta(text=f"{said} {os.getpid()}")
+            yield End()
