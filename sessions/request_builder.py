@@ -62,9 +62,11 @@ class RequestBuilder:
         transcript: str,
         options: ResolvedOptions,
         output_sample_rate: int,
+        streamed_turn: str = "",
     ) -> PipelineRequest:
         """The request of a turn that is still open (prefetch.py): its speech so far,
-        already recognised, after the whole conversation."""
+        already recognised, after the whole conversation; `streamed_turn`: the turn as
+        streamed to the pipeline while the user spoke (streamed_turn.py), if it was."""
         items = await self._store.history.items()
         pcm = await self._store.audio.read(*audio_ms)
         return PipelineRequest(
@@ -75,6 +77,26 @@ class RequestBuilder:
             transcript=transcript,
             frames=tuple(await self._store.frames.sample(window=self._window_ahead(audio_ms))),
             history=tuple(history_item(item) for item in items if _in_prompt(item)),
+            streamed_turn=streamed_turn,
+            **_options(options, output_sample_rate),
+        )
+
+    async def build_context(
+        self, request_id: str, item_id: str, options: ResolvedOptions, output_sample_rate: int
+    ) -> PipelineRequest:
+        """What the request of the spoken turn `item_id`, just begun, will be without its
+        audio: the conversation before it and the options (streamed_turn.py). Built as
+        `build` builds the turn's request once it is committed, so that an engine that
+        prefills the turn while it is spoken finds the same prompt at its end."""
+        items = await self._store.history.items()
+        return PipelineRequest(
+            request_id=request_id,
+            session_id=self.session_id,
+            item_ids=(*(item.id for item in items if item.id != item_id), item_id),
+            audio=np.zeros(0, dtype=np.int16),
+            history=tuple(
+                history_item(item) for item in items if item.id != item_id and _in_prompt(item)
+            ),
             **_options(options, output_sample_rate),
         )
 
@@ -85,9 +107,11 @@ class RequestBuilder:
         options: ResolvedOptions,
         output_sample_rate: int,
         transcript: str | None = None,
+        streamed_turn: str = "",
     ) -> PipelineRequest:
         """The turn's audio and text, the history before it, and the sampled frames;
-        `transcript`: the words of the turn's audio, if they are known already."""
+        `transcript`: the words of the turn's audio, if they are known already;
+        `streamed_turn`: the turn as streamed while the user spoke, if it was."""
         pcm = np.zeros(0, dtype=np.int16)
         text: str | None = None
         if options.input is not None:  # an out-of-band answer over its own items
@@ -130,6 +154,7 @@ class RequestBuilder:
             text=text,
             frames=frames,
             history=history,
+            streamed_turn=streamed_turn if len(pcm) else "",
             **_options(options, output_sample_rate),
         )
 

@@ -285,16 +285,27 @@ class Responder:
         """The request of an answer begun ahead, on the words of the turn so far."""
         config = self._host.config
         options, rate = ResponseOptions().resolve(config), config.output_sample_rate
+        streamed = await self._turn_taking.streamed_turn(item_id, ahead=True)
         return await self._requests.build_ahead(
-            new_id("resp"), item_id, span_ms, words, options, rate
+            new_id("resp"), item_id, span_ms, words, options, rate, streamed
         )
+
+    async def turn_context(self, item_id: str) -> PipelineRequest:
+        """The request the spoken turn `item_id`, just begun, would be answered with so far
+        (no audio): a turn streamed while the user speaks opens with it."""
+        config = self._host.config
+        options, rate = ResponseOptions().resolve(config), config.output_sample_rate
+        return await self._requests.build_context(new_id("resp"), item_id, options, rate)
 
     async def _build_request(
         self, request_id: str, turn: TurnInput, options: ResolvedOptions
     ) -> PipelineRequest:
         transcript = await self._heard(turn.speech_item_id or turn.user_item_id)
         rate = self._host.config.output_sample_rate
-        return await self._requests.build(request_id, turn, options, rate, transcript)
+        streamed = ""
+        if options.in_conversation and options.input is None:  # the spoken turn's own answer
+            streamed = await self._turn_taking.streamed_turn(turn.user_item_id)
+        return await self._requests.build(request_id, turn, options, rate, transcript, streamed)
 
     async def _heard(self, item_id: str | None) -> str | None:
         """The words of the spoken turn `item_id`, if they were recognised already (at its

@@ -140,6 +140,7 @@ class Session:
                 read_audio=self.audio.read,
                 clock=clock,
                 metrics=self.metrics,
+                turn_context=lambda item_id: self._responder.turn_context(item_id),
             )
         self._transcriber = ItemTranscriber(
             session_id,

@@ -8,6 +8,9 @@ the turns:
   the end of speech commits the turn and answers it, words recognised at a pause let
   semantic_vad end the turn sooner or later and let the answer begin ahead (prefetch.py),
   and a silence after an answer can become a turn (`idle_timeout_ms`, idle_timer.py).
+  For a pipeline that takes a turn while the user speaks, the speech that becomes the
+  user's turn is streamed to it from its start (streamed_turn.py) and its answer names it;
+  speech dropped (cleared, committed by hand, noise) drops it. Manual turns are not streamed.
   With `turn_detection` null the client decides: nothing is detected, and only
   `commit()` and `clear()` move the turns (OpenAI's manual mode).
 * `ModelTurnTaking`: a full-duplex model decides (duplex_turns.py), so Parley's turn-taking
@@ -58,6 +61,7 @@ from .overlap_judge import BackchannelRules, Verdict
 from .prefetch import Prefetch, PrefetchSlot
 from .sink import OutputSink
 from .state import SessionState, StateMachine
+from .streamed_turn import TurnContext, TurnStream
 from .transcription import Heard
 from .turn_detection import (
     SpeechConfirmed,
@@ -143,6 +147,9 @@ class TurnTaking:
         self._lock = media_lock
         self.config = config
         self.detector = TurnDetector(config) if config is not None else None
+        self._heard_to_ms = 0
+        """Input audio before this has been heard (every frame's signals handled, or the
+        frame being heard now begins here)."""
 
     async def hear(self, frames: list[bytes], first_ms: int) -> None:
         """Input audio: 20 ms frames starting at `first_ms` on the input timeline."""
@@ -150,9 +157,15 @@ class TurnTaking:
             if self.detector is None:
                 return
             offset_ms = first_ms + i * FRAME_MS
+            self._heard_to_ms = offset_ms
             for signal in self.detector.process(frame, offset_ms):
                 await self._on_signal(signal)
+            self._frame_passed(frame, offset_ms)
+            self._heard_to_ms = offset_ms + FRAME_MS
             await self._frame_heard(offset_ms + FRAME_MS)
+
+    def _frame_passed(self, frame: bytes, offset_ms: int) -> None:
+        """A frame's signals are handled (the frame itself, for a turn streamed as heard)."""
 
     async def _on_signal(self, signal: TurnSignal) -> None:
         raise NotImplementedError
@@ -224,6 +237,12 @@ class TurnTaking:
     async def drop_ahead(self) -> None:
         """An answer to anything else starts: the one begun ahead, if any, is dropped."""
 
+    async def streamed_turn(self, item_id: str | None, *, ahead: bool = False) -> str:
+        """The turn of item `item_id` as it was streamed to the pipeline while the user
+        spoke, for its answer's request (`PipelineRequest.streamed_turn`), or ""
+        (streamed_turn.py). `ahead`: the answer is begun at a pause."""
+        return ""
+
     async def close(self) -> None:
         """Cancel and await whatever it began. Idempotent."""
 
@@ -259,9 +278,12 @@ class ServerTurnTaking(TurnTaking):
         read_audio: AudioReader,
         clock: Clock,
         metrics: SessionMetrics,
+        turn_context: TurnContext | None = None,
     ) -> None:
         """`pipeline`, `read_audio`: recognise the words at a pause and begin the answer
-        ahead; `metrics`: the session's (barge-ins, answers begun ahead)."""
+        ahead; `metrics`: the session's (barge-ins, answers begun ahead); `turn_context`:
+        the request a turn would be answered with so far, for a pipeline that takes a turn
+        while the user speaks (None: turns are never streamed)."""
         super().__init__(host, turns, machine, config, media_lock)
         self._name = name = machine.session_id
         self._pipeline = pipeline
@@ -287,6 +309,14 @@ class ServerTurnTaking(TurnTaking):
         self._kept_speech: str | None = None
         """The speech (its item id) last judged a backchannel, while it goes on: its voice
         coming back after a pause is judged again (a backchannel followed by more)."""
+        self.stream = (
+            TurnStream(name, pipeline, read_audio, turn_context)
+            if turn_context is not None
+            else None
+        )
+        """The turn in progress, streamed to a pipeline that takes it (streamed_turn.py)."""
+        self._speech_start_ms = 0
+        """Where the speech heard now began."""
 
     async def _on_signal(self, signal: TurnSignal) -> None:
         td = self.config
@@ -296,8 +326,10 @@ class ServerTurnTaking(TurnTaking):
             case SpeechStart(start_ms=start):
                 self._idle.disarm()
                 self._speech_started(start)
+                self._speech_start_ms = start
                 if state is _S.LISTENING:
                     self._machine.to(_S.USER_SPEAKING, "speech started")
+                    self._open_turn()
                 elif td.interrupt_response and host.responding:
                     if td.interruption == "adaptive":
                         self._judge_overlap(start)  # silent at once; cut or resumed as judged
@@ -311,6 +343,7 @@ class ServerTurnTaking(TurnTaking):
                         return
                     self._barge_ins.inc()
                     await host.interrupt()
+                    self._open_turn()
                 elif state is _S.LISTENING and turns.speech_item_id is not None:
                     # Speech began over the answer's last moments and the answer ended before
                     # it was long enough to cut: nothing is left to interrupt, and this is
@@ -318,6 +351,7 @@ class ServerTurnTaking(TurnTaking):
                     await self._drop_judgement()
                     host.sink.resume()
                     self._machine.to(_S.USER_SPEAKING, "speech started")
+                    self._open_turn()
             case SpeechPause(start_ms=start, end_ms=end):
                 speech_id = turns.speech_item_id
                 if state is _S.USER_SPEAKING and speech_id is not None:
@@ -333,6 +367,8 @@ class ServerTurnTaking(TurnTaking):
                 # CPU that recognising the next pause needs
                 await self.transcript.moot()
                 await self._ahead.drop()
+                if self.stream is not None:  # an answer begun ahead took the turn with it
+                    self.stream.resumed(self._heard_to_ms)
                 if self._overlap.active:
                     await self._overlap.resumed()
                 elif (
@@ -393,6 +429,8 @@ class ServerTurnTaking(TurnTaking):
             host.sink.resume()
             if machine.state is _S.LISTENING:
                 machine.to(_S.USER_SPEAKING, "speech started")
+        if ended is None and machine.state is _S.USER_SPEAKING:  # it goes on: the turn
+            self._open_turn()
         if ended is not None and self.config is not None:
             await self._answer_turn(self.config, ended.item_id, ended.start_ms, ended.end_ms)
 
@@ -406,6 +444,7 @@ class ServerTurnTaking(TurnTaking):
         host.emit(SpeechStopped(audio_end_ms=end_ms, item_id=item_id))
         if self._machine.state is not _S.USER_SPEAKING:
             host.sink.resume()  # too short to interrupt the answer (or judged): noise
+            self._drop_turn()
             return
         await self._answer_turn(td, item_id, start_ms, end_ms)
 
@@ -420,6 +459,8 @@ class ServerTurnTaking(TurnTaking):
         if words is not None:  # recognised at the pause: final at speech_stopped
             await host.store_transcript(item_id, words)
         prefetched = await self._ahead.take(item_id, end_ms)
+        if prefetched is not None or not td.create_response:
+            self._drop_turn()  # answered by the work begun ahead, or not answered now
         if td.create_response:
             await host.respond(prefetched)
         else:
@@ -457,6 +498,31 @@ class ServerTurnTaking(TurnTaking):
             end_ms=end_ms,
             name=f"{self._name}:prefetch",
         )
+
+    # --- the turn streamed while the user speaks (streamed_turn.py) ----------------------
+
+    def _open_turn(self) -> None:
+        """The speech heard now is the user's turn: streamed from its audio's beginning."""
+        speech_id = self._turns.speech_item_id
+        if self.stream is not None and speech_id is not None:
+            begin = self._speech_begin_ms(self._speech_start_ms)
+            self.stream.open(speech_id, begin, self._heard_to_ms)
+
+    def _drop_turn(self) -> None:
+        if self.stream is not None:
+            self.stream.drop()
+
+    def _frame_passed(self, frame: bytes, offset_ms: int) -> None:
+        if self.stream is not None:
+            self.stream.heard(frame, offset_ms)
+
+    async def streamed_turn(self, item_id: str | None, *, ahead: bool = False) -> str:
+        return await self.stream.take(item_id, ahead=ahead) if self.stream is not None else ""
+
+    def reconfigure(self, config: TurnDetectionConfig | None) -> None:
+        super().reconfigure(config)
+        if config is None:  # the client decides the turns: none is streamed
+            self._drop_turn()
 
     # --- the idle timeout ---------------------------------------------------------------
 
@@ -507,11 +573,14 @@ class ServerTurnTaking(TurnTaking):
 
     async def _forget_speech(self) -> None:
         await super()._forget_speech()
+        self._drop_turn()  # cleared, or committed by hand
         self._kept_speech = None
         await self._drop_judgement()  # the speech is gone: nothing left to judge
 
     async def close(self) -> None:
         await self._idle.close()
+        if self.stream is not None:
+            await self.stream.close()
         await self.transcript.close()
         await self._overlap.close()
         await self._ahead.drop()
