@@ -18,7 +18,8 @@ or the response's `response.done` with status `cancelled`, whichever comes first
 * cut: the answer's response ended `cancelled`;
 * heard: the answer's audio played before the cut (all of it if none);
 * last frame: when the client played the answer's last sample (the cut, or its queue
-  running dry before it).
+  running dry before it); the cut latency counts from the sound's first voiced sample, 0 if
+  no sample of the answer played after it (the model's audio had stalled there).
 """
 
 from __future__ import annotations
@@ -107,13 +108,24 @@ class Player:
     end_at: float = 0.0
     """When the last sample received so far will have played."""
     cut_at: float | None = None
+    pieces: list[tuple[float, float, float]] = field(default_factory=list)
+    """(when it plays, its offset into the answer in ms, its length in ms)."""
 
     def add(self, at: float, ms: float) -> None:
         if self.cut_at is not None:
             return  # dropped: the answer was cut
         self.first_at = at if self.first_at is None else self.first_at
-        self.end_at = max(at, self.end_at) + ms / 1000
+        start = max(at, self.end_at)
+        self.pieces.append((start, self.received_ms, ms))
+        self.end_at = start + ms / 1000
         self.received_ms += ms
+
+    def plays_at(self, offset_ms: float) -> float | None:
+        """When the answer's `offset_ms` plays (None: not received yet)."""
+        for start, offset, ms in self.pieces:
+            if offset <= offset_ms < offset + ms:
+                return start + (offset_ms - offset) / 1000
+        return None
 
     def cut(self, at: float) -> None:
         self.cut_at = at if self.cut_at is None else self.cut_at
@@ -140,10 +152,11 @@ class Outcome:
     server_heard_ms: int | None = None
     """`conversation.item.truncated`'s `audio_end_ms`: what the server counts as played."""
     onset_ms: int = 0
-    """When the sound started, after the answer's first audio (the onset asked, or earlier
-    if the answer is shorter)."""
+    """Where in the answer's audio the sound started (the onset asked, or earlier if the
+    answer is shorter)."""
     last_frame_ms: float | None = None
-    """From the sound's first voiced sample to the answer's last played sample."""
+    """From the sound's first voiced sample to the answer's last played sample (0: none
+    played after it)."""
     vad_heard: bool = False
     """The server reported speech after the sound started."""
     failure: str | None = None
@@ -201,8 +214,10 @@ async def run_case(
     max_output_tokens: int | None = None,
 ) -> Outcome:
     """`case` in a fresh session with `interruption: mode`: the question, then the sound
-    `case.onset_ms` into the answer (no later than 1.5 s before an answer of `answer_ms`
-    ends; None: no sound, the answer heard whole)."""
+    when the client plays the answer's `case.onset_ms` (no later than 1.5 s before an answer
+    of `answer_ms` ends; None: no sound, the answer heard whole). The onset is on the
+    answer's own timeline: if the answer's audio stalls (the model behind real time), the
+    sound still starts over its audio, not over a gap."""
     outcome = Outcome(case, mode)
     async with connect(f"{url}/v1/realtime?model=parley", proxy=None, max_size=None) as ws:
         until = time.monotonic() + 30
@@ -249,10 +264,11 @@ async def _hear(
         if kind == "response.output_audio.delta":
             if answer is None:
                 answer = event["response_id"]
-                if answer_ms is not None:
-                    voiced_at = mic.schedule(case.sound.pcm, at + onset / 1000)
             if event["response_id"] == answer:
                 player.add(at, len(base64.b64decode(event["delta"])) / 2 / RATE * 1000)
+                plays_at = player.plays_at(onset)
+                if answer_ms is not None and voiced_at is None and plays_at is not None:
+                    voiced_at = mic.schedule(case.sound.pcm, max(at, plays_at))
         elif kind == "input_audio_buffer.speech_started":
             outcome.vad_heard |= voiced_at is not None and at >= voiced_at
         elif kind == "conversation.item.truncated" and answer is not None:
@@ -260,12 +276,14 @@ async def _hear(
             outcome.server_heard_ms = event["audio_end_ms"]
         elif kind == "response.done" and event["response"]["id"] == answer:
             status = event["response"]["status"]
+            if answer_ms is not None and voiced_at is None:
+                raise RuntimeError(f"the answer ended ({status}) before the sound's onset")
             if status == "cancelled":
                 player.cut(at)
             if voiced_at is not None and player.first_at is not None:
                 if status == "cancelled" and at < voiced_at:
                     raise RuntimeError("the answer was cut before the sound started")
-                outcome.last_frame_ms = (player.last_frame_at - voiced_at) * 1000
+                outcome.last_frame_ms = max(0.0, player.last_frame_at - voiced_at) * 1000
             outcome.cut = status == "cancelled"
             outcome.heard_ms = player.heard_ms
             if outcome.cut and outcome.server_heard_ms is None:
