@@ -11,17 +11,20 @@ gathers the evidence and applies the verdict. The judge is a pure function of an
    backchannel is short ("yeah" ~350 ms, "I see" ~400 ms, "mm-hmm" ~550 ms spoken by
    espeak-ng; people's are mostly 200-500 ms); speech this long is a turn, whatever its
    words, and is known for one without waiting for them.
-2. The voice stopped before `min_speech_ms`: **keep** (resume). Speech that short never
-   interrupts an answer, in either mode (a click, a breath).
-3. The words are not known yet: **no verdict** (wait: for them, or for the deadline, which
+2. The words are not known yet: **no verdict** (wait: for them, or for the deadline, which
    the caller keeps: `interruption_deadline_ms`, a real interruption when it passes).
-4. No words once non-speech marks are removed (a cough, a door, a burst of noise: the
-   recogniser hears nothing, or "[cough]"): **keep**.
-5. Nothing but backchannel words, at most `MAX_BACKCHANNEL_WORDS` of them ("uh-huh",
+3. No words once non-speech marks are removed (a cough, a door, a burst of noise, a click
+   or a breath: the recogniser hears nothing, or "[cough]"): **keep**.
+4. Nothing but backchannel words, at most `MAX_BACKCHANNEL_WORDS` of them ("uh-huh",
    "yeah", "right", "okay", "mm-hmm", "I see", "yeah, right", "oh okay"...; the list is
    `BACKCHANNELS`, fillers "uh", "um", "hmm" included): **keep**.
-6. Anything else ("wait, stop", "no, I meant Tuesday", "yeah but what about the price",
+5. Anything else ("wait, stop", "no, I meant Tuesday", "yeah but what about the price",
    "stop"): **interrupt**.
+
+Speech shorter than `min_speech_ms` is judged by its words like any other. Kept at once
+for its length alone (as `always` treats it), "Wait, stop." in Piper's voice was kept
+twice over in `loadtest.interruption_bench`: the detector heard it as 140 and 180 ms of
+voice with a pause between, and each piece was shorter than the 200 ms.
 
 A backchannel followed by more is judged again with the words so far (overlap.py holds the
 answer again as soon as the voice comes back), so "yeah ... but what about the price"
@@ -55,7 +58,8 @@ class Overlap:
     words: str | None
     """What the recogniser heard up to the pause; None: not (yet) recognised."""
     min_speech_ms: int
-    """The session's `min_speech_ms`: shorter speech never interrupts."""
+    """The session's `min_speech_ms` (what `always` needs to cut; BackchannelRules judges
+    shorter speech by its words too)."""
 
 
 class OverlapJudge(Protocol):
@@ -74,6 +78,10 @@ BACKCHANNELS = frozenset(
         "mmhmm",
         "mm",
         "mmm",
+        "m",
+        "mmi",
+        "mm hm",
+        "mhmm",
         "hmm",
         "hm",
         "uh",
@@ -100,8 +108,9 @@ BACKCHANNELS = frozenset(
     }
 )
 """Backchannels and fillers, normalised (lower case, words split on spaces and hyphens).
-Whisper writes espeak-ng's "uh-huh" as "Uh uh" (two fillers). "No" is not here: it
-disagrees, and is how most corrections start."""
+Whisper writes espeak-ng's "uh-huh" as "Uh uh" (two fillers), and "mm-hmm" as "MMI." or
+"M-M-M." (`loadtest.interruption_bench` cut every "mm-hmm" before "m" and "mmi" were here).
+"No" is not here: it disagrees, and is how most corrections start."""
 _LONGEST = max(len(phrase.split()) for phrase in BACKCHANNELS)
 _NON_SPEECH = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*")
 """Recognisers' marks for what is not words: "[cough]", "(laughs)", "*sigh*"."""
@@ -134,8 +143,6 @@ class BackchannelRules:
     def judge(self, overlap: Overlap) -> Verdict | None:
         if overlap.voiced_ms > MAX_BACKCHANNEL_MS:
             return Verdict.INTERRUPT
-        if overlap.stopped and overlap.voiced_ms < overlap.min_speech_ms:
-            return Verdict.KEEP
         if overlap.words is None:
             return None
         words = normalised_words(overlap.words)

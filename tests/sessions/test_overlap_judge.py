@@ -26,6 +26,8 @@ def judged(words: str | None, voiced_ms: int = 400, stopped: bool = True) -> Ver
         "Mhm",
         "I see.",
         "Yeah, right.",
+        "MMI.",  # how Whisper writes espeak-ng's "mm-hmm"
+        "M-M-M.",
     ],
 )
 def test_a_backchannel_keeps_the_answer(words: str) -> None:
@@ -62,6 +64,10 @@ def test_a_long_voice_interrupts_whatever_its_words() -> None:
     assert judged("yeah", voiced_ms=720) is INTERRUPT
 
 
-def test_a_voice_shorter_than_min_speech_is_a_noise() -> None:
-    assert judged(None, voiced_ms=120, stopped=True) is KEEP
+def test_a_voice_shorter_than_min_speech_is_judged_by_its_words() -> None:
+    """The words "Wait, stop." were heard as two pieces of 140 and 180 ms: words, not noise."""
+    assert judged(None, voiced_ms=120, stopped=True) is None  # its words are awaited
     assert judged(None, voiced_ms=120, stopped=False) is None  # it may go on
+    assert judged("", voiced_ms=120) is KEEP  # a click, a breath
+    assert judged("Wait,", voiced_ms=140) is INTERRUPT
+    assert judged("Wait, stop.", voiced_ms=180) is INTERRUPT
