@@ -151,6 +151,19 @@ def fault_bars(name: str, report: dict[str, Any]) -> list[Series]:
     ]
 
 
+def cut_latency_series(name: str, report: dict[str, Any]) -> list[Series]:
+    """Each mode's cut latencies (a real interruption's first voiced sample to the old
+    answer's last sample heard), sorted: a distribution, drawn as the share at or under."""
+    where = stamp(report.get("header") or {})
+    out = []
+    for mode, figures in (report.get("figures") or {}).items():
+        ms = sorted((figures.get("cut_latency") or {}).get("ms") or [])
+        if ms:
+            shares: list[float | None] = [(k + 1) / len(ms) for k in range(len(ms))]
+            out.append(Series(f"{mode} ({where})", ms, {"share": shares}))
+    return out
+
+
 def charts() -> list[Chart]:
     served = Chart(
         "qwen3_omni_served",
@@ -200,7 +213,14 @@ def charts() -> list[Chart]:
         ],
         fault_bars,
     )
-    return [served, graph, moshi, faults]
+    cuts = Chart(
+        "interruption_cut_latency",
+        "A real interruption: from its first voiced sample to the old answer's last",
+        "ms",
+        "share of interruptions cut by then",
+    )
+    gather(cuts, ["interruption_bench_cascade_cpu_2026-12-06_rules2.json"], cut_latency_series)
+    return [served, graph, moshi, faults, cuts]
 
 
 def draw(chart: Chart, out: Path) -> Path | None:
@@ -221,6 +241,17 @@ def draw(chart: Chart, out: Path) -> Path | None:
             axes.bar_label(bars, fmt="%.2g", fontsize=6)  # told and red are under a second
         axes.set_xticks([x + 0.4 - width / 2 for x in (0, 1, 2)])
         axes.set_xticklabels(["client told", "/readyz red", "service back"])
+    elif chart.name == "interruption_cut_latency":
+        for series in chart.series:
+            axes.step(
+                series.x,
+                [y or 0.0 for y in series.ys["share"]],
+                where="post",
+                marker="o",
+                label=series.label,
+            )
+        axes.set_xlabel(chart.xlabel)
+        axes.set_ylim(0, 1.05)
     else:
         for series in chart.series:
             p50 = [y or 0.0 for y in series.ys["p50"]]  # a level has a p50 to be a point

@@ -19,6 +19,16 @@ def test_every_chart_is_drawn_from_the_kept_reports(tmp_path: Path) -> None:
     assert shipped.x == [1, 3] and shipped.ys["p50"] == [653.5, 393.1]
 
 
+def test_the_interruption_chart_is_each_modes_cut_latencies_as_a_distribution() -> None:
+    cuts = next(c for c in plots.charts() if c.name == "interruption_cut_latency")
+    by_mode = {series.label.split(" ")[0]: series for series in cuts.series}
+    assert set(by_mode) == {"always", "adaptive"}
+    for series in by_mode.values():
+        assert series.x == sorted(series.x) and len(series.x) == 9  # the 9 interruptions
+        assert series.ys["share"][-1] == 1.0
+    assert max(by_mode["adaptive"].x) == pytest.approx(566.3)
+
+
 def test_a_missing_report_is_named_and_an_empty_chart_not_drawn(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
