@@ -48,10 +48,6 @@ class Vllm:
         """What vLLM's own metrics say it is generating now."""
         return self.metric("vllm:num_requests_running")
 
-    def requests_in(self) -> float:
-        """The requests vLLM holds now: generating, or waiting for a place in its batch."""
-        return self.metric("vllm:num_requests_running") + self.metric("vllm:num_requests_waiting")
-
     def prompt_tokens(self) -> float:
         """How many prompt tokens vLLM has read since it started: it rises for every
         request it began, finished or aborted (an answer cut by a hang-up is not "success")."""
