@@ -56,6 +56,9 @@ class ArrivalSettings:
     with_frames: float
     """The share of arrivals that send camera frames (exactly, rounded)."""
     seed: int
+    whole_turns: float = 0.0
+    """The share of arrivals whose turns end by the client's commit (turn detection off):
+    the server takes them whole, the baseline of the turns streamed while the user speaks."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,8 @@ class Arrival:
     """The question its speech starts with (the rest follow, back to back)."""
     answer_tokens: int | None
     with_frames: bool
+    whole_turn: bool = False
+    """Its turn ends by commit, taken whole (not streamed while it speaks)."""
 
 
 def plan(target: int, rate: float, settings: ArrivalSettings, questions: int) -> list[Arrival]:
@@ -85,6 +90,9 @@ def plan(target: int, rate: float, settings: ArrivalSettings, questions: int) ->
         least, most = settings.answer_tokens
         tokens = [int(t) for t in rng.integers(least, most + 1, size=count)]
     framed = rng.permutation(count) < round(settings.with_frames * count)
+    whole = np.zeros(count, dtype=bool)
+    if settings.whole_turns > 0:  # drawn last: a plan without them is what it always was
+        whole = rng.permutation(count) < round(settings.whole_turns * count)
     return [
         Arrival(
             i,
@@ -93,6 +101,7 @@ def plan(target: int, rate: float, settings: ArrivalSettings, questions: int) ->
             int(first[i]),
             tokens[i],
             bool(framed[i]),
+            bool(whole[i]),
         )  # fmt: skip
         for i in range(count)
         if at[i] <= settings.max_s
@@ -159,7 +168,7 @@ async def run_arrivals(
         start = time.monotonic() - began
         try:
             async with connect(f"{url}/v1/realtime?model=parley", proxy=None, max_size=None) as ws:
-                client = Client(ws, manual=False, answer_tokens=arrival.answer_tokens)
+                client = Client(ws, arrival.whole_turn, answer_tokens=arrival.answer_tokens)
                 await client.setup()
                 await client.ask(speech, request, frames if arrival.with_frames else None)
         except Exception as exc:  # refused, closed under it, ...: this session's error alone

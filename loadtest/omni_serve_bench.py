@@ -22,7 +22,12 @@ on PATH), and is ready when `/readyz` says 200: that wait is the start-up time. 
 - Poisson arrivals (`--arrivals`, target mean sessions, e.g. 8,16,32; omni_arrivals.py):
   sessions that come on their own at the rate that gives that many on average (the rate
   and the measured mean are both reported), each asking one question of 2-10 s with an
-  answer of varied length, audio only or audio with camera frames (reported apart).
+  answer of varied length, audio only or audio with camera frames (reported apart); with
+  `--whole-turns SHARE`, that share of them commits its turn by hand (turn detection off),
+  so the server takes it whole, while the others' turns (server VAD) are streamed to the
+  Thinker as they speak: both paths in one run, reported apart (`streamed`, `whole_turn`;
+  a whole turn's first audio is counted from its commit, a streamed one's from
+  `speech_stopped`).
 
 Per level (and per set of the Poisson levels): n, p50, p95, p99 and max of first audio
 after the server's `speech_stopped`, of the answer's RTF as heard, and of playback stalls
@@ -173,6 +178,19 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+def streamed_turn_counts(port: int) -> dict[str, float]:
+    """How the server's streamed turns ended so far, by outcome (`parley_stage_streamed_turns`:
+    `prefilled` is a turn whose answer went on from what was staged while the user spoke)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    found: dict[str, float] = {}
+    pattern = r"^parley_stage_streamed_turns_total\{([^}]*)\} (\S+)$"
+    for labels, value in re.findall(pattern, text, re.M):
+        outcome = dict(re.findall(r'(\w+)="([^"]*)"', labels)).get("outcome", "")
+        found[outcome] = found.get(outcome, 0.0) + float(value)
+    return found
+
+
 def first_chunk_sums(port: int) -> dict[str, tuple[float, float]]:
     """Per stage: (sum, count) of `parley_stage_first_chunk_seconds` for answers."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
@@ -314,11 +332,13 @@ async def run_arrival_level(
         answer_tokens=answers,
         with_frames=args.with_frames,
         seed=args.seed,
+        whole_turns=args.whole_turns,
     )
     session_s = expected_session_s(args, graph)
     rate = target / session_s
     arrivals = plan(target, rate, settings, len(questions))
     with_frames = {a.index for a in arrivals if a.with_frames}
+    whole = {a.index for a in arrivals if a.whole_turn}
     frames = camera_frames(args.seed)
     started = time.monotonic()
     requests, spans = await run_arrivals(url, target, arrivals, questions, frames, deadline)
@@ -327,6 +347,8 @@ async def run_arrival_level(
         "figures": request_figures(requests),
         "audio_only": request_figures([r for r in requests if r.client not in with_frames]),
         "audio_with_frames": request_figures([r for r in requests if r.client in with_frames]),
+        "streamed": request_figures([r for r in requests if r.client not in whole]),
+        "whole_turn": request_figures([r for r in requests if r.client in whole]),
         "wall_s": round(time.monotonic() - started, 1),
         "requests": [r.record() for r in requests],
     }
@@ -365,7 +387,13 @@ def tables(report: dict[str, Any]) -> str:
                 ("  all", "figures"),
                 ("  audio only", "audio_only"),
                 ("  audio + frames", "audio_with_frames"),
+                ("  streamed turns", "streamed"),
+                ("  whole turns", "whole_turn"),
             ):
+                if key in ("streamed", "whole_turn") and not level.get("whole_turn", {}).get(
+                    "requests"
+                ):
+                    continue  # no whole turns asked for: the split says nothing
                 rows.append(level[key])
                 lines.append(row(label, level[key]))
     lines.append(f"every row: {graph['note']}")
@@ -427,6 +455,13 @@ def parser() -> argparse.ArgumentParser:
         " quarter of it to all of it)",
     )
     p.add_argument("--with-frames", type=float, default=0.5, help="share sending frames")
+    p.add_argument(
+        "--whole-turns",
+        type=float,
+        default=0.0,
+        help="share of arrivals whose turns end by commit, taken whole: the baseline of"
+        " turns streamed while the user speaks, in the same run",
+    )
     p.add_argument("--session-s", type=float, default=None, help="expected session length")
     p.add_argument("--seed", type=int, default=0, help="the arrivals' plan")
     p.add_argument("--speech", default=None, help=".npz of questions (gpu_bundle)")
@@ -478,6 +513,8 @@ def main(argv: list[str] | None = None) -> int:
             report["arrivals"].append(found)
             print(f"arrivals for {target}: {json.dumps(found['figures'])}", flush=True)
             save()
+        report["header"]["streamed_turns"] = streamed_turn_counts(port)
+        print(f"streamed turns, by outcome: {report['header']['streamed_turns']}", flush=True)
     finally:
         stop_server(proc)
         report["header"]["server_log_tail"] = _tail(folder / "server.log")

@@ -213,6 +213,7 @@ class Client:
                 await self.ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
                 await self.ws.send(json.dumps({"type": "response.create"}))
                 spoken_at = time.monotonic()
+                request.speech_stopped_ms = 0.0  # the turn ends at its commit
             else:
                 tasks.create_task(self._silence_forever(), name="microphone")
             try:

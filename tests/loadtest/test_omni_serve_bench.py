@@ -28,6 +28,7 @@ def test_tiny_graph_in_rounds_and_under_arrivals(
     argv = ["--pipeline", "qwen3_omni_tiny", "--concurrency", "2", "--warmup", "0"]
     argv += ["--think-tokens", "8", "--speech-s", "1", "--start-s", "90"]
     argv += ["--arrivals", "3", "--arrival-requests", "4", "--question-s", "1.5,3", "--seed", "1"]
+    argv += ["--whole-turns", "0.5"]
     assert omni_serve_bench.main([*argv, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     report = json.loads(out.read_text())
@@ -59,7 +60,7 @@ def test_tiny_graph_in_rounds_and_under_arrivals(
     assert arrivals["mean_sessions"] > 0 and arrivals["most_sessions"] >= 1
     assert arrivals["figures"]["error_count"] == 0 and arrivals["figures"]["with_audio"] == 4
     # the plan is the seed's: the same questions and answer caps on every run
-    settings = ArrivalSettings(4, 600.0, (1.5, 3.0), (2, 8), 0.5, seed=1)
+    settings = ArrivalSettings(4, 600.0, (1.5, 3.0), (2, 8), 0.5, seed=1, whole_turns=0.5)
     planned = plan(3, arrivals["rate_per_s"], settings, questions=4)
     requests = sorted(arrivals["requests"], key=lambda r: r["client"])
     assert [r["answer_tokens"] for r in requests] == [a.answer_tokens for a in planned]
@@ -75,6 +76,17 @@ def test_tiny_graph_in_rounds_and_under_arrivals(
     framed = [r for r in requests if r["frames_sent"]]
     assert len(framed) == 2 == arrivals["audio_with_frames"]["requests"]
     assert arrivals["audio_only"]["requests"] == 2
+    # the baseline in the same run: half committed by hand (taken whole), half streamed in
+    # while spoken; each whole turn's first audio counted from its commit
+    whole = {a.index for a in planned if a.whole_turn}
+    assert len(whole) == 2 == arrivals["whole_turn"]["first_audio_after_stop_ms"]["n"]
+    assert arrivals["streamed"]["first_audio_after_stop_ms"]["n"] == 2
+    assert all(r["speech_stopped_ms"] == 0.0 for r in requests if r["client"] in whole)
+    # every turn that ended by server VAD was streamed (the rounds' 2, the arrivals' 2); one
+    # with camera frames is taken whole ("changed": frames are not streamed yet)
+    turns = head["streamed_turns"]
+    assert sum(turns.values()) == 4 and turns["prefilled"] >= 2, turns
+    assert "whole turns" in printed and "streamed turns" in printed
     assert "measured mean" in printed and "p99 left out" in printed
     assert (  # beside the tables: the graph they come from, and what was changed in it
         "every row: pipeline/configs/qwen3_omni_tiny.yaml with --think-tokens 8:"

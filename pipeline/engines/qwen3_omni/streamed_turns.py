@@ -278,3 +278,8 @@ class TurnsStreamedIn(StreamingInput):
 
     def streamed_turns(self) -> dict[str, int]:
         return dict(self.streamed.counts) if self.streamed is not None else {}
+
+    def takes_streamed_turns(self) -> bool:
+        """False when the engine was asked to take every turn whole (`stream_turns: false`),
+        so sessions never open turns on it; before its start it takes none either way."""
+        return bool(getattr(self, "stream_turns", True))

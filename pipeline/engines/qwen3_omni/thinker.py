@@ -109,6 +109,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine, TurnsStreamedIn):
         prefill_chunk_tokens: int = 0,
         talker_prompt_tokens: int = 0,
         warm_up: bool | None = None,
+        stream_turns: bool = True,
         **model: Any,
     ) -> None:
         super().__init__(**model)
@@ -119,6 +120,9 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine, TurnsStreamedIn):
         self.prefill_chunk_tokens = prefill_chunk_tokens
         """A batched prefill runs this many positions (over all its prompts) at a time, and
         decode steps run between two chunks (0: a prefill runs whole)."""
+        self.stream_turns = stream_turns
+        """Take spoken turns while the user speaks (False: every turn whole, as an engine
+        without the capability: the baseline the benchmarks measure streaming against)."""
         self.warm_up = torch.device(self.device).type == "cuda" if warm_up is None else warm_up
         """Prefill a made-up spoken turn with a camera frame, alone and batched, before the
         stage is ready, so that no request pays for first use (lazy inits, first shapes,
@@ -448,6 +452,8 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine, TurnsStreamedIn):
             min_new_tokens=self.min_new_tokens,
         )
         self.prefills.start()
+        if not self.stream_turns:
+            return
         assert self.features is not None
         staging = StagingQueue(
             self.name,

@@ -166,6 +166,24 @@ def test_the_engines_that_take_streaming_input_say_so(thinker: ThinkerEngine) ->
         assert not issubclass(other, StreamingInput)
 
 
+async def test_a_thinker_told_not_to_stream_takes_every_turn_whole() -> None:
+    """`stream_turns: false` (the benchmarks' baseline): the engine says it takes no streamed
+    turns, so neither a session nor a stage's link opens one on it."""
+    engine = ThinkerEngine(
+        tiny=True, threads=1, max_new_tokens=REPLY, min_new_tokens=REPLY, stream_turns=False
+    )
+    await engine.start()
+    try:
+        assert engine.streamed is None
+        assert not streams_input(engine)
+        await engine.open_turn("t1", request("s1", "whole", ()))  # let go, as documented
+        turn = request("r1", "whole", ("u1",), audio=turn_audio(1.0, seed=3), streamed="t1")
+        assert reply(await answer(engine, turn))  # answered from the request alone
+        assert engine.streamed_turns() == {}
+    finally:
+        await engine.close()
+
+
 def test_a_frame_is_final_once_its_window_of_samples_is_in() -> None:
     """The log-mel frames `final_frames` names are those of the whole turn, bit for bit."""
     features = AudioFeatures()
