@@ -6,8 +6,9 @@ in conv chunks of `2 * n_window` frames (100: one second), each downsampled on i
 `n_window_infer` frames (800: eight seconds, 104 positions), the last window whatever is
 left. Under flash attention transformers passes the windows (`cu_seqlens`) to the kernel;
 under sdpa and eager (Parley's) 4.57 leaves its own window mask out
-(`_prepare_attention_mask` is never called), so an audio over one window attends across
-all of it, and its first window's features would change with every later second. `windowed`
+(`_prepare_attention_mask` is never called; transformers 5 splits the windows itself), so
+an audio over one window attends across all of it, and its first window's features would
+change with every later second. `windowed`
 puts the mask back, as the model's flash path and its training have it: with it, a finished
 window's features are final, which is what lets a turn's audio be encoded while it arrives
 (`streamed_turns.py`). An audio of one window (8 s or less) is computed exactly as before.
@@ -38,8 +39,15 @@ def window_frames(model: Any) -> tuple[int, int]:
 
 @contextmanager
 def windowed(model: Any) -> Iterator[None]:
-    """Within the block, the Thinker's audio tower attends within its windows (see above)."""
+    """Within the block, the Thinker's audio tower attends within its windows (see above).
+    transformers 5 attends a window at a time itself under every attention (its layers
+    split by `cu_seqlens`) and has no `_prepare_attention_mask`: there this does nothing, as
+    a mask passed beside its own `attention_mask=None` would be an error (it was, on the
+    GPU host's 5.17: every turn over 8 s failed)."""
     tower = model.audio_tower
+    if not hasattr(tower, "_prepare_attention_mask"):
+        yield
+        return
     masks: dict[int, torch.Tensor | None] = {}
 
     def with_mask(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

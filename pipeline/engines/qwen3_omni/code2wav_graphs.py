@@ -108,12 +108,18 @@ class WindowGraphs:
         quantizers = int(model.config.num_quantizers)
         self._codes: dict[int, torch.Tensor] = {}
         self.graphs: dict[int, StepGraphs[torch.Tensor]] = {}
+        capture = self.device.type == "cuda" if capture is None else capture
+        # one memory pool for every length bucket (their replays never overlap: one model
+        # thread): a pool each held the sum of the buckets' activations, ~5.2 GiB for the
+        # stage on an H100 where the graph's sizing counts 1 GiB beside its weights, and the
+        # Thinker ran out of memory once a conversation's prompt grew (2026-12-06)
+        pool = torch.cuda.graph_pool_handle() if capture and self.device.type == "cuda" else None
         for length in self.lengths:
             codes = torch.zeros(max_batch, quantizers, length, dtype=torch.long, device=self.device)
             step = functools.partial(self._step, codes, rotary_tables(model, length))
             self._codes[length] = codes
             self.graphs[length] = StepGraphs(
-                step, largest=max_batch, device=self.device, capture=capture
+                step, largest=max_batch, device=self.device, capture=capture, pool=pool
             )
 
     def _step(self, codes: torch.Tensor, rotary: Rotary, batch: int) -> torch.Tensor:

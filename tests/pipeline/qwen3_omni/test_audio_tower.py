@@ -63,3 +63,24 @@ def test_the_rest_after_a_window_encodes_as_in_the_whole_audio(tiny_parts: Parts
         torch.testing.assert_close(torch.cat((first, rest)), want, atol=ROUNDING, rtol=0)
     unpadded = encode_rest(model, mel(8.3, 2)[:, :, 800:], padded=False)
     assert not torch.allclose(unpadded, whole(model, mel(8.3, 2))[104:], atol=ROUNDING, rtol=0)
+
+
+def test_a_tower_that_windows_itself_is_left_alone() -> None:
+    """transformers 5's tower splits its windows itself and has no `_prepare_attention_mask`
+    (the GPU host's 5.17): `windowed` adds nothing there (a mask beside its own
+    `attention_mask=None` failed every turn over 8 s)."""
+
+    class Layer(torch.nn.Module):
+        def forward(self, hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+            return hidden
+
+    class Tower(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Layer(), Layer()])
+
+    class Model:
+        audio_tower = Tower()
+
+    with windowed(Model()):
+        assert all(not layer._forward_pre_hooks for layer in Model.audio_tower.layers)
