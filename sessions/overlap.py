@@ -38,6 +38,7 @@ from .config import TurnDetectionConfig
 from .overlap_judge import Overlap, OverlapJudge, Verdict
 from .transcription import recognise
 from .turn_transcript import AudioReader
+from .voice_level import VoiceLevels
 
 log = logging.getLogger("parley.sessions.overlap")
 
@@ -65,8 +66,11 @@ class OverlapJudgement:
         read_audio: AudioReader,
         lock: asyncio.Lock,
         settle: Callable[[Verdict], Awaitable[None]],
+        levels: VoiceLevels | None = None,
     ) -> None:
         self._name = name
+        self._levels = levels
+        """The speech's level against the user's (turn-taking feeds it every frame)."""
         self._judge = judge
         self._pipeline = pipeline
         self._read_audio = read_audio
@@ -109,6 +113,8 @@ class OverlapJudgement:
         if speech_end_ms is not None:
             self._voiced_ms = max(0, speech_end_ms - self._from_ms)
         if end_ms >= self._deadline_ms:
+            if self._verdict() is Verdict.KEEP:  # a voice across the room: no words needed
+                return Verdict.KEEP
             self.past_deadline = True
             return Verdict.INTERRUPT
         return self._verdict()
@@ -152,8 +158,9 @@ class OverlapJudgement:
         await self._tasks.close()
 
     def _verdict(self) -> Verdict | None:
+        level = self._levels.against_user_db() if self._levels is not None else None
         return self._judge.judge(
-            Overlap(self._voiced_ms, self._stopped, self._words, self._min_speech_ms)
+            Overlap(self._voiced_ms, self._stopped, self._words, self._min_speech_ms, level)
         )
 
     async def _drop_recognition(self) -> None:

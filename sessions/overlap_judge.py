@@ -7,6 +7,9 @@ gathers the evidence and applies the verdict. The judge is a pure function of an
 
 `BackchannelRules`, the judge sessions use, decides by these rules, in order:
 
+0. The voice is more than `FAR_VOICE_DB` (6 dB) quieter than the user's own turns: a
+   voice across the room (a second person, a television): **keep**, whatever its length
+   and words (voice_level.py; not used before the user's first turn).
 1. The voice has lasted longer than `MAX_BACKCHANNEL_MS` (700 ms): **interrupt**. A
    backchannel is short ("yeah" ~350 ms, "I see" ~400 ms, "mm-hmm" ~550 ms spoken by
    espeak-ng; people's are mostly 200-500 ms); speech this long is a turn, whatever its
@@ -38,6 +41,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from .voice_level import FAR_VOICE_DB
+
 
 class Verdict(StrEnum):
     KEEP = "keep"
@@ -60,6 +65,8 @@ class Overlap:
     min_speech_ms: int
     """The session's `min_speech_ms` (what `always` needs to cut; BackchannelRules judges
     shorter speech by its words too)."""
+    against_user_db: float | None = None
+    """Its level less the user's turns' (voice_level.py); None: not known (yet)."""
 
 
 class OverlapJudge(Protocol):
@@ -141,6 +148,8 @@ class BackchannelRules:
     """The rules of the module docstring."""
 
     def judge(self, overlap: Overlap) -> Verdict | None:
+        if overlap.against_user_db is not None and overlap.against_user_db < -FAR_VOICE_DB:
+            return Verdict.KEEP
         if overlap.voiced_ms > MAX_BACKCHANNEL_MS:
             return Verdict.INTERRUPT
         if overlap.words is None:

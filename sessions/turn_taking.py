@@ -75,6 +75,7 @@ from .turn_detection import (
 from .turn_end import sounds_finished
 from .turn_transcript import AudioReader, TurnTranscript
 from .turns import MIN_COMMIT_MS, Turns
+from .voice_level import VoiceLevels
 
 _S = SessionState
 
@@ -301,8 +302,10 @@ class ServerTurnTaking(TurnTaking):
         """The words of the turn in progress, recognised at its pauses."""
         self._ahead = PrefetchSlot(metrics.prefetches)
         """An answer begun at the open turn's last pause."""
+        self._levels = VoiceLevels()
+        """The speech's level and the user's turns' (a voice across the room is kept)."""
         self._overlap = OverlapJudgement(
-            name, BackchannelRules(), pipeline, read_audio, media_lock, self._settle
+            name, BackchannelRules(), pipeline, read_audio, media_lock, self._settle, self._levels
         )
         """`interruption: "adaptive"`: the judgement of the speech over an answer."""
         self._verdicts = metrics.overlap_verdicts
@@ -324,6 +327,7 @@ class ServerTurnTaking(TurnTaking):
         state, host, turns = self._machine.state, self._host, self._turns
         match signal:
             case SpeechStart(start_ms=start):
+                self._levels.speech_started()
                 self._idle.disarm()
                 self._speech_started(start)
                 self._speech_start_ms = start
@@ -453,6 +457,7 @@ class ServerTurnTaking(TurnTaking):
     ) -> None:
         """The speech `item_id` [start_ms, end_ms) becomes the user's turn, and is answered."""
         host, turns = self._host, self._turns
+        self._levels.user_turn()
         begin = self._speech_begin_ms(start_ms)
         await host.commit_turn(item_id, begin, turns.offset_ms)
         words = self.transcript.ready(item_id)
@@ -513,6 +518,7 @@ class ServerTurnTaking(TurnTaking):
             self.stream.drop()
 
     def _frame_passed(self, frame: bytes, offset_ms: int) -> None:
+        self._levels.frame(frame)
         if self.stream is not None:
             self.stream.heard(frame, offset_ms)
 

@@ -74,3 +74,40 @@ async def test_a_real_interruption_is_cut_where_it_was_held(
     assert 900 <= truncated.audio_end_ms <= 2_000
     second = await sink.wait_for(lambda e: is_done(e) and e is not done, timeout=15)
     assert isinstance(second, ResponseDone) and len(engine.requests) == 2
+
+
+async def test_a_voice_across_the_room_is_kept_however_long(
+    make_session: MakeSession, engine: FakeEngine
+) -> None:
+    """A second voice 12 dB under the user's question, a sentence long (past the 700 ms
+    that makes the user's own speech a turn, and with words): the answer goes on whole."""
+    engine.audio_ms = 6_000
+    engine.transcript = "The train to Glasgow leaves from platform nine."
+    session, sink = await make_session(ADAPTIVE)
+    await feed(session, question())
+    await sink.wait_for(lambda e: isinstance(e, OutputAudioDelta))
+    await session.clock.sleep(1.0)
+    far = trim_silence(speak(engine.transcript)).astype(np.float32) * 10 ** (-12 / 20)
+    await feed(session, np.concatenate([far.astype(np.int16), silence(800)]), realtime=True)
+    done = await sink.wait_for(is_done)
+    assert isinstance(done, ResponseDone) and done.status == "completed"
+    await sink.wait_for(lambda e: isinstance(e, SessionStateChanged) and e.state == "listening")
+    assert len(sink.of(SpeechStarted)) == 2 and sink.paused_at  # heard over it, and held
+    assert not sink.cleared_at and not sink.of(ConversationItemTruncated)
+    assert sink.played_audio_frames == 6_000 // 20
+    assert len(engine.requests) == 1
+
+
+async def test_the_same_sentence_at_the_users_level_is_a_turn(
+    make_session: MakeSession, engine: FakeEngine
+) -> None:
+    engine.audio_ms = 6_000
+    engine.transcript = "The train to Glasgow leaves from platform nine."
+    session, sink = await make_session(ADAPTIVE)
+    await feed(session, question())
+    await sink.wait_for(lambda e: isinstance(e, OutputAudioDelta))
+    await session.clock.sleep(1.0)
+    near = np.concatenate([trim_silence(speak(engine.transcript)), silence(800)])
+    await feed(session, near, realtime=True)
+    done = await sink.wait_for(is_done)
+    assert isinstance(done, ResponseDone) and done.status == "cancelled"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from sessions.overlap_judge import BackchannelRules, Overlap, Verdict
@@ -71,3 +72,34 @@ def test_a_voice_shorter_than_min_speech_is_judged_by_its_words() -> None:
     assert judged("", voiced_ms=120) is KEEP  # a click, a breath
     assert judged("Wait,", voiced_ms=140) is INTERRUPT
     assert judged("Wait, stop.", voiced_ms=180) is INTERRUPT
+
+
+def test_a_voice_well_under_the_users_is_kept_whatever_it_says() -> None:
+    judge = BackchannelRules()
+    far = Overlap(2_000, False, "No, I meant Tuesday.", 200, against_user_db=-10.0)
+    assert judge.judge(far) is Verdict.KEEP
+    near = Overlap(2_000, False, "No, I meant Tuesday.", 200, against_user_db=-3.0)
+    assert judge.judge(near) is Verdict.INTERRUPT
+    unknown = Overlap(2_000, False, None, 200)  # before the user's first turn
+    assert judge.judge(unknown) is Verdict.INTERRUPT
+
+
+def test_the_users_level_is_learnt_from_their_turns() -> None:
+    from loadtest.speech import speak, trim_silence
+    from sessions.voice_level import VoiceLevels
+
+    pcm = trim_silence(speak("What is the weather like in Paris today?"))
+    levels = VoiceLevels()
+
+    def hear(samples: np.ndarray) -> None:
+        levels.speech_started()
+        for at in range(0, len(samples) - 320, 320):
+            levels.frame(samples[at : at + 320].tobytes())
+
+    hear(pcm)
+    assert levels.against_user_db() is None  # no turn of the user's yet
+    levels.user_turn()
+    hear((pcm.astype(np.float32) * 10 ** (-12 / 20)).astype(np.int16))
+    assert levels.against_user_db() == pytest.approx(-12.0, abs=0.5)
+    hear(pcm)
+    assert levels.against_user_db() == pytest.approx(0.0, abs=0.5)
