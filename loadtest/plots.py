@@ -18,10 +18,15 @@ Charts:
 - `fault_recovery.png`: per injected fault, seconds until the client was told, `/readyz`
   turned red and the service was back, from `fault_drill` reports.
 
-Not drawn: barge-in and calls held (WebRTC, SIP, the peers). Their figures on the
-transports and telephony pages were read from printed output and no report of them is kept
-here; `webrtc_bench --json`, `sip_bench --json` and `peers.run --out` write one, and a chart
-is added once such a report is kept (never from figures typed in here).
+- `interruption_cut_latency.png`: each mode's cut latencies, from an `interruption_bench`
+  report.
+- `webrtc_calls_held.png` and `webrtc_barge_in.png`: outbound frames late against calls,
+  and barge-in latencies alone and beside the calls, from a `webrtc_bench --json` report.
+
+Not drawn: SIP and the peers (FastRTC, Pipecat). Their figures on the transports and
+telephony pages were read from printed output and no report of them is kept here;
+`sip_bench --json` and `peers.run --out` write one, and a chart is added once such a report
+is kept (never from figures typed in here).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).parent / "results"
+WEBRTC_BENCH = "webrtc_bench_cpu_2026-12-06.json"
 OUT = Path(__file__).parents[1] / "docs" / "benchmarks" / "plots"
 
 
@@ -164,6 +170,34 @@ def cut_latency_series(name: str, report: dict[str, Any]) -> list[Series]:
     return out
 
 
+def calls_held_series(name: str, report: dict[str, Any]) -> Series | None:
+    """Each step of a `webrtc_bench` report: the share of outbound frames late, by calls."""
+    steps = report.get("steps") or []
+    points = [(float(s["calls"]), round(float(s["late_pct"]), 3)) for s in steps]
+    if not points:
+        return None
+    cores = ((report.get("header") or {}).get("machine") or {}).get("cores")
+    label = f"late frames ({stamp(report.get('header') or {})}, {cores} cores)"
+    late: list[float | None] = [p[1] for p in points]
+    return Series(label, [p[0] for p in points], {"p50": late, "p95": [None] * len(points)})
+
+
+def barge_in_series(name: str, report: dict[str, Any]) -> list[Series]:
+    """A `webrtc_bench` report's barge-in latencies alone, then those beside each step's
+    calls (`--barge-under-load`), as distributions (the share at or under)."""
+    where = stamp(report.get("header") or {})
+    found = [("alone", (report.get("barge_in") or {}).get("ms") or [])]
+    for step in report.get("steps") or []:
+        found.append((f"beside {step['calls']} calls", (step.get("barge_in") or {}).get("ms")))
+    out = []
+    for label, values in found:
+        ms = sorted(values or [])
+        if ms:
+            shares: list[float | None] = [(k + 1) / len(ms) for k in range(len(ms))]
+            out.append(Series(f"{label} ({where})", ms, {"share": shares}))
+    return out
+
+
 def charts() -> list[Chart]:
     served = Chart(
         "qwen3_omni_served",
@@ -171,7 +205,11 @@ def charts() -> list[Chart]:
         "sessions asking at once",
         "ms (p50 solid, p95 dashed)",
     )
-    gather(served, ["omni_serve_h100_2026-12-06.json"], served_series("shipped qwen3_omni.yaml"))
+    gather(
+        served,
+        ["omni_serve_h100_2026-12-06.json", "omni_serve_h100_rounds_1_6_10_2026-12-06.json"],
+        served_series("shipped qwen3_omni.yaml"),
+    )
     gather(
         served,
         ["omni_serve_h200.json", "omni_serve_h200_mps.json"],
@@ -220,7 +258,22 @@ def charts() -> list[Chart]:
         "share of interruptions cut by then",
     )
     gather(cuts, ["interruption_bench_cascade_cpu_2026-12-06_rules2.json"], cut_latency_series)
-    return [served, graph, moshi, faults, cuts]
+    held = Chart(
+        "webrtc_calls_held",
+        "WebRTC calls on the echo pipeline: outbound frames late",
+        "calls at once (callers on the same machine)",
+        "% of frames late",
+        budget=(1.0, "1 % late"),
+    )
+    gather(held, [WEBRTC_BENCH], calls_held_series)
+    barge = Chart(
+        "webrtc_barge_in",
+        "WebRTC barge-in: first frame of speech sent to the answer's last frame heard",
+        "ms",
+        "share of interruptions cut by then",
+    )
+    gather(barge, [WEBRTC_BENCH], barge_in_series)
+    return [served, graph, moshi, faults, cuts, held, barge]
 
 
 def draw(chart: Chart, out: Path) -> Path | None:
@@ -241,7 +294,7 @@ def draw(chart: Chart, out: Path) -> Path | None:
             axes.bar_label(bars, fmt="%.2g", fontsize=6)  # told and red are under a second
         axes.set_xticks([x + 0.4 - width / 2 for x in (0, 1, 2)])
         axes.set_xticklabels(["client told", "/readyz red", "service back"])
-    elif chart.name == "interruption_cut_latency":
+    elif chart.name in ("interruption_cut_latency", "webrtc_barge_in"):
         for series in chart.series:
             axes.step(
                 series.x,

@@ -37,3 +37,14 @@ def test_a_missing_report_is_named_and_an_empty_chart_not_drawn(
         assert not chart.series and chart.missing
         assert plots.draw(chart, tmp_path) is None
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_the_webrtc_charts_are_the_kept_benchs_steps_and_barge_ins() -> None:
+    held = next(c for c in plots.charts() if c.name == "webrtc_calls_held")
+    (late,) = held.series
+    assert late.x == [10, 20, 30] and late.ys["p50"] == [0.0, 0.0, 17.509]
+    assert "2 cores" in late.label
+    barge = next(c for c in plots.charts() if c.name == "webrtc_barge_in")
+    (alone,) = barge.series  # no step of that run had barge-ins beside it
+    assert len(alone.x) == 20 and max(alone.x) == pytest.approx(201.9)
+    assert alone.ys["share"][-1] == 1.0
