@@ -11,6 +11,8 @@ what the session already has and asks the judge (overlap_judge.py) at each step:
   voiced frame with no verdict counts as a real interruption (input audio, like every
   time in turn detection: a client streams it in real time, and tests can feed it faster);
 * a pause (the detector reports one after 80 ms of silence while judging): the words,
+  none if Silero VAD hears under `NOISE_SPEECH_MS` of speech in 240 ms or more of it (a
+  noise), else
   recognised on the speech's audio so far by a transcription-only pipeline request (the
   one the turn's own pause transcript uses, transcription.py), in a task of its own; the
   voice coming back makes that recognition moot;
@@ -36,11 +38,20 @@ from pipeline.types import Pipeline
 
 from .config import TurnDetectionConfig
 from .overlap_judge import Overlap, OverlapJudge, Verdict
+from .silero_vad import speech_ms
 from .transcription import recognise
 from .turn_transcript import AudioReader
 from .voice_level import VoiceLevels
 
 log = logging.getLogger("parley.sessions.overlap")
+
+NOISE_SPEECH_MS = 96
+"""Speech over an answer in which Silero hears less than this (three 32 ms windows) is a
+noise: it is not recognised (Whisper writes "you" or "Thank you." for a cough or a
+clatter) and the answer goes on. "Yeah." is ~320 ms of speech to Silero, "Stop." ~320."""
+JUDGED_BY_SILERO_MS = 240
+"""...if it is at least this long: Silero hears 0-64 ms of speech in the first 120-160 ms of
+"Stop." cut at its plosive (its network warms up over a few windows), 96-192 in 200 ms."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +184,12 @@ class OverlapJudgement:
         failed recognition brings none (the deadline decides)."""
         try:
             pcm = await self._read_audio(begin_ms, end_ms)
-            words = (await recognise(self._pipeline, pcm)).words
+            if len(pcm) >= JUDGED_BY_SILERO_MS * 16 and (
+                await asyncio.to_thread(speech_ms, pcm) < NOISE_SPEECH_MS
+            ):
+                words = ""  # Silero hears (almost) no speech in it: a noise, whatever Whisper says
+            else:
+                words = (await recognise(self._pipeline, pcm)).words
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -82,3 +82,16 @@ class SileroVoice:
         self._context = window[-CONTEXT:]
         p = float(np.asarray(out).reshape(-1)[0])
         self._speech = p >= (SPEECH_OFF if self._speech else SPEECH_ON)
+
+
+def speech_ms(pcm: npt.NDArray[np.int16]) -> int:
+    """How much of `pcm` (16 kHz PCM16) Silero hears as speech: its speech windows, in ms.
+    A stream of its own (fresh state); blocking (~2 ms a second of audio): call it off the
+    event loop. Adaptive barge-in asks it before recognising speech over an answer
+    (overlap.py): a cough, a clatter or a hiss that the level-gated webrtcvad took for a
+    voice is one Silero hears little speech in, and Whisper may still write words for."""
+    voice = SileroVoice()
+    windows = 0
+    for at in range(0, len(pcm) - WINDOW + 1, WINDOW):
+        windows += voice(pcm[at : at + WINDOW].tobytes())
+    return windows * WINDOW * 1000 // 16_000

@@ -154,10 +154,6 @@ class TinyPipeline:
         return None
 
 
-async def no_audio(begin_ms: int, end_ms: int) -> npt.NDArray[np.int16]:
-    return np.zeros((end_ms - begin_ms) * 16, dtype=np.int16)
-
-
 class Rig:
     """A turn-taking with its parts: the host, the turns, the state machine."""
 
@@ -166,6 +162,8 @@ class Rig:
     ) -> None:
         self.host = StandInHost()
         self.turns = Turns()
+        self.heard_pcm = bytearray()
+        """Every frame heard, from the input timeline's start: what `read_audio` reads."""
         self.transitions: list[tuple[SessionState, str]] = []
         self.machine = StateMachine("s", lambda old, new, why: self.transitions.append((new, why)))
         td = TurnDetectionConfig.model_validate(config) if config is not None else None
@@ -181,15 +179,23 @@ class Rig:
                 td,
                 lock,
                 pipeline=pipeline,
-                read_audio=no_audio,
+                read_audio=self.read_audio,
                 clock=ScaledClock(50.0),
                 metrics=SessionMetrics(),
             )
+
+    async def read_audio(self, begin_ms: int, end_ms: int) -> npt.NDArray[np.int16]:
+        """The input audio [begin_ms, end_ms) as heard (zeros past what was heard)."""
+        heard = np.frombuffer(bytes(self.heard_pcm[begin_ms * 32 : end_ms * 32]), np.int16)
+        out = np.zeros((end_ms - begin_ms) * 16, dtype=np.int16)
+        out[: len(heard)] = heard
+        return out
 
     async def hear(self, pcm: npt.NDArray[np.int16]) -> None:
         """`pcm` in 20 ms frames, as the session passes them on (under its media lock)."""
         frames = [pcm[i : i + FRAME].tobytes() for i in range(0, len(pcm) - FRAME + 1, FRAME)]
         first = self.turns.received(20 * len(frames))
+        self.heard_pcm[first * 32 :] = b"".join(frames)
         await self.tt.hear(frames, first)
 
     async def silence_until_stopped(self, limit_ms: int = 3000) -> int:
