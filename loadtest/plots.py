@@ -257,7 +257,9 @@ def charts() -> list[Chart]:
         "ms",
         "share of interruptions cut by then",
     )
-    gather(cuts, ["interruption_bench_cascade_cpu_2026-12-06_rules2.json"], cut_latency_series)
+    gather(
+        cuts, ["interruption_bench_cascade_cpu_2026-12-06_level_silero.json"], cut_latency_series
+    )
     held = Chart(
         "webrtc_calls_held",
         "WebRTC calls on the echo pipeline: outbound frames late",

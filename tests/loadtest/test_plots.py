@@ -26,7 +26,7 @@ def test_the_interruption_chart_is_each_modes_cut_latencies_as_a_distribution() 
     for series in by_mode.values():
         assert series.x == sorted(series.x) and len(series.x) == 9  # the 9 interruptions
         assert series.ys["share"][-1] == 1.0
-    assert max(by_mode["adaptive"].x) == pytest.approx(566.3)
+    assert max(by_mode["adaptive"].x) == pytest.approx(543.0)
 
 
 def test_a_missing_report_is_named_and_an_empty_chart_not_drawn(
