@@ -23,10 +23,12 @@ Charts:
 - `webrtc_calls_held.png` and `webrtc_barge_in.png`: outbound frames late against calls,
   and barge-in latencies alone and beside the calls, from a `webrtc_bench --json` report.
 
-Not drawn: SIP and the peers (FastRTC, Pipecat). Their figures on the transports and
-telephony pages were read from printed output and no report of them is kept here;
-`sip_bench --json` and `peers.run --out` write one, and a chart is added once such a report
-is kept (never from figures typed in here).
+- `peers_barge_in.png`: WebRTC barge-in latencies of Parley, FastRTC and Pipecat measured
+  in one run, from `loadtest.peers.run --out` reports.
+
+Not drawn: SIP. Its figures on the telephony page were read from printed output and no
+report of them is kept here; `sip_bench --json` writes one, and a chart is added once such
+a report is kept (never from figures typed in here).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import Any
 
 RESULTS = Path(__file__).parent / "results"
 WEBRTC_BENCH = "webrtc_bench_cpu_2026-12-06.json"
+PEERS = "peers_cpu_2026-12-06"
 OUT = Path(__file__).parents[1] / "docs" / "benchmarks" / "plots"
 
 
@@ -77,7 +80,7 @@ def stamp(header: dict[str, Any]) -> str:
     machine = header.get("machine") or {}
     gpu = str(machine.get("gpu") or header.get("device") or "").split(",")[0]
     gpu = gpu.replace("NVIDIA ", "")
-    date = str(header.get("started_utc") or header.get("date") or "")[:10]
+    date = str(header.get("started_utc") or header.get("date") or header.get("run_at") or "")[:10]
     commit = str(header.get("commit") or "")[:7]
     return ", ".join(part for part in (gpu, date, commit) if part)
 
@@ -198,6 +201,16 @@ def barge_in_series(name: str, report: dict[str, Any]) -> list[Series]:
     return out
 
 
+def peer_barge_series(name: str, report: dict[str, Any]) -> Series | None:
+    """One peer's barge-in latencies (`loadtest.peers.run --out`), as a distribution."""
+    ms = sorted(((report.get("raw") or {}).get("barge") or {}).get("barge_ms") or [])
+    if not ms:
+        return None
+    label = f"{report.get('peer', name)} ({stamp(report)}, {report.get('cpus')} cores)"
+    shares: list[float | None] = [(k + 1) / len(ms) for k in range(len(ms))]
+    return Series(label, ms, {"share": shares})
+
+
 def charts() -> list[Chart]:
     served = Chart(
         "qwen3_omni_served",
@@ -275,7 +288,18 @@ def charts() -> list[Chart]:
         "share of interruptions cut by then",
     )
     gather(barge, [WEBRTC_BENCH], barge_in_series)
-    return [served, graph, moshi, faults, cuts, held, barge]
+    peers = Chart(
+        "peers_barge_in",
+        "WebRTC barge-in beside its peers (one aiortc caller, no model time)",
+        "ms",
+        "share of interruptions cut by then",
+    )
+    gather(
+        peers,
+        [f"{PEERS}/{peer}.json" for peer in ("parley", "fastrtc", "pipecat")],
+        peer_barge_series,
+    )
+    return [served, graph, moshi, faults, cuts, held, barge, peers]
 
 
 def draw(chart: Chart, out: Path) -> Path | None:
@@ -296,7 +320,7 @@ def draw(chart: Chart, out: Path) -> Path | None:
             axes.bar_label(bars, fmt="%.2g", fontsize=6)  # told and red are under a second
         axes.set_xticks([x + 0.4 - width / 2 for x in (0, 1, 2)])
         axes.set_xticklabels(["client told", "/readyz red", "service back"])
-    elif chart.name in ("interruption_cut_latency", "webrtc_barge_in"):
+    elif chart.name in ("interruption_cut_latency", "webrtc_barge_in", "peers_barge_in"):
         for series in chart.series:
             axes.step(
                 series.x,
