@@ -48,3 +48,10 @@ def test_the_webrtc_charts_are_the_kept_benchs_steps_and_barge_ins() -> None:
     (alone,) = barge.series  # no step of that run had barge-ins beside it
     assert len(alone.x) == 20 and max(alone.x) == pytest.approx(201.9)
     assert alone.ys["share"][-1] == 1.0
+
+
+def test_the_peers_chart_holds_each_peer_of_one_run() -> None:
+    peers = next(c for c in plots.charts() if c.name == "peers_barge_in")
+    assert [s.label.split(" ")[0] for s in peers.series] == ["parley", "fastrtc", "pipecat"]
+    runs = {s.label.split(", ")[1] for s in peers.series}
+    assert len(runs) == 1  # one run, one commit: ratios, not times from other days
