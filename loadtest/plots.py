@@ -20,15 +20,15 @@ Charts:
 
 - `interruption_cut_latency.png`: each mode's cut latencies, from an `interruption_bench`
   report.
-- `webrtc_calls_held.png` and `webrtc_barge_in.png`: outbound frames late against calls,
-  and barge-in latencies alone and beside the calls, from a `webrtc_bench --json` report.
+- `webrtc_calls_held.png`: outbound audio late against calls, WebRTC frames from a
+  `webrtc_bench --json` report and SIP's RTP packets from a `sip_bench --json` one.
+- `webrtc_barge_in.png`: barge-in latencies alone and beside the calls, from the
+  `webrtc_bench` report.
 
 - `peers_barge_in.png`: WebRTC barge-in latencies of Parley, FastRTC and Pipecat measured
   in one run, from `loadtest.peers.run --out` reports.
 
-Not drawn: SIP. Its figures on the telephony page were read from printed output and no
-report of them is kept here; `sip_bench --json` writes one, and a chart is added once such
-a report is kept (never from figures typed in here).
+A chart is drawn only from a kept report, never from figures typed in here.
 """
 
 from __future__ import annotations
@@ -180,7 +180,18 @@ def calls_held_series(name: str, report: dict[str, Any]) -> Series | None:
     if not points:
         return None
     cores = ((report.get("header") or {}).get("machine") or {}).get("cores")
-    label = f"late frames ({stamp(report.get('header') or {})}, {cores} cores)"
+    label = f"WebRTC, late frames ({stamp(report.get('header') or {})}, {cores} cores)"
+    late: list[float | None] = [p[1] for p in points]
+    return Series(label, [p[0] for p in points], {"p50": late, "p95": [None] * len(points)})
+
+
+def sip_held_series(name: str, report: dict[str, Any]) -> Series | None:
+    """Each step of a `sip_bench --json` report: the probes' RTP packets late, by calls."""
+    steps = report.get("steps") or []
+    points = [(float(s["calls"]), float(s["late_packets_pct"])) for s in steps]
+    if not points:
+        return None
+    label = f"SIP, late RTP packets ({stamp(report)}, {report.get('cores')} cores)"
     late: list[float | None] = [p[1] for p in points]
     return Series(label, [p[0] for p in points], {"p50": late, "p95": [None] * len(points)})
 
@@ -275,12 +286,13 @@ def charts() -> list[Chart]:
     )
     held = Chart(
         "webrtc_calls_held",
-        "WebRTC calls on the echo pipeline: outbound frames late",
+        "Calls on the echo pipeline: outbound audio late (WebRTC frames, SIP packets)",
         "calls at once (callers on the same machine)",
         "% of frames late",
         budget=(1.0, "1 % late"),
     )
     gather(held, [WEBRTC_BENCH], calls_held_series)
+    gather(held, ["sip_bench_cpu_2026-12-06.json"], sip_held_series)
     barge = Chart(
         "webrtc_barge_in",
         "WebRTC barge-in: first frame of speech sent to the answer's last frame heard",

@@ -41,7 +41,8 @@ def test_a_missing_report_is_named_and_an_empty_chart_not_drawn(
 
 def test_the_webrtc_charts_are_the_kept_benchs_steps_and_barge_ins() -> None:
     held = next(c for c in plots.charts() if c.name == "webrtc_calls_held")
-    (late,) = held.series
+    late, sip = held.series
+    assert sip.label.startswith("SIP") and sip.x == [1, 10, 20, 30]
     assert late.x == [10, 20, 30] and late.ys["p50"] == [0.0, 0.0, 17.509]
     assert "2 cores" in late.label
     barge = next(c for c in plots.charts() if c.name == "webrtc_barge_in")
