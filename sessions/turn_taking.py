@@ -384,6 +384,7 @@ class ServerTurnTaking(TurnTaking):
                 ):  # a backchannel followed by more: held again, and judged on all of it
                     self._judge_overlap(at)
             case SpeechEnd(start_ms=start, end_ms=end):
+                self._levels.speech_ended()
                 self._kept_speech = None
                 if self._overlap.active:  # not judged yet: its verdict still decides
                     item_id = turns.speech_stopped()

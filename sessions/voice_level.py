@@ -43,15 +43,23 @@ class VoiceLevels:
 
     def __init__(self) -> None:
         self._frames: deque[float] = deque(maxlen=HELD_FRAMES)
+        self._measuring = False
+        """Frames are measured only from a speech's start to its end (~10 us a frame)."""
         self.user_dbfs: float | None = None
         """The user's level, learnt from their committed turns (None: no turn yet)."""
 
     def speech_started(self) -> None:
         """New speech: its level is measured from here."""
         self._frames.clear()
+        self._measuring = True
+
+    def speech_ended(self) -> None:
+        """The speech ended: its level stays as measured (for `user_turn`)."""
+        self._measuring = False
 
     def frame(self, frame: bytes) -> None:
-        self._frames.append(frame_dbfs(frame))
+        if self._measuring:
+            self._frames.append(frame_dbfs(frame))
 
     def speech_dbfs(self) -> float | None:
         """The level of the speech since it started (None: too little of it yet)."""

@@ -98,6 +98,8 @@ def test_the_users_level_is_learnt_from_their_turns() -> None:
 
     hear(pcm)
     assert levels.against_user_db() is None  # no turn of the user's yet
+    levels.speech_ended()
+    levels.frame(np.zeros(320, np.int16).tobytes())  # silence after it is not measured
     levels.user_turn()
     hear((pcm.astype(np.float32) * 10 ** (-12 / 20)).astype(np.int16))
     assert levels.against_user_db() == pytest.approx(-12.0, abs=0.5)
