@@ -142,6 +142,8 @@ class TurnDetector:
         self._paused = False
         self._window_ms: int | None = None
         """The silence window of this pause as the words judged it (semantic_vad)."""
+        self.level_dbfs = -math.inf
+        """The last frame's level (the gate's; voice_level.py reads it, not computing it again)."""
         self.pause_sooner = False
         """Report a pause after SEMANTIC_PAUSE_MS whatever the type: set while speech over
         an answer is judged (overlap.py), whose words are wanted as soon as the voice stops."""
@@ -197,7 +199,7 @@ class TurnDetector:
         )
         voiced = heard and self._frames_seen >= VAD_WARMUP_FRAMES
         self._frames_seen += 1
-        level = _level_dbfs(frame)
+        level = self.level_dbfs = frame_level_dbfs(frame)
         rise = FLOOR_RISE_IN_SPEECH_DB if voiced and self.in_speech else FLOOR_RISE_DB
         floor = self._track_floor(level, rise)
         loud = level >= max(GATE_MIN_DBFS, floor + GATE_MARGIN_DB)
@@ -284,7 +286,8 @@ class TurnDetector:
         return [*signals, SpeechConfirmed(self._start_ms, self._last_speech_end_ms)]
 
 
-def _level_dbfs(frame: bytes) -> float:
+def frame_level_dbfs(frame: bytes) -> float:
+    """One PCM16 frame's RMS level in dB below full scale (-90.3 at most quiet)."""
     # A dot product, not np.mean of the squares: the same value, 1.4 us a frame, was 4.3.
     samples = np.frombuffer(frame, dtype="<i2").astype(np.float64)
     rms = math.sqrt(float(samples.dot(samples)) / len(samples))

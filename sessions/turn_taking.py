@@ -519,7 +519,8 @@ class ServerTurnTaking(TurnTaking):
             self.stream.drop()
 
     def _frame_passed(self, frame: bytes, offset_ms: int) -> None:
-        self._levels.frame(frame)
+        if self.detector is not None:
+            self._levels.frame(self.detector.level_dbfs)
         if self.stream is not None:
             self.stream.heard(frame, offset_ms)
 

@@ -5,7 +5,8 @@ the user, who speaks into it. `interruption: "adaptive"` (overlap.py) uses that:
 over an answer more than `FAR_VOICE_DB` quieter than the user's own turns is kept like a
 backchannel, whatever its length or words (overlap_judge.py, the first rule).
 
-The level of some speech is the 90th percentile of its 20 ms frames' RMS, in dBFS: its
+The level of some speech is the 90th percentile of its 20 ms frames' RMS in dBFS (each
+frame's as the turn detector's level gate measured it, `TurnDetector.level_dbfs`): its
 loud frames, so that pauses and the noise between words do not pull it down. The user's
 level is learnt from their turns (each committed turn moves it halfway to that turn's
 level), so it follows a user who moves; until the user has spoken a turn it is unknown and
@@ -26,16 +27,6 @@ HELD_FRAMES = 250
 """The speech measured: its last 5 s of 20 ms frames at most."""
 LEAST_FRAMES = 5
 """Fewer frames than this (100 ms) give no level."""
-SILENCE_DBFS = -100.0
-
-
-def frame_dbfs(frame: bytes) -> float:
-    """One PCM16 frame's RMS level in dB below full scale."""
-    samples = np.frombuffer(frame, dtype=np.int16).astype(np.float32)
-    if samples.size == 0:
-        return SILENCE_DBFS
-    rms = float(np.sqrt(np.mean(samples * samples)))
-    return max(SILENCE_DBFS, 20.0 * float(np.log10(rms / 32768.0))) if rms > 0 else SILENCE_DBFS
 
 
 class VoiceLevels:
@@ -44,7 +35,7 @@ class VoiceLevels:
     def __init__(self) -> None:
         self._frames: deque[float] = deque(maxlen=HELD_FRAMES)
         self._measuring = False
-        """Frames are measured only from a speech's start to its end (~10 us a frame)."""
+        """Frames are kept only from a speech's start to its end."""
         self.user_dbfs: float | None = None
         """The user's level, learnt from their committed turns (None: no turn yet)."""
 
@@ -57,9 +48,10 @@ class VoiceLevels:
         """The speech ended: its level stays as measured (for `user_turn`)."""
         self._measuring = False
 
-    def frame(self, frame: bytes) -> None:
+    def frame(self, level_dbfs: float) -> None:
+        """The level of the frame heard now (the detector's)."""
         if self._measuring:
-            self._frames.append(frame_dbfs(frame))
+            self._frames.append(level_dbfs)
 
     def speech_dbfs(self) -> float | None:
         """The level of the speech since it started (None: too little of it yet)."""

@@ -86,6 +86,7 @@ def test_a_voice_well_under_the_users_is_kept_whatever_it_says() -> None:
 
 def test_the_users_level_is_learnt_from_their_turns() -> None:
     from loadtest.speech import speak, trim_silence
+    from sessions.turn_detection import frame_level_dbfs
     from sessions.voice_level import VoiceLevels
 
     pcm = trim_silence(speak("What is the weather like in Paris today?"))
@@ -94,12 +95,12 @@ def test_the_users_level_is_learnt_from_their_turns() -> None:
     def hear(samples: np.ndarray) -> None:
         levels.speech_started()
         for at in range(0, len(samples) - 320, 320):
-            levels.frame(samples[at : at + 320].tobytes())
+            levels.frame(frame_level_dbfs(samples[at : at + 320].tobytes()))
 
     hear(pcm)
     assert levels.against_user_db() is None  # no turn of the user's yet
     levels.speech_ended()
-    levels.frame(np.zeros(320, np.int16).tobytes())  # silence after it is not measured
+    levels.frame(frame_level_dbfs(np.zeros(320, np.int16).tobytes()))  # after: not kept
     levels.user_turn()
     hear((pcm.astype(np.float32) * 10 ** (-12 / 20)).astype(np.int16))
     assert levels.against_user_db() == pytest.approx(-12.0, abs=0.5)
