@@ -178,31 +178,36 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+def metric_samples(port: int, pattern: str) -> list[tuple[str, dict[str, str], float]]:
+    """The server's `/metrics` samples matching `pattern` (a regex whose groups are the
+    name's suffix, then the labels): (suffix, labels, value) each."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return [
+        (suffix, dict(re.findall(r'(\w+)="([^"]*)"', labels)), float(value))
+        for suffix, labels, value in re.findall(pattern + r"\{([^}]*)\} (\S+)$", text, re.M)
+    ]
+
+
 def streamed_turn_counts(port: int) -> dict[str, float]:
     """How the server's streamed turns ended so far, by outcome (`parley_stage_streamed_turns`:
     `prefilled` is a turn whose answer went on from what was staged while the user spoke)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
     found: dict[str, float] = {}
-    pattern = r"^parley_stage_streamed_turns_total\{([^}]*)\} (\S+)$"
-    for labels, value in re.findall(pattern, text, re.M):
-        outcome = dict(re.findall(r'(\w+)="([^"]*)"', labels)).get("outcome", "")
-        found[outcome] = found.get(outcome, 0.0) + float(value)
+    for _, labels, value in metric_samples(port, r"^parley_stage_streamed_turns(_total)"):
+        outcome = labels.get("outcome", "")
+        found[outcome] = found.get(outcome, 0.0) + value
     return found
 
 
 def first_chunk_sums(port: int) -> dict[str, tuple[float, float]]:
     """Per stage: (sum, count) of `parley_stage_first_chunk_seconds` for answers."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
     found: dict[str, list[float]] = {}
-    pattern = r"^parley_stage_first_chunk_seconds_(sum|count)\{([^}]*)\} ([0-9.e+-]+)$"
-    for part, labels, value in re.findall(pattern, text, re.M):
-        named = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+    pattern = r"^parley_stage_first_chunk_seconds_(sum|count)"
+    for part, named, value in metric_samples(port, pattern):
         if named.get("kind") != "answer":
             continue
         pair = found.setdefault(named["stage"], [0.0, 0.0])
-        pair[0 if part == "sum" else 1] += float(value)
+        pair[0 if part == "sum" else 1] += value
     return {stage: (pair[0], pair[1]) for stage, pair in found.items()}
 
 

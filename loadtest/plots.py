@@ -160,40 +160,49 @@ def fault_bars(name: str, report: dict[str, Any]) -> list[Series]:
     ]
 
 
+def distribution(label: str, values: Sequence[float] | None) -> Series | None:
+    """`values` sorted, each with the share of them at or under it (None: no value)."""
+    ms = sorted(values or [])
+    if not ms:
+        return None
+    shares: list[float | None] = [(k + 1) / len(ms) for k in range(len(ms))]
+    return Series(label, ms, {"share": shares})
+
+
+def step_series(label: str, points: list[tuple[float, float]]) -> Series | None:
+    """One value a step (drawn as the solid line), in the order given; None without one."""
+    if not points:
+        return None
+    values: list[float | None] = [p[1] for p in points]
+    return Series(label, [p[0] for p in points], {"p50": values, "p95": [None] * len(points)})
+
+
 def cut_latency_series(name: str, report: dict[str, Any]) -> list[Series]:
     """Each mode's cut latencies (a real interruption's first voiced sample to the old
     answer's last sample heard), sorted: a distribution, drawn as the share at or under."""
     where = stamp(report.get("header") or {})
-    out = []
-    for mode, figures in (report.get("figures") or {}).items():
-        ms = sorted((figures.get("cut_latency") or {}).get("ms") or [])
-        if ms:
-            shares: list[float | None] = [(k + 1) / len(ms) for k in range(len(ms))]
-            out.append(Series(f"{mode} ({where})", ms, {"share": shares}))
-    return out
+    found = (
+        distribution(f"{mode} ({where})", (figures.get("cut_latency") or {}).get("ms"))
+        for mode, figures in (report.get("figures") or {}).items()
+    )
+    return [series for series in found if series is not None]
 
 
 def calls_held_series(name: str, report: dict[str, Any]) -> Series | None:
     """Each step of a `webrtc_bench` report: the share of outbound frames late, by calls."""
     steps = report.get("steps") or []
     points = [(float(s["calls"]), round(float(s["late_pct"]), 3)) for s in steps]
-    if not points:
-        return None
     cores = ((report.get("header") or {}).get("machine") or {}).get("cores")
     label = f"WebRTC, late frames ({stamp(report.get('header') or {})}, {cores} cores)"
-    late: list[float | None] = [p[1] for p in points]
-    return Series(label, [p[0] for p in points], {"p50": late, "p95": [None] * len(points)})
+    return step_series(label, points)
 
 
 def sip_held_series(name: str, report: dict[str, Any]) -> Series | None:
     """Each step of a `sip_bench --json` report: the probes' RTP packets late, by calls."""
     steps = report.get("steps") or []
     points = [(float(s["calls"]), float(s["late_packets_pct"])) for s in steps]
-    if not points:
-        return None
     label = f"SIP, late RTP packets ({stamp(report)}, {report.get('cores')} cores)"
-    late: list[float | None] = [p[1] for p in points]
-    return Series(label, [p[0] for p in points], {"p50": late, "p95": [None] * len(points)})
+    return step_series(label, points)
 
 
 def barge_in_series(name: str, report: dict[str, Any]) -> list[Series]:
@@ -203,23 +212,14 @@ def barge_in_series(name: str, report: dict[str, Any]) -> list[Series]:
     found = [("alone", (report.get("barge_in") or {}).get("ms") or [])]
     for step in report.get("steps") or []:
         found.append((f"beside {step['calls']} calls", (step.get("barge_in") or {}).get("ms")))
-    out = []
-    for label, values in found:
-        ms = sorted(values or [])
-        if ms:
-            shares: list[float | None] = [(k + 1) / len(ms) for k in range(len(ms))]
-            out.append(Series(f"{label} ({where})", ms, {"share": shares}))
-    return out
+    drawn = (distribution(f"{label} ({where})", values) for label, values in found)
+    return [series for series in drawn if series is not None]
 
 
 def peer_barge_series(name: str, report: dict[str, Any]) -> Series | None:
     """One peer's barge-in latencies (`loadtest.peers.run --out`), as a distribution."""
-    ms = sorted(((report.get("raw") or {}).get("barge") or {}).get("barge_ms") or [])
-    if not ms:
-        return None
     label = f"{report.get('peer', name)} ({stamp(report)}, {report.get('cpus')} cores)"
-    shares: list[float | None] = [(k + 1) / len(ms) for k in range(len(ms))]
-    return Series(label, ms, {"share": shares})
+    return distribution(label, ((report.get("raw") or {}).get("barge") or {}).get("barge_ms"))
 
 
 def charts() -> list[Chart]:
