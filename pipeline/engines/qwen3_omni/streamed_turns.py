@@ -263,6 +263,8 @@ class TurnsStreamedIn(StreamingInput):
     it has started: then a turn is not streamed, and its request is taken whole)."""
 
     streamed: StreamedTurns | None = None
+    stream_turns: bool = True
+    """False: every turn is taken whole (the engine's `stream_turns` argument)."""
 
     async def open_turn(self, turn_id: str, context: PipelineRequest) -> None:
         if self.streamed is not None:
@@ -282,4 +284,4 @@ class TurnsStreamedIn(StreamingInput):
     def takes_streamed_turns(self) -> bool:
         """False when the engine was asked to take every turn whole (`stream_turns: false`),
         so sessions never open turns on it; before its start it takes none either way."""
-        return bool(getattr(self, "stream_turns", True))
+        return self.stream_turns
