@@ -22,18 +22,15 @@ import numpy.typing as npt
 import soxr
 from av.stream import Stream
 
-from realtime.transports.webrtc.opus_out import SILENT_PACKET_BYTES, OpusPacketizer
+from realtime.transports.webrtc.opus_out import OpusPacketizer
 
 RATE = 48_000
 FRAME = 960
 TIME_BASE = fractions.Fraction(1, RATE)
-SETTLE_FRAMES = 50
-"""Silent frames an encoder may take to settle into its silence packet (it takes ~5)."""
 CACHED_UTTERANCES = 64
 """Distinct utterances kept encoded (a bench says a handful of sentences, over and over)."""
 
 _cache: OrderedDict[bytes, tuple[bytes, ...]] = OrderedDict()
-_silence: bytes | None = None
 
 
 def to_48k(pcm16k: npt.NDArray[np.int16]) -> npt.NDArray[np.int16]:
@@ -64,25 +61,6 @@ def utterance_packets(pcm: npt.NDArray[np.int16], rate: int = 16_000) -> tuple[b
     while len(_cache) > CACHED_UTTERANCES:
         _cache.popitem(last=False)
     return packets
-
-
-def silent_packet() -> bytes:
-    """libopus's packet for a silent 20 ms frame once its state has settled after sound:
-    3 bytes. (A fresh encoder fed only zeros keeps coding 55-byte frames: it is primed
-    with a tone first.)"""
-    global _silence
-    if _silence is None:
-        encoder = OpusPacketizer()
-        tone = (3000 * np.sin(2 * np.pi * 440 * np.arange(FRAME) / RATE)).astype(np.int16)
-        for i in range(5):
-            encoder.packet(tone, i * FRAME, silent=False)
-        zeros = np.zeros(FRAME, dtype=np.int16)
-        for i in range(5, 5 + SETTLE_FRAMES):
-            _silence = bytes(encoder.packet(zeros, i * FRAME, silent=True))
-            if len(_silence) <= SILENT_PACKET_BYTES:
-                break
-    assert _silence is not None
-    return _silence
 
 
 def packet(data: bytes, pts: int) -> av.Packet[Stream]:

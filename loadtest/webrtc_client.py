@@ -27,6 +27,7 @@ from av.stream import Stream
 
 from pipeline.tasks import TaskSet
 from realtime.transports.webrtc.inline_decode import decode_inline
+from realtime.transports.webrtc.opus_out import silent_packet
 from realtime.transports.webrtc.outbound import sends_opus
 
 from . import caller_opus
@@ -99,7 +100,7 @@ class Microphone(MediaStreamTrack):
         if not self._packets and self._pending:
             self._packets.extend(caller_opus.utterance_packets(self._pending.popleft()))
         self._voiced(bool(self._packets))
-        data = self._packets.popleft() if self._packets else caller_opus.silent_packet()
+        data = self._packets.popleft() if self._packets else silent_packet()
         return caller_opus.packet(data, self._pts)
 
     def _next_frame(self) -> av.AudioFrame:

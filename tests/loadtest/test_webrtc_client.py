@@ -17,6 +17,7 @@ from loadtest import caller_opus
 from loadtest.speech import silence, speak, trim_silence
 from loadtest.webrtc_client import FRAME, RATE, Caller, Microphone, rms
 from realtime.transports.webrtc.inline_decode import InlineDecoder
+from realtime.transports.webrtc.opus_out import silent_packet
 from tests.realtime.apps import asgi_client, fake_app
 
 
@@ -46,8 +47,8 @@ def test_an_utterance_is_encoded_once_and_decodes_to_itself() -> None:
 
 
 def test_silence_is_libopus_3_byte_packet_and_decodes_to_silence() -> None:
-    packet = caller_opus.silent_packet()
-    assert len(packet) == 3 and caller_opus.silent_packet() is packet
+    packet = silent_packet()
+    assert len(packet) == 3 and silent_packet() is packet
     assert float(np.abs(decode([packet] * 10)).max()) < 1
 
 
@@ -63,7 +64,7 @@ async def test_the_microphone_sends_packets_speech_then_silence() -> None:
     packets = [p for p in sent if isinstance(p, av.Packet)]
     assert packets == sent
     assert [bytes(p) for p in packets[: len(expected)]] == list(expected)
-    assert [bytes(p) for p in packets[len(expected) :]] == [caller_opus.silent_packet()] * 2
+    assert [bytes(p) for p in packets[len(expected) :]] == [silent_packet()] * 2
     assert [p.pts for p in packets] == [FRAME * (i + 1) for i in range(len(sent))]
     assert len(mic.speech_started_at) == 1
     mic.stop()

@@ -1,4 +1,4 @@
-"""Opus for the outbound track: mono, on the event loop, and silence for free.
+"""Opus for the outbound track: mono, coded in the call's process, and silence for free.
 
 aiortc encodes every frame a track hands it in the loop's default thread pool, silence
 included: per call every 20 ms a pool job (a worker woken, then the loop woken back), a
@@ -9,17 +9,23 @@ Worker threads were tried (one frame per job, and every call's frames of a tick 
 batch): on this 2-core box under load a woken worker is often not
 scheduled for tens of ms, and a frame waiting for it is late (webrtc_bench at 10 calls,
 load average 6: 27 % late frames with a batch worker, 2.4 % with aiortc's pool, 1.1 %
-encoding on the loop). The loop pays ~100-200 us per voiced frame instead.
+encoding on the loop). Voiced frames are coded a frame ahead in a thread instead, so that
+none waits for it (opus_ahead.py); this packetizer is the codec and its silence.
 
-Between answers the track plays digital silence, which Opus codes as a 3-byte packet
-once the encoder's state has decayed: from the moment the encoder itself produces that
-packet for a silent frame, silent frames cost nothing but that cached packet, until sound
-comes again (which the encoder then takes up from its silent state).
+Between answers the track plays digital silence. libopus codes it as a 3-byte packet only
+after a pure tone; after speech it goes on coding 55-byte frames (22 kbit/s of silence),
+and a fresh encoder does the same: every silent frame cost a coding (60 % of a call's
+frames in webrtc_bench). So once `TAIL_FRAMES` silent frames have been coded after a sound
+(its tail), silent frames are `silent_packet()` (the 3-byte packet, learnt once per
+process from an encoder primed with a tone) and the encoder is left alone until sound
+comes again, which it takes up from its silent state. A new call's silence is that packet
+from its first frame: nothing is coded until its first answer.
 """
 
 from __future__ import annotations
 
 import fractions
+import functools
 
 import av
 import numpy as np
@@ -33,12 +39,19 @@ BIT_RATE = 48_000
 TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 SILENT_PACKET_BYTES = 3
 """libopus codes digital silence, once its state has decayed, as a TOC byte and two more."""
+SETTLE_FRAMES = 50
+"""Silent frames an encoder may take to settle into its silence packet (it takes ~5)."""
+TAIL_FRAMES = 3
+"""Silent frames coded after sound (its tail: libopus's 6.5 ms look-ahead and its
+prediction's decay) before silence is the cached packet."""
 
 
 class OpusPacketizer:
     """20 ms frames of 48 kHz mono PCM16 in, one Opus `av.Packet` per frame out."""
 
-    def __init__(self, bit_rate: int = BIT_RATE) -> None:
+    def __init__(self, bit_rate: int = BIT_RATE, *, quiet: bool = True) -> None:
+        """`quiet`: silent frames are the cached packet until the first sound (a track);
+        else they are coded from the start."""
         codec = av.CodecContext.create("libopus", "w")
         assert isinstance(codec, av.AudioCodecContext)
         codec.bit_rate = bit_rate
@@ -47,7 +60,7 @@ class OpusPacketizer:
         codec.sample_rate = SAMPLE_RATE
         codec.time_base = TIME_BASE
         # libopus's default effort (complexity 10): at lower ones (5 tried) it never
-        # settles into the 3-byte silence packet, and every silent frame would be coded.
+        # settles into the 3-byte silence packet that `silent_packet()` learns.
         codec.options = {"application": "voip"}
         self._codec = codec
         self._frame = av.AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
@@ -55,10 +68,13 @@ class OpusPacketizer:
         copies a frame's samples as it codes it, and hands the packet back at once."""
         self._frame.sample_rate = SAMPLE_RATE
         self._frame.time_base = TIME_BASE
-        self._silent: bytes | None = None
-        """The encoder's packet for a silent frame once its state has decayed."""
-        self._idle = False
+        self._silent: bytes | None = silent_packet() if quiet else None
+        """The packet sent for a silent frame once the sound's tail is coded (None: every
+        frame is coded, as for `silent_packet()` itself)."""
+        self._idle = quiet
         """True while silent frames are answered with the cached packet."""
+        self._tail = 0
+        """Silent frames coded since the last sound."""
         self.encoded = 0
         """Frames that went through the encoder (the others were cached silence)."""
 
@@ -67,24 +83,43 @@ class OpusPacketizer:
         the caller knows the frame is all zeros (its shared silence frame)."""
         if silent and self._idle and self._silent is not None:
             return _packet(self._silent, pts)
-        data = self._encode(pcm, pts)
-        if silent and data == self._silent:
-            self._idle = True
-        elif silent and self._silent is None and 0 < len(data) <= SILENT_PACKET_BYTES:
-            self._silent, self._idle = data, True
-        else:
-            self._idle = False
+        return self.wrap(self.encode(pcm), pts, silent)
+
+    def wrap(self, data: bytes, pts: int, silent: bool) -> av.Packet[Stream]:
+        """`data`, the encoder's packet for the frame at `pts`, as a packet; after
+        `TAIL_FRAMES` silent frames coded, silence is the cached packet."""
+        self._tail = self._tail + 1 if silent else 0
+        self._idle = self._tail >= TAIL_FRAMES
         return _packet(data, pts)
 
-    def _encode(self, pcm: npt.NDArray[np.int16], pts: int) -> bytes:
+    def encode(self, pcm: npt.NDArray[np.int16]) -> bytes:
+        """The encoder's packet for the next frame, `pcm`: from one thread at a time (the
+        frame after the last one coded, wherever it was coded: opus_ahead.py)."""
         frame = self._frame
         frame.planes[0].update(pcm.tobytes())
-        frame.pts = pts
+        frame.pts = self.encoded * FRAME_SAMPLES  # the encoder's own count: never repeats
         self.encoded += 1
         packets = self._codec.encode(frame)
         # libopus codes each 20 ms frame into exactly one packet, at once (its look-ahead
         # is declared as a pts offset, not held back); join defensively all the same.
         return b"".join(bytes(p) for p in packets)
+
+
+@functools.cache
+def silent_packet() -> bytes:
+    """libopus's packet for a silent frame, once its state has settled after sound (an
+    encoder primed with a tone, then fed zeros until its packets are this small)."""
+    opus = OpusPacketizer(quiet=False)
+    t = np.arange(FRAME_SAMPLES) / SAMPLE_RATE
+    tone = np.rint(3000 * np.sin(2 * np.pi * 440 * t)).astype(np.int16)
+    for _ in range(5):
+        opus.encode(tone)
+    zeros = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+    for _ in range(SETTLE_FRAMES):
+        data = opus.encode(zeros)
+        if 0 < len(data) <= SILENT_PACKET_BYTES:
+            return data
+    raise RuntimeError(f"libopus did not settle into a silence packet in {SETTLE_FRAMES} frames")
 
 
 def _packet(data: bytes, pts: int) -> av.Packet[Stream]:

@@ -9,7 +9,13 @@ import av
 import numpy as np
 import numpy.typing as npt
 
-from realtime.transports.webrtc.opus_out import FRAME_SAMPLES, OpusPacketizer
+from loadtest.speech import speak
+from realtime.transports.webrtc.opus_out import (
+    FRAME_SAMPLES,
+    TAIL_FRAMES,
+    OpusPacketizer,
+    silent_packet,
+)
 from realtime.transports.webrtc.outbound import OUTPUT_RATE, OutboundAudioTrack, sends_opus
 from sessions.playout import PlayoutBuffer
 
@@ -58,26 +64,28 @@ def test_voiced_frames_decode_to_the_answer_with_their_pts() -> None:
     assert opus.encoded == 25
 
 
-def test_silence_costs_a_cached_packet_once_the_encoder_is_quiet_then_sound_is_encoded() -> None:
+def test_silence_after_speech_costs_a_cached_packet_once_its_tail_is_coded() -> None:
+    """After speech libopus codes silence as 55-byte frames for ever: the packetizer codes
+    the speech's tail, then sends the settled 3-byte packet without coding, and the peer
+    hears the speech, silence, and the speech again."""
     opus = OpusPacketizer()
-    pcm = tone(5)
-    for i in range(5):
-        opus.packet(pcm[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES], i * FRAME_SAMPLES, False)
-    pts = 5 * FRAME_SAMPLES
-    sizes = []
-    for _ in range(60):
-        packet = opus.packet(SILENCE, pts, silent=True)
-        assert packet.pts == pts
-        sizes.append(len(bytes(packet)))
-        pts += FRAME_SAMPLES
-    assert sizes[0] > 3  # the tone's tail decays through the encoder first
-    quiet = sizes.index(3)
-    assert quiet <= 5 and set(sizes[quiet:]) == {3}
-    assert opus.encoded == 5 + quiet + 1  # then the cached packet: no encoding at all
-    loud = opus.packet(pcm[:FRAME_SAMPLES], pts, silent=False)  # sound again: encoded
-    assert len(bytes(loud)) > 3 and opus.encoded == 5 + quiet + 2
-    opus.packet(SILENCE, pts + FRAME_SAMPLES, silent=True)
-    assert opus.encoded == 5 + quiet + 3  # and its tail decays through the encoder again
+    speech = speak("What is the weather like in Boston?", rate=OUTPUT_RATE)
+    voiced = np.concatenate([speech, np.zeros(-len(speech) % FRAME_SAMPLES, np.int16)])
+    frames = voiced.reshape(-1, FRAME_SAMPLES)
+    packets = [bytes(opus.packet(f, 0, silent=False)) for f in frames]
+    sizes = [len(bytes(opus.packet(SILENCE, 0, silent=True))) for _ in range(40)]
+    assert min(sizes[:TAIL_FRAMES]) > 3 and set(sizes[TAIL_FRAMES:]) == {3}
+    assert opus.encoded == len(frames) + TAIL_FRAMES  # then no coding at all
+    packets += [silent_packet()] * 40
+    packets += [bytes(opus.packet(f, 0, silent=False)) for f in frames]  # sound again: coded
+    assert opus.encoded == 2 * len(frames) + TAIL_FRAMES
+    heard = decode(packets).astype(np.float64)
+    n = len(voiced)
+    gap = heard[n + 10 * FRAME_SAMPLES : n + 40 * FRAME_SAMPLES]
+    assert np.abs(gap).max() < 50  # the silence decodes to silence
+    again = heard[n + 40 * FRAME_SAMPLES :]
+    lag = max(range(0, 700), key=lambda k: float(np.dot(voiced[:-700], again[k : k + n - 700])))
+    assert np.corrcoef(voiced[:-700], again[lag : lag + n - 700])[0, 1] > 0.95
 
 
 async def test_an_opus_track_hands_aiortc_packets_and_reports_the_edges() -> None:
@@ -122,3 +130,15 @@ def test_opus_only_when_the_answer_sends_opus_first() -> None:
     assert sends_opus(answer((111, "opus/48000/2"), (0, "PCMU/8000")))
     assert not sends_opus(answer((0, "PCMU/8000"), (111, "opus/48000/2")))
     assert not sends_opus(answer((8, "PCMA/8000")))
+
+
+def test_a_new_calls_silence_is_the_settled_packet_and_codes_nothing() -> None:
+    """A fresh encoder fed zeros codes 55-byte frames until it has heard sound: a call's
+    silence before its first answer is the settled 3-byte packet instead."""
+    opus = OpusPacketizer()
+    packets = [bytes(opus.packet(SILENCE, i * FRAME_SAMPLES, silent=True)) for i in range(50)]
+    assert set(packets) == {silent_packet()} and len(silent_packet()) == 3
+    assert opus.encoded == 0
+    heard = decode([*packets, *(bytes(opus.packet(f, 0, False)) for f in tone(5).reshape(5, -1))])
+    assert np.abs(heard[: 50 * FRAME_SAMPLES]).max() == 0  # silence decodes to silence
+    assert opus.encoded == 5
