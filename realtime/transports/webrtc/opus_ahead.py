@@ -8,12 +8,13 @@ tens of ms later, and the frame with it.
 
 So the frame is coded a frame early. When the track hands out frame n, it asks the
 playout what frame n+1 will be if nothing changes (`PlayoutBuffer.upcoming_frame()`, the
-queued piece itself) and a process-wide thread codes it (PyAV releases the GIL while
-libopus runs). 20 ms later, if frame n+1 is that very piece, its packet is ready: the loop
-does no coding. Otherwise (the answer paused, was cleared, or started: a few frames an
-answer) the spare packet is dropped and the frame is coded on the loop as before. If the
-thread has not begun the job by then, the job is cancelled and the frame coded on the loop;
-if it is running, its end is awaited (it is within a coding's time of done).
+queued piece itself) and the process's coding thread codes it (coding_thread.py; PyAV
+releases the GIL while libopus runs). 20 ms later, if frame n+1 is that very piece, its
+packet is ready and the loop does no coding. Otherwise (the answer paused, was cleared, or
+started: a few frames an answer) the spare packet is dropped and the frame is coded on the
+loop as before. If the thread has not begun the job by then, the job is cancelled and the
+frame coded on the loop; if it is running, its end is awaited (it is within a coding's
+time of done).
 
 A spare packet was still coded: the encoder's state has moved one frame past what the peer
 decoded. The next packet, coded from that state, decodes with a small mismatch for a frame
@@ -27,37 +28,23 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import threading
 
 import av
 import numpy as np
 import numpy.typing as npt
 from av.stream import Stream
 
+from .coding_thread import CodingThread, coding_thread
 from .opus_out import OpusPacketizer
-
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def coding_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """The process's Opus thread (one: a call has one job at a time, and every call's jobs
-    of a tick together are a fraction of a core). Made on first use; the interpreter joins
-    it at exit, as it does asyncio's default pool."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="opus-ahead")
-        return _pool
 
 
 class OpusAhead:
     """The outbound track's packets: `packet()` for the frame due now, with the frame after
     it coded ahead."""
 
-    def __init__(self, pool: concurrent.futures.Executor | None = None) -> None:
+    def __init__(self, thread: CodingThread | None = None) -> None:
         self._opus = OpusPacketizer()
-        self._pool = pool if pool is not None else coding_pool()
+        self._thread = thread if thread is not None else coding_thread()
         self._ahead: tuple[npt.NDArray[np.int16], concurrent.futures.Future[bytes]] | None = None
         self.ahead_used = 0
         """Frames whose packet was coded ahead, in the thread."""
@@ -84,9 +71,10 @@ class OpusAhead:
             else self._opus.wrap(data, pts, silent)
         )
         if upcoming is not None:
-            # RuntimeError: the pool is shut down (the interpreter is exiting): no job
+            # RuntimeError: the thread is closed (the interpreter is exiting): no job
             with contextlib.suppress(RuntimeError):
-                self._ahead = (upcoming, self._pool.submit(self._opus.encode, upcoming))
+                frame = upcoming
+                self._ahead = (frame, self._thread.submit(lambda: self._opus.encode(frame)))
         return packet
 
     async def _ready(self, pcm: npt.NDArray[np.int16]) -> bytes | None:

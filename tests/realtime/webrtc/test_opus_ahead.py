@@ -4,12 +4,15 @@ has not begun a frame's job when the frame is due leaves it to the loop."""
 
 from __future__ import annotations
 
-import concurrent.futures
+import asyncio
+import functools
 import threading
 
 import av
 import numpy as np
+import pytest
 
+from realtime.transports.webrtc.coding_thread import CodingThread
 from realtime.transports.webrtc.opus_ahead import OpusAhead
 from realtime.transports.webrtc.opus_out import FRAME_SAMPLES
 from realtime.transports.webrtc.outbound import OUTPUT_RATE, OutboundAudioTrack
@@ -74,17 +77,37 @@ async def test_a_pause_drops_the_spare_packet_and_the_answer_goes_on_whole() -> 
 
 async def test_a_job_the_thread_has_not_begun_is_coded_on_the_loop() -> None:
     busy = threading.Event()
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pool.submit(busy.wait, 10)  # the thread is taken: jobs wait in its queue
-        opus = OpusAhead(pool)
+    thread = CodingThread("test-coding")
+    try:
+        thread.submit(lambda: busy.wait(10))  # the thread is taken: jobs wait behind it
+        opus = OpusAhead(thread)
         frames = tone(3)
         first, second = frames[:FRAME_SAMPLES], frames[FRAME_SAMPLES : 2 * FRAME_SAMPLES]
         await opus.packet(first, 0, False, upcoming=second)
+        await asyncio.sleep(0.05)
         packet = await opus.packet(second, FRAME_SAMPLES, False, upcoming=None)
+    finally:
         busy.set()
+        thread.close()
     assert opus.ahead_used == 0 and opus.ahead_dropped == 0  # cancelled before it began
     assert opus.encoded == 2 and len(bytes(packet)) > 3
     assert isinstance(packet, av.Packet) and packet.pts == FRAME_SAMPLES
+
+
+def test_the_coding_thread_runs_jobs_in_order_sleeps_when_idle_and_closes_once() -> None:
+    thread = CodingThread("test-coding")
+    try:
+        jobs = [thread.submit(functools.partial(pow, n, 2)) for n in range(50)]
+        assert [job.result(timeout=5) for job in jobs] == [n * n for n in range(50)]
+        failed = thread.submit(lambda: 1 // 0)
+        with pytest.raises(ZeroDivisionError):
+            failed.result(timeout=5)
+    finally:
+        thread.close()
+        thread.close()
+    assert not thread._thread.is_alive()
+    with pytest.raises(RuntimeError):
+        thread.submit(lambda: 1)
 
 
 def test_the_upcoming_frame_is_a_whole_queued_piece_only() -> None:
