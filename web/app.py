@@ -35,6 +35,7 @@ from sessions import SessionManager
 from sessions.process_beat import new_process_id
 from sessions.redis_link import WRITE_PROBE_KEY
 
+from .audio_rest import ROUTES as AUDIO_ROUTES
 from .broken_stages import exit_when_broken
 from .call_controls import serve_call_controls
 from .metrics_fanin import MetricsFanIn
@@ -294,6 +295,7 @@ def create_app(settings: Settings, redis_url: str) -> Starlette:
             Route("/readyz", readyz),
             Route("/metrics", metrics),
             *REALTIME_ROUTES,
+            *AUDIO_ROUTES,
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ],
         middleware=[Middleware(OriginPolicy, allowlist=OriginAllowlist.from_settings(settings))],
