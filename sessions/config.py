@@ -27,7 +27,14 @@ from pipeline.voices import OMNI_SPEAKERS, VOICE_NAMES, is_voice_name
 
 from .errors import ConfigError
 
-__all__ = ["SUPPORTED_OUTPUT_RATES", "SessionConfig", "TruncationConfig"]
+__all__ = [
+    "LOGPROBS",
+    "SUPPORTED_OUTPUT_RATES",
+    "InputTranscriptionConfig",
+    "NoiseReductionConfig",
+    "SessionConfig",
+    "TruncationConfig",
+]
 
 
 def _between(lo: float, hi: float) -> Callable[[Any], Any]:
@@ -251,7 +258,34 @@ answers in one conversation, against 17 of 20 with it; the same 20 questions ask
 16 and 17)."""
 
 
+SessionType = Literal["realtime", "transcription"]
+LOGPROBS = "item.input_audio_transcription.logprobs"
+
+
+class InputTranscriptionConfig(_Model):
+    """OpenAI's `audio.input.transcription`: the model, language and prompt a client asks
+    to transcribe its audio with. The pipeline has one recogniser (sessions/transcription.py
+    asks it), so `model` is echoed, not obeyed; `language` and `prompt` are kept for a
+    recogniser that takes them (the cascade's Whisper runs in English)."""
+
+    model: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+
+
+class NoiseReductionConfig(_Model):
+    """OpenAI's `audio.input.noise_reduction`: accepted and echoed, not applied yet."""
+
+    type: Literal["near_field", "far_field"] = "near_field"
+
+
 class SessionConfig(_Model):
+    type: SessionType = "realtime"
+    """`transcription`: the session only transcribes the user's turns (OpenAI's
+    transcription session): no responses, no audio out (transcription_session.py)."""
+    input_transcription: InputTranscriptionConfig | None = None
+    noise_reduction: NoiseReductionConfig | None = None
+    include: tuple[Literal["item.input_audio_transcription.logprobs"], ...] = ()
     instructions: str = DEFAULT_INSTRUCTIONS
     output_modalities: tuple[Literal["audio", "text"], ...] = ("audio",)
     voice: str = "default"
@@ -268,6 +302,22 @@ class SessionConfig(_Model):
     output_sample_rate: Literal[8_000, 16_000, 24_000, 48_000] = OUTPUT_SAMPLE_RATE
     extra_events: bool = False
     """Send Parley's own server events (session.state_changed, .expiring, .closed) too."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_answers(cls, data: Any) -> Any:
+        """A transcription session's turns are transcribed, never answered: its turn
+        detection commits them with `create_response` off (transcription.py transcribes a
+        turn no answer follows), and nothing is there to interrupt or time out after."""
+        if not isinstance(data, Mapping) or data.get("type") != "transcription":
+            return data
+        td = data.get("turn_detection", TurnDetectionConfig())
+        if isinstance(td, TurnDetectionConfig):
+            td = td.model_dump()
+        if isinstance(td, Mapping):
+            quiet = {"create_response": False, "interrupt_response": False}
+            data = {**data, "turn_detection": {**td, **quiet, "idle_timeout_ms": None}}
+        return data
 
     @field_validator("voice")
     @classmethod

@@ -78,6 +78,7 @@ from .redis_link import RedisLink
 from .rehydrate import audio_end_ms, end_unfinished, read_record
 from .session import Session, SessionLimits
 from .sink import DetachedSink, OutputSink
+from .transcription_session import check_recogniser
 
 log = logging.getLogger("parley.sessions.manager")
 
@@ -200,6 +201,7 @@ class SessionManager:
         (a SessionLimitError) at `caller`'s limits, ConfigError on bad settings."""
         if not isinstance(config, SessionConfig):
             config = SessionConfig.parse(config)
+        check_recogniser(config, self.pipeline)  # a transcription session needs one
         session_id = session_id or new_id("sess")
         duplex = self._open_duplex(session_id)  # first: refused, it has taken nothing
         try:

@@ -59,6 +59,7 @@ from .state import SessionState, StateMachine
 from .store import SessionStore
 from .store_notices import StoreNotices
 from .transcription import ItemTranscriber, store_transcript
+from .transcription_session import check_type_change, refuse_response
 from .turn_taking import ModelTurnTaking, ServerTurnTaking, TurnTaking
 from .turns import MIN_COMMIT_MS as MIN_COMMIT_MS  # the transports size their queries by it
 from .turns import Turns
@@ -347,6 +348,7 @@ class Session:
         await self._started.wait()  # session.updated never overtakes session.created
         self._check_open()
         new = self.config.updated(patch)
+        check_type_change(self.config, new, self._pipeline, responding=self.responding)
         async with self._media_lock:
             await self.frames.reconfigure(new.video)
             self.audio.max_seconds = new.max_audio_seconds
@@ -479,6 +481,7 @@ class Session:
     async def create_response(self, options: ResponseOptions | None = None) -> str:
         """response.create: answer the conversation so far, shaped by `options`."""
         self._check_open()
+        refuse_response(self.config)
         return await self._responder.create(options, duplex=self.duplex is not None)
 
     async def cancel_response(self) -> bool:

@@ -5,6 +5,7 @@ browser (which cannot set headers on a WebSocket), the subprotocol
 `openai-insecure-api-key.<key>`; the `realtime` subprotocol is echoed when offered. A bad
 key is refused before the upgrade: HTTP 401 where the server supports denial responses,
 else a close with 1008. `model` is accepted and ignored (the pipeline is the server's).
+`intent=transcription` starts a transcription session (sessions/transcription_session.py).
 `session_id`, `resume_token` and `last_event_id` resume a session after a dropped
 connection (see realtime.openai.websocket). `call_id` attaches to a running WebRTC call
 instead (a sideband: realtime.openai.sideband); an unknown call is refused before the
@@ -55,7 +56,8 @@ async def openai_realtime(websocket: WebSocket) -> None:
         await _sideband(websocket, manager, call_id, subprotocol)
         return
     try:
-        body: dict[str, Any] = {"type": "realtime", **(grant.session or {})}
+        kind = "transcription" if query.get("intent") == "transcription" else "realtime"
+        body: dict[str, Any] = {"type": kind, **(grant.session or {})}
         patch, formats = session_patch(SessionUpdate.model_validate({"session": body}))
         config = SessionConfig().updated(patch)
     except (ConfigError, ProtocolError) as exc:  # a secret minted with bad settings

@@ -25,6 +25,7 @@ from .client_items import ItemSpec
 from .response_spec import max_tokens_value, tool_choice_value, tool_configs
 from .session_spec import G711_FORMATS, PCM_RATE, SessionSpec, audio_format, turn_detection_patch
 from .session_spec import G711_RATE as G711_RATE
+from .transcription_spec import transcription_patch
 from .wire_values import ProtocolError as ProtocolError
 from .wire_values import decode_base64 as decode_base64
 
@@ -311,17 +312,9 @@ def partial_session_patch(
     field); this checks only what the wire format itself decides.
     """
     spec, eid = update.session, update.event_id
-    patch: dict[str, Any] = {}
     errors: list[ProtocolError] = list(update._dropped)
-    if spec.type not in (None, "realtime"):
-        errors.append(
-            ProtocolError(
-                "unsupported",
-                f"session type {spec.type!r} is not supported; use 'realtime'",
-                eid,
-                "session.type",
-            )
-        )
+    patch, type_errors = transcription_patch(spec, eid)
+    errors += type_errors
     if spec.instructions is not None:
         patch["instructions"] = spec.instructions
     modalities = spec.output_modalities if spec.output_modalities is not None else spec.modalities

@@ -201,6 +201,15 @@ class ClientEventDispatcher:
         the field), sent before `session.updated` shows what took effect."""
         eid = event.event_id
         patch, formats, errors = partial_session_patch(event, self.formats)
+        if event.session.type == "realtime" and self.session.config.type == "transcription":
+            errors.append(
+                ProtocolError(
+                    "invalid_value",
+                    "a transcription session cannot become a realtime session",
+                    eid,
+                    "session.type",
+                )
+            )
         if self.transport == "webrtc":
             patch.pop("output_sample_rate", None)
             formats = self.formats

@@ -55,6 +55,7 @@ from sessions.events import (
 )
 
 from .client_events import AudioFormats, format_object
+from .transcription_session import transcription_session_object
 
 MODEL = "parley"
 CONVERSATION_ID = "conv_default"
@@ -214,7 +215,12 @@ def session_object(
     formats: AudioFormats | None = None,
     resume_token: str | None = None,
 ) -> dict[str, Any]:
-    """The GA `realtime.session` object for `config`; no `id` before the session exists."""
+    """The GA `realtime.session` object for `config`; no `id` before the session exists.
+    A transcription session's is OpenAI's `realtime.transcription_session`."""
+    if config.type == "transcription":
+        return transcription_session_object(
+            config, session_id, formats=formats, resume_token=resume_token
+        )
     formats = formats or AudioFormats.for_config(config)
     td = config.turn_detection
     parley: dict[str, Any] = {

@@ -48,9 +48,24 @@ class TurnDetectionSpec(OpenObject):
     (a backchannel or a noise does not cut the answer: sessions/overlap_judge.py)."""
 
 
+class TranscriptionSpec(OpenObject):
+    """`audio.input.transcription` (beta: `input_audio_transcription`); OpenAI's newer
+    fields (`delay`, `keywords`, `languages`) are let through and ignored."""
+
+    model: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+
+
+class NoiseReductionSpec(OpenObject):
+    type: str | None = None
+
+
 class AudioInputSpec(OpenObject):
     format: AudioFormatSpec | None = None
     turn_detection: TurnDetectionSpec | None = None
+    transcription: TranscriptionSpec | None = None
+    noise_reduction: NoiseReductionSpec | None = None
 
 
 class AudioOutputSpec(OpenObject):
@@ -86,6 +101,7 @@ class SessionSpec(OpenObject):
     output_modalities: list[Literal["audio", "text"]] | None = None
     audio: AudioSpec | None = None
     parley: ParleyExtras | None = None
+    include: list[str] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     max_output_tokens: int | Literal["inf"] | None = None
@@ -99,6 +115,8 @@ class SessionSpec(OpenObject):
     turn_detection: TurnDetectionSpec | None = None
     input_audio_format: str | None = None
     output_audio_format: str | None = None
+    input_audio_transcription: TranscriptionSpec | None = None
+    input_audio_noise_reduction: NoiseReductionSpec | None = None
 
 
 _EAGERNESS = ("low", "medium", "high", "auto")

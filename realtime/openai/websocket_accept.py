@@ -5,7 +5,8 @@ accepts the socket and binds it to its session. Refusals after the upgrade are a
 `error` event and a close: `session_limit` (1013, try again later: also a resume that
 reaches a draining process), `rate_limit_exceeded` (1013: the caller's key at its limits,
 found by the session's creation after the route's check let it through),
-`session_not_found` (1008: unknown session or wrong resume token). A resume may reach any
+`session_not_found` (1008: unknown session or wrong resume token), `invalid_config` (1008:
+a transcription session on a pipeline with no recogniser). A resume may reach any
 process (connections.py).
 """
 
@@ -17,7 +18,13 @@ from typing import Any
 
 from starlette.websockets import WebSocket
 
-from sessions import SessionClosedError, SessionConfig, SessionLimitError, SessionManager
+from sessions import (
+    ConfigError,
+    SessionClosedError,
+    SessionConfig,
+    SessionLimitError,
+    SessionManager,
+)
 
 from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
 from ..transports.websocket.connection import CLOSE_POLICY, CLOSE_TRY_AGAIN
@@ -86,6 +93,9 @@ async def _start(connection: OpenAIRealtimeConnection, request: ConnectRequest) 
         session = await connection.manager.create(connection, request.config, caller=request.caller)
     except SessionLimitError as exc:  # or KeyLimitError: `rate_limit_exceeded`
         await connection.refuse(exc.code, str(exc), CLOSE_TRY_AGAIN, exc.error_type)
+        return False
+    except ConfigError as exc:  # a transcription session on a pipeline with no recogniser
+        await connection.refuse(exc.code, str(exc), CLOSE_POLICY)
         return False
     connection.bind(session)
     return True

@@ -357,7 +357,7 @@ def test_formats_keep_what_the_update_leaves_out() -> None:
         ({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 12_345}}}}, "12345 Hz"),
         ({"audio": {"output": {"format": {"type": "audio/pcmu", "rate": 16_000}}}}, "8000 Hz"),
         ({"input_audio_format": "mp3"}, "'mp3'"),
-        ({"type": "transcription"}, "'transcription'"),
+        ({"type": "conversation"}, "'conversation'"),
         ({"output_modalities": []}, "'audio' or 'text'"),
         ({"turn_detection": {"type": "push_to_talk"}}, "'push_to_talk'"),
         (

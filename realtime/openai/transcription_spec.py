@@ -1,0 +1,100 @@
+"""The transcription settings of OpenAI Realtime's session object, read into a patch.
+
+A transcription session (`"type": "transcription"`, or a connection made with
+`?intent=transcription`) is set up by the same `session.update` as a conversation, with its
+settings under `audio.input` (beta: top level, or the `transcription_session.update` event):
+
+- `type`: `realtime` or `transcription`; only `transcription` goes into the patch (the
+  session decides whether it may change: sessions/transcription_session.py), and the
+  dispatcher refuses `realtime` in a transcription session;
+- `audio.input.transcription` (`model`, `language`, `prompt`; beta
+  `input_audio_transcription`): kept and echoed; the pipeline's recogniser transcribes;
+- `audio.input.noise_reduction` (`near_field` / `far_field`; beta
+  `input_audio_noise_reduction`): kept and echoed, not applied yet;
+- `include`: `item.input_audio_transcription.logprobs` only.
+
+Each value Parley cannot take is a ProtocolError naming its parameter, and the rest applies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sessions.config import LOGPROBS
+
+from .session_spec import NoiseReductionSpec, SessionSpec, TranscriptionSpec
+from .wire_values import ProtocolError
+
+NOISE_REDUCTION = ("near_field", "far_field")
+
+
+def transcription_patch(
+    spec: SessionSpec, eid: str | None
+) -> tuple[dict[str, Any], list[ProtocolError]]:
+    """The part of a `SessionConfig` patch that `spec`'s transcription settings make, and
+    an error for each value that cannot be used."""
+    patch: dict[str, Any] = {}
+    errors: list[ProtocolError] = []
+    if spec.type is not None:
+        if spec.type == "transcription":
+            patch["type"] = spec.type
+        elif spec.type != "realtime":
+            errors.append(
+                ProtocolError(
+                    "invalid_value",
+                    f"unknown session type {spec.type!r}; use 'realtime' or 'transcription'",
+                    eid,
+                    "session.type",
+                )
+            )
+    audio_in = spec.audio.input if spec.audio is not None else None
+    if audio_in is not None and "transcription" in audio_in.model_fields_set:
+        patch["input_transcription"] = _transcription(audio_in.transcription)
+    elif "input_audio_transcription" in spec.model_fields_set:
+        patch["input_transcription"] = _transcription(spec.input_audio_transcription)
+    try:
+        if audio_in is not None and "noise_reduction" in audio_in.model_fields_set:
+            patch["noise_reduction"] = _noise_reduction(
+                audio_in.noise_reduction, "session.audio.input.noise_reduction", eid
+            )
+        elif "input_audio_noise_reduction" in spec.model_fields_set:
+            patch["noise_reduction"] = _noise_reduction(
+                spec.input_audio_noise_reduction, "session.input_audio_noise_reduction", eid
+            )
+    except ProtocolError as exc:
+        errors.append(exc)
+    if spec.include is not None:
+        unknown = [value for value in spec.include if value != LOGPROBS]
+        if unknown:
+            errors.append(
+                ProtocolError(
+                    "invalid_value",
+                    f"unknown include {unknown[0]!r}; Parley includes only {LOGPROBS!r}",
+                    eid,
+                    "session.include",
+                )
+            )
+        else:
+            patch["include"] = list(dict.fromkeys(spec.include))
+    return patch, errors
+
+
+def _transcription(spec: TranscriptionSpec | None) -> dict[str, Any] | None:
+    if spec is None:
+        return None
+    return spec.model_dump(include={"model", "language", "prompt"}, exclude_none=True)
+
+
+def _noise_reduction(
+    spec: NoiseReductionSpec | None, param: str, eid: str | None
+) -> dict[str, Any] | None:
+    if spec is None:
+        return None
+    if spec.type not in NOISE_REDUCTION:
+        raise ProtocolError(
+            "invalid_value",
+            f"unknown noise reduction type {spec.type!r}; use 'near_field' or 'far_field'",
+            eid,
+            f"{param}.type",
+        )
+    return {"type": spec.type}

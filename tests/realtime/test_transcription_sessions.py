@@ -1,0 +1,266 @@
+"""OpenAI Realtime transcription sessions (`intent=transcription`, `"type": "transcription"`)
+end to end: the official SDK and a raw client against a real uvicorn serving the embedded
+cascade (its Whisper transcribes), with espeak-ng's speech sent faster than real time; and
+a pipeline with no recogniser (the fake engine), which refuses the session."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+from collections.abc import AsyncIterator
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import pytest_asyncio
+from openai import AsyncOpenAI
+from openai.types.realtime import RealtimeServerEvent
+from pydantic import TypeAdapter
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from loadtest.speech import silence, speak, trim_silence
+from tests.conftest import fail_on_keys_left, fail_on_tasks_left
+from tests.frameworks.conftest import sessions_ended
+from web.settings import Settings
+
+from .apps import ServedApp, fake_graph_file, served_app
+from .clients import RecordingClient
+
+KEY = "sk-test-parley-transcription"
+RATE = 24_000
+DB = 2
+"""The cascade server's database on the test redis-server (the tests' own is 0)."""
+LOOP = pytest.mark.asyncio(loop_scope="module")
+SETUP: dict[str, Any] = {
+    "type": "transcription",
+    "audio": {
+        "input": {
+            "format": {"type": "audio/pcm", "rate": RATE},
+            "transcription": {"model": "gpt-4o-mini-transcribe", "language": "en"},
+            "turn_detection": {"type": "server_vad", "silence_duration_ms": 500},
+        }
+    },
+}
+
+pytestmark = [LOOP, pytest.mark.slow]
+
+
+@pytest_asyncio.fixture(autouse=True, loop_scope="module")
+async def _no_leaked_tasks() -> AsyncIterator[None]:
+    before = asyncio.all_tasks()
+    yield
+    await fail_on_tasks_left(before)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def cascade(redis_socket: str) -> AsyncIterator[ServedApp]:
+    """The embedded cascade, served once for the module (its start is most of the time)."""
+    url = f"unix://{redis_socket}?db={DB}"
+    async with served_app(Settings(pipeline="cascade", api_key=KEY, max_sessions=2), url) as app:
+        yield app
+    fail_on_keys_left(redis_socket, DB, "the transcription tests' server")
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def server(cascade: ServedApp) -> AsyncIterator[ServedApp]:
+    await sessions_ended(cascade)
+    yield cascade
+    await sessions_ended(cascade)
+
+
+@lru_cache(maxsize=8)
+def said(text: str) -> np.ndarray:
+    """`text` spoken by espeak-ng at 24 kHz, with a pause after it that ends the turn."""
+    speech = trim_silence(speak(text, rate=RATE))
+    return np.concatenate([silence(300, RATE), speech, silence(1000, RATE)])
+
+
+def b64(pcm: np.ndarray) -> str:
+    return base64.b64encode(pcm.astype("<i2").tobytes()).decode("ascii")
+
+
+async def send_audio(conn: Any, pcm: np.ndarray, chunk_ms: int = 100) -> None:
+    """`pcm` in `chunk_ms` appends on the SDK's connection, at four times a microphone's
+    pace."""
+    step = RATE * chunk_ms // 1000
+    for start in range(0, len(pcm), step):
+        await conn.input_audio_buffer.append(audio=b64(pcm[start : start + step]))
+        await asyncio.sleep(chunk_ms / 4000)
+
+
+def sdk(server: ServedApp) -> AsyncOpenAI:
+    return AsyncOpenAI(api_key=KEY, base_url=f"{server.http_url}/v1")
+
+
+async def recv_until(conn: Any, kind: str, count: int = 1, within_s: float = 30) -> list[Any]:
+    """Events up to the `count`th of `kind`."""
+    events: list[Any] = []
+    async with asyncio.timeout(within_s):
+        while sum(e.type == kind for e in events) < count:
+            events.append(await conn.recv())
+    return events
+
+
+@contextlib.asynccontextmanager
+async def raw(server: ServedApp, query: str = "intent=transcription") -> AsyncIterator[Any]:
+    url = f"{server.ws_url}/v1/realtime?{query}"
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with connect(url, additional_headers=headers, proxy=None) as ws:
+        yield RecordingClient(ws, wait_s=30)
+
+
+def words(text: str) -> set[str]:
+    return {w.strip(".,?!").lower() for w in text.split()}
+
+
+async def test_the_sdk_gets_deltas_and_a_transcript_for_each_of_two_utterances(
+    server: ServedApp,
+) -> None:
+    async with (
+        sdk(server) as client,
+        client.realtime.connect(extra_query={"intent": "transcription"}) as conn,
+    ):
+        created = await conn.recv()
+        assert created.type == "session.created"
+        assert created.session.type == "transcription"
+        await conn.session.update(session=SETUP)  # type: ignore[arg-type]
+        updated = await recv_until(conn, "session.updated")
+        session = updated[-1].session
+        assert session.type == "transcription"
+        assert session.audio.input.transcription.language == "en"
+
+        async def speak_both() -> None:
+            await send_audio(conn, said("I would like a cup of coffee."))
+            await send_audio(conn, said("Please open the window."))
+
+        speaking = asyncio.create_task(speak_both())
+        try:
+            events = await recv_until(
+                conn, "conversation.item.input_audio_transcription.completed", count=2
+            )
+        finally:
+            await speaking
+    got = [e.type for e in events]
+    assert not any(t.startswith("response.") or t == "error" for t in got), got
+    completed = [e for e in events if e.type.endswith("transcription.completed")]
+    committed = [e for e in events if e.type == "input_audio_buffer.committed"]
+    assert [c.item_id for c in committed] == [c.item_id for c in completed]
+    assert len({c.item_id for c in completed}) == 2
+    first, second = (words(c.transcript) for c in completed)
+    assert {"cup", "coffee"} <= first, completed[0].transcript
+    assert {"open", "window"} <= second, completed[1].transcript
+    for done in completed:
+        deltas = [
+            e.delta
+            for e in events
+            if e.type.endswith("transcription.delta") and e.item_id == done.item_id
+        ]
+        assert deltas and words("".join(deltas)) & words(done.transcript), (deltas, done)
+        assert done.usage.type == "duration" and done.usage.seconds > 1.0
+        item = got.index("conversation.item.added", events.index(committed[completed.index(done)]))
+        assert events[item].item.id == done.item_id
+
+
+async def test_manual_commits_with_turn_detection_off(server: ServedApp) -> None:
+    setup = {**SETUP, "audio": {"input": {**SETUP["audio"]["input"], "turn_detection": None}}}
+    async with sdk(server) as client, client.realtime.connect(model="parley") as conn:
+        await recv_until(conn, "session.created")
+        await conn.session.update(session=setup)  # type: ignore[arg-type]
+        updated = (await recv_until(conn, "session.updated"))[-1]
+        assert updated.session.type == "transcription"
+        assert updated.session.audio.input.turn_detection is None
+        await send_audio(conn, said("Good morning everyone."))
+        await asyncio.sleep(1.0)
+        await conn.input_audio_buffer.commit()
+        events = await recv_until(conn, "conversation.item.input_audio_transcription.completed")
+    got = [e.type for e in events]
+    assert "input_audio_buffer.speech_started" not in got  # no turn detection
+    assert got.index("input_audio_buffer.committed") < got.index("conversation.item.added")
+    assert {"good", "morning"} <= words(events[-1].transcript), events[-1].transcript
+
+
+async def test_response_create_is_an_error_and_no_audio_goes_out(server: ServedApp) -> None:
+    async with (
+        sdk(server) as client,
+        client.realtime.connect(extra_query={"intent": "transcription"}) as conn,
+    ):
+        await recv_until(conn, "session.created")
+        await conn.response.create()
+        error = (await recv_until(conn, "error"))[-1]
+        assert "transcription" in error.error.message
+        assert error.error.type == "invalid_request_error"
+        await conn.session.update(session={"type": "realtime"})
+        refused = (await recv_until(conn, "error"))[-1]
+        assert refused.error.param == "type" or "realtime" in refused.error.message
+
+
+async def test_every_event_of_a_transcription_session_is_one_the_sdk_declares(
+    server: ServedApp,
+) -> None:
+    """Two spoken turns, a manual commit, a refused response: every event validates
+    against the SDK's server event union."""
+    async with raw(server) as client:
+        await client.wait_type("session.created")
+        await client.send({"type": "session.update", "session": SETUP})
+        await client.wait_type("session.updated")
+        await client.append(said("I would like a cup of coffee."))
+        await client.wait_type("conversation.item.input_audio_transcription.completed")
+        await client.send({"type": "response.create"})
+        await client.wait_type("error")
+        off = {**SETUP, "audio": {"input": {"turn_detection": None}}}
+        await client.send({"type": "session.update", "session": off})
+        await client.wait_type("session.updated")
+        await client.append(said("Please open the window."))
+        await client.send({"type": "input_audio_buffer.commit"})
+        await client.wait_type("conversation.item.input_audio_transcription.completed")
+        await client.send({"type": "input_audio_buffer.clear"})
+        await client.wait_type("input_audio_buffer.cleared")
+        sent = list(client.events)
+    sdk_event: TypeAdapter[Any] = TypeAdapter(RealtimeServerEvent)
+    for message in sent:
+        assert sdk_event.validate_python(message).type == message["type"], message
+    seen = {m["type"] for m in sent}
+    assert {
+        "session.created",
+        "session.updated",
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.done",
+        "conversation.item.input_audio_transcription.delta",
+        "conversation.item.input_audio_transcription.completed",
+        "error",
+    } <= seen, seen
+    assert not any(t.startswith(("response.", "output_audio")) for t in seen), seen
+
+
+@pytest.fixture
+def no_recogniser(tmp_path: Path) -> str:
+    return fake_graph_file(tmp_path, "audio_ms: 1000")
+
+
+@pytest.mark.asyncio(loop_scope="function")
+async def test_a_pipeline_without_a_recogniser_refuses(no_recogniser: str, redis_url: str) -> None:
+    settings = Settings(pipeline=no_recogniser, api_key=KEY, max_sessions=2)
+    async with served_app(settings, redis_url) as app:
+        async with (
+            sdk(app) as client,
+            client.realtime.connect(extra_query={"intent": "transcription"}) as conn,
+        ):
+            error = await conn.recv()
+            assert error.type == "error"
+            assert "recogniser" in error.error.message and "'fake'" in error.error.message
+            with pytest.raises(ConnectionClosed):
+                await conn.recv()
+        async with sdk(app) as client, client.realtime.connect(model="parley") as conn:
+            await recv_until(conn, "session.created")
+            await conn.session.update(session={"type": "transcription"})
+            refused = (await recv_until(conn, "error"))[-1]
+            assert "'fake'" in refused.error.message
+            updated = (await recv_until(conn, "session.updated"))[-1]
+            assert updated.session.type == "realtime"
