@@ -65,8 +65,9 @@ class TurnTranscript:
         self._task: asyncio.Task[str | None] | None = None
         self._covers: tuple[str, int] | None = None
         """(item id, end_ms) of the audio the task transcribes."""
-        self._sent = ""
-        """The partial transcript sent for the turn so far (as deltas)."""
+        self._sent: dict[str, str] = {}
+        """Per turn (the latest few), the partial transcript sent so far as deltas: a
+        turn's transcript may finish after the next turn's first pause has sent its own."""
         self._kept: dict[str, asyncio.Task[str | None]] = {}
         """Transcripts of ended turns, until their answer asks (`result`)."""
         self._tasks = TaskSet(f"{session_id}:turn-asr")
@@ -88,7 +89,7 @@ class TurnTranscript:
         """The turn `item_id` ended at `end_ms`: the transcript begun on exactly that audio
         is kept for `result`; one begun on less is dropped."""
         task, covers = self._task, self._covers
-        self._task, self._covers, self._sent = None, None, ""
+        self._task, self._covers = None, None
         if task is None:
             return
         if covers != (item_id, end_ms):
@@ -134,7 +135,8 @@ class TurnTranscript:
 
     async def forget(self) -> None:
         """The turn was cut short (cleared, committed by hand): nothing of it is kept."""
-        self._sent = ""
+        if self._covers is not None:
+            self._sent.pop(self._covers[0], None)
         await self._drop()
 
     async def close(self) -> None:
@@ -166,7 +168,11 @@ class TurnTranscript:
         text = heard.words
         if self._heard is not None:
             await self._heard(item_id, begin_ms, end_ms, heard)
-        if text.startswith(self._sent) and len(text) > len(self._sent):
-            self._emit(InputTranscriptionDelta(item_id=item_id, delta=text[len(self._sent) :]))
-            self._sent = text
+        sent = self._sent.pop(item_id, "")
+        if text.startswith(sent) and len(text) > len(sent):
+            self._emit(InputTranscriptionDelta(item_id=item_id, delta=text[len(sent) :]))
+            sent = text
+        self._sent[item_id] = sent  # the latest turn last
+        while len(self._sent) > MAX_KEPT + 1:
+            del self._sent[next(iter(self._sent))]
         return text
