@@ -178,6 +178,10 @@ def parse_client_event(raw: str | bytes) -> ClientEvent:
         raise ProtocolError(
             "missing_required_parameter", "the event has no 'type'", event_id, "type"
         )
+    if kind == "transcription_session.update":  # beta: a session.update of a transcription
+        session = data.get("session")
+        session = {**session, "type": "transcription"} if isinstance(session, dict) else session
+        data, kind = {**data, "type": "session.update", "session": session}, "session.update"
     model = CLIENT_EVENT_TYPES.get(kind) if isinstance(kind, str) else None
     if model is None:
         known = ", ".join(CLIENT_EVENT_TYPES)

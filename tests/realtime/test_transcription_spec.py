@@ -3,6 +3,7 @@ with the parameter named, and echoed as OpenAI's transcription session object.""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -11,7 +12,12 @@ from openai.types.realtime.realtime_transcription_session_create_request import 
     RealtimeTranscriptionSessionCreateRequest,
 )
 
-from realtime.openai.client_events import ProtocolError, SessionUpdate, partial_session_patch
+from realtime.openai.client_events import (
+    ProtocolError,
+    SessionUpdate,
+    parse_client_event,
+    partial_session_patch,
+)
 from realtime.openai.server_events import session_object
 from sessions import SessionConfig
 
@@ -119,3 +125,10 @@ def test_cleared_settings_are_none_again() -> None:
     config = config.updated(patch_of(cleared)[0])
     assert config.input_transcription is None and config.noise_reduction is None
     assert config.type == "transcription"
+
+
+def test_betas_transcription_session_update_is_a_session_update_of_a_transcription() -> None:
+    raw = json.dumps({"type": "transcription_session.update", "event_id": "e1", "session": BETA})
+    event = parse_client_event(raw)
+    assert isinstance(event, SessionUpdate) and event.event_id == "e1"
+    assert partial_session_patch(event)[0] == patch_of(GA)[0]
