@@ -136,7 +136,7 @@ def _route_patterns() -> list[re.Pattern[str]]:
     """A route Parley declares, or the start of one: `/v1/realtime/calls/{call_id}` (a
     call's `Location`) names the resource whose `/hangup` is served."""
     declared = re.compile(r"""(?:Route|WebSocketRoute|Mount)\(\s*"(/[^"]*)\"""")
-    paths = {p for f in (ROOT / "web").glob("*.py") for p in declared.findall(f.read_text())}
+    paths = {p for f in (ROOT / "web").rglob("*.py") for p in declared.findall(f.read_text())}
     assert "/v1/realtime" in paths and "/readyz" in paths
     patterns = []
     for path in paths:
