@@ -96,8 +96,14 @@ async def test_a_spoken_turn_a_tool_call_a_barge_in_and_a_stuck_server(
             vllm.resume()
         assert done.response.status == "failed"
         assert "sent nothing for 3 s" in str(done.response.status_details)
-        await conn.response.create()
-        done = await until(conn, "response.done")
+        async with asyncio.timeout(30):  # vLLM, moving again, drops the abandoned request
+            while vllm.running_requests():
+                await asyncio.sleep(0.05)
+        for _ in range(3):  # on a loaded machine a first token can take past the 3 s bound
+            await conn.response.create()
+            done = await until(conn, "response.done")
+            if done.response.status == "completed":
+                break
         assert done.response.status == "completed", done.response.status_details
 
 
