@@ -29,6 +29,7 @@ from pipeline.tasks import TaskSet, background, cancel_and_wait
 from pipeline.types import Pipeline, ReportsStages
 from realtime.auth import Authenticator
 from realtime.call_index import CallIndex
+from realtime.live.live_store import StoredSessions
 from realtime.transports.webrtc.ice import IceSettings, parse_ice_servers
 from realtime.transports.webrtc.registry import CallRegistry
 from sessions import SessionManager
@@ -75,6 +76,10 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
     services: Services = app.state.services
     services.redis = await open_redis(
         services.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0
+    )
+    settings = services.settings  # GPT-Live's stored sessions (realtime/live/live_store.py)
+    services.live_sessions.stored = StoredSessions(
+        services.redis, int(settings.live_store_retention_s), settings.live_recording_max_s
     )
     try:
         async with _published_metrics(app, services.redis), _serving(app, services):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -47,6 +48,8 @@ log = logging.getLogger("parley.web.live")
 MAX_BODY_BYTES = 1024 * 1024
 """The offer (64 KiB at most) and a session config (instructions, up to 128 items)."""
 FIELDS = ("session", "transport")
+ReadOffer = Callable[[dict[str, Any]], Awaitable[tuple[bytes, "LiveSessionConfig"]]]
+"""The offer and the session config of a request's JSON body."""
 TRANSPORT_FIELDS = ("type", "sdp")
 
 
@@ -71,6 +74,16 @@ def error(
 
 
 async def create_live_session(request: Request) -> Response:
+    async def read(body: dict[str, Any]) -> tuple[bytes, LiveSessionConfig]:
+        return _request(body)
+
+    return await answer_offer(request, read)
+
+
+async def answer_offer(request: Request, read: ReadOffer) -> Response:
+    """A GPT-Live session over WebRTC, its offer and config read from the body by `read`
+    (a new session's, or a fork's: web/live_stored.py), which may raise BadRequest or
+    LiveConfigError."""
     services = services_of(request)
     if services.running is None:
         return error(503, "not_ready", "the server is not ready yet", kind="server_error")
@@ -83,7 +96,7 @@ async def create_live_session(request: Request) -> Response:
     try:
         if grant.caller is not None:  # before the offer's (costly) answer
             await running.manager.check_caller(grant.caller)
-        offer, live = _request(await _body(request))
+        offer, live = await read(await _body(request))
         config, _formats = parley_config(live, SessionConfig())
     except BadRequest as exc:
         return error(exc.status, exc.code, str(exc), exc.param)
@@ -143,28 +156,36 @@ async def _body(request: Request) -> dict[str, Any]:
 
 def _request(body: dict[str, Any]) -> tuple[bytes, LiveSessionConfig]:
     """The offer and the session config of a body; BadRequest, LiveConfigError."""
-    _known(body, FIELDS, "")
+    known(body, FIELDS, "")
+    live = parse_live_config(body["session"])
+    if live.audio is not None and live.audio.format is not None:
+        why = "the audio format is negotiated on the media track (Opus), not set here"
+        raise LiveConfigError(why, "unknown_parameter", "session.audio.format")
+    return offer_of(body), live
+
+
+def offer_of(body: dict[str, Any]) -> bytes:
+    """The SDP offer of a body's `transport`; BadRequest naming the field."""
     transport = body["transport"]
     if not isinstance(transport, dict):
         raise BadRequest("invalid_type", "`transport` is an object", "transport")
-    _known(transport, TRANSPORT_FIELDS, "transport.")
+    known(transport, TRANSPORT_FIELDS, "transport.")
     if transport["type"] != "webrtc":
         why = "transport.type must be 'webrtc' (a WebSocket opens this path instead)"
         raise BadRequest("invalid_value", why, "transport.type")
     sdp = transport["sdp"]
     if not isinstance(sdp, str) or not sdp.strip():
         raise BadRequest("invalid_value", "transport.sdp is the SDP offer", "transport.sdp")
-    live = parse_live_config(body["session"])
-    if live.audio is not None and live.audio.format is not None:
-        why = "the audio format is negotiated on the media track (Opus), not set here"
-        raise LiveConfigError(why, "unknown_parameter", "session.audio.format")
-    return sdp.encode(), live
+    return sdp.encode()
 
 
-def _known(body: dict[str, Any], fields: tuple[str, ...], prefix: str) -> None:
-    """Every field of `body` known and every one of `fields` given."""
+def known(
+    body: dict[str, Any], fields: tuple[str, ...], prefix: str, optional: tuple[str, ...] = ()
+) -> None:
+    """Every field of `body` known (one of `fields` or `optional`) and every one of
+    `fields` given."""
     for name in sorted(body):
-        if name not in fields:
+        if name not in fields and name not in optional:
             why = f"Unknown parameter: '{prefix}{name}'."
             raise BadRequest("unknown_parameter", why, f"{prefix}{name}")
     for name in fields:

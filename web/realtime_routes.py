@@ -79,6 +79,7 @@ from sessions.errors import KeyLimitError
 
 from .call_controls import OwnerUnavailable, relay_hangup, relayed
 from .live_sip_routes import accept_session, hangup_session, refer_session, reject_session
+from .live_stored import fork_live_session, live_fork, live_session_content
 from .live_webrtc import create_live_session
 from .live_ws import live_attach, live_sessions
 from .realtime_ws import openai_realtime
@@ -484,6 +485,9 @@ ROUTES = [
     Route("/v1/live/sessions", create_live_session, methods=["POST"]),
     WebSocketRoute("/v1/live/sessions", live_sessions),
     WebSocketRoute("/v1/live/sessions/{session_id}/attach", live_attach),
+    Route("/v1/live/sessions/{session_id}/content", live_session_content, methods=["GET"]),
+    Route("/v1/live/sessions/{session_id}/fork", fork_live_session, methods=["POST"]),
+    WebSocketRoute("/v1/live/sessions/{session_id}/fork", live_fork),
     WebSocketRoute("/v1/video/chat/stream", video_chat_stream),
     WebSocketRoute("/v1/twilio/media", twilio_media),
 ]

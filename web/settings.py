@@ -88,6 +88,12 @@ class Settings:
     resume_grace_s: float = DEFAULT_GRACE_S
     """`--resume-grace-s`: how long a session outlives its dropped connection (a WebSocket,
     a WebRTC call's peer connection) for the client to resume or re-attach it."""
+    live_store_retention_s: float = 86_400.0
+    """`--live-store-retention-s`: how long a GPT-Live session with `store: true` is kept
+    after it ends, for forks and its recording (realtime/live/live_store.py)."""
+    live_recording_max_s: float = 600.0
+    """`--live-recording-max-s`: a stored GPT-Live session's recording holds at most this
+    much of each side (16 kHz stereo PCM16: 64 KB a second)."""
     event_loop: str = "auto"
     """`--loop auto|uvloop|asyncio`: the event loop (auto: uvloop where installed)."""
     worker_index: int | None = None
@@ -312,6 +318,17 @@ def parser() -> argparse.ArgumentParser:
         "it (a WebSocket) or re-attach it (a WebRTC call) with its resume token; 0: never",
     )
     serve.add_argument(
+        "--live-store-retention-s",
+        default=_env("live_store_retention_s", f"{d.live_store_retention_s:g}"),
+        help="keep a GPT-Live session with store: true this long after it ends (forks, "
+        "its recording)",
+    )
+    serve.add_argument(
+        "--live-recording-max-s",
+        default=_env("live_recording_max_s", f"{d.live_recording_max_s:g}"),
+        help="a stored GPT-Live session's recording keeps at most this many seconds",
+    )
+    serve.add_argument(
         "--loop",
         default=_env("loop", d.event_loop),
         help="the event loop: auto (uvloop where installed), uvloop or asyncio",
@@ -381,6 +398,10 @@ def parse_settings(argv: Sequence[str] | None = None) -> tuple[str, Settings]:
         drain_s=_drain_s(args.drain_s),
         slow_client_s=_number("slow_client_s", args.slow_client_s, 0.1, 600),
         resume_grace_s=_number("resume_grace_s", args.resume_grace_s, 0, 3600),
+        live_store_retention_s=_number(
+            "live_store_retention_s", args.live_store_retention_s, 1, 30 * 86_400
+        ),
+        live_recording_max_s=_number("live_recording_max_s", args.live_recording_max_s, 0, 7200),
         event_loop=_loop(args.loop),
         worker_index=None if args.worker_index is None else int(args.worker_index),
         worker_ready_fd=None if args.worker_ready_fd is None else int(args.worker_ready_fd),

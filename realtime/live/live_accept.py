@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Callable
 from typing import Any, Literal
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -50,11 +51,13 @@ async def serve_live(
     caller: str | None = None,
     slow: SlowClients = DEFAULT_SLOW_CLIENTS,
     live_sessions: LiveSessions | None = None,
+    parse: Callable[[Any], LiveSessionConfig] = parse_live_config,
 ) -> None:
     """Serve one GPT-Live WebSocket (already admitted) until it closes; `live_sessions`
-    knows it meanwhile (for sidebands)."""
+    knows it meanwhile (for sidebands). `parse` reads `session.start`'s `session` (a
+    fork's makes the stored session's config from its overrides: live_fork.py)."""
     await websocket.accept()
-    start = await _session_start(websocket)
+    start = await _session_start(websocket, parse)
     if start is None:
         return
     live, client_id = start
@@ -91,11 +94,14 @@ async def _serve_session(
         connection.post(connection.protocol.started(client_id))
         if live_sessions is not None:
             live_sessions.add(session.session_id, connection.protocol)
+            live_sessions.record(connection.protocol)
         await connection.serve(None)
     finally:
         if live_sessions is not None:
             live_sessions.discard(session.session_id)
         await connection.close_socket()
+        if live_sessions is not None:
+            await live_sessions.keep(connection.protocol)
 
 
 async def seed_history(session: Session, live: LiveSessionConfig) -> None:
@@ -105,7 +111,9 @@ async def seed_history(session: Session, live: LiveSessionConfig) -> None:
         await session.add_item(ConversationItem(role=ROLES[item.role], text=text))
 
 
-async def _session_start(websocket: WebSocket) -> tuple[LiveSessionConfig, str | None] | None:
+async def _session_start(
+    websocket: WebSocket, parse: Callable[[Any], LiveSessionConfig]
+) -> tuple[LiveSessionConfig, str | None] | None:
     """The first message as a `session.start`, or None once the client was told why not."""
     try:
         async with asyncio.timeout(START_TIMEOUT_S):
@@ -133,7 +141,7 @@ async def _session_start(websocket: WebSocket) -> tuple[LiveSessionConfig, str |
         await _refuse(websocket, live_error("unknown_parameter", text, client_id, param=extra[0]))
         return None
     try:
-        return parse_live_config(event.get("session")), client_id
+        return parse(event.get("session")), client_id
     except LiveConfigError as exc:
         await _refuse(websocket, live_error(exc.code, str(exc), client_id, param=exc.param))
         return None

@@ -116,6 +116,8 @@ class LiveConnection(MessageConnection):
         return self.protocol.messages(event)
 
     def _audio_message(self, pcm: npt.NDArray[np.int16], rate: int) -> Message:
+        if self.protocol.recording is not None:
+            self.protocol.recording.said(pcm, rate)
         payload = output_payload(pcm, rate, self.formats, self._codec)
         return {
             "type": "session.output_audio.delta",
@@ -162,6 +164,8 @@ class LiveConnection(MessageConnection):
             return
         if self.protocol.muted:
             payload = bytes(len(payload))
+        if self.protocol.recording is not None:
+            self.protocol.recording.hear(payload, formats.input_rate)
         assert self.session is not None
         try:
             await self.session.append_audio(payload, formats.input_rate, 1)

@@ -64,6 +64,7 @@ from .live_config import (
 )
 from .live_delegation import ResponsesBackend
 from .live_errors import live_error
+from .live_recording import LiveRecording
 
 ERROR_LIMIT = 20
 """`error` events about the client's own messages per second; the rest are summarised."""
@@ -126,6 +127,8 @@ class LiveProtocol:
         self.delegations = ClientDelegations()
         self._backend = ResponsesBackend()
         self._sidebands: list[Sideband] = []
+        self.recording: LiveRecording | None = None
+        """Both sides' audio, for a session with `store: true` (live_store.py)."""
         """Controllers attached to this session: each is sent what the primary is sent,
         but the audio."""
 

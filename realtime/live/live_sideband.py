@@ -42,6 +42,7 @@ from .live_errors import live_error
 
 if TYPE_CHECKING:
     from .live_protocol import LiveProtocol
+    from .live_store import StoredSessions
 
 log = logging.getLogger("parley.realtime.live")
 
@@ -51,10 +52,26 @@ DEVICE_ONLY = frozenset({"session.input_audio.append", "session.start"})
 
 
 class LiveSessions:
-    """This process's live sessions by id, for sidebands to find."""
+    """This process's live sessions by id, for sidebands to find; and where those with
+    `store: true` are kept when they end (`stored`, set once Redis is open)."""
 
     def __init__(self) -> None:
         self._by_id: dict[str, LiveProtocol] = {}
+        self.stored: StoredSessions | None = None
+
+    def record(self, primary: LiveProtocol) -> None:
+        """Start the recording of a session that asked to be stored."""
+        if primary.live.store and self.stored is not None and primary.recording is None:
+            primary.recording = self.stored.recorder()
+
+    async def keep(self, primary: LiveProtocol) -> None:
+        """Store an ended session that asked for it (live_store.py). Once only."""
+        session, recording = primary.session, primary.recording
+        if self.stored is None or session is None or recording is None:
+            return
+        primary.recording = None
+        items = await session.history.items()
+        await self.stored.save(session.session_id, primary.live, items, recording)
 
     def add(self, session_id: str, primary: LiveProtocol) -> None:
         self._by_id[session_id] = primary

@@ -26,10 +26,13 @@ from __future__ import annotations
 import contextlib
 import logging
 
+import numpy as np
+import numpy.typing as npt
 from aiortc import RTCPeerConnection
 
 from sessions import ParleyError, Session
 from sessions.events import Event, SessionClosed
+from sessions.resample import SAMPLE_RATE
 
 from ..metrics import TransportMetrics
 from ..slow_clients import DEFAULT_SLOW_CLIENTS, SlowClients
@@ -87,6 +90,7 @@ class LiveCall(WebRTCCall):
         self._post(self.protocol.started(None))
         if self.live_sessions is not None:
             self.live_sessions.add(self.session.session_id, self.protocol)
+            self.live_sessions.record(self.protocol)
 
     def _channel_events(self, session: Session) -> ChannelEvents:
         return _LiveChannel(self)
@@ -94,7 +98,16 @@ class LiveCall(WebRTCCall):
     # --- media ---------------------------------------------------------------------------
 
     async def hear(self, pcm: bytes) -> None:
-        await super().hear(bytes(len(pcm)) if self.protocol.muted else pcm)
+        heard = bytes(len(pcm)) if self.protocol.muted else pcm
+        if self.protocol.recording is not None:
+            self.protocol.recording.hear(heard, SAMPLE_RATE)
+        await super().hear(heard)
+
+    async def audio(self, pcm: npt.NDArray[np.int16], sample_rate: int) -> None:
+        """The model's output, recorded (a stored session) as it goes to the track."""
+        if self.protocol.recording is not None:
+            self.protocol.recording.said(pcm, sample_rate)
+        await super().audio(pcm, sample_rate)
 
     # --- events --------------------------------------------------------------------------
 
@@ -138,6 +151,8 @@ class LiveCall(WebRTCCall):
             if self.live_sessions is not None and self.session is not None:
                 self.live_sessions.discard(self.session.session_id)
             self.protocol.end()  # the session has ended: so have its sidebands
+            if self.live_sessions is not None:
+                await self.live_sessions.keep(self.protocol)
 
 
 class _LiveChannel:

@@ -36,3 +36,14 @@ def test_the_resume_grace_from_the_flag_or_the_environment_reaches_the_app(
     for bad in ("-1", "later", "3601"):
         with pytest.raises(SettingsError, match="--resume-grace-s"):
             parse_settings(["serve", "--resume-grace-s", bad])
+
+
+def test_gpt_live_storage_retention_and_recording_cap_from_the_flags() -> None:
+    """How long a stored GPT-Live session is kept, and its recording's cap."""
+    settings = parse_settings(["serve"])[1]
+    assert (settings.live_store_retention_s, settings.live_recording_max_s) == (86_400, 600)
+    flags = ["serve", "--live-store-retention-s", "3600", "--live-recording-max-s", "60"]
+    settings = parse_settings(flags)[1]
+    assert (settings.live_store_retention_s, settings.live_recording_max_s) == (3600, 60)
+    with pytest.raises(SettingsError, match="--live-store-retention-s"):
+        parse_settings(["serve", "--live-store-retention-s", "0"])
