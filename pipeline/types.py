@@ -65,6 +65,17 @@ class ToolSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class RecognitionHints:
+    """How a client asks its speech to be recognised (OpenAI Realtime's
+    `audio.input.transcription`): the language it is spoken in (ISO-639-1, "" to let the
+    recogniser decide or use its own), and a prompt of words to expect (names, terms) or of
+    the text before it. A recogniser that cannot use one ignores it (pipeline docs say which)."""
+
+    language: str = ""
+    prompt: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Truncation:
     """What an engine does when the conversation does not fit its context (OpenAI
     Realtime's session `truncation`).
@@ -130,6 +141,8 @@ class PipelineRequest:
     sound like a whole turn (a `turn_end` TextDelta), if the engine can judge that."""
     truncation: Truncation = field(default_factory=Truncation)
     """How to cut a conversation longer than the engine's context."""
+    recognition: RecognitionHints = field(default_factory=RecognitionHints)
+    """The client's language and prompt for recognising `audio`."""
     streamed_turn: str = ""
     """The turn as it was streamed to an engine while the user spoke (`StreamingInput`):
     an engine that has it goes on from what it prefilled then; any other (or one that lost

@@ -16,7 +16,8 @@ from typing import Any, Literal, get_args
 
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from .languages import language_name
+from pipeline.whisper_languages import language_name
+
 from .recognition import AudioInfo, Segment
 
 ResponseFormat = Literal["json", "text", "verbose_json", "srt", "vtt"]

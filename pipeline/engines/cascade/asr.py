@@ -19,10 +19,11 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from ...types import INPUT_SAMPLE_RATE
+from ...types import INPUT_SAMPLE_RATE, RecognitionHints
 from .errors import ModelPackageMissing
 
 DEFAULT_DITHER = 30.0
+NO_HINTS = RecognitionHints()
 
 RecognizerName = Literal["whisper", "whisper-tiny", "pocketsphinx"]
 RECOGNIZERS: tuple[RecognizerName, ...] = ("whisper", "whisper-tiny", "pocketsphinx")
@@ -32,9 +33,12 @@ DEFAULT_RECOGNIZER: RecognizerName = "whisper"
 
 
 class Recognizer(Protocol):
-    """One utterance in, its words out; blocking and thread-safe, loaded once per process."""
+    """One utterance in, its words out; blocking and thread-safe, loaded once per process.
+    `hints`: the client's language and prompt, for a recogniser that can use them."""
 
-    def transcribe(self, pcm16: npt.NDArray[np.int16]) -> str: ...
+    def transcribe(
+        self, pcm16: npt.NDArray[np.int16], hints: RecognitionHints = NO_HINTS
+    ) -> str: ...
 
 
 def make_recognizer(name: str = DEFAULT_RECOGNIZER) -> Recognizer:
@@ -64,8 +68,9 @@ class SpeechRecognizer:
         self._decoder: Any = Decoder(samprate=INPUT_SAMPLE_RATE, loglevel="FATAL")
         self._lock = threading.Lock()
 
-    def transcribe(self, pcm16: npt.NDArray[np.int16]) -> str:
-        """The words in `pcm16` (mono at INPUT_SAMPLE_RATE), lower case; "" if none."""
+    def transcribe(self, pcm16: npt.NDArray[np.int16], hints: RecognitionHints = NO_HINTS) -> str:
+        """The words in `pcm16` (mono at INPUT_SAMPLE_RATE), lower case; "" if none.
+        English only, with its own language model: `hints` are not used."""
         if len(pcm16) == 0:
             return ""
         audio = pcm16

@@ -225,7 +225,9 @@ class ThinkerEngine(EntryEngine):
                 if request.transcript is not None:  # recognised at the turn's pause
                     heard = request.transcript
                 else:
-                    heard = await asyncio.to_thread(recognizer.transcribe, request.audio)
+                    heard = await asyncio.to_thread(
+                        recognizer.transcribe, request.audio, request.recognition
+                    )
                 if self._requests.aborted(request_id):
                     return  # while transcribing
                 if heard:

