@@ -190,6 +190,7 @@ def _options(options: ResolvedOptions, output_sample_rate: int) -> dict[str, Any
         "voice": "" if options.voice == "default" else options.voice,
         "speed": options.speed,
         "truncation": pipeline_truncation(options.truncation),
+        "recognition": options.recognition,
     }
 
 

@@ -10,12 +10,15 @@ every field left None falls back to the session's setting when the response star
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
+
+from pipeline.types import RecognitionHints
 
 from .config import SessionConfig, ToolConfig, TruncationConfig, check_tool_choice
 from .errors import InvalidRequestError
 from .events import ConversationItem
+from .recognition_hints import recognition_hints
 
 Modality = Literal["audio", "text"]
 
@@ -60,6 +63,7 @@ class ResponseOptions:
             in_conversation=self.in_conversation,
             input=self.input,
             truncation=config.truncation,
+            recognition=recognition_hints(config),
         )
 
 
@@ -80,3 +84,5 @@ class ResolvedOptions:
     truncation: TruncationConfig = "auto"
     """The session's `truncation`: how the engine cuts a conversation longer than its
     context (a response has no setting of its own)."""
+    recognition: RecognitionHints = field(default_factory=RecognitionHints)
+    """The session's language and prompt for recognising the turn's audio."""

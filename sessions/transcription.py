@@ -25,7 +25,14 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.types import End, ErrorChunk, Pipeline, PipelineRequest, TextDelta
+from pipeline.types import (
+    End,
+    ErrorChunk,
+    Pipeline,
+    PipelineRequest,
+    RecognitionHints,
+    TextDelta,
+)
 
 from .events import (
     Event,
@@ -39,6 +46,7 @@ from .history import History
 log = logging.getLogger("parley.sessions.transcription")
 
 MAX_PENDING = 16
+NO_HINTS = RecognitionHints()
 TRANSCRIBE_TIMEOUT_S = 30.0
 
 
@@ -59,17 +67,20 @@ async def recognise(
     *,
     judge_turn_end: bool = False,
     on_words: Callable[[str], Awaitable[None]] | None = None,
+    hints: RecognitionHints = NO_HINTS,
 ) -> Heard:
     """The words of `pcm`, from a transcription-only pipeline request (one place for both
     transcribers here and in turn_transcript.py), with the pipeline's verdict on whether they
     end the turn if `judge_turn_end`; `on_words` is awaited with the words as soon as they
-    come, before the verdict. Raises TranscriptionFailed or TimeoutError."""
+    come, before the verdict; `hints`: the client's language and prompt. Raises
+    TranscriptionFailed or TimeoutError."""
     request = PipelineRequest(
         request_id=new_id("tr"),
         audio=pcm,
         session_id="",
         transcribe_only=True,
         judge_turn_end=judge_turn_end,
+        recognition=hints,
     )
     parts: list[str] = []
     finished: bool | None = None
@@ -122,9 +133,12 @@ class ItemTranscriber:
         read_audio: AudioReader,
         emit: Callable[[Event], None],
         known: Callable[[str], Awaitable[str | None]] | None = None,
+        hints: Callable[[], RecognitionHints] = lambda: NO_HINTS,
     ) -> None:
         """`known(item_id)`: the item's words if they were recognised already (at the
-        turn's pause, turn_transcript.py), so that only the rest is recognised here."""
+        turn's pause, turn_transcript.py), so that only the rest is recognised here;
+        `hints()`: the session's language and prompt for recognising, as they are now."""
+        self._hints = hints
         self._session_id = session_id
         self._pipeline = pipeline
         self._history = history
@@ -184,7 +198,7 @@ class ItemTranscriber:
             return
         pcm = await self._read_audio(item.begin_ms, item.end_ms)
         try:
-            transcript = (await recognise(self._pipeline, pcm)).words
+            transcript = (await recognise(self._pipeline, pcm, hints=self._hints())).words
         except TranscriptionFailed as exc:
             self._emit(InputTranscriptionFailed(item_id=item.item_id, message=str(exc)))
             return

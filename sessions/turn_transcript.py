@@ -25,10 +25,10 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline.tasks import TaskSet, cancel_and_wait
-from pipeline.types import Pipeline
+from pipeline.types import Pipeline, RecognitionHints
 
 from .events import Event, InputTranscriptionDelta
-from .transcription import Heard, recognise
+from .transcription import NO_HINTS, Heard, recognise
 
 log = logging.getLogger("parley.sessions.turn_transcript")
 
@@ -57,6 +57,9 @@ class TurnTranscript:
         finished."""
         self._judge = judge
         self._words = words
+        self.hints: Callable[[], RecognitionHints] = lambda: NO_HINTS
+        """The session's language and prompt for recognising, as they are now (the session
+        sets it: session.py)."""
         self._session_id = session_id
         self._heard = heard
         self._pipeline = pipeline
@@ -158,7 +161,11 @@ class TurnTranscript:
                 None if self._words is None else partial(self._words, item_id, begin_ms, end_ms)
             )
             heard = await recognise(
-                self._pipeline, pcm, judge_turn_end=self._judge(), on_words=on_words
+                self._pipeline,
+                pcm,
+                judge_turn_end=self._judge(),
+                on_words=on_words,
+                hints=self.hints(),
             )
         except asyncio.CancelledError:
             raise
