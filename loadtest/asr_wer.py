@@ -2,11 +2,16 @@
 
     python -m loadtest.asr_wer                      # every recogniser x every voice set
     python -m loadtest.asr_wer --recognizers whisper --sets piper
+    python -m loadtest.asr_wer --recognizers whisper --sets piper+white piper+babble \
+        --snr 15 5 --noise-reduction off webrtc rnnoise
 
 Prints one row per recogniser and voice set: WER over the 30 sentences (words normalised as in
 `loadtest.speech_set`), real-time factor (time spent / audio length), and per-utterance time
 p50/p95 in ms, each utterance transcribed once after one warm-up call. The recognisers run on
 one CPU thread, as in the Thinker. `--show` prints what each one heard when it was wrong.
+`--snr` sets the noisy sets' signal-to-noise ratio; `--noise-reduction` cleans each set first
+with an input noise suppressor (loadtest/noise_suppressors.py; one stream per set, as one
+session hearing the questions one after another).
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loadtest.speech_set import VOICE_SETS, Pcm, Utterance, spoken_set, word_errors
+from loadtest.noise_suppressors import SUPPRESSORS, suppress
+from loadtest.speech_set import SNR_DB, VOICE_SETS, Pcm, Utterance, spoken_set, word_errors
 from pipeline.types import INPUT_SAMPLE_RATE
 
 Transcribe = Callable[[Pcm], str]
@@ -105,22 +111,41 @@ def measure(
     )
 
 
+def denoised(utterances: list[Utterance], suppressor_name: str) -> list[Utterance]:
+    """`utterances` through one stream of the named suppressor, in order."""
+    suppressor = SUPPRESSORS[suppressor_name]()
+    try:
+        return [Utterance(u.reference, suppress(suppressor, u.audio)) for u in utterances]
+    finally:
+        suppressor.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--recognizers", nargs="+", default=list(RECOGNIZERS))
     parser.add_argument("--sets", nargs="+", default=list(VOICE_SETS))
     parser.add_argument("--show", action="store_true", help="print each misheard sentence")
+    parser.add_argument("--snr", nargs="+", type=float, default=[SNR_DB], help="noisy sets' dB")
+    parser.add_argument("--noise-reduction", nargs="+", default=["off"], choices=list(SUPPRESSORS))
     args = parser.parse_args()
-    sets = {name: list(spoken_set(name)) for name in args.sets}
-    seconds = [len(u.audio) / INPUT_SAMPLE_RATE for u in sets[args.sets[0]]]
+    sets: dict[str, list[Utterance]] = {}
+    for name in args.sets:
+        for snr in args.snr if "+" in name else [SNR_DB]:
+            noisy = list(spoken_set(name, snr_db=snr))
+            for cleaner in args.noise_reduction:
+                label = (f"{name}@{snr:g}" if "+" in name else name) + (
+                    "" if cleaner == "off" else f"/{cleaner}"
+                )
+                sets[label] = noisy if cleaner == "off" else denoised(noisy, cleaner)
+    seconds = [len(u.audio) / INPUT_SAMPLE_RATE for u in next(iter(sets.values()))]
     print(f"{len(seconds)} sentences, {np.mean(seconds):.2f} s of audio on average")
-    print(f"{'recognizer':<14}{'voices':<14}{'WER':>7}{'RTF':>7}{'p50 ms':>8}{'p95 ms':>8}")
+    print(f"{'recognizer':<14}{'voices':<28}{'WER':>7}{'RTF':>7}{'p50 ms':>8}{'p95 ms':>8}")
     for name in args.recognizers:
         transcribe = RECOGNIZERS[name]()
         for voice_set, utterances in sets.items():
             row = measure(name, transcribe, voice_set, utterances, args.show)
             print(
-                f"{row.recognizer:<14}{row.voice_set:<14}{row.wer:>7.1%}{row.rtf:>7.3f}"
+                f"{row.recognizer:<14}{row.voice_set:<28}{row.wer:>7.1%}{row.rtf:>7.3f}"
                 f"{row.p50_ms:>8.0f}{row.p95_ms:>8.0f}",
                 flush=True,
             )

@@ -156,8 +156,11 @@ def _babble(others: list[Pcm], length: int, rng: np.random.Generator) -> npt.NDA
     return mixed
 
 
-def spoken_set(voice_set: str, sentences: tuple[str, ...] = SENTENCES) -> Iterator[Utterance]:
-    """Each sentence of `sentences` spoken as `voice_set` says (one of VOICE_SETS)."""
+def spoken_set(
+    voice_set: str, sentences: tuple[str, ...] = SENTENCES, snr_db: float = SNR_DB
+) -> Iterator[Utterance]:
+    """Each sentence of `sentences` spoken as `voice_set` says (one of VOICE_SETS), the
+    noisy sets at `snr_db` (15 dB unless asked: the noise reduction bench asks for 5 too)."""
     if voice_set not in VOICE_SETS:
         raise ValueError(f"voice set {voice_set!r} is not one of {VOICE_SETS}")
     if voice_set == "espeak":
@@ -171,7 +174,20 @@ def spoken_set(voice_set: str, sentences: tuple[str, ...] = SENTENCES) -> Iterat
         if voice_set == "piper":
             yield Utterance(text, audio)
         elif voice_set == "piper+white":
-            yield Utterance(text, _mix(audio, rng.normal(0.0, 1.0, len(audio)), SNR_DB))
+            yield Utterance(text, _mix(audio, rng.normal(0.0, 1.0, len(audio)), snr_db))
         else:
             others = clean[:index] + clean[index + 1 :]
-            yield Utterance(text, _mix(audio, _babble(others, len(audio), rng), SNR_DB))
+            yield Utterance(text, _mix(audio, _babble(others, len(audio), rng), snr_db))
+
+
+def noise_only(kind: str, clean: list[Pcm], seconds: float, snr_db: float, seed: int = SEED) -> Pcm:
+    """`seconds` of white or babble noise (`kind`) alone, at the level it has `snr_db`
+    under the mean power of `clean` (the spoken set): what a microphone hears in that noise
+    while nobody speaks to it."""
+    rng = np.random.default_rng(seed)
+    length = int(seconds * INPUT_SAMPLE_RATE)
+    noise = rng.normal(0.0, 1.0, length) if kind == "white" else _babble(clean, length, rng)
+    power = float(np.mean([np.mean(c.astype(np.float64) ** 2) for c in clean]))
+    gain = np.sqrt(power / (np.mean(noise**2) * 10 ** (snr_db / 10)))
+    out: Pcm = np.clip(gain * noise, -32768, 32767).astype(np.int16)
+    return out

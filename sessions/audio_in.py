@@ -3,10 +3,11 @@
 Audio comes in at any supported rate and channel count (PCM16 interleaved). It is
 resampled to 16 kHz mono 20 ms frames (a change of format mid-stream flushes the old
 resampler first, and a format that cannot be read is refused before any state changes),
-heard by a duplex model as it comes, placed on the session's input timeline (`Turns`),
-buffered (Redis, audio_buffer.py) and heard by turn-taking (turn_taking.py), all under the
-session's media lock, so a commit or a clear never lands between a frame's buffering and
-its detection.
+cleaned by the session's noise suppressor when `noise_reduction` is on (noise_reduction.py:
+everything after hears the cleaned audio), heard by a duplex model as it comes, placed on
+the session's input timeline (`Turns`), buffered (Redis, audio_buffer.py) and heard by
+turn-taking (turn_taking.py), all under the session's media lock, so a commit or a clear
+never lands between a frame's buffering and its detection.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from collections.abc import Callable
 
 from pipeline.audio_format import FRAME_MS
 
+from .config import NoiseReductionConfig
 from .duplex_turns import DuplexTurns
+from .noise_reduction import InputNoiseReduction
 from .resample import InputResampler
 from .store import SessionStore
 from .turn_taking import TurnTaking
@@ -34,8 +37,10 @@ class AudioIn:
         turn_taking: TurnTaking,
         media_lock: asyncio.Lock,
         duplex: DuplexTurns | None,
+        noise_reduction: NoiseReductionConfig | None = None,
     ) -> None:
-        """`store`: the session's (its audio buffer, its metrics)."""
+        """`store`: the session's (its audio buffer, its metrics); `noise_reduction`: the
+        session's setting (None: off)."""
         self._session_id = store.session_id
         self._audio = store.audio
         self._turns = turns
@@ -44,6 +49,15 @@ class AudioIn:
         self._lock = media_lock
         self._duplex = duplex
         self._resampler: InputResampler | None = None
+        self._noise = InputNoiseReduction(noise_reduction)
+
+    def reconfigure(self, noise_reduction: NoiseReductionConfig | None) -> None:
+        """A `session.update`'s setting, from the next frame on."""
+        self._noise.reconfigure(noise_reduction)
+
+    def close(self) -> None:
+        """Idempotent: the suppressor's state goes; later audio passes as it is."""
+        self._noise.close()
 
     def _frames(self, pcm: bytes, sample_rate: int, channels: int) -> list[bytes]:
         """`pcm` as 20 ms frames at 16 kHz mono (MediaError if its format is unsupported)."""
@@ -62,7 +76,7 @@ class AudioIn:
         self, pcm: bytes, sample_rate: int, channels: int, check_open: Callable[[], None]
     ) -> None:
         """`check_open()` raises once the session is closing (checked under the lock)."""
-        frames = self._frames(pcm, sample_rate, channels)
+        frames = self._noise.process(self._frames(pcm, sample_rate, channels))
         if self._duplex is not None:
             self._duplex.hear(frames)
         audio, metrics = self._audio, self._metrics

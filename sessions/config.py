@@ -274,7 +274,9 @@ class InputTranscriptionConfig(_Model):
 
 
 class NoiseReductionConfig(_Model):
-    """OpenAI's `audio.input.noise_reduction`: accepted and echoed, not applied yet."""
+    """OpenAI's `audio.input.noise_reduction`: the session's input audio is cleaned by a
+    noise suppressor before turn detection and recognition hear it (noise_reduction.py
+    maps each type to its level); None (the default) leaves it as it is."""
 
     type: Literal["near_field", "far_field"] = "near_field"
 

@@ -152,7 +152,9 @@ class Session:
             known=self.turn_taking.words,
         )
         self.conversation = Conversation(store, self._turns, self._transcriber, self.emit)
-        self._audio_in = AudioIn(store, self._turns, self.turn_taking, self._media_lock, duplex)
+        self._audio_in = AudioIn(
+            store, self._turns, self.turn_taking, self._media_lock, duplex, config.noise_reduction
+        )
         self._responder = Responder(
             self, pipeline, self._turns, self._transcriber, self._requests, self.turn_taking
         )
@@ -259,6 +261,7 @@ class Session:
         await self.turn_taking.close()
         async with self._media_lock:  # no media write races the key deletion
             await self._responder.cancel(self.close_reason or "session_closed")
+            self._audio_in.close()
             self.output.sink.clear()
             self.machine.to(SessionState.CLOSED, self.close_reason)
             self.emit(SessionClosed(reason=self.close_reason))
@@ -353,6 +356,7 @@ class Session:
             await self.frames.reconfigure(new.video)
             self.audio.max_seconds = new.max_audio_seconds
             self.turn_taking.reconfigure(new.turn_detection)
+            self._audio_in.reconfigure(new.noise_reduction)
             self.config = new
         self.emit(SessionUpdated(session_id=self.session_id, config=new))
         # The record too: a resume on another process goes on with these settings.

@@ -236,6 +236,7 @@ def session_object(
     session: dict[str, Any] = {"type": "realtime", "object": "realtime.session"}
     if session_id is not None:
         session["id"] = session_id
+    noise = config.noise_reduction
     session |= {
         "model": MODEL,
         "instructions": config.instructions,
@@ -243,6 +244,7 @@ def session_object(
         "audio": {
             "input": {
                 "format": format_object(formats.input, formats.input_rate),
+                "noise_reduction": noise.model_dump() if noise is not None else None,
                 "turn_detection": _turn_detection(td),
             },
             "output": {

@@ -10,7 +10,8 @@ settings under `audio.input` (beta: top level, or the `transcription_session.upd
 - `audio.input.transcription` (`model`, `language`, `prompt`; beta
   `input_audio_transcription`): kept and echoed; the pipeline's recogniser transcribes;
 - `audio.input.noise_reduction` (`near_field` / `far_field`; beta
-  `input_audio_noise_reduction`): kept and echoed, not applied yet;
+  `input_audio_noise_reduction`): kept, echoed and applied to the input audio by the
+  session (sessions/noise_reduction.py), a conversation's and a transcription's alike;
 - `include`: `item.input_audio_transcription.logprobs` only.
 
 Each value Parley cannot take is a ProtocolError naming its parameter, and the rest applies.
