@@ -26,6 +26,7 @@ from pipeline.audio_format import OUTPUT_SAMPLE_RATE, SUPPORTED_OUTPUT_RATES
 from pipeline.voices import OMNI_SPEAKERS, VOICE_NAMES, is_voice_name
 
 from .errors import ConfigError
+from .mcp_config import MAX_MCP_SERVERS, McpToolConfig
 
 __all__ = [
     "LOGPROBS",
@@ -295,6 +296,8 @@ class SessionConfig(_Model):
     """Speaking rate, OpenAI's `audio.output.speed`: 0.25-1.5, 1 is normal."""
     tools: tuple[ToolConfig, ...] = Field(default=(), max_length=MAX_TOOLS)
     tool_choice: ToolChoiceConfig = "auto"
+    mcp_tools: tuple[McpToolConfig, ...] = Field(default=(), max_length=MAX_MCP_SERVERS)
+    """The `{"type": "mcp"}` entries of OpenAI's `tools`: remote MCP servers (mcp_tools.py)."""
     max_output_tokens: OutputTokens | None = None
     """At most this many tokens per answer (OpenAI's `max_output_tokens`; None is `inf`)."""
     truncation: TruncationConfig = "auto"

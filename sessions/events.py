@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from .config import SessionConfig
 
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
-ItemType = Literal["message", "function_call", "function_call_output"]
+ItemType = Literal[
+    "message",
+    "function_call",
+    "function_call_output",
+    "mcp_list_tools",
+    "mcp_call",
+    "mcp_approval_request",
+    "mcp_approval_response",
+]
 ResponseStatus = Literal["completed", "cancelled", "failed"]
 
 
@@ -46,6 +54,12 @@ class ConversationItem:
     name: str = ""
     call_id: str = ""
     arguments: str = ""
+    server_label: str = ""
+    """The MCP server of an `mcp_*` item (mcp_events.py says how each uses the fields)."""
+    approval_request_id: str = ""
+    approve: bool = False
+    error: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from . import events
+from . import events, mcp_events
 from .config import SessionConfig
 from .events import ConversationItem, Event, ResponseUsage
 
@@ -68,7 +68,8 @@ def _event_types() -> dict[str, type[Event]]:
     # originals may linger among Event.__subclasses__().
     return {
         obj.type: obj
-        for obj in vars(events).values()
+        for module in (events, mcp_events)
+        for obj in vars(module).values()
         if isinstance(obj, type) and issubclass(obj, Event) and obj is not Event
     }
 

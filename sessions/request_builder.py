@@ -10,15 +10,17 @@ the answer starts.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 import numpy as np
 
-from pipeline.types import HistoryItem, PipelineRequest, ToolSpec, Truncation, VideoFrame
+from pipeline.types import HistoryItem, ItemKind, PipelineRequest, ToolSpec, Truncation, VideoFrame
 
 from .config import TruncationConfig
 from .events import ConversationItem
 from .frame_window import FrameWindow, turn_window
+from .mcp_history import mcp_history
 from .metrics import SessionMetrics
 from .response_options import ResolvedOptions
 from .store import SessionStore
@@ -30,11 +32,23 @@ def history_item(item: ConversationItem) -> HistoryItem:
         role=item.role,
         text=item.text,
         item_id=item.id,
-        kind=item.type,
+        kind=cast(ItemKind, item.type),
         name=item.name,
         call_id=item.call_id,
         arguments=item.arguments,
     )
+
+
+def prompt_history(items: Sequence[ConversationItem]) -> tuple[HistoryItem, ...]:
+    """The conversation as the model reads it (MCP items as mcp_history.py shows them)."""
+    requests = {item.id: item for item in items if item.type == "mcp_approval_request"}
+    prompt: list[HistoryItem] = []
+    for item in items:
+        if item.type.startswith("mcp_"):
+            prompt += mcp_history(item, requests)
+        elif _in_prompt(item):
+            prompt.append(history_item(item))
+    return tuple(prompt)
 
 
 def _in_prompt(item: ConversationItem) -> bool:
@@ -76,7 +90,7 @@ class RequestBuilder:
             audio=pcm,
             transcript=transcript,
             frames=tuple(await self._store.frames.sample(window=self._window_ahead(audio_ms))),
-            history=tuple(history_item(item) for item in items if _in_prompt(item)),
+            history=prompt_history(items),
             streamed_turn=streamed_turn,
             **_options(options, output_sample_rate),
         )
@@ -94,9 +108,7 @@ class RequestBuilder:
             session_id=self.session_id,
             item_ids=(*(item.id for item in items if item.id != item_id), item_id),
             audio=np.zeros(0, dtype=np.int16),
-            history=tuple(
-                history_item(item) for item in items if item.id != item_id and _in_prompt(item)
-            ),
+            history=prompt_history([item for item in items if item.id != item_id]),
             **_options(options, output_sample_rate),
         )
 
@@ -120,7 +132,7 @@ class RequestBuilder:
             if last is not None and last.role == "user" and last.type == "message":
                 text = last.text
                 items.pop()
-            history = tuple(history_item(item) for item in items if _in_prompt(item))
+            history = prompt_history(items)
             item_ids = tuple(item.id for item in options.input)
             frames: tuple[VideoFrame, ...] = ()
         else:
@@ -136,11 +148,7 @@ class RequestBuilder:
             if text_id:
                 text = next((item.text for item in items if item.id == text_id), None)
             this_turn = turn.item_ids
-            history = tuple(
-                history_item(item)
-                for item in items
-                if item.id not in this_turn and _in_prompt(item)
-            )
+            history = prompt_history([item for item in items if item.id not in this_turn])
             earlier = tuple(item.id for item in items if item.id not in this_turn)
             present = {item.id for item in items}
             item_ids = earlier + tuple(i for i in this_turn if i in present)
@@ -183,7 +191,8 @@ def _options(options: ResolvedOptions, output_sample_rate: int) -> dict[str, Any
         "output_sample_rate": output_sample_rate,
         "output_text_only": not options.audio_output,
         "tools": tuple(
-            ToolSpec(tool.name, tool.description, dict(tool.parameters)) for tool in options.tools
+            ToolSpec(tool.name, tool.description, dict(tool.parameters))
+            for tool in (*options.tools, *options.mcp_tools)
         ),
         "tool_choice": options.tool_choice,
         "max_output_tokens": options.max_output_tokens,

@@ -28,6 +28,7 @@ from .errors import InvalidRequestError, RedisUnavailableError, SessionClosedErr
 from .events import Event, new_id
 from .history import History
 from .limits import SessionLimits
+from .mcp_tools import McpTools
 from .metrics import SessionMetrics
 from .prefetch import Prefetch
 from .request_builder import RequestBuilder
@@ -107,6 +108,8 @@ class Responder:
         """The last answer: a client may still truncate its item after it ended."""
         self._task: asyncio.Task[None] | None = None
         self._writer_lock = asyncio.Lock()
+        self.mcp: McpTools | None = None
+        """The session's MCP servers, whose tools each answer offers and calls."""
 
     @property
     def responding(self) -> bool:
@@ -150,7 +153,7 @@ class Responder:
         if prefetched is None:
             await self._turn_taking.drop_ahead()  # an answer to anything else: that is moot
         host = self._host
-        resolved = (options or ResponseOptions()).resolve(host.config)
+        resolved = self._resolve(options or ResponseOptions())
         async with self._writer_lock:  # one writer: never start while one is torn down
             await self._end_previous()
             tg: asyncio.TaskGroup | None = host.task_group
@@ -177,6 +180,7 @@ class Responder:
                 first_audio=self._speaking,
                 chunk_timeout_s=self._chunk_timeout_s,
                 clock=self._clock,
+                mcp=self.mcp,
             )
             response = Response(
                 new_id("resp"),
@@ -196,6 +200,14 @@ class Responder:
                 self._run(response), name=f"{self._session_id}:{response.response_id}"
             )
             return response.response_id
+
+    def _resolve(self, options: ResponseOptions) -> ResolvedOptions:
+        """The options over the session's settings, with its MCP servers' tools."""
+        config = self._host.config
+        if self.mcp is None:
+            return options.resolve(config)
+        functions = options.tools if options.tools is not None else config.tools
+        return options.resolve(config, self.mcp.tool_configs(functions))
 
     async def _end_previous(self) -> None:
         """Before a new answer: one that is only playing out its audio hands over (its
@@ -284,7 +296,7 @@ class Responder:
     ) -> PipelineRequest:
         """The request of an answer begun ahead, on the words of the turn so far."""
         config = self._host.config
-        options, rate = ResponseOptions().resolve(config), config.output_sample_rate
+        options, rate = self._resolve(ResponseOptions()), config.output_sample_rate
         streamed = await self._turn_taking.streamed_turn(item_id, ahead=True)
         return await self._requests.build_ahead(
             new_id("resp"), item_id, span_ms, words, options, rate, streamed
@@ -294,7 +306,7 @@ class Responder:
         """The request the spoken turn `item_id`, just begun, would be answered with so far
         (no audio): a turn streamed while the user speaks opens with it."""
         config = self._host.config
-        options, rate = ResponseOptions().resolve(config), config.output_sample_rate
+        options, rate = self._resolve(ResponseOptions()), config.output_sample_rate
         return await self._requests.build_context(new_id("resp"), item_id, options, rate)
 
     async def _build_request(

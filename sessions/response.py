@@ -60,6 +60,9 @@ from .events import (
     new_id,
 )
 from .history import History
+from .mcp_calls import McpCalls
+from .mcp_history import MCP_ROUNDS, follow_up
+from .mcp_tools import McpTools
 from .prefetch import Prefetch
 from .response_options import ResolvedOptions
 from .sink import OutputSink
@@ -89,6 +92,8 @@ class ResponseContext:
     """Fail when the pipeline sends nothing for this long."""
     clock: Clock = REAL_CLOCK
     """The time the chunk timeout and the latency figures are measured in."""
+    mcp: McpTools | None = None
+    """The session's MCP servers: their tools' calls run in the response (mcp_calls.py)."""
 
 
 class Response:
@@ -121,7 +126,22 @@ class Response:
         """The answer's message item; announced with its first text or audio."""
         self._announced = False
         self.calls: list[ConversationItem] = []
-        """The function calls made so far, in order."""
+        """The function calls (and MCP calls and approval requests) made so far, in order."""
+        self._mcp = (
+            None
+            if context.mcp is None
+            else McpCalls(
+                context.mcp,
+                response_id,
+                context.history,
+                context.emit,
+                self._previous_id,
+                self.calls,
+                options.tools,
+                options.in_conversation,
+            )
+        )
+        self._heard_words = heard or ""
         self._pipeline = context.pipeline
         self._sink = context.sink
         self._history = context.history
@@ -174,6 +194,8 @@ class Response:
                 if self._prefetched is not None:
                     self.request = await self._prefetched.request()
                 else:
+                    if self._mcp is not None:  # calls approved since: run, then answer
+                        await self._mcp.run_approved()
                     self.request = await self._build_request(self.response_id)
             except RedisUnavailableError as exc:  # this answer fails, the session goes on
                 self.redis_unavailable = True
@@ -216,8 +238,25 @@ class Response:
         self._handed_over = True
 
     async def _generate(self, request: PipelineRequest) -> tuple[ResponseStatus, str, str | None]:
-        """Stream the answer; returns its status, the reason, and an error code if it failed."""
-        if self._prefetched is not None:
+        """Stream the answer; returns its status, the reason, and an error code if it failed.
+        After MCP calls the model made, it goes on reading their results (up to
+        `MCP_ROUNDS` times), in the same response."""
+        outcome = await self._stream(request, first=True)
+        for round_ in range(1, MCP_ROUNDS):
+            if self._mcp is None or outcome[0] != "completed":
+                break
+            await self._mcp.run_ready()
+            if not self._mcp.ran:
+                break
+            request = follow_up(request, self._mcp.ran, self._heard_words, round_)
+            self._mcp.ran = []
+            outcome = await self._stream(request, first=False)
+        return outcome
+
+    async def _stream(
+        self, request: PipelineRequest, *, first: bool
+    ) -> tuple[ResponseStatus, str, str | None]:
+        if self._prefetched is not None and first:
             stream = self._prefetched.stream()
         else:
             stream = self._pipeline.generate(request)
@@ -274,6 +313,9 @@ class Response:
             )
 
     async def _on_tool_call(self, chunk: ToolCallDelta) -> None:
+        if self._mcp is not None and self._mcp.handles(chunk.name):
+            await self._mcp.on_delta(chunk)
+            return
         call = self.calls[-1] if self.calls else None
         if call is None or call.call_id != chunk.call_id or call.status != "in_progress":
             call = ConversationItem(
@@ -356,7 +398,7 @@ class Response:
         parts, self._input_transcript = self._input_transcript, None
         if not parts or self._user_item_id is None:
             return
-        transcript = "".join(parts).strip()
+        transcript = self._heard_words = "".join(parts).strip()
         user_item = await self._history.get(self._user_item_id)
         if user_item is not None:
             if user_item.text:

@@ -39,13 +39,15 @@ class ResponseOptions:
     input: tuple[ConversationItem, ...] | None = None
     """The response's own context instead of the conversation's (an empty tuple: none)."""
 
-    def resolve(self, config: SessionConfig) -> ResolvedOptions:
+    def resolve(
+        self, config: SessionConfig, mcp_tools: tuple[ToolConfig, ...] = ()
+    ) -> ResolvedOptions:
         """These options over `config`; raises InvalidRequestError for a tool_choice that
-        names no tool of the response."""
+        names no tool of the response. `mcp_tools`: the session's MCP servers' tools."""
         tools = self.tools if self.tools is not None else config.tools
         choice = self.tool_choice if self.tool_choice is not None else config.tool_choice
         try:
-            check_tool_choice(choice, tools)
+            check_tool_choice(choice, tools + mcp_tools)
         except ValueError as exc:
             raise InvalidRequestError(f"response.tool_choice: {exc}", "invalid_value") from None
         modalities = self.output_modalities or config.output_modalities
@@ -56,6 +58,7 @@ class ResponseOptions:
             audio_output="audio" in modalities,
             metadata=self.metadata,
             tools=tools,
+            mcp_tools=mcp_tools,
             tool_choice=choice,
             max_output_tokens=self.max_output_tokens or config.max_output_tokens,
             voice=self.voice or config.voice,
@@ -86,3 +89,5 @@ class ResolvedOptions:
     context (a response has no setting of its own)."""
     recognition: RecognitionHints = field(default_factory=RecognitionHints)
     """The session's language and prompt for recognising the turn's audio."""
+    mcp_tools: tuple[ToolConfig, ...] = ()
+    """The tools the session's MCP servers listed, offered after `tools` (mcp_tools.py)."""

@@ -47,6 +47,7 @@ from .events import (
 )
 from .limits import SessionLimits as SessionLimits  # where the manager and tests find it
 from .limits import Watchdog
+from .mcp_tools import McpTools
 from .metrics import SessionMetrics
 from .output import SessionOutput
 from .prefetch import Prefetch
@@ -158,6 +159,7 @@ class Session:
         self._responder = Responder(
             self, pipeline, self._turns, self._transcriber, self._requests, self.turn_taking
         )
+        self.mcp = self._responder.mcp = McpTools(session_id, self.history, self.emit)
         self._tg: asyncio.TaskGroup | None = None
         self._started = asyncio.Event()
         """session.created has gone out: what the client sends is answered after it."""
@@ -211,6 +213,7 @@ class Session:
                         )
                     )
                 self._started.set()
+                self.mcp.reconfigure(self.config.mcp_tools)  # listed after session.created
                 await self._close_requested.wait()
                 await self._shutdown()
                 watchdog.cancel()
@@ -221,6 +224,7 @@ class Session:
         finally:
             self._started.set()  # nobody waits for a session.created that never comes
             self._tg = None
+            await self.mcp.close()
             if self.duplex is not None:
                 self.duplex.close()
             await self.audio.aclose()
@@ -261,6 +265,7 @@ class Session:
         await self.turn_taking.close()
         async with self._media_lock:  # no media write races the key deletion
             await self._responder.cancel(self.close_reason or "session_closed")
+            await self.mcp.close()
             self._audio_in.close()
             self.output.sink.clear()
             self.machine.to(SessionState.CLOSED, self.close_reason)
@@ -359,6 +364,7 @@ class Session:
             self._audio_in.reconfigure(new.noise_reduction)
             self.config = new
         self.emit(SessionUpdated(session_id=self.session_id, config=new))
+        self.mcp.reconfigure(new.mcp_tools)
         # The record too: a resume on another process goes on with these settings.
         await self.store.write_record(new, self.resume_token)
         return new

@@ -357,8 +357,9 @@ def partial_session_patch(
     if audio_out is not None and audio_out.speed is not None:
         patch["speed"] = audio_out.speed
     if spec.tools is not None:
-        tools, tool_errors = tool_configs(spec.tools, "session.tools", eid)
-        patch["tools"] = tools
+        mcp: list[dict[str, Any]] = []
+        tools, tool_errors = tool_configs(spec.tools, "session.tools", eid, mcp)
+        patch["tools"], patch["mcp_tools"] = tools, mcp
         errors += tool_errors
     if spec.tool_choice is not None:
         try:

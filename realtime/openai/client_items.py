@@ -2,7 +2,8 @@
 
 Three item types: a `message` (role user, system or assistant, of content parts), a
 `function_call` (a call the model made, replayed by a client that keeps its own history),
-and a `function_call_output` (what the client's code returned for a call). Parts:
+a `function_call_output` (what the client's code returned for a call), and an
+`mcp_approval_response` (the client's answer to an `mcp_approval_request`). Parts:
 `input_text`, `input_image` (an inline JPEG or PNG data URL) and `input_audio` (base64 in
 the connection's input format) for the user; `input_text` for the system; `output_text`
 (beta `text`) and `output_audio` (its `transcript`) for the assistant.
@@ -61,7 +62,9 @@ class ItemSpec(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True, frozen=True)
 
     id: str | None = Field(default=None, min_length=1, max_length=MAX_ITEM_ID)
-    type: Literal["message", "function_call", "function_call_output"] = "message"
+    type: Literal["message", "function_call", "function_call_output", "mcp_approval_response"] = (
+        "message"
+    )
     role: Literal["user", "system", "assistant"] | None = None
     content: list[ContentPart] | None = None
     call_id: str | None = Field(default=None, min_length=1, max_length=MAX_ITEM_ID)
@@ -69,6 +72,9 @@ class ItemSpec(BaseModel):
     arguments: str | None = None
     output: str | None = None
     status: str | None = None
+    approval_request_id: str | None = Field(default=None, min_length=1, max_length=MAX_ITEM_ID)
+    approve: bool | None = None
+    reason: str | None = None
 
     @model_validator(mode="after")
     def _complete(self) -> ItemSpec:
@@ -76,6 +82,7 @@ class ItemSpec(BaseModel):
             "message": ("role", "content"),
             "function_call": ("call_id", "name", "arguments"),
             "function_call_output": ("call_id", "output"),
+            "mcp_approval_response": ("approval_request_id", "approve"),
         }[self.type]
         for field in needs:
             if getattr(self, field) is None:
@@ -107,6 +114,15 @@ def client_item(spec: ItemSpec, event_id: str | None) -> ClientItem:
             arguments=spec.arguments or "",
         )
         return ClientItem(_with_id(call, spec.id))
+    if spec.type == "mcp_approval_response":
+        answer = ConversationItem(
+            role="user",
+            type="mcp_approval_response",
+            approval_request_id=spec.approval_request_id or "",
+            approve=bool(spec.approve),
+            text=spec.reason or "",
+        )
+        return ClientItem(_with_id(answer, spec.id))
     if spec.type == "function_call_output":
         output = ConversationItem(
             role="user",

@@ -40,6 +40,13 @@ from sessions.events import (
     ResponseCreated,
     ResponseDone,
 )
+from sessions.mcp_events import (
+    McpCallArgumentsDelta,
+    McpCallArgumentsDone,
+    McpCallCompleted,
+    McpCallFailed,
+    McpCallInProgress,
+)
 
 from .server_events import item_object, transcription_usage
 
@@ -131,8 +138,10 @@ class GAExpander:
                 return self._ids(event, [wire], wire)
             case FunctionCallArgumentsDelta():
                 return self._ids(event, [self._indexed(wire, event.item_id)], None)
-            case FunctionCallArgumentsDone():
+            case FunctionCallArgumentsDone() | McpCallCompleted() | McpCallFailed():
                 return self._call_done(event, wire)
+            case McpCallArgumentsDelta() | McpCallArgumentsDone() | McpCallInProgress():
+                return self._ids(event, [self._indexed(wire, event.item_id)], None)
             case ResponseDone():
                 return self._response_done(event, wire)
             case _:
@@ -190,7 +199,9 @@ class GAExpander:
             group.append({"type": "conversation.item.done", "item": item_json})
         return group
 
-    def _call_done(self, event: FunctionCallArgumentsDone, wire: Message) -> list[Message]:
+    def _call_done(
+        self, event: FunctionCallArgumentsDone | McpCallCompleted | McpCallFailed, wire: Message
+    ) -> list[Message]:
         output = self._outputs.get(event.item.id)
         if output is None:
             return self._ids(event, [wire], wire)

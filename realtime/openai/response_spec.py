@@ -32,9 +32,13 @@ _MAX_TOKENS = 4_096
 
 
 def tool_configs(
-    raw: list[dict[str, Any]], param: str, event_id: str | None
+    raw: list[dict[str, Any]],
+    param: str,
+    event_id: str | None,
+    mcp: list[dict[str, Any]] | None = None,
 ) -> tuple[list[dict[str, Any]], list[ProtocolError]]:
-    """OpenAI tool objects -> the session's tool settings, and an error per tool left out."""
+    """OpenAI tool objects -> the session's tool settings, and an error per tool left out;
+    MCP servers go to `mcp` where it is given (session.tools)."""
     tools: list[dict[str, Any]] = []
     errors: list[ProtocolError] = []
     for index, tool in enumerate(raw):
@@ -42,11 +46,15 @@ def tool_configs(
         kind = tool.get("type", "function")
         nested = tool.get("function")
         body: dict[str, Any] = nested if isinstance(nested, dict) else tool
+        if kind == "mcp" and mcp is not None:
+            mcp.append(tool)
+            continue
         if kind != "function":
             errors.append(
                 ProtocolError(
                     "unsupported",
-                    f"tool type {kind!r} is not supported; Parley calls function tools",
+                    f"tool type {kind!r} is not supported here; Parley calls function "
+                    "tools, and MCP servers given in session.tools",
                     event_id,
                     f"{where}.type",
                 )
@@ -72,7 +80,11 @@ def tool_choice_value(raw: object, param: str, event_id: str | None) -> str:
     """`auto` / `none` / `required`, or the name of the function to call."""
     if isinstance(raw, str) and raw in ("auto", "none", "required"):
         return raw
-    if isinstance(raw, dict) and raw.get("type") == "function" and isinstance(raw.get("name"), str):
+    if (
+        isinstance(raw, dict)
+        and raw.get("type") in ("function", "mcp")
+        and isinstance(raw.get("name"), str)
+    ):
         return cast(str, raw["name"])
     if isinstance(raw, dict) and isinstance(raw.get("function"), dict):
         name = raw["function"].get("name")

@@ -55,6 +55,7 @@ from sessions.events import (
 )
 
 from .client_events import AudioFormats, format_object
+from .mcp_events import mcp_event_body, mcp_item_object
 from .transcription_session import transcription_session_object
 
 MODEL = "parley"
@@ -176,6 +177,8 @@ def to_wire(
             body = {"error": _error(event)}
         case ConversationItemDeleted():
             body = {"item_id": event.item_id}
+        case _ if (mcp := mcp_event_body(event)) is not None:
+            body = mcp
         case _:  # Parley's own events (session.state_changed, .expiring, .closed)
             return event_to_dict(event) if extra_events else None
     return {"type": event.type, "event_id": event.event_id, **body}
@@ -253,7 +256,8 @@ def session_object(
                 "speed": config.speed,
             },
         },
-        "tools": [tool.model_dump(mode="json") for tool in config.tools],
+        "tools": [tool.model_dump(mode="json") for tool in config.tools]
+        + [server.wire() for server in config.mcp_tools],
         "tool_choice": _tool_choice(config.tool_choice),
         "max_output_tokens": config.max_output_tokens or "inf",
         "truncation": truncation_object(config.truncation),
@@ -264,7 +268,9 @@ def session_object(
 
 def item_object(item: ConversationItem) -> dict[str, Any]:
     """A GA `realtime.item`: a message with one content part, as the session knows it, a
-    function call, or a function call's output."""
+    function call, or a function call's output (MCP's items: mcp_events.py)."""
+    if item.type.startswith("mcp_"):
+        return mcp_item_object(item)
     if item.type == "function_call":
         return {
             "id": item.id,

@@ -31,6 +31,9 @@ from sessions.config import SessionConfig
 JPEG_URL = "data:image/jpeg;base64," + base64.b64encode(b"\xff\xd8\xff\xe0jpeg").decode()
 
 
+MCP = {"type": "mcp", "server_label": "x", "server_url": "http://127.0.0.1:1/mcp"}
+
+
 def raw(**fields: Any) -> str:
     return json.dumps(fields)
 
@@ -285,6 +288,7 @@ def test_ga_and_beta_session_updates_give_the_same_patch() -> None:
         },
         "output_sample_rate": 24_000,
         "tools": [],
+        "mcp_tools": [],
     }
     config = SessionConfig().updated(ga_patch)  # the patch is one the session takes
     assert config.turn_detection is not None and config.turn_detection.threshold == 0.7
@@ -425,7 +429,7 @@ def test_tools_tool_choice_and_token_caps_become_settings() -> None:
     patch, _, errors = partial_session_patch(
         update(
             {
-                "tools": [weather, {"type": "mcp", "server_label": "x"}],
+                "tools": [weather, MCP, {"type": "file_search"}],
                 "tool_choice": {"type": "function", "name": "get_weather"},
                 "max_output_tokens": "inf",
                 "audio": {"output": {"speed": 1.25}},
@@ -434,13 +438,15 @@ def test_tools_tool_choice_and_token_caps_become_settings() -> None:
     )
     assert patch == {
         "tools": [weather],
+        "mcp_tools": [MCP],
         "tool_choice": "get_weather",
         "max_output_tokens": None,
         "speed": 1.25,
     }
-    assert [(e.code, e.field) for e in errors] == [("unsupported", "session.tools[1].type")]
+    assert [(e.code, e.field) for e in errors] == [("unsupported", "session.tools[2].type")]
     config = SessionConfig().updated(patch)
     assert config.tools[0].name == "get_weather" and config.tool_choice == "get_weather"
+    assert config.mcp_tools[0].server_label == "x"  # an MCP server: listed and called
 
 
 def test_interruption_and_its_deadline_are_taken_with_the_turn_detection() -> None:

@@ -23,10 +23,12 @@ from realtime.openai.server_events import (
     to_wire,
 )
 from sessions import events as ev
+from sessions import mcp_events as mcp
 from sessions.config import SessionConfig
 from sessions.events import ConversationItem, Event
 
 CONFIG = SessionConfig()
+MCP_CALL = mcp.mcp_call_item("weather", "get_weather", "call_m")
 USER_AUDIO = ConversationItem(id="item_u", role="user", has_audio=True, audio_ms=900)
 ASSISTANT = ConversationItem(
     id="item_a", role="assistant", text="Hi there", has_audio=True, audio_ms=700
@@ -75,6 +77,14 @@ def samples() -> list[Event]:
         ),
         ev.ResponseDone(response_id="resp_1", status="completed", item=ASSISTANT, calls=(CALL,)),
         ev.ErrorEvent(code="invalid_config", message="bad", client_event_id="c1", param="voice"),
+        mcp.McpListToolsInProgress(item_id="item_l"),
+        mcp.McpListToolsCompleted(item_id="item_l"),
+        mcp.McpListToolsFailed(item_id="item_l"),
+        mcp.McpCallArgumentsDelta(response_id="resp_1", item_id="item_m", delta="{"),
+        mcp.McpCallArgumentsDone(response_id="resp_1", item_id="item_m", arguments="{}"),
+        mcp.McpCallInProgress(item_id="item_m"),
+        mcp.McpCallCompleted(item=MCP_CALL),
+        mcp.McpCallFailed(item=MCP_CALL),
     ]
 
 
