@@ -75,6 +75,10 @@ class RecognitionHints:
     prompt: str = ""
 
 
+NO_HINTS = RecognitionHints()
+"""What a request without the client's language or prompt carries."""
+
+
 @dataclass(frozen=True, slots=True)
 class Truncation:
     """What an engine does when the conversation does not fit its context (OpenAI

