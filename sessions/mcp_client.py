@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from .mcp_config import MCP_DEADLINE_S, McpToolConfig
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +71,9 @@ async def _connected(config: McpToolConfig) -> AsyncIterator[ClientSession]:
         yield session
 
 
-async def _bounded(config: McpToolConfig, work: Any, deadline_s: float) -> Any:
+async def _bounded(
+    config: McpToolConfig, work: Callable[[McpToolConfig], Awaitable[T]], deadline_s: float
+) -> T:
     try:
         async with asyncio.timeout(deadline_s):
             return await work(config)
@@ -107,8 +111,7 @@ async def list_tools(config: McpToolConfig, deadline_s: float = MCP_DEADLINE_S) 
                 tools.append(McpTool(tool.name, tool.description or "", schema, read_only))
         return tools
 
-    result: list[McpTool] = await _bounded(config, work, deadline_s)
-    return result
+    return await _bounded(config, work, deadline_s)
 
 
 async def call_tool(
@@ -132,5 +135,4 @@ async def call_tool(
             raise McpError("tool_execution_error", text or "the tool failed")
         return text
 
-    output: str = await _bounded(config, work, deadline_s)
-    return output
+    return await _bounded(config, work, deadline_s)

@@ -85,8 +85,9 @@ class McpTools:
                 )
             )
             return
-        finally:
-            self._listings.pop(server.server_label, None)
+        finally:  # this listing's entry, unless an update replaced it with a new one
+            if self._listings.get(server.server_label) is asyncio.current_task():
+                del self._listings[server.server_label]
         item.tools = [tool.wire() for tool in tools]
         for tool in tools:
             self._listed.setdefault(tool.name, (server, tools))

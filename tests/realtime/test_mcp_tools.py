@@ -286,3 +286,31 @@ async def test_a_call_past_its_deadline_fails_with_the_reason(mcp_url: str) -> N
         "code": 504,
         "message": "the MCP server did not answer within 0.5 s",
     }
+
+
+async def test_a_session_that_ends_while_a_listing_waits_leaves_nothing_behind(
+    server: ServedApp,
+) -> None:
+    """A server that takes the connection and never answers: the session's end cancels the
+    listing (the autouse fixture fails on any task left, the module's on any Redis key)."""
+    connected = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connected.set()
+        while await reader.read(4096):  # until the client goes away
+            pass
+        writer.close()
+
+    listener = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    try:
+        url = f"http://127.0.0.1:{port}/mcp"
+        async with session(server, [mcp_tool(url, require_approval="never")]) as conn:
+            await conn.until("mcp_list_tools.in_progress")
+            async with asyncio.timeout(10):
+                await connected.wait()
+        await sessions_ended(server)
+        assert not conn.of("mcp_list_tools.completed") and not conn.of("mcp_list_tools.failed")
+    finally:
+        listener.close()
+        await listener.wait_closed()
