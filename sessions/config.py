@@ -24,6 +24,7 @@ from pydantic import (
 
 from pipeline.audio_format import OUTPUT_SAMPLE_RATE, SUPPORTED_OUTPUT_RATES
 from pipeline.voices import OMNI_SPEAKERS, VOICE_NAMES, is_voice_name
+from pipeline.whisper_languages import WHISPER_LANGUAGES
 
 from .errors import ConfigError
 from .mcp_config import MAX_MCP_SERVERS, McpToolConfig
@@ -265,13 +266,21 @@ LOGPROBS = "item.input_audio_transcription.logprobs"
 
 class InputTranscriptionConfig(_Model):
     """OpenAI's `audio.input.transcription`: the model, language and prompt a client asks
-    to transcribe its audio with. The pipeline has one recogniser (sessions/transcription.py
-    asks it), so `model` is echoed, not obeyed; `language` and `prompt` are kept for a
-    recogniser that takes them (the cascade's Whisper runs in English)."""
+    to transcribe its audio with. The pipeline has one recogniser, so `model` is echoed,
+    not obeyed; `language` (one of Whisper's codes) and `prompt` go with every recognition
+    of the session's audio (recognition_hints.py): Whisper base uses both, tiny.en and
+    pocketsphinx are English only."""
 
     model: str | None = None
     language: str | None = None
     prompt: str | None = None
+
+    @field_validator("language")
+    @classmethod
+    def _known_language(cls, value: str | None) -> str | None:
+        if value is not None and value not in WHISPER_LANGUAGES:
+            raise ValueError(f"{value!r} is not an ISO-639-1 code of a language Whisper knows")
+        return value
 
 
 class NoiseReductionConfig(_Model):

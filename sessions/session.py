@@ -26,7 +26,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from pipeline.audio_format import INPUT_SAMPLE_RATE
-from pipeline.types import Pipeline, PipelineRequest
+from pipeline.types import Pipeline, PipelineRequest, RecognitionHints
 
 from .audio_in import AudioIn
 from .clock import REAL_CLOCK, Clock
@@ -51,6 +51,7 @@ from .mcp_tools import McpTools
 from .metrics import SessionMetrics
 from .output import SessionOutput
 from .prefetch import Prefetch
+from .recognition_hints import recognition_hints
 from .redis_link import RedisLink
 from .request_builder import RequestBuilder
 from .responder import Responder
@@ -132,7 +133,7 @@ class Session:
                 self, self._turns, self.machine, config.turn_detection, self._media_lock
             )
         else:
-            self.turn_taking = ServerTurnTaking(
+            server = ServerTurnTaking(
                 self,
                 self._turns,
                 self.machine,
@@ -144,6 +145,8 @@ class Session:
                 metrics=self.metrics,
                 turn_context=lambda item_id: self._responder.turn_context(item_id),
             )
+            server.transcript.hints = self.recognition_hints
+            self.turn_taking = server
         self._transcriber = ItemTranscriber(
             session_id,
             pipeline,
@@ -151,6 +154,7 @@ class Session:
             self.audio.read,
             self.emit,
             known=self.turn_taking.words,
+            hints=self.recognition_hints,
         )
         self.conversation = Conversation(store, self._turns, self._transcriber, self.emit)
         self._audio_in = AudioIn(
@@ -325,6 +329,11 @@ class Session:
         self._watchdog.attached()
 
     # --- events --------------------------------------------------------------------------
+
+    def recognition_hints(self) -> RecognitionHints:
+        """The language and prompt the client asks its speech to be recognised with, as
+        the session's settings hold them now (every recognition of its audio asks)."""
+        return recognition_hints(self.config)
 
     def emit(self, event: Event) -> None:
         self.output.emit(event)

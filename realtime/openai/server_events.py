@@ -240,6 +240,7 @@ def session_object(
     if session_id is not None:
         session["id"] = session_id
     noise = config.noise_reduction
+    transcription = config.input_transcription
     session |= {
         "model": MODEL,
         "instructions": config.instructions,
@@ -248,6 +249,9 @@ def session_object(
             "input": {
                 "format": format_object(formats.input, formats.input_rate),
                 "noise_reduction": noise.model_dump() if noise is not None else None,
+                "transcription": (
+                    transcription.model_dump(exclude_none=True) if transcription else None
+                ),
                 "turn_detection": _turn_detection(td),
             },
             "output": {

@@ -8,7 +8,9 @@ settings under `audio.input` (beta: top level, or the `transcription_session.upd
   session decides whether it may change: sessions/transcription_session.py), and the
   dispatcher refuses `realtime` in a transcription session;
 - `audio.input.transcription` (`model`, `language`, `prompt`; beta
-  `input_audio_transcription`): kept and echoed; the pipeline's recogniser transcribes;
+  `input_audio_transcription`): kept and echoed; the pipeline's recogniser transcribes,
+  in the language named (one of Whisper's codes, else refused) and with the prompt
+  (sessions/recognition_hints.py); the model named is not obeyed;
 - `audio.input.noise_reduction` (`near_field` / `far_field`; beta
   `input_audio_noise_reduction`): kept, echoed and applied to the input audio by the
   session (sessions/noise_reduction.py), a conversation's and a transcription's alike;
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.whisper_languages import WHISPER_LANGUAGES
 from sessions.config import LOGPROBS
 
 from .session_spec import NoiseReductionSpec, SessionSpec, TranscriptionSpec
@@ -49,10 +52,17 @@ def transcription_patch(
                 )
             )
     audio_in = spec.audio.input if spec.audio is not None else None
-    if audio_in is not None and "transcription" in audio_in.model_fields_set:
-        patch["input_transcription"] = _transcription(audio_in.transcription)
-    elif "input_audio_transcription" in spec.model_fields_set:
-        patch["input_transcription"] = _transcription(spec.input_audio_transcription)
+    try:
+        if audio_in is not None and "transcription" in audio_in.model_fields_set:
+            patch["input_transcription"] = _transcription(
+                audio_in.transcription, "session.audio.input.transcription", eid
+            )
+        elif "input_audio_transcription" in spec.model_fields_set:
+            patch["input_transcription"] = _transcription(
+                spec.input_audio_transcription, "session.input_audio_transcription", eid
+            )
+    except ProtocolError as exc:
+        errors.append(exc)
     try:
         if audio_in is not None and "noise_reduction" in audio_in.model_fields_set:
             patch["noise_reduction"] = _noise_reduction(
@@ -80,9 +90,18 @@ def transcription_patch(
     return patch, errors
 
 
-def _transcription(spec: TranscriptionSpec | None) -> dict[str, Any] | None:
+def _transcription(
+    spec: TranscriptionSpec | None, param: str, eid: str | None
+) -> dict[str, Any] | None:
     if spec is None:
         return None
+    if spec.language is not None and spec.language not in WHISPER_LANGUAGES:
+        raise ProtocolError(
+            "invalid_value",
+            f"unknown language {spec.language!r}: give an ISO-639-1 code (en, fr, de...)",
+            eid,
+            f"{param}.language",
+        )
     return spec.model_dump(include={"model", "language", "prompt"}, exclude_none=True)
 
 

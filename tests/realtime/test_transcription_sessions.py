@@ -239,6 +239,66 @@ async def test_every_event_of_a_transcription_session_is_one_the_sdk_declares(
     assert not any(t.startswith(("response.", "output_audio")) for t in seen), seen
 
 
+async def test_the_language_and_the_prompt_reach_the_recogniser(server: ServedApp) -> None:
+    """`audio.input.transcription`'s language and prompt are used, not only echoed:
+    French speech named French comes back in French (Whisper translated it to English),
+    and a prompt spells a name it names (unprompted, Whisper hears another)."""
+    french = np.concatenate(
+        [
+            silence(300, RATE),
+            trim_silence(speak("Bonjour, je voudrais une tasse de café.", RATE, "fr")),
+            silence(1000, RATE),
+        ]
+    )
+    names = said("My name is Siobhan Quinlivan and I work at Zyxtrel.")
+    input_setup = SETUP["audio"]["input"]
+    async with (
+        sdk(server) as client,
+        client.realtime.connect(extra_query={"intent": "transcription"}) as conn,
+    ):
+        await recv_until(conn, "session.created")
+        heard = []
+        rounds: list[tuple[dict[str, str], np.ndarray]] = [
+            ({"language": "fr"}, french),
+            ({"language": "en"}, names),
+            ({"language": "en", "prompt": "Siobhan Quinlivan, Zyxtrel"}, names),
+        ]
+        for transcription, pcm in rounds:
+            setup = {**SETUP, "audio": {"input": {**input_setup, "transcription": transcription}}}
+            await conn.session.update(session=setup)  # type: ignore[arg-type]
+            updated = (await recv_until(conn, "session.updated"))[-1]
+            echoed = updated.session.audio.input.transcription
+            assert echoed.language == transcription["language"]
+            assert echoed.prompt == transcription.get("prompt")
+            await send_audio(conn, pcm)
+            done = await recv_until(conn, "conversation.item.input_audio_transcription.completed")
+            heard.append(done[-1].transcript)
+    assert {"bonjour", "café"} <= words(heard[0]), heard[0]
+    assert "Quinlivan" not in heard[1] and "Quinlivan" in heard[2], heard[1:]
+
+
+async def test_an_unknown_language_is_refused_by_name_and_a_conversation_echoes_its_own(
+    server: ServedApp,
+) -> None:
+    async with sdk(server) as client, client.realtime.connect(model="parley") as conn:
+        await recv_until(conn, "session.created")
+        transcription = {"model": "whisper-1", "language": "de", "prompt": "Parley"}
+        session: dict[str, Any] = {
+            "type": "realtime",
+            "audio": {"input": {"transcription": transcription}},
+        }
+        await conn.session.update(session=session)  # type: ignore[arg-type]
+        echoed = (await recv_until(conn, "session.updated"))[-1].session.audio.input
+        assert echoed.transcription.model_dump(exclude_none=True) == transcription
+        session["audio"] = {"input": {"transcription": {"language": "klingon"}}}
+        await conn.session.update(session=session)  # type: ignore[arg-type]
+        refused = (await recv_until(conn, "error"))[-1]
+        assert refused.error.param == "session.audio.input.transcription.language"
+        assert "klingon" in refused.error.message
+        kept = (await recv_until(conn, "session.updated"))[-1].session.audio.input
+        assert kept.transcription.language == "de"
+
+
 @pytest.fixture
 def no_recogniser(tmp_path: Path) -> str:
     return fake_graph_file(tmp_path, "audio_ms: 1000")
