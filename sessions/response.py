@@ -248,7 +248,8 @@ class Response:
             await self._mcp.run_ready()
             if not self._mcp.ran:
                 break
-            request = follow_up(request, self._mcp.ran, self._heard_words, round_)
+            heard = self._heard_words if round_ == 1 else ""  # the turn joins once
+            request = follow_up(request, self._mcp.ran, heard, round_)
             self._mcp.ran = []
             outcome = await self._stream(request, first=False)
         return outcome

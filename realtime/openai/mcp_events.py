@@ -37,6 +37,7 @@ def mcp_item_object(item: ConversationItem) -> dict[str, Any]:
             "approval_request_id": item.approval_request_id or None,
             "output": item.text if item.status == "completed" and item.error is None else None,
             "error": item.error,
+            "status": item.status,  # not in the SDK's type (extra fields are kept): what ended
         }
     elif item.type == "mcp_approval_request":
         body |= {"server_label": item.server_label, "name": item.name, "arguments": item.arguments}

@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import pytest_asyncio
@@ -126,7 +126,9 @@ class Conn:
 
 
 @contextlib.asynccontextmanager
-async def session(server: ServedApp, tools: list[dict[str, Any]]) -> AsyncIterator[Conn]:
+async def session(
+    server: ServedApp, tools: list[dict[str, Any]], modality: Literal["text", "audio"] = "text"
+) -> AsyncIterator[Conn]:
     async with (
         AsyncOpenAI(api_key=KEY, base_url=f"{server.http_url}/v1") as client,
         client.realtime.connect(model="parley") as raw,
@@ -134,7 +136,7 @@ async def session(server: ServedApp, tools: list[dict[str, Any]]) -> AsyncIterat
         conn = Conn(raw)
         await conn.until("session.created")
         await raw.session.update(
-            session={"type": "realtime", "output_modalities": ["text"], "tools": tools}  # type: ignore[typeddict-item]
+            session={"type": "realtime", "output_modalities": [modality], "tools": tools}  # type: ignore[typeddict-item]
         )
         await conn.until("session.updated")
         yield conn
@@ -273,6 +275,7 @@ async def test_a_cancel_during_a_call_cancels_it(server: ServedApp, mcp_url: str
         assert done.response.status == "cancelled"
         call = next(i for i in done.response.output if i.type == "mcp_call")
         assert call.output is None and not conn.of("response.mcp_call.completed")
+        assert getattr(call, "status", None) == "incomplete"
         done = await conn.ask("Say hello.")
         assert done.response.status == "completed"
 
@@ -314,3 +317,14 @@ async def test_a_session_that_ends_while_a_listing_waits_leaves_nothing_behind(
     finally:
         listener.close()
         await listener.wait_closed()
+
+
+async def test_the_result_is_spoken_in_audio(server: ServedApp, mcp_url: str) -> None:
+    """With audio output the answer after the call is speech, its transcript the result."""
+    async with session(server, [mcp_tool(mcp_url, require_approval="never")], "audio") as conn:
+        await conn.until("mcp_list_tools.completed")
+        done = await conn.ask(QUESTION, **forced())
+        assert conn.of("response.mcp_call.completed") and conn.of("response.output_audio.delta")
+        transcript = conn.of("response.output_audio_transcript.done")[-1].transcript
+        assert "21" in transcript or "sunny" in transcript.lower(), transcript
+        assert done.response.status == "completed"
