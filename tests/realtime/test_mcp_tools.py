@@ -6,6 +6,7 @@ realtime client. Every event the server sends parses as a type the SDK declares.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import socket
 import subprocess
@@ -15,12 +16,14 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import pytest
 import pytest_asyncio
 from openai import AsyncOpenAI
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
+from loadtest.speech import silence, speak, trim_silence
 from sessions.mcp_client import McpError, call_tool
 from sessions.mcp_config import McpToolConfig
 from tests.conftest import fail_on_keys_left, fail_on_tasks_left
@@ -37,6 +40,9 @@ LOOP = pytest.mark.asyncio(loop_scope="module")
 SERVER_SCRIPT = Path(__file__).with_name("mcp_weather_server.py")
 QUESTION = "What is the weather in Paris?"
 EVENTS: TypeAdapter[Any] = TypeAdapter(RealtimeServerEvent)
+ONE = ["get_weather"]
+"""Most tests offer one tool: a cold Thinker compiling three tools' grammars at its first
+request can pass its 5 s hang bound on 2 cores (the model tests warm it; these may not)."""
 
 pytestmark = [LOOP, pytest.mark.slow]
 
@@ -191,7 +197,9 @@ async def test_listing_then_a_call_whose_result_the_model_speaks(
 async def test_approval_asked_then_approved_runs_and_is_spoken(
     server: ServedApp, mcp_url: str
 ) -> None:
-    async with session(server, [mcp_tool(mcp_url, require_approval="always")]) as conn:
+    async with session(
+        server, [mcp_tool(mcp_url, allowed_tools=ONE, require_approval="always")]
+    ) as conn:
         await conn.until("mcp_list_tools.completed")
         done = await conn.ask(QUESTION, **forced())
         request = next(i for i in done.response.output if i.type == "mcp_approval_request")
@@ -212,7 +220,9 @@ async def test_approval_asked_then_approved_runs_and_is_spoken(
 
 
 async def test_approval_denied_is_not_called(server: ServedApp, mcp_url: str) -> None:
-    async with session(server, [mcp_tool(mcp_url)]) as conn:  # OpenAI's default: always
+    async with session(
+        server, [mcp_tool(mcp_url, allowed_tools=ONE)]
+    ) as conn:  # OpenAI's default: always
         await conn.until("mcp_list_tools.completed")
         done = await conn.ask(QUESTION, **forced())
         request = next(i for i in done.response.output if i.type == "mcp_approval_request")
@@ -246,7 +256,9 @@ async def test_a_server_that_is_down_fails_the_listing_and_the_session_goes_on(
 async def test_a_tool_that_raises_fails_the_call_and_the_conversation_goes_on(
     server: ServedApp, mcp_url: str
 ) -> None:
-    async with session(server, [mcp_tool(mcp_url, require_approval="never")]) as conn:
+    async with session(
+        server, [mcp_tool(mcp_url, allowed_tools=["broken_weather"], require_approval="never")]
+    ) as conn:
         await conn.until("mcp_list_tools.completed")
         done = await conn.ask(QUESTION, **forced("broken_weather"))
         assert conn.of("response.mcp_call.failed")
@@ -259,7 +271,9 @@ async def test_a_tool_that_raises_fails_the_call_and_the_conversation_goes_on(
 
 
 async def test_a_cancel_during_a_call_cancels_it(server: ServedApp, mcp_url: str) -> None:
-    async with session(server, [mcp_tool(mcp_url, require_approval="never")]) as conn:
+    async with session(
+        server, [mcp_tool(mcp_url, allowed_tools=["slow_weather"], require_approval="never")]
+    ) as conn:
         await conn.until("mcp_list_tools.completed")
         await conn.conn.conversation.item.create(
             item={
@@ -321,10 +335,42 @@ async def test_a_session_that_ends_while_a_listing_waits_leaves_nothing_behind(
 
 async def test_the_result_is_spoken_in_audio(server: ServedApp, mcp_url: str) -> None:
     """With audio output the answer after the call is speech, its transcript the result."""
-    async with session(server, [mcp_tool(mcp_url, require_approval="never")], "audio") as conn:
+    async with session(
+        server, [mcp_tool(mcp_url, allowed_tools=ONE, require_approval="never")], "audio"
+    ) as conn:
         await conn.until("mcp_list_tools.completed")
         done = await conn.ask(QUESTION, **forced())
         assert conn.of("response.mcp_call.completed") and conn.of("response.output_audio.delta")
         transcript = conn.of("response.output_audio_transcript.done")[-1].transcript
         assert "21" in transcript or "sunny" in transcript.lower(), transcript
         assert done.response.status == "completed"
+
+
+async def test_speech_during_a_call_cuts_it_off(server: ServedApp, mcp_url: str) -> None:
+    """A barge-in (server VAD, the user speaks) while the call runs cancels the response
+    and the call with it; the session closes with nothing left running. One tool offered:
+    a cold Thinker given three tools' grammars can pass its 5 s hang bound on 2 cores."""
+    async with session(
+        server, [mcp_tool(mcp_url, allowed_tools=["slow_weather"], require_approval="never")]
+    ) as conn:
+        await conn.until("mcp_list_tools.completed")
+        await conn.conn.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": QUESTION}],
+            }
+        )
+        await conn.conn.response.create(response=forced("slow_weather"))
+        await conn.until("response.mcp_call.in_progress", within_s=60)
+        pcm = np.concatenate(
+            [trim_silence(speak("Never mind, stop.", rate=24_000)), silence(800, 24_000)]
+        )
+        for start in range(0, len(pcm), 2_400):  # 100 ms appends
+            chunk = pcm[start : start + 2_400].astype("<i2").tobytes()
+            await conn.conn.input_audio_buffer.append(audio=base64.b64encode(chunk).decode())
+        done = await conn.until("response.done", within_s=20)
+        assert done.response.status == "cancelled"
+        assert done.response.status_details.reason == "turn_detected"
+        call = next(i for i in done.response.output if i.type == "mcp_call")
+        assert call.output is None and not conn.of("response.mcp_call.completed")
