@@ -223,15 +223,6 @@ class PlayoutBuffer:
         frame[: len(piece.pcm)] = piece.pcm  # generation paused mid-frame: play what we have
         return frame
 
-    def upcoming_frame(self) -> npt.NDArray[np.int16] | None:
-        """The frame `next_frame()` will return if nothing changes before it is asked: the
-        first queued piece itself (compare with `is`), or None when that is not a whole
-        queued frame (paused, idle, or a short last piece that may yet be topped up)."""
-        if self.paused or not self._pieces:
-            return None
-        pcm = self._pieces[0].pcm
-        return pcm if len(pcm) == self.frame_samples else None
-
     def take(self) -> Piece | None:
         """The next piece to play as it is, or None when idle or paused."""
         if self.paused:

@@ -6,11 +6,16 @@ resampling pass (mono to stereo) and a 96 kbit/s stereo encoding. A track that h
 aiortc an `av.Packet` is only packed, so the call's track encodes here instead: mono (the
 answer is mono; a stereo decoder plays a mono Opus stream on both channels), on the loop.
 Worker threads were tried (one frame per job, and every call's frames of a tick in one
-batch): on this 2-core box under load a woken worker is often not
-scheduled for tens of ms, and a frame waiting for it is late (webrtc_bench at 10 calls,
-load average 6: 27 % late frames with a batch worker, 2.4 % with aiortc's pool, 1.1 %
-encoding on the loop). Voiced frames are coded a frame ahead in a thread instead, so that
-none waits for it (opus_ahead.py); this packetizer is the codec and its silence.
+batch): on this 2-core box under load a woken worker is often not scheduled for tens of
+ms, and a frame waiting for it is late (webrtc_bench at 10 calls, load average 6: 27 %
+late frames with a batch worker, 2.4 % with aiortc's pool, 1.1 % encoding on the loop).
+Coding each voiced frame a frame ahead on one polling thread, so that no frame waited for
+it (2026-12-06), took ~70 us a frame off the loop but cost ~200 us more CPU a frame in all
+(the thread's Python holds the GIL the loop wants) and gave more late frames: webrtc_bench
+one process, 20 calls, callers at nice 10, two runs each: 992 / 999 us of CPU per outbound
+frame against 784 / 814 coding on the loop, late frames 1.77 / 0.37 % against 0.00 /
+0.01 %, barge-in p95 211 / 207 ms against 203 / 199. The loop pays ~100-300 us per voiced
+frame instead.
 
 Between answers the track plays digital silence. libopus codes it as a 3-byte packet only
 after a pure tone; after speech it goes on coding 55-byte frames (22 kbit/s of silence),

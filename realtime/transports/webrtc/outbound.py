@@ -9,8 +9,8 @@ reported, which is what OpenAI's `output_audio_buffer.started` / `stopped` event
 on WebRTC.
 
 A call that sends Opus (what nearly every peer offers first) has the track hand aiortc
-ready packets (`encode_opus()`, see opus_out.py): mono, each voiced frame coded a frame ahead
-in a thread (opus_ahead.py), and silence costs a cached packet, no encoding at all. Other
+ready packets (`encode_opus()`, see opus_out.py): mono, encoded on the loop with no thread
+hand-off, and silence costs a cached packet, no encoding at all. Other
 codecs (PCMU, PCMA) get frames, which aiortc encodes in its thread pool.
 """
 
@@ -29,7 +29,7 @@ from av.stream import Stream
 from pipeline.audio_format import FRAME_MS
 from sessions import PlayoutBuffer
 
-from .opus_ahead import OpusAhead
+from .opus_out import OpusPacketizer
 
 OUTPUT_RATE = 48_000
 """Opus runs at 48 kHz: playing out at that rate spares aiortc a resampling step."""
@@ -67,12 +67,12 @@ class OutboundAudioTrack(MediaStreamTrack):
         self.frames_sent = 0
         self.last_audio_at: float | None = None
         self._time_base = fractions.Fraction(1, OUTPUT_RATE)
-        self._opus: OpusAhead | None = None
+        self._opus: OpusPacketizer | None = None
 
     def encode_opus(self) -> None:
         """Hand aiortc Opus packets from now on (the call's sender negotiated Opus)."""
         if self._opus is None:
-            self._opus = OpusAhead()
+            self._opus = OpusPacketizer()
 
     async def recv(self) -> av.AudioFrame | av.Packet[Stream]:
         if self.readyState != "live":
@@ -98,8 +98,7 @@ class OutboundAudioTrack(MediaStreamTrack):
                 callback()
         self.frames_sent += 1
         if self._opus is not None:
-            upcoming = self.playout.upcoming_frame()
-            return await self._opus.packet(pcm, self._pts, not audible, upcoming)
+            return self._opus.packet(pcm, self._pts, not audible)
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = OUTPUT_RATE
         frame.pts = self._pts
