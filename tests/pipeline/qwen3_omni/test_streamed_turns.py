@@ -185,7 +185,10 @@ async def test_a_thinker_told_not_to_stream_takes_every_turn_whole() -> None:
 
 
 def test_a_frame_is_final_once_its_window_of_samples_is_in() -> None:
-    """The log-mel frames `final_frames` names are those of the whole turn, bit for bit."""
+    """The log-mel frames `final_frames` names are those of the whole turn, bit for bit
+    from a window of frames on (what a streamed turn prefills: whole windows of 100). A
+    prefix of 2 frames matches to within rounding only: MKL transforms so few frames
+    another way on some CPUs (an AMD EPYC here, 2026-12-06: 6e-8 apart in 4 values)."""
     features = AudioFeatures()
     audio = turn_audio(3.0, seed=7)
     whole = features(audio)
@@ -194,7 +197,11 @@ def test_a_frame_is_final_once_its_window_of_samples_is_in() -> None:
         final = features.final_frames(samples)
         prefix = features(audio[:samples])
         assert prefix is not None and final > 0
-        assert torch.equal(prefix.features[:, :, :final], whole.features[:, :, :final])
+        got, want = prefix.features[:, :, :final], whole.features[:, :, :final]
+        if final >= 100:
+            assert torch.equal(got, want)
+        else:
+            assert torch.allclose(got, want, rtol=0, atol=1e-6)
         after = final + 1  # the next frame still waits for samples to come
         assert not torch.equal(prefix.features[:, :, :after], whole.features[:, :, :after])
 
