@@ -19,6 +19,7 @@ from starlette.applications import Starlette
 from pipeline.tasks import cancel_and_wait
 from realtime.transports.websocket.connection import MAX_MESSAGE_BYTES as WS_MAX_SIZE
 from sessions import SessionManager
+from tests.conftest import fail_on_keys_left
 from web.app import Services, create_app
 from web.settings import Settings
 from web.ws_protocol import ReadAheadWebSocketProtocol
@@ -167,3 +168,16 @@ async def two_workers(
     settings = Settings(pipeline=graph, api_key=key, max_sessions=2)
     async with served_app(settings, redis_url) as a, served_app(settings, redis_url) as b:
         yield a, b
+
+
+@contextlib.asynccontextmanager
+async def served_cascade(
+    redis_socket: str, db: int, key: str, who: str
+) -> AsyncIterator[ServedApp]:
+    """The embedded cascade under a real uvicorn, on database `db` of the tests' own
+    redis-server (a module's own, so that its keys are checked alone), with API key `key`;
+    fails naming `who` if the server leaves keys behind."""
+    url = f"unix://{redis_socket}?db={db}"
+    async with served_app(Settings(pipeline="cascade", api_key=key, max_sessions=2), url) as app:
+        yield app
+    fail_on_keys_left(redis_socket, db, who)

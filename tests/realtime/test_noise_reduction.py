@@ -23,11 +23,10 @@ import pytest_asyncio
 from websockets.asyncio.client import connect
 
 from loadtest.speech import silence, speak, trim_silence
-from tests.conftest import fail_on_keys_left, fail_on_tasks_left
+from tests.conftest import fail_on_tasks_left
 from tests.frameworks.conftest import sessions_ended
-from web.settings import Settings
 
-from .apps import ServedApp, served_app
+from .apps import ServedApp, served_cascade
 from .clients import RecordingClient
 
 KEY = "sk-test-parley-noise"
@@ -60,10 +59,8 @@ async def _no_leaked_tasks() -> AsyncIterator[None]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def cascade(redis_socket: str) -> AsyncIterator[ServedApp]:
-    url = f"unix://{redis_socket}?db={DB}"
-    async with served_app(Settings(pipeline="cascade", api_key=KEY, max_sessions=2), url) as app:
+    async with served_cascade(redis_socket, DB, KEY, "the noise reduction tests' server") as app:
         yield app
-    fail_on_keys_left(redis_socket, DB, "the noise reduction tests' server")
 
 
 @pytest_asyncio.fixture(loop_scope="module")

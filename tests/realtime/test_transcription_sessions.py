@@ -23,11 +23,11 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from loadtest.speech import silence, speak, trim_silence
-from tests.conftest import fail_on_keys_left, fail_on_tasks_left
+from tests.conftest import fail_on_tasks_left
 from tests.frameworks.conftest import sessions_ended
 from web.settings import Settings
 
-from .apps import ServedApp, fake_graph_file, served_app
+from .apps import ServedApp, fake_graph_file, served_app, served_cascade
 from .clients import RecordingClient
 
 KEY = "sk-test-parley-transcription"
@@ -59,10 +59,8 @@ async def _no_leaked_tasks() -> AsyncIterator[None]:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def cascade(redis_socket: str) -> AsyncIterator[ServedApp]:
     """The embedded cascade, served once for the module (its start is most of the time)."""
-    url = f"unix://{redis_socket}?db={DB}"
-    async with served_app(Settings(pipeline="cascade", api_key=KEY, max_sessions=2), url) as app:
+    async with served_cascade(redis_socket, DB, KEY, "the transcription tests' server") as app:
         yield app
-    fail_on_keys_left(redis_socket, DB, "the transcription tests' server")
 
 
 @pytest_asyncio.fixture(loop_scope="module")
