@@ -76,30 +76,23 @@ class OpusPacketizer:
         self._silent: bytes | None = silent_packet() if quiet else None
         """The packet sent for a silent frame once the sound's tail is coded (None: every
         frame is coded, as for `silent_packet()` itself)."""
-        self._idle = quiet
-        """True while silent frames are answered with the cached packet."""
-        self._tail = 0
-        """Silent frames coded since the last sound."""
+        self._tail = TAIL_FRAMES if quiet else 0
+        """Silent frames coded since the last sound (a quiet start counts as settled)."""
         self.encoded = 0
         """Frames that went through the encoder (the others were cached silence)."""
 
     def packet(self, pcm: npt.NDArray[np.int16], pts: int, silent: bool) -> av.Packet[Stream]:
         """The packet for `pcm` (FRAME_SAMPLES samples) at `pts` (in samples); `silent`:
-        the caller knows the frame is all zeros (its shared silence frame)."""
-        if silent and self._idle and self._silent is not None:
+        the caller knows the frame is all zeros (its shared silence frame). Once
+        `TAIL_FRAMES` silent frames have been coded after sound, silence is the cached
+        packet."""
+        if silent and self._tail >= TAIL_FRAMES and self._silent is not None:
             return _packet(self._silent, pts)
-        return self.wrap(self.encode(pcm), pts, silent)
-
-    def wrap(self, data: bytes, pts: int, silent: bool) -> av.Packet[Stream]:
-        """`data`, the encoder's packet for the frame at `pts`, as a packet; after
-        `TAIL_FRAMES` silent frames coded, silence is the cached packet."""
         self._tail = self._tail + 1 if silent else 0
-        self._idle = self._tail >= TAIL_FRAMES
-        return _packet(data, pts)
+        return _packet(self.encode(pcm), pts)
 
     def encode(self, pcm: npt.NDArray[np.int16]) -> bytes:
-        """The encoder's packet for the next frame, `pcm`: from one thread at a time (the
-        frame after the last one coded, wherever it was coded: opus_ahead.py)."""
+        """The encoder's packet for the next frame, `pcm`."""
         frame = self._frame
         frame.planes[0].update(pcm.tobytes())
         frame.pts = self.encoded * FRAME_SAMPLES  # the encoder's own count: never repeats
