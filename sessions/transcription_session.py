@@ -12,6 +12,9 @@ each one with the pipeline's recogniser and sends `...input_audio_transcription.
 - to start on a pipeline with no recogniser (`--pipeline echo`, a duplex model), an error
   that names the pipeline (pipeline/recognition.py says which have one);
 - `response.create`, as OpenAI does: a transcription session has no responses;
+- `conversation.item.create` (the protocol's dispatcher asks): a transcription session's
+  items are the turns of its input audio, so an item the client makes would be one nothing
+  reads;
 - a change of type: a conversation session may become a transcription session (the first
   `session.update` of a client that connected without `intent=transcription`) while no
   answer is in progress, never back.
@@ -57,7 +60,25 @@ def check_type_change(
 
 def refuse_response(config: SessionConfig) -> None:
     """`response.create` in a transcription session: OpenAI's error."""
+    _refuse(
+        config, "response.create", "a transcription session transcribes its input and never answers"
+    )
+
+
+def refuse_item(config: SessionConfig) -> None:
+    """`conversation.item.create` in a transcription session: an error naming the event."""
+    _refuse(
+        config,
+        "conversation.item.create",
+        "a transcription session's items are the turns of its input audio "
+        "(input_audio_buffer.append, or the microphone's track over WebRTC)",
+    )
+
+
+def _refuse(config: SessionConfig, event: str, why: str) -> None:
+    """InvalidRequestError naming `event` when `config` is a transcription session; the
+    session goes on."""
     if config.type == "transcription":
         raise InvalidRequestError(
-            "response.create is not supported in transcription sessions", "invalid_request"
+            f"{event} is not supported in transcription sessions: {why}", "invalid_request"
         )

@@ -28,6 +28,8 @@ Decisions, following OpenAI where it has one:
   `previous_item_id` places the item (`root`: at the start). Images go to the frame cache
   first (so the next answer sees them); an image-only user message adds frames and
   creates no item. A user message with `input_audio` is a committed turn of that audio.
+  A transcription session refuses it, as `response.create`, with an error naming the event
+  (sessions/transcription_session.py).
 - `session.update` applies what it can: each value Parley cannot use (an unknown turn
   detection type, a setting out of range, G.711 where the transport has no codec) is an
   `error` naming its field, and the rest of the update still applies, as
@@ -47,6 +49,7 @@ from collections.abc import Callable
 from typing import Any, Literal, Protocol, assert_never
 
 from sessions import MAX_APPEND_BYTES, ConfigError, ParleyError, Session
+from sessions.transcription_session import refuse_item
 
 from ..error_throttle import ErrorThrottle, summary_text
 from .client_events import (
@@ -297,6 +300,7 @@ class ClientEventDispatcher:
         return MAX_APPEND_BYTES if self.formats.input == "audio/pcm" else MAX_APPEND_BYTES // 2
 
     async def _create_item(self, event: ConversationItemCreate) -> None:
+        refuse_item(self.session.config)
         made = client_item(event.item, event.event_id)
         previous = event.previous_item_id
         if previous == "root":

@@ -1,5 +1,6 @@
 """What a transcription session refuses: a pipeline with no recogniser (named), a change
-back to a realtime session, a change while an answer is in progress, and responses."""
+back to a realtime session, a change while an answer is in progress, responses and the
+client's items."""
 
 from __future__ import annotations
 
@@ -11,7 +12,12 @@ from pipeline.graph_config import StageConfig
 from pipeline.recognition import speech_recogniser
 from sessions import ConfigError, SessionConfig
 from sessions.errors import InvalidRequestError
-from sessions.transcription_session import check_recogniser, check_type_change, refuse_response
+from sessions.transcription_session import (
+    check_recogniser,
+    check_type_change,
+    refuse_item,
+    refuse_response,
+)
 
 REALTIME = SessionConfig()
 TRANSCRIPTION = SessionConfig(type="transcription")
@@ -63,8 +69,11 @@ def test_a_realtime_session_may_become_a_transcription_session_once_and_only_idl
 
 def test_a_transcription_session_has_no_responses_and_never_answers_a_turn() -> None:
     refuse_response(REALTIME)
-    with pytest.raises(InvalidRequestError, match="transcription sessions"):
+    refuse_item(REALTIME)
+    with pytest.raises(InvalidRequestError, match=r"^response\.create is not supported"):
         refuse_response(TRANSCRIPTION)
+    with pytest.raises(InvalidRequestError, match=r"^conversation\.item\.create is not"):
+        refuse_item(TRANSCRIPTION)
     td = TRANSCRIPTION.turn_detection
     assert td is not None and not td.create_response and not td.interrupt_response
     assert TRANSCRIPTION.updated({"turn_detection": {"create_response": True}}).turn_detection
