@@ -1,18 +1,22 @@
 """OpenAI Realtime transcription sessions (`intent=transcription`, `"type": "transcription"`)
 end to end: the official SDK and a raw client against a real uvicorn serving the embedded
-cascade (its Whisper transcribes), with espeak-ng's speech sent faster than real time; and
-a pipeline with no recogniser (the fake engine), which refuses the session."""
+cascade (its Whisper transcribes), with espeak-ng's speech sent faster than real time; a
+real aiortc caller over WebRTC (a client secret then the offer, and the SDK's multipart
+form), its microphone speaking in real time; and a pipeline with no recogniser (the fake
+engine), which refuses the session."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import pytest_asyncio
@@ -23,6 +27,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from loadtest.speech import silence, speak, trim_silence
+from loadtest.webrtc_client import Caller
 from tests.conftest import fail_on_tasks_left
 from tests.frameworks.conftest import sessions_ended
 from web.settings import Settings
@@ -31,6 +36,7 @@ from .apps import ServedApp, fake_graph_file, served_app, served_cascade
 from .clients import RecordingClient
 
 KEY = "sk-test-parley-transcription"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 RATE = 24_000
 DB = 2
 """The cascade server's database on the test redis-server (the tests' own is 0)."""
@@ -46,6 +52,12 @@ SETUP: dict[str, Any] = {
     },
 }
 
+TYPED: dict[str, Any] = {
+    "type": "message",
+    "role": "user",
+    "content": [{"type": "input_text", "text": "Hello"}],
+}
+SERVER_EVENT: TypeAdapter[Any] = TypeAdapter(RealtimeServerEvent)
 pytestmark = [LOOP, pytest.mark.slow]
 
 
@@ -71,10 +83,11 @@ async def server(cascade: ServedApp) -> AsyncIterator[ServedApp]:
 
 
 @lru_cache(maxsize=8)
-def said(text: str) -> np.ndarray:
-    """`text` spoken by espeak-ng at 24 kHz, with a pause after it that ends the turn."""
-    speech = trim_silence(speak(text, rate=RATE))
-    return np.concatenate([silence(300, RATE), speech, silence(1000, RATE)])
+def said(text: str, rate: int = RATE) -> np.ndarray:
+    """`text` spoken by espeak-ng (24 kHz unless told), with a pause after it that ends
+    the turn."""
+    speech = trim_silence(speak(text, rate=rate))
+    return np.concatenate([silence(300, rate), speech, silence(1000, rate)])
 
 
 def b64(pcm: np.ndarray) -> str:
@@ -181,19 +194,35 @@ async def test_manual_commits_with_turn_detection_off(server: ServedApp) -> None
     assert {"good", "morning"} <= words(events[-1].transcript), events[-1].transcript
 
 
-async def test_response_create_is_an_error_and_no_audio_goes_out(server: ServedApp) -> None:
+async def test_response_create_and_item_create_are_errors_and_the_session_goes_on(
+    server: ServedApp,
+) -> None:
     async with (
         sdk(server) as client,
         client.realtime.connect(extra_query={"intent": "transcription"}) as conn,
     ):
         await recv_until(conn, "session.created")
-        await conn.response.create()
+        await conn.response.create(event_id="evt_answer")
         error = (await recv_until(conn, "error"))[-1]
-        assert "transcription" in error.error.message
+        assert error.error.message.startswith(
+            "response.create is not supported in transcription sessions"
+        )
         assert error.error.type == "invalid_request_error"
+        assert error.error.event_id == "evt_answer"
+        await conn.conversation.item.create(item=TYPED, event_id="evt_item")  # type: ignore[arg-type]
+        error = (await recv_until(conn, "error"))[-1]
+        assert error.error.message.startswith(
+            "conversation.item.create is not supported in transcription sessions"
+        )
+        assert error.error.event_id == "evt_item"
         await conn.session.update(session={"type": "realtime"})
         refused = (await recv_until(conn, "error"))[-1]
         assert refused.error.param == "type" or "realtime" in refused.error.message
+        await send_audio(conn, said("Please open the window."))
+        events = await recv_until(conn, "conversation.item.input_audio_transcription.completed")
+    assert {"open", "window"} <= words(events[-1].transcript), events[-1].transcript
+    got = [e.type for e in events]
+    assert not any(t.startswith(("response.", "output_audio")) for t in got), got
 
 
 async def test_every_event_of_a_transcription_session_is_one_the_sdk_declares(
@@ -218,9 +247,8 @@ async def test_every_event_of_a_transcription_session_is_one_the_sdk_declares(
         await client.send({"type": "input_audio_buffer.clear"})
         await client.wait_type("input_audio_buffer.cleared")
         sent = list(client.events)
-    sdk_event: TypeAdapter[Any] = TypeAdapter(RealtimeServerEvent)
     for message in sent:
-        assert sdk_event.validate_python(message).type == message["type"], message
+        assert SERVER_EVENT.validate_python(message).type == message["type"], message
     seen = {m["type"] for m in sent}
     assert {
         "session.created",
@@ -322,3 +350,86 @@ async def test_a_pipeline_without_a_recogniser_refuses(no_recogniser: str, redis
             assert "'fake'" in refused.error.message
             updated = (await recv_until(conn, "session.updated"))[-1]
             assert updated.session.type == "realtime"
+
+
+@contextlib.asynccontextmanager
+async def webrtc_call(server: ServedApp) -> AsyncIterator[tuple[httpx.AsyncClient, Caller]]:
+    """A real aiortc caller (its microphone sends 16 kHz speech in real time) and a signaling
+    client on the server; the call is hung up on the way out (a closed peer alone would
+    leave its session waiting for a re-attach)."""
+    async with httpx.AsyncClient(base_url=server.http_url, headers=AUTH) as http:
+        caller = Caller(http)
+        try:
+            yield http, caller
+        finally:
+            try:
+                if caller.call_id is not None:
+                    await http.post(f"/v1/realtime/calls/{caller.call_id}/hangup")
+            finally:
+                await caller.close()
+
+
+def transcribed(caller: Caller) -> list[dict[str, Any]]:
+    return [e for e in caller.events if e["type"].endswith("input_audio_transcription.completed")]
+
+
+async def webrtc_transcript(caller: Caller, text: str) -> dict[str, Any]:
+    """`text` said into the call's microphone: its `...input_audio_transcription.completed`."""
+    count = len(transcribed(caller))
+    caller.mic.say(said(text, 16_000))
+    completed = "conversation.item.input_audio_transcription.completed"
+    await caller.wait_count(completed, count + 1, within_s=30)
+    return transcribed(caller)[count]
+
+
+async def test_webrtc_a_client_secret_then_the_offer_transcribes_and_refuses_answers(
+    server: ServedApp,
+) -> None:
+    """OpenAI's browser flow: a client secret minted for a transcription session, the
+    offer posted with it; the spoken words come back on the data channel, the track
+    carries silence, and response.create and conversation.item.create are errors naming
+    the event after which the session goes on transcribing."""
+    async with webrtc_call(server) as (http, caller):
+        minted = await http.post("/v1/realtime/client_secrets", json={"session": SETUP})
+        assert minted.status_code == 200, minted.text
+        assert minted.json()["session"]["object"] == "realtime.transcription_session"
+        secret = {"Authorization": f"Bearer {minted.json()['value']}"}
+        assert (await caller.connect(secret)).status_code == 201
+        created = await caller.wait_for(lambda e: e["type"] == "session.created")
+        assert created["session"]["type"] == "transcription"
+        assert created["session"]["object"] == "realtime.transcription_session"
+        assert created["session"]["audio"]["input"]["transcription"]["language"] == "en"
+        first = await webrtc_transcript(caller, "I would like a cup of coffee.")
+        assert {"cup", "coffee"} <= words(first["transcript"]), first
+        caller.send({"type": "response.create", "event_id": "evt_answer"})
+        caller.send({"type": "conversation.item.create", "event_id": "evt_item", "item": TYPED})
+        await caller.wait_count("error", 2)
+        second = await webrtc_transcript(caller, "Please open the window.")
+        assert {"open", "window"} <= words(second["transcript"]), second
+    errors = {e["error"]["event_id"]: e["error"] for e in caller.events if e["type"] == "error"}
+    assert "response.create" in errors["evt_answer"]["message"], errors
+    assert "conversation.item.create" in errors["evt_item"]["message"], errors
+    types = caller.types()
+    assert any(t.endswith("input_audio_transcription.delta") for t in types), types
+    assert not any(t.startswith(("response.", "output_audio_buffer.")) for t in types), types
+    assert not caller.loud_since(0.0)  # the track sent silence only
+    for event in caller.events:
+        assert SERVER_EVENT.validate_python(event).type == event["type"], event
+    assert caller.heard, "the track sent nothing"
+
+
+async def test_webrtc_the_sdk_form_with_a_transcription_session_transcribes(
+    server: ServedApp,
+) -> None:
+    """The openai SDK's call: the offer and the session as a multipart form."""
+    async with webrtc_call(server) as (http, caller):
+        form = {"sdp": (None, await caller.offer()), "session": (None, json.dumps(SETUP))}
+        response = await http.post("/v1/realtime/calls", files=form)
+        assert response.status_code == 201, response.text
+        caller.call_id = response.headers["location"].rsplit("/", 1)[1]
+        await caller.answered(response.text)
+        created = await caller.wait_for(lambda e: e["type"] == "session.created")
+        assert created["session"]["object"] == "realtime.transcription_session"
+        done = await webrtc_transcript(caller, "Good morning everyone.")
+    assert {"good", "morning"} <= words(done["transcript"]), done
+    assert not any(t.startswith("response.") for t in caller.types())
