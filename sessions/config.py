@@ -269,18 +269,34 @@ class InputTranscriptionConfig(_Model):
     to transcribe its audio with. The pipeline has one recogniser, so `model` is echoed,
     not obeyed; `language` (one of Whisper's codes) and `prompt` go with every recognition
     of the session's audio (recognition_hints.py): Whisper base uses both, tiny.en and
-    pocketsphinx are English only."""
+    pocketsphinx are English only. `keywords` join the prompt (Whisper's prompt is where
+    words to expect go); `languages` is one language here (the recogniser is told one
+    language or none), used when `language` is not given."""
 
     model: str | None = None
     language: str | None = None
     prompt: str | None = None
+    keywords: tuple[str, ...] | None = None
+    languages: tuple[str, ...] | None = Field(default=None, min_length=1, max_length=1)
 
     @field_validator("language")
     @classmethod
     def _known_language(cls, value: str | None) -> str | None:
-        if value is not None and value not in WHISPER_LANGUAGES:
-            raise ValueError(f"{value!r} is not an ISO-639-1 code of a language Whisper knows")
+        if value is not None:
+            _whisper_language(value)
         return value
+
+    @field_validator("languages")
+    @classmethod
+    def _known_languages(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        for language in value or ():
+            _whisper_language(language)
+        return value
+
+
+def _whisper_language(value: str) -> None:
+    if value not in WHISPER_LANGUAGES:
+        raise ValueError(f"{value!r} is not an ISO-639-1 code of a language Whisper knows")
 
 
 class NoiseReductionConfig(_Model):
@@ -289,6 +305,26 @@ class NoiseReductionConfig(_Model):
     maps each type to its level); None (the default) leaves it as it is."""
 
     type: Literal["near_field", "far_field"] = "near_field"
+    strength: Unit | None = None
+    """OpenAI's 0-1 (None: 1, its default): scales the type's suppression level, so a
+    weaker strength suppresses less (noise_reduction.py)."""
+
+
+class ReasoningConfig(_Model):
+    """OpenAI's `reasoning` of reasoning models, echoed: Parley's engines do not reason
+    before they answer, so there is no reasoning for an effort to bound (docs:
+    session-settings.md)."""
+
+    effort: Literal["minimal", "low", "medium", "high", "xhigh"] | None = None
+
+
+class TracingSettings(_Model):
+    """OpenAI's tracing object (its Traces dashboard's names for the session), echoed:
+    Parley sends no traces to OpenAI."""
+
+    group_id: str | None = None
+    metadata: Any = None
+    workflow_name: str | None = None
 
 
 class SessionConfig(_Model):
@@ -316,6 +352,14 @@ class SessionConfig(_Model):
     output_sample_rate: Literal[8_000, 16_000, 24_000, 48_000] = OUTPUT_SAMPLE_RATE
     extra_events: bool = False
     """Send Parley's own server events (session.state_changed, .expiring, .closed) too."""
+    model: str = "parley"
+    """The model the client named: echoed, not obeyed (the pipeline answers)."""
+    parallel_tool_calls: bool = True
+    """False: a model's round of writing makes at most one call (response.py keeps the
+    first and drops the rest; an engine that can is told too)."""
+    reasoning: ReasoningConfig | None = None
+    tracing: Literal["auto"] | TracingSettings | None = None
+    """OpenAI's tracing (observability on OpenAI's platform): echoed, not acted on."""
 
     @model_validator(mode="before")
     @classmethod
@@ -375,8 +419,9 @@ class SessionConfig(_Model):
         leaves `self` untouched when the result is invalid.
         """
         merged = _deep_merge(self.model_dump(), patch)
-        if "truncation" in patch:  # one setting, not an object merged field by field
-            merged["truncation"] = patch["truncation"]
+        for whole in ("truncation", "tracing"):  # one setting, not merged field by field
+            if whole in patch:
+                merged[whole] = patch[whole]
         td, was = patch.get("turn_detection"), self.turn_detection
         if (
             isinstance(td, Mapping)

@@ -6,14 +6,16 @@ and calls the server when the model calls one. `allowed_tools` narrows what is o
 (a list of names, or the filter form with `tool_names`; `read_only` is matched against the
 tool's `readOnlyHint` annotation); `require_approval` says which calls wait for the
 client's `mcp_approval_response` (`always`, `never`, or the per-tool filter form).
-`connector_id` (OpenAI's hosted connectors) is not served: there is no connector here.
+`server_description` goes with each of its tools' descriptions to the model.
+`connector_id` (OpenAI's hosted connectors) and `tunnel_id` (its Secure MCP Tunnel) are not
+served: there is no connector or tunnel here (realtime/openai/session_fields.py refuses them).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MCP_DEADLINE_S = 10.0
 """How long one listing or one call may take, connecting included; past it the listing or
@@ -55,6 +57,19 @@ class McpToolConfig(_Model):
     require_approval: Literal["always", "never"] | McpApprovalFilter | None = "always"
     """OpenAI's default is `always`: a call waits for the client's approval."""
     server_description: str | None = None
+    """Shown to the model with each of the server's tools (mcp_tools.py)."""
+    defer_loading: Literal[False] | None = None
+    """OpenAI's tool search is not here: every tool is loaded (`true` is refused)."""
+    allowed_callers: tuple[Literal["direct", "programmatic"], ...] | None = None
+    """Who may call the tools: the model calls them directly here, so the list must name
+    `direct` (`programmatic` has no caller here and grants nothing more)."""
+
+    @field_validator("allowed_callers")
+    @classmethod
+    def _direct(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is not None and "direct" not in value:
+            raise ValueError("Parley's model calls MCP tools directly: name 'direct'")
+        return value
 
     def http_headers(self) -> dict[str, str]:
         headers = dict(self.headers or {})

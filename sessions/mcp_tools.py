@@ -6,7 +6,8 @@ as an `mcp_list_tools` conversation item and `mcp_list_tools.completed`, or
 `mcp_list_tools.failed` and an `error` with the reason (the session goes on; the server
 offers nothing until a later `session.update` lists it again). The listed tools are
 offered to the model beside the function tools, under their own names (a function tool
-of the same name wins). A server dropped or changed by an update has its listing forgotten
+of the same name wins), each described with its server's `server_description` if it has
+one. A server dropped or changed by an update has its listing forgotten
 and, if it is still being listed, that listing cancelled.
 """
 
@@ -109,11 +110,13 @@ class McpTools:
             if name in taken:
                 continue
             tool = next(t for t in tools if t.name == name)
+            description = tool.description
+            if server.server_description:  # OpenAI's context for the model on the server
+                about = f"server {server.server_label}: {server.server_description}"
+                description = f"{description} ({about})" if description else about
             try:
                 offered.append(
-                    ToolConfig(
-                        name=name, description=tool.description, parameters=tool.input_schema
-                    )
+                    ToolConfig(name=name, description=description, parameters=tool.input_schema)
                 )
             except ValueError:  # a name or schema OpenAI's function tools cannot carry
                 log.info(

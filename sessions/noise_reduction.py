@@ -42,9 +42,20 @@ from .config import NoiseReductionConfig
 
 NoiseType = Literal["near_field", "far_field"]
 LEVELS: dict[NoiseType, int] = {"near_field": 2, "far_field": 1}
-"""WebRTC's suppression level (0-4) for each of OpenAI's types."""
+"""WebRTC's suppression level (0-4) for each of OpenAI's types, at OpenAI's default
+strength (1)."""
+
 HALF = INPUT_FRAME_BYTES // 2
 """The processor takes 10 ms (160 samples, 320 bytes) at a time."""
+
+
+def level(config: NoiseReductionConfig) -> int:
+    """The type's level scaled by OpenAI's `strength` (0-1, "higher values apply more
+    suppression"), rounded half up: near_field is level 2 from 0.75, 1 from 0.25, and
+    off below; far_field 1 from 0.5, off below. No measurement backs a level above the
+    type's own, so 1 is the strongest."""
+    strength = 1.0 if config.strength is None else config.strength
+    return int(LEVELS[config.type] * strength + 0.5)
 
 
 class NoiseSuppressor:
@@ -81,15 +92,18 @@ class InputNoiseReduction:
         return self._type
 
     def reconfigure(self, config: NoiseReductionConfig | None) -> None:
-        """Apply a `session.update`: the same type keeps its adapted state; another starts
-        a fresh suppressor; None turns it off."""
+        """Apply a `session.update`: the same type at the same level keeps its adapted
+        state; another type or strength starts a fresh suppressor (none at level 0);
+        None turns it off."""
         wanted = config.type if config is not None else None
-        if wanted == self._type:
+        at = level(config) if config is not None else 0
+        current = self._suppressor.level if self._suppressor is not None else 0
+        if wanted == self._type and at == current:
             return
         self.close()
         self._type = wanted
-        if wanted is not None:
-            self._suppressor = NoiseSuppressor(LEVELS[wanted])
+        if wanted is not None and at > 0:
+            self._suppressor = NoiseSuppressor(at)
 
     def process(self, frames: list[bytes]) -> list[bytes]:
         suppressor = self._suppressor

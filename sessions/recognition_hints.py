@@ -15,8 +15,16 @@ from .config import SessionConfig
 
 
 def recognition_hints(config: SessionConfig) -> RecognitionHints:
-    """The language and prompt of `config`'s input transcription (none if it has none)."""
+    """The language and prompt of `config`'s input transcription (none if it has none).
+
+    OpenAI's `keywords` (words or phrases to guide transcription) are put before the
+    prompt, as Whisper's prompt is where it reads the words to expect (for `whisper-1`,
+    OpenAI's prompt *is* a list of keywords); `languages` (one here) stands in for a
+    `language` not given."""
     asked = config.input_transcription
     if asked is None:
         return RecognitionHints()
-    return RecognitionHints(language=asked.language or "", prompt=asked.prompt or "")
+    language = asked.language or (asked.languages[0] if asked.languages else "")
+    keywords = ", ".join(word.strip() for word in asked.keywords or () if word.strip())
+    prompt = ". ".join(part for part in (keywords, (asked.prompt or "").strip()) if part)
+    return RecognitionHints(language=language, prompt=prompt)

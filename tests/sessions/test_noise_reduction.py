@@ -114,6 +114,41 @@ def test_the_setting_keeps_state_until_its_type_changes_and_off_passes_frames() 
     assert noise.type is None and noise.process([data]) == [data]
 
 
+@pytest.mark.parametrize(
+    ("kind", "strength", "level"),
+    [
+        ("near_field", None, 2),  # OpenAI's default strength is 1: the type's own level
+        ("near_field", 1.0, 2),
+        ("near_field", 0.5, 1),
+        ("near_field", 0.2, 0),
+        ("far_field", 1.0, 1),
+        ("far_field", 0.5, 1),
+        ("far_field", 0.4, 0),
+    ],
+)
+def test_strength_scales_the_types_level(kind: str, strength: float | None, level: int) -> None:
+    config = NoiseReductionConfig.model_validate({"type": kind, "strength": strength})
+    noise = InputNoiseReduction(config)
+    suppressor = noise._suppressor
+    assert (suppressor.level if suppressor is not None else 0) == level
+    assert noise.type == kind  # on, at level 0 too: frames then pass as they are
+    frame = np.zeros(INPUT_FRAME_BYTES // 2, "<i2").tobytes()
+    if level == 0:
+        assert noise.process([frame]) == [frame]
+    noise.close()
+
+
+def test_a_new_strength_starts_a_fresh_suppressor_and_the_same_keeps_it() -> None:
+    noise = InputNoiseReduction(NoiseReductionConfig(type="near_field"))
+    first = noise._suppressor
+    noise.reconfigure(NoiseReductionConfig(type="near_field", strength=1.0))
+    assert noise._suppressor is first
+    noise.reconfigure(NoiseReductionConfig(type="near_field", strength=0.5))
+    assert noise._suppressor is not first and noise._suppressor is not None
+    assert noise._suppressor.level == 1
+    noise.close()
+
+
 async def test_the_session_buffers_cleaned_audio_and_a_session_update_turns_it_off(
     make_session: MakeSession,
 ) -> None:
