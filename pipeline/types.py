@@ -127,6 +127,10 @@ class PipelineRequest:
     keeps a session's state checks with it that the conversation is still the one it saw."""
     tools: tuple[ToolSpec, ...] = ()
     tool_choice: ToolChoice = "auto"
+    parallel_tool_calls: bool = True
+    """False: at most one call (OpenAI's `parallel_tool_calls`); the session keeps only a
+    round's first call whatever the engine makes, and an engine that can tell its model
+    does (openai_chat sends it on)."""
     max_output_tokens: int | None = None
     """At most this many tokens of reply (None: the engine's own limit)."""
     voice: str = ""

@@ -195,6 +195,7 @@ def _options(options: ResolvedOptions, output_sample_rate: int) -> dict[str, Any
             for tool in (*options.tools, *options.mcp_tools)
         ),
         "tool_choice": options.tool_choice,
+        "parallel_tool_calls": options.parallel_tool_calls,
         "max_output_tokens": options.max_output_tokens,
         "voice": "" if options.voice == "default" else options.voice,
         "speed": options.speed,

@@ -8,8 +8,9 @@ the audio the sink reports as played.
 
 An answer's output items appear as the model makes them: the message item with its first
 text or audio, a `function_call` item with the first piece of a call's arguments. A
-response that only calls a tool has no message item. Function calls are committed to the
-history when complete; the client runs them and sends their output as items. An
+response that only calls a tool has no message item. With `parallel_tool_calls` off, only
+the first call of each round of the model's writing is kept. Function calls are committed
+to the history when complete; the client runs them and sends their output as items. An
 out-of-band response (`conversation: "none"`) commits nothing.
 
 A response does not drive the session: it reports what happened (its first audio through
@@ -261,6 +262,7 @@ class Response:
             stream = self._prefetched.stream()
         else:
             stream = self._pipeline.generate(request)
+        first_call: str | None = None  # parallel_tool_calls off: the round's only call
         async with aclosing(stream):
             while True:
                 try:
@@ -279,7 +281,11 @@ class Response:
                         await self._on_text(chunk.text)
                     case ToolCallDelta():
                         await self._flush_input_transcript()
-                        await self._on_tool_call(chunk)
+                        first_call = first_call or chunk.call_id
+                        if self.options.parallel_tool_calls or chunk.call_id == first_call:
+                            await self._on_tool_call(chunk)
+                        else:  # parallel_tool_calls off: the model's second call is dropped
+                            log.debug("response %s: call %s dropped", self.response_id, chunk)
                     case AudioChunk():
                         await self._flush_input_transcript()
                         await self._on_audio(chunk)

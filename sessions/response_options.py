@@ -67,6 +67,7 @@ class ResponseOptions:
             input=self.input,
             truncation=config.truncation,
             recognition=recognition_hints(config),
+            parallel_tool_calls=config.parallel_tool_calls,
         )
 
 
@@ -91,3 +92,5 @@ class ResolvedOptions:
     """The session's language and prompt for recognising the turn's audio."""
     mcp_tools: tuple[ToolConfig, ...] = ()
     """The tools the session's MCP servers listed, offered after `tools` (mcp_tools.py)."""
+    parallel_tool_calls: bool = True
+    """The session's `parallel_tool_calls`: False, at most one call a round of writing."""

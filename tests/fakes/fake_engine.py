@@ -3,7 +3,8 @@
 It streams a fixed answer as text deltas, then as audio (a tone, so it is audibly not
 silence) at a set pace, and holds per-request state that abort or cancellation removes.
 With tools it acts as a model that always uses them: it calls the forced tool, or the first
-one, with each required argument set to "fake" (in two argument deltas); after a function
+one (the first `calls` ones: parallel calls, whatever the request's `parallel_tool_calls`),
+with each required argument set to "fake" (in two argument deltas); after a function
 call's output it answers "The tool said: <output>". `max_output_tokens` caps its words. A
 transcription-only request is "heard <n> ms".
 Its pace is in the time of the given `Clock` (a test's `ScaledClock` runs it faster).
@@ -49,8 +50,10 @@ class FakeEngine(EntryEngine):
         start_delay_s: float = 0.0,
         clock: Clock = REAL_CLOCK,
         transcript: str | None = None,
+        calls: int = 1,
     ) -> None:
         self.text = text
+        self.calls = calls
         self.text_interval_s = text_interval_s
         self.audio_ms = audio_ms
         self.chunk_ms = chunk_ms
@@ -140,21 +143,24 @@ class FakeEngine(EntryEngine):
         finally:
             self._held.end(request_id)
 
-    @staticmethod
-    def _tool_call(request: PipelineRequest) -> list[ToolCallDelta] | None:
-        """The call this fake makes, or None to answer in words."""
+    def _tool_call(self, request: PipelineRequest) -> list[ToolCallDelta] | None:
+        """The calls this fake makes, or None to answer in words."""
         if not request.tools or request.tool_choice == "none":
             return None
         last = request.history[-1] if request.history else None
         if last is not None and last.kind == "function_call_output" and request.text is None:
             return None  # the output is in: answer with it
         by_name = {tool.name: tool for tool in request.tools}
-        tool = by_name.get(request.tool_choice, request.tools[0])
-        required = tool.parameters.get("required", [])
-        arguments = json.dumps({name: "fake" for name in required})
-        call_id = f"call_{secrets.token_hex(6)}"
-        half = len(arguments) // 2
-        return [
-            ToolCallDelta(call_id, tool.name, arguments[:half]),
-            ToolCallDelta(call_id, tool.name, arguments[half:], done=True),
-        ]
+        forced = by_name.get(request.tool_choice)
+        tools = [forced] if forced is not None else list(request.tools[: self.calls])
+        pieces: list[ToolCallDelta] = []
+        for tool in tools:
+            required = tool.parameters.get("required", [])
+            arguments = json.dumps({name: "fake" for name in required})
+            call_id = f"call_{secrets.token_hex(6)}"
+            half = len(arguments) // 2
+            pieces += [
+                ToolCallDelta(call_id, tool.name, arguments[:half]),
+                ToolCallDelta(call_id, tool.name, arguments[half:], done=True),
+            ]
+        return pieces

@@ -126,6 +126,34 @@ async def test_the_model_calls_a_tool_and_the_answer_uses_its_output(
     assert "response.output_item.added" in types
 
 
+async def test_parallel_tool_calls_off_keeps_the_first_of_the_models_two_calls(
+    make_session: MakeSession, engine: FakeEngine
+) -> None:
+    """A model that calls both tools at once: with `parallel_tool_calls` on (OpenAI's
+    default) the response carries both calls; off, only the first (the second is neither
+    announced, nor in response.done, nor in the conversation), and the engine is told."""
+    engine.calls = 2
+    d, session, sink = await start(make_session)
+    await d.handle_raw(msg(type="session.update", session={"tools": [WEATHER, TIME]}))
+    await d.handle_raw(msg(type="response.create"))
+    both = await wait_done(sink, 1)
+    assert [call.name for call in both.calls] == ["get_weather", "get_time"]
+    assert engine.requests[0].parallel_tool_calls
+    await d.handle_raw(msg(type="session.update", session={"parallel_tool_calls": False}))
+    await d.handle_raw(msg(type="response.create"))
+    one = await wait_done(sink, 2)
+    assert not errors(sink)
+    (call,) = one.calls
+    assert call.name == "get_weather" and call.status == "completed"
+    assert not engine.requests[1].parallel_tool_calls
+    second = [e for e in sink.of(FunctionCallArgumentsDone) if e.response_id == one.response_id]
+    assert [e.item.call_id for e in second] == [call.call_id]
+    announced = [e.item for e in sink.of(ConversationItemCreated) if e.item.type == "function_call"]
+    assert [item.name for item in announced] == ["get_weather", "get_time", "get_weather"]
+    history = [item.name for item in await session.history.items() if item.name]
+    assert history == ["get_weather", "get_time", "get_weather"]
+
+
 async def test_response_create_options_shape_one_answer(
     make_session: MakeSession, engine: FakeEngine
 ) -> None:

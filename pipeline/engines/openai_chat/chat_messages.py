@@ -128,4 +128,6 @@ def request_body(
     if request.tools and choice != "none":
         body["tools"] = tool_list(request.tools, strict_tools)
         body["tool_choice"] = tool_choice(choice, request.tools)
+        if not request.parallel_tool_calls:
+            body["parallel_tool_calls"] = False
     return body
