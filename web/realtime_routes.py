@@ -105,10 +105,11 @@ def error(
     message: str,
     kind: str = "invalid_request_error",
     headers: dict[str, str] | None = None,
+    param: str | None = None,
 ) -> Response:
-    return JSONResponse(
-        {"error": {"type": kind, "code": code, "message": message}}, status, headers
-    )
+    """OpenAI's error body; `param` names the parameter at fault, where one is."""
+    body = {"type": kind, "code": code, "message": message, "param": param}
+    return JSONResponse({"error": body}, status, headers)
 
 
 def limited(exc: KeyLimitError) -> Response:
@@ -155,7 +156,8 @@ async def client_secrets(request: Request) -> Response:
         config, _ = _settings(session)
         value, expires_at = auth.mint(session, ttl, minter.caller)
     except (ConfigError, ProtocolError, ValueError) as exc:
-        return error(400, getattr(exc, "code", "invalid_value"), str(exc))
+        code, param = getattr(exc, "code", "invalid_value"), getattr(exc, "field", None)
+        return error(400, code, str(exc), param=param)
     return JSONResponse(
         {"value": value, "expires_at": expires_at, "session": session_object(config)}
     )

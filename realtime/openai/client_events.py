@@ -3,9 +3,9 @@
 Clients of the OpenAI Realtime API (the browser SDKs, voice-agent platforms) send these
 JSON events over the WebRTC data channel or a WebSocket. Parsing is strict about the
 envelope (an unknown top-level parameter or a wrong type is an error that names the
-parameter, as OpenAI does) and lenient inside the objects OpenAI lets grow (the session,
-items, `response`): fields Parley does not implement there are accepted and ignored, and
-the `session.updated` reply shows what actually took effect.
+parameter, as OpenAI does). Inside the session object every field of OpenAI's has its fate
+(session_fields.py) and an unknown key is refused by name, the rest of the update applying;
+items and `response` stay lenient. The `session.updated` reply shows what took effect.
 
 Both the GA shapes and the beta spellings are accepted (`input_audio_format: "pcm16"`,
 top-level `turn_detection`, `voice`, `modalities`); GA wins where both are given.
@@ -23,6 +23,12 @@ from sessions import SessionConfig
 
 from .client_items import ItemSpec
 from .response_spec import max_tokens_value, tool_choice_value, tool_configs
+from .session_fields import (
+    fields_patch,
+    mcp_tool_choice,
+    not_in_transcription,
+    unknown_parameters,
+)
 from .session_spec import G711_FORMATS, PCM_RATE, SessionSpec, audio_format, turn_detection_patch
 from .session_spec import G711_RATE as G711_RATE
 from .transcription_spec import transcription_patch
@@ -306,17 +312,18 @@ def session_patch(
 
 
 def partial_session_patch(
-    update: SessionUpdate, formats: AudioFormats = AudioFormats()
+    update: SessionUpdate, formats: AudioFormats = AudioFormats(), transcribing: bool = False
 ) -> tuple[dict[str, Any], AudioFormats, list[ProtocolError]]:
     """What of the session object Parley can apply, and a ProtocolError for each value it
     cannot (each names its field); the rest applies without those.
 
     `formats` are the connection's current ones; the result keeps what the update does
-    not mention. The session validates the patch's ranges (its ConfigError names the
-    field); this checks only what the wire format itself decides.
+    not mention. `transcribing`: the session is a transcription session already (else the
+    update's `type` says). The session validates the patch's ranges (its ConfigError names
+    the field); this checks only what the wire format itself decides.
     """
     spec, eid = update.session, update.event_id
-    errors: list[ProtocolError] = list(update._dropped)
+    errors: list[ProtocolError] = [*update._dropped, *unknown_parameters(spec, eid)]
     patch, type_errors = transcription_patch(spec, eid)
     errors += type_errors
     if spec.instructions is not None:
@@ -351,11 +358,9 @@ def partial_session_patch(
     except ProtocolError as exc:
         errors.append(exc)
         td_set = False
-    voice = audio_out.voice if audio_out and audio_out.voice is not None else spec.voice
-    if voice is not None:
-        patch["voice"] = voice
-    if audio_out is not None and audio_out.speed is not None:
-        patch["speed"] = audio_out.speed
+    fields, field_errors = fields_patch(spec, eid)
+    patch |= fields
+    errors += field_errors
     if spec.tools is not None:
         mcp: list[dict[str, Any]] = []
         tools, tool_errors = tool_configs(spec.tools, "session.tools", eid, mcp)
@@ -363,6 +368,8 @@ def partial_session_patch(
         errors += tool_errors
     if spec.tool_choice is not None:
         try:
+            if (refused := mcp_tool_choice(spec.tool_choice, eid)) is not None:
+                raise refused
             patch["tool_choice"] = tool_choice_value(spec.tool_choice, "session.tool_choice", eid)
         except ProtocolError as exc:
             errors.append(exc)
@@ -398,6 +405,9 @@ def partial_session_patch(
             patch["output_sample_rate"] = new.output_rate
     except ProtocolError as exc:
         errors.append(exc)
+    if transcribing or spec.type == "transcription":  # no conversation fields, no output
+        errors += not_in_transcription(spec, patch, eid)
+        new = replace(new, output=formats.output, output_rate=formats.output_rate)
 
     extras = spec.parley
     if extras is not None:

@@ -33,7 +33,9 @@ Decisions, following OpenAI where it has one:
 - `session.update` applies what it can: each value Parley cannot use (an unknown turn
   detection type, a setting out of range, G.711 where the transport has no codec) is an
   `error` naming its field, and the rest of the update still applies, as
-  `session.updated` shows. Fields Parley does not implement are ignored, not errors.
+  `session.updated` shows. Every field of OpenAI's session object has its fate
+  (session_fields.py); a key it does not have is an `unknown_parameter` error, and so is a
+  conversation's field in a transcription session (OpenAI's transcription session has none).
 - `response.create` takes OpenAI's per-response options (response_spec.py); a bad one
   fails that response.create with an error naming it. `response.cancel` with nothing in
   progress is the error OpenAI sends, `response_cancel_not_active`.
@@ -203,7 +205,8 @@ class ClientEventDispatcher:
         """Apply what can be applied; each value that cannot is its own `error` (naming
         the field), sent before `session.updated` shows what took effect."""
         eid = event.event_id
-        patch, formats, errors = partial_session_patch(event, self.formats)
+        transcribing = self.session.config.type == "transcription"
+        patch, formats, errors = partial_session_patch(event, self.formats, transcribing)
         if event.session.type == "realtime" and self.session.config.type == "transcription":
             errors.append(
                 ProtocolError(

@@ -2,9 +2,10 @@
 
 `session.update` and `response.create` both carry `tools` and `tool_choice`, so both are
 read here. A tool is OpenAI's function tool, `{"type": "function", "name", "description",
-"parameters"}` (the Chat Completions nesting under `function` is accepted too); other tool
-types (MCP servers) are not supported and each is an error naming it, while the functions
-next to it still apply. `tool_choice` is `auto`, `none`, `required` or
+"parameters"}` (the Chat Completions nesting under `function` is accepted too), and in
+the session an MCP server's `{"type": "mcp", ...}` (session_fields.py checks each key of a
+session's tools); other tool types are not supported and each is an error naming it, while
+the tools next to it still apply. `tool_choice` is `auto`, `none`, `required` or
 `{"type": "function", "name": ...}`.
 
 `response.create`'s `response` object becomes `ResponseOptions`: `instructions`,
@@ -24,6 +25,7 @@ from pydantic import ValidationError
 from sessions import ConversationItem, ResponseOptions, ToolConfig
 
 from .client_items import ItemSpec, client_item
+from .session_fields import checked_tool
 from .wire_values import ProtocolError
 
 _MAX_METADATA_PAIRS = 16
@@ -41,8 +43,14 @@ def tool_configs(
     MCP servers go to `mcp` where it is given (session.tools)."""
     tools: list[dict[str, Any]] = []
     errors: list[ProtocolError] = []
-    for index, tool in enumerate(raw):
+    for index, given in enumerate(raw):
         where = f"{param}[{index}]"
+        tool: dict[str, Any] | None = given
+        if mcp is not None:  # the session's: each key has its fate (session_fields.py)
+            tool, refused = checked_tool(given, where, event_id)
+            errors += refused
+        if tool is None:
+            continue
         kind = tool.get("type", "function")
         nested = tool.get("function")
         body: dict[str, Any] = nested if isinstance(nested, dict) else tool

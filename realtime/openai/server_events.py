@@ -18,6 +18,8 @@ import base64
 import dataclasses
 from typing import Any, Literal
 
+from pydantic import BaseModel
+
 from sessions import SessionConfig, TurnDetectionConfig, event_to_dict
 from sessions.config import truncation_object
 from sessions.events import (
@@ -58,7 +60,6 @@ from .client_events import AudioFormats, format_object
 from .mcp_events import mcp_event_body, mcp_item_object
 from .transcription_session import transcription_session_object
 
-MODEL = "parley"
 CONVERSATION_ID = "conv_default"
 """Each session has one conversation; OpenAI names it in every in-conversation response."""
 AudioMode = Literal["omit", "base64"]
@@ -242,13 +243,13 @@ def session_object(
     noise = config.noise_reduction
     transcription = config.input_transcription
     session |= {
-        "model": MODEL,
+        "model": config.model,
         "instructions": config.instructions,
         "output_modalities": list(config.output_modalities),
         "audio": {
             "input": {
                 "format": format_object(formats.input, formats.input_rate),
-                "noise_reduction": noise.model_dump() if noise is not None else None,
+                "noise_reduction": noise.model_dump(exclude_none=True) if noise else None,
                 "transcription": (
                     transcription.model_dump(exclude_none=True) if transcription else None
                 ),
@@ -265,6 +266,15 @@ def session_object(
         "tool_choice": _tool_choice(config.tool_choice),
         "max_output_tokens": config.max_output_tokens or "inf",
         "truncation": truncation_object(config.truncation),
+        "include": list(config.include) or None,
+        "parallel_tool_calls": config.parallel_tool_calls,
+        "prompt": None,
+        "reasoning": config.reasoning.model_dump(exclude_none=True) if config.reasoning else None,
+        "tracing": (
+            config.tracing.model_dump(exclude_none=True)
+            if isinstance(config.tracing, BaseModel)
+            else config.tracing
+        ),
         "parley": parley,
     }
     return session

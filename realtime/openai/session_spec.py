@@ -1,10 +1,12 @@
 """The session object of OpenAI Realtime's `session.update`, and the checks of the values
 inside it that need more than a type: turn detection and the audio formats.
 
-The objects are open (OpenAI lets them grow: fields Parley does not implement are accepted,
-and `session.updated` shows what took effect); a value Parley cannot take is a
-`ProtocolError` naming its parameter, and the rest of the update applies
-(client_events.py's `partial_session_patch`).
+Every field of OpenAI's GA session object (and of the beta spellings) is declared here, so
+none is dropped unseen: a key that is not one is kept aside (`extra="allow"`) and refused as
+an `unknown_parameter` naming its path (session_fields.py), as OpenAI refuses it, except
+under `parley`, Parley's own. A value Parley cannot take is a `ProtocolError` naming its
+parameter, and the rest of the update applies (client_events.py's `partial_session_patch`);
+`session.updated` shows what took effect.
 """
 
 from __future__ import annotations
@@ -24,13 +26,15 @@ _BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "
 
 
 class OpenObject(BaseModel):
-    """An object OpenAI lets grow: fields Parley does not know are let through."""
+    """An object of the session: keys Parley does not know are kept in `model_extra`, to be
+    refused by name (session_fields.py), not to fail the whole object."""
 
     model_config = ConfigDict(extra="allow", strict=True, frozen=True)
 
 
 class AudioFormatSpec(OpenObject):
-    type: str
+    type: str = "audio/pcm"
+    """OpenAI's formats are objects whose `type` may be left out: PCM then."""
     rate: int | None = None
 
 
@@ -49,16 +53,19 @@ class TurnDetectionSpec(OpenObject):
 
 
 class TranscriptionSpec(OpenObject):
-    """`audio.input.transcription` (beta: `input_audio_transcription`); OpenAI's newer
-    fields (`delay`, `keywords`, `languages`) are let through and ignored."""
+    """`audio.input.transcription` (beta: `input_audio_transcription`)."""
 
     model: str | None = None
     language: str | None = None
     prompt: str | None = None
+    keywords: list[str] | None = None
+    languages: list[str] | None = None
+    delay: str | None = None
 
 
 class NoiseReductionSpec(OpenObject):
     type: str | None = None
+    strength: float | None = None
 
 
 class AudioInputSpec(OpenObject):
@@ -70,7 +77,8 @@ class AudioInputSpec(OpenObject):
 
 class AudioOutputSpec(OpenObject):
     format: AudioFormatSpec | None = None
-    voice: str | None = None
+    voice: str | dict[str, Any] | None = None
+    """A voice's name, or OpenAI's custom voice `{"id": ...}` (refused: none here)."""
     speed: float | None = None
 
 
@@ -108,7 +116,18 @@ class SessionSpec(OpenObject):
     truncation: Any = None
     """`auto`, `disabled` or a retention_ratio object: any JSON here, the session checks it
     (its ConfigError names the field and what is wrong, and the rest of the update applies)."""
-    # beta spellings
+    model: str | None = None
+    parallel_tool_calls: bool | None = None
+    prompt: Any = None
+    """OpenAI's stored prompt template `{"id", "version", "variables"}`: refused (the
+    templates live on OpenAI's platform); null is none."""
+    reasoning: Any = None
+    tracing: Any = None
+    """`auto`, an object (`group_id`, `metadata`, `workflow_name`) or null: echoed."""
+    # beta spellings (and beta's own fields: `speed` at the top, `temperature`)
+    speed: float | None = None
+    temperature: float | None = None
+    client_secret: Any = None
     max_response_output_tokens: int | Literal["inf"] | None = None
     modalities: list[Literal["audio", "text"]] | None = None
     voice: str | None = None

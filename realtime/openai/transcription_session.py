@@ -4,9 +4,9 @@
 `realtime.transcription_session`: the input side only (format, transcription, noise
 reduction, turn detection) and `include`; no instructions, voice, tools or output. Parley's
 own values (the resume token, `min_speech_ms`, ...) are under `parley` as in a
-conversation session. Turn detection shows OpenAI's fields of a transcription session:
-a transcription session never answers, so `create_response` and `interrupt_response` are
-not shown.
+conversation session. Turn detection shows OpenAI's fields of a transcription session; it
+never answers, so `create_response` and `interrupt_response` are always false (a `true` is
+refused: realtime/openai/session_fields.py).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def transcription_session_object(
                 "transcription": (
                     transcription.model_dump(exclude_none=True) if transcription else None
                 ),
-                "noise_reduction": noise.model_dump() if noise is not None else None,
+                "noise_reduction": noise.model_dump(exclude_none=True) if noise else None,
                 "turn_detection": _turn_detection(td),
             }
         },
@@ -60,6 +60,8 @@ def transcription_session_object(
 def _turn_detection(td: TurnDetectionConfig | None) -> dict[str, Any] | None:
     if td is None:
         return None
+    answers = {"create_response", "interrupt_response"}
     if td.type == "semantic_vad":
-        return td.model_dump(include={"type", "eagerness"})
-    return td.model_dump(include={"type", "threshold", "prefix_padding_ms", "silence_duration_ms"})
+        return td.model_dump(include={"type", "eagerness"} | answers)
+    shown = {"type", "threshold", "prefix_padding_ms", "silence_duration_ms"} | answers
+    return td.model_dump(include=shown)

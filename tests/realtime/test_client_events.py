@@ -260,6 +260,7 @@ BETA = {
     },
     "temperature": 0.8,
     "tools": [],
+    "tracing": None,
 }
 
 
@@ -289,6 +290,7 @@ def test_ga_and_beta_session_updates_give_the_same_patch() -> None:
         "output_sample_rate": 24_000,
         "tools": [],
         "mcp_tools": [],
+        "tracing": None,
     }
     config = SessionConfig().updated(ga_patch)  # the patch is one the session takes
     assert config.turn_detection is not None and config.turn_detection.threshold == 0.7

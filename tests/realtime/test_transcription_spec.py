@@ -26,7 +26,7 @@ GA = {
     "audio": {
         "input": {
             "format": {"type": "audio/pcm", "rate": 24_000},
-            "transcription": {"model": "gpt-4o-mini-transcribe", "language": "en", "delay": "low"},
+            "transcription": {"model": "gpt-4o-mini-transcribe", "language": "en"},
             "noise_reduction": {"type": "far_field"},
             "turn_detection": {"type": "server_vad", "silence_duration_ms": 350},
         }
@@ -76,6 +76,8 @@ def test_the_session_object_is_openais_transcription_session() -> None:
         "threshold": 0.5,
         "prefix_padding_ms": 300,
         "silence_duration_ms": 350,
+        "create_response": False,
+        "interrupt_response": False,
     }
     assert "instructions" not in session and "output_modalities" not in session
     assert session["parley"]["resume_token"] == "tok"
@@ -89,7 +91,12 @@ def test_semantic_vad_and_no_turn_detection_echo_as_set() -> None:
     semantic = {**GA, "audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}
     config = SessionConfig().updated(patch_of(semantic)[0])
     echoed = session_object(config)["audio"]["input"]["turn_detection"]
-    assert echoed == {"type": "semantic_vad", "eagerness": "auto"}
+    assert echoed == {
+        "type": "semantic_vad",
+        "eagerness": "auto",
+        "create_response": False,
+        "interrupt_response": False,
+    }
     manual = SessionConfig().updated(
         patch_of({**GA, "audio": {"input": {"turn_detection": None}}})[0]
     )
@@ -132,3 +139,27 @@ def test_betas_transcription_session_update_is_a_session_update_of_a_transcripti
     event = parse_client_event(raw)
     assert isinstance(event, SessionUpdate) and event.event_id == "e1"
     assert partial_session_patch(event)[0] == patch_of(GA)[0]
+
+
+def test_keywords_and_one_language_are_kept_and_a_delay_or_two_languages_refused() -> None:
+    """`keywords` and a one-language `languages` are settings (they reach the recogniser:
+    tests/sessions/test_recognition_hints.py); a `delay` or several languages are errors
+    naming them, and the rest of the transcription applies."""
+    asked = {"model": "gpt-transcribe", "keywords": ["Parley"], "languages": ["fr"]}
+    patch, errors = patch_of({"audio": {"input": {"transcription": asked}}})
+    assert not errors and patch == {"input_transcription": asked}
+    refused = {"prompt": "Names.", "delay": "low", "languages": ["fr", "de"]}
+    patch, errors = patch_of({"audio": {"input": {"transcription": refused}}})
+    where = "session.audio.input.transcription"
+    assert sorted(e.field or "" for e in errors) == [f"{where}.delay", f"{where}.languages"]
+    assert patch == {"input_transcription": {"prompt": "Names."}}
+
+
+def test_noise_reduction_strength_is_kept_within_zero_to_one() -> None:
+    strong = {"audio": {"input": {"noise_reduction": {"type": "far_field", "strength": 0.5}}}}
+    patch, errors = patch_of(strong)
+    assert not errors and patch == {"noise_reduction": {"type": "far_field", "strength": 0.5}}
+    too = {"audio": {"input": {"noise_reduction": {"type": "far_field", "strength": 2}}}}
+    patch, errors = patch_of(too)
+    assert [e.field for e in errors] == ["session.audio.input.noise_reduction.strength"]
+    assert patch == {}
