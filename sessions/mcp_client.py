@@ -15,11 +15,10 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from mcp import ClientSession
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
+if TYPE_CHECKING:
+    from mcp import ClientSession
 
 from .mcp_config import MCP_DEADLINE_S, McpToolConfig
 
@@ -61,6 +60,12 @@ class McpError(Exception):
 
 @asynccontextmanager
 async def _connected(config: McpToolConfig) -> AsyncIterator[ClientSession]:
+    # Imported here: the MCP SDK takes ~0.4 s to import and only a session with an MCP
+    # tool needs it (a GPU host's offline bundle does not carry it).
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
     http = create_mcp_http_client(headers=config.http_headers())
     async with (
         http,

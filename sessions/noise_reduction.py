@@ -32,13 +32,14 @@ it takes the speaker for the babble).
 
 from __future__ import annotations
 
-from typing import Literal
-
-from webrtc_noise_gain import AudioProcessor
+from typing import TYPE_CHECKING, Literal
 
 from pipeline.audio_format import INPUT_FRAME_BYTES
 
 from .config import NoiseReductionConfig
+
+if TYPE_CHECKING:
+    from webrtc_noise_gain import AudioProcessor
 
 NoiseType = Literal["near_field", "far_field"]
 LEVELS: dict[NoiseType, int] = {"near_field": 2, "far_field": 1}
@@ -62,6 +63,8 @@ class NoiseSuppressor:
     """One stream's suppressor at one level: 20 ms PCM16 frames in, as many out."""
 
     def __init__(self, level: int) -> None:
+        from webrtc_noise_gain import AudioProcessor  # only a session that asks for it
+
         self.level = level
         self._processor: AudioProcessor | None = AudioProcessor(0, level)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 
-import av
 import numpy as np
 import numpy.typing as npt
 
@@ -31,6 +30,8 @@ def decode_upload(data: bytes) -> Samples:
     )
     if not data:
         raise invalid("The uploaded file is empty.", "file", "empty_file")
+    import av  # FFmpeg: only an upload needs it (a GPU host's offline bundle has none)
+
     try:
         with av.open(io.BytesIO(data), mode="r") as container:
             if not container.streams.audio:

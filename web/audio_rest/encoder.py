@@ -15,7 +15,6 @@ import contextlib
 import struct
 from typing import Any, Literal, get_args
 
-import av
 import numpy as np
 import numpy.typing as npt
 
@@ -84,6 +83,8 @@ class SpeechEncoder:
         self._container: Any = None
         self._stream: Any = None
         if form in CODECS:
+            import av  # FFmpeg: only an encoded answer needs it (not a GPU host's bundle)
+
             muxer, codec, options = CODECS[form]
             self._container = av.open(self._sink, mode="w", format=muxer, options=options)
             self._stream = self._container.add_stream(codec, rate=rate, layout="mono")
@@ -93,6 +94,8 @@ class SpeechEncoder:
         if self._container is None:
             return self._raw(pcm)
         if len(pcm):
+            import av
+
             frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
             frame.sample_rate = self.rate
             frame.pts = self._samples
