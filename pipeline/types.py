@@ -73,10 +73,29 @@ class RecognitionHints:
 
     language: str = ""
     prompt: str = ""
+    logprobs: bool = False
+    """Also give each token's log-probability (OpenAI's `include:
+    ["item.input_audio_transcription.logprobs"]`), if the recogniser has them."""
 
 
 NO_HINTS = RecognitionHints()
 """What a request without the client's language or prompt carries."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One token of a transcript and how sure the recogniser was of it (OpenAI's
+    `LogProbProperties`): its text, the natural log of its probability when it was chosen,
+    and its UTF-8 bytes (a token may hold part of a character: its text then shows U+FFFD,
+    its bytes are exact)."""
+
+    token: str
+    logprob: float
+    utf8: bytes
+
+
+Logprobs = tuple[TokenLogprob, ...]
+"""A transcript's (or a piece's) tokens in order: their texts joined are its text."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +199,9 @@ class TextDelta:
 
     text: str
     kind: Literal["output", "input_transcript", "turn_end"] = "output"
+    logprobs: Logprobs | None = None
+    """An `input_transcript`'s tokens, when the request asked for them
+    (`RecognitionHints.logprobs`) and the recogniser has them; else None."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,11 @@
 about four times fewer word errors on the spoken set of `python -m loadtest.asr_wer`) or
 "pocketsphinx", below.
 
+A recogniser gives the words (`transcribe`), or the words and their tokens'
+log-probabilities when the request asks (`recognise`, `RecognitionHints.logprobs`): Whisper
+has them (transcript.py); pocketsphinx decodes words, not tokens, and has no per-token
+log-probabilities to give: None, never made-up numbers.
+
 pocketsphinx is small and fully offline (its acoustic model, language model and dictionary
 ship in the wheel), runs at about a fifth of real time on one core, and is accurate on clean
 speech. It is thrown off by perfectly clean synthetic audio (digital silence between words), so
@@ -21,6 +26,7 @@ import numpy.typing as npt
 
 from ...types import INPUT_SAMPLE_RATE, NO_HINTS, RecognitionHints
 from .errors import ModelPackageMissing
+from .transcript import Transcript
 
 DEFAULT_DITHER = 30.0
 
@@ -38,6 +44,13 @@ class Recognizer(Protocol):
     def transcribe(
         self, pcm16: npt.NDArray[np.int16], hints: RecognitionHints = NO_HINTS
     ) -> str: ...
+
+    def recognise(
+        self, pcm16: npt.NDArray[np.int16], hints: RecognitionHints = NO_HINTS
+    ) -> Transcript:
+        """The words, and their tokens' log-probabilities if `hints.logprobs` asks and the
+        recogniser has them (else None); unasked, no dearer than `transcribe`."""
+        ...
 
 
 def make_recognizer(name: str = DEFAULT_RECOGNIZER) -> Recognizer:
@@ -82,3 +95,9 @@ class SpeechRecognizer:
             self._decoder.end_utt()
             hyp = self._decoder.hyp()
         return str(hyp.hypstr).strip() if hyp is not None else ""
+
+    def recognise(
+        self, pcm16: npt.NDArray[np.int16], hints: RecognitionHints = NO_HINTS
+    ) -> Transcript:
+        """`transcribe`'s words; no token log-probabilities (pocketsphinx has none)."""
+        return Transcript(self.transcribe(pcm16, hints))

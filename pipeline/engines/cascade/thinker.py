@@ -52,6 +52,7 @@ from .textgen import GenerationFailed, TextGenerator
 from .tool_decoding import CallConstraint, ToolGrammarError, prepare
 from .tool_prompt import call_grammar, history_messages, tools_system_text
 from .tool_stream import CallCutOff, CallReader
+from .transcript import Transcript
 from .turn_end_model import TurnEndModel
 from .vision import describe_frames
 
@@ -223,15 +224,16 @@ class ThinkerEngine(EntryEngine):
             user_text = request.text or ""
             if len(request.audio):
                 if request.transcript is not None:  # recognised at the turn's pause
-                    heard = request.transcript
+                    transcript = Transcript(request.transcript)
                 else:
-                    heard = await asyncio.to_thread(
-                        recognizer.transcribe, request.audio, request.recognition
+                    transcript = await asyncio.to_thread(
+                        recognizer.recognise, request.audio, request.recognition
                     )
                 if self._requests.aborted(request_id):
                     return  # while transcribing
+                heard = transcript.text
                 if heard:
-                    yield TextDelta(text=heard, kind="input_transcript")
+                    yield TextDelta(heard, kind="input_transcript", logprobs=transcript.logprobs)
                 user_text = " ".join(t for t in (user_text, heard) if t)
             if request.transcribe_only:  # the turn's transcript only: no answer follows yet
                 if request.judge_turn_end and self._turn_end is not None and heard:

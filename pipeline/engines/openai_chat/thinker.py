@@ -43,6 +43,7 @@ from ...requests import RequestTracker
 from ...tasks import background, cancel_and_wait
 from ...types import Chunk, End, EntryEngine, ErrorChunk, PipelineRequest, TextDelta
 from ..cascade.asr import DEFAULT_RECOGNIZER, RECOGNIZERS, Recognizer, make_recognizer
+from ..cascade.transcript import Transcript
 from .chat_messages import DEFAULT_INSTRUCTIONS, chat_messages, request_body
 from .chat_stream import ChatDeltas, ChatStreamError, ChatStreamStalled, chat_chunks
 
@@ -218,11 +219,12 @@ class ChatThinkerEngine(EntryEngine):
             user_text = request.text or ""
             heard = ""
             if len(request.audio):
-                heard = await self._heard(request)
+                transcript = await self._heard(request)
                 if self._requests.aborted(request_id):
                     return
+                heard = transcript.text
                 if heard:
-                    yield TextDelta(text=heard, kind="input_transcript")
+                    yield TextDelta(heard, kind="input_transcript", logprobs=transcript.logprobs)
                 user_text = " ".join(t for t in (user_text, heard) if t)
             if request.transcribe_only:
                 yield End()
@@ -252,13 +254,13 @@ class ChatThinkerEngine(EntryEngine):
             async for chunk in self._answer(client, request_id, body):
                 yield chunk
 
-    async def _heard(self, request: PipelineRequest) -> str:
+    async def _heard(self, request: PipelineRequest) -> Transcript:
         if request.transcript is not None:  # recognised at the turn's pause
-            return request.transcript
+            return Transcript(request.transcript)
         if self._recognizer is None:
-            return ""
+            return Transcript("")
         return await asyncio.to_thread(
-            self._recognizer.transcribe, request.audio, request.recognition
+            self._recognizer.recognise, request.audio, request.recognition
         )
 
     async def _answer(

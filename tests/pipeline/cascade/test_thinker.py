@@ -20,6 +20,7 @@ from pipeline.types import (
     ErrorChunk,
     HistoryItem,
     PipelineRequest,
+    RecognitionHints,
     TextDelta,
     Truncation,
     VideoFrame,
@@ -68,7 +69,23 @@ async def test_a_spoken_turn_is_transcribed_first(thinker: ThinkerEngine, speak:
     # the question's key words: pocketsphinx once heard "what is the cap will france" in CI
     # (how well it hears is issue 12's to measure, as a word error rate)
     assert {"capital", "france"} & set(chunks[0].text.split())
+    assert chunks[0].logprobs is None  # not asked for
     assert output_text(chunks).strip() and isinstance(chunks[-1], End)
+
+
+async def test_a_transcript_asked_with_logprobs_carries_its_tokens(
+    thinker: ThinkerEngine, speak: Speak
+) -> None:
+    request = PipelineRequest(
+        request_id="r2c",
+        audio=speak("play some relaxing music"),
+        transcribe_only=True,
+        recognition=RecognitionHints(logprobs=True),
+    )
+    heard, end = [c async for c in thinker.generate("r2c", request)]
+    assert isinstance(heard, TextDelta) and heard.kind == "input_transcript" and heard.logprobs
+    assert "".join(t.token for t in heard.logprobs) == heard.text
+    assert isinstance(end, End)
 
 
 async def test_a_transcript_known_already_is_not_recognised_again(
