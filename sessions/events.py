@@ -11,6 +11,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from pipeline.types import Logprobs
+
 from .config import SessionConfig
 
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
@@ -203,6 +205,9 @@ class InputTranscriptionDelta(Event):
     type: ClassVar[str] = "conversation.item.input_audio_transcription.delta"
     item_id: str
     delta: str
+    logprobs: Logprobs | None = None
+    """The tokens of `delta` with their log-probabilities, for a session that includes
+    them (`item.input_audio_transcription.logprobs`) when the recogniser has them."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -220,6 +225,8 @@ class InputTranscriptionCompleted(Event):
     type: ClassVar[str] = "conversation.item.input_audio_transcription.completed"
     item_id: str
     transcript: str
+    logprobs: Logprobs | None = None
+    """The tokens of `transcript` with their log-probabilities (as the delta's)."""
 
 
 # --- responses -----------------------------------------------------------------------------

@@ -10,6 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from pipeline.types import TokenLogprob
+
 from . import events, mcp_events
 from .config import SessionConfig
 from .events import ConversationItem, Event, ResponseUsage
@@ -58,6 +60,10 @@ def event_from_dict(body: dict[str, Any]) -> Event:
             value = ResponseUsage(**value)
         elif f.name == "pcm" and isinstance(value, str):
             value = base64.b64decode(value)
+        elif f.name == "logprobs" and isinstance(value, list):
+            value = tuple(
+                TokenLogprob(t["token"], t["logprob"], base64.b64decode(t["utf8"])) for t in value
+            )
         fields[f.name] = value
     return cls(**fields)
 

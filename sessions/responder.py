@@ -325,9 +325,9 @@ class Responder:
         again."""
         if item_id is None:
             return None
-        transcript = await self._turn_taking.words(item_id)
-        if transcript is not None:
-            await store_transcript(self._history, self._host.emit, item_id, transcript)
-            return transcript
+        heard = await self._turn_taking.words(item_id)
+        if heard is not None:
+            await store_transcript(self._history, self._host.emit, item_id, heard)
+            return heard.words
         item = await self._history.get(item_id)
         return item.text if item is not None and item.has_audio and item.text else None

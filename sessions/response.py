@@ -31,6 +31,7 @@ from pipeline.types import (
     AudioChunk,
     End,
     ErrorChunk,
+    Logprobs,
     Pipeline,
     PipelineRequest,
     TextDelta,
@@ -68,6 +69,7 @@ from .prefetch import Prefetch
 from .response_options import ResolvedOptions
 from .sink import OutputSink
 from .spoken_text import SpokenText
+from .transcription import Heard
 
 log = logging.getLogger("parley.sessions.response")
 
@@ -106,7 +108,7 @@ class Response:
         transcript_item_id: str | None,
         options: ResolvedOptions,
         prefetched: Prefetch | None = None,
-        heard: str | None = None,
+        heard: Heard | None = None,
     ) -> None:
         """`transcript_item_id`: the user item that the pipeline's transcript of the
         turn's audio is stored on; `options`: the response's settings (its metadata is
@@ -142,7 +144,6 @@ class Response:
                 options.in_conversation,
             )
         )
-        self._heard_words = heard or ""
         self._pipeline = context.pipeline
         self._sink = context.sink
         self._history = context.history
@@ -152,10 +153,15 @@ class Response:
         self._chunk_timeout_s = context.chunk_timeout_s
         self._clock = context.clock
         self._spoken = SpokenText()
-        self._input_transcript: list[str] | None = [heard] if heard else []
-        self._heard_already = heard is not None
+        self._heard_words = ""
+        self._input_transcript: list[str] | None = []
+        self._input_logprobs: Logprobs | None = None
+        """The transcript's tokens so far, if the recogniser gives them (as asked)."""
+        self._heard_already = False
         """The turn's words were recognised before (at its pause): the engine's own
         transcript, if it sends one, is not announced again."""
+        if heard is not None:
+            self._heard_before(heard.words, heard.logprobs)
         self._played_base = context.sink.played_ms
         self._started = self._clock.now()
         self._first_text_ms: float | None = None
@@ -198,6 +204,8 @@ class Response:
                     if self._mcp is not None:  # calls approved since: run, then answer
                         await self._mcp.run_approved()
                     self.request = await self._build_request(self.response_id)
+                    if self.request.transcript is not None:  # stored and announced already
+                        self._heard_before(self.request.transcript)
             except RedisUnavailableError as exc:  # this answer fails, the session goes on
                 self.redis_unavailable = True
                 status, reason = "failed", f"{exc.code}: could not prepare the request: {exc}"
@@ -275,7 +283,7 @@ class Response:
                     return "failed", "the pipeline ended without an end marker", "model_error"
                 match chunk:
                     case TextDelta(kind="input_transcript"):
-                        self._on_input_transcript(chunk.text)
+                        self._on_input_transcript(chunk)
                     case TextDelta():
                         await self._flush_input_transcript()
                         await self._on_text(chunk.text)
@@ -384,13 +392,26 @@ class Response:
         )
         await self._sink.audio(chunk.pcm, chunk.sample_rate)
 
-    def _on_input_transcript(self, text: str) -> None:
+    def _heard_before(self, words: str, logprobs: Logprobs | None = None) -> None:
+        """The turn's words were recognised before this answer (at its pause): they are
+        stored and announced once (by whoever stored them, or at the flush), and the engine's
+        echo of them is not announced again (it came after `.completed`, as a delta)."""
+        self._heard_words = words
+        self._input_transcript = [words] if words else []
+        self._input_logprobs = logprobs
+        self._heard_already = True
+
+    def _on_input_transcript(self, chunk: TextDelta) -> None:
         """The recogniser's words as they come: each piece is a transcription delta."""
         if self._input_transcript is None or self._heard_already:
             return
+        text, tokens = chunk.text, chunk.logprobs
         self._input_transcript.append(text)
+        if tokens is not None:
+            self._input_logprobs = (*(self._input_logprobs or ()), *tokens)
         if self._user_item_id is not None and text:
-            self._emit(InputTranscriptionDelta(item_id=self._user_item_id, delta=text))
+            delta = InputTranscriptionDelta(item_id=self._user_item_id, delta=text, logprobs=tokens)
+            self._emit(delta)
 
     def _input_transcript_failed(self, message: str) -> None:
         """The answer failed before the user's audio was transcribed: say so."""
@@ -412,7 +433,11 @@ class Response:
                 return  # transcribed already, before this answer started (transcription.py)
             user_item.text = transcript
             await self._history.update(user_item)
-        self._emit(InputTranscriptionCompleted(item_id=self._user_item_id, transcript=transcript))
+        self._emit(
+            InputTranscriptionCompleted(
+                item_id=self._user_item_id, transcript=transcript, logprobs=self._input_logprobs
+            )
+        )
 
     def _usage(self) -> ResponseUsage:
         request = self.request

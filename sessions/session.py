@@ -60,7 +60,7 @@ from .sink import OutputSink
 from .state import SessionState, StateMachine
 from .store import SessionStore
 from .store_notices import StoreNotices
-from .transcription import ItemTranscriber, store_transcript
+from .transcription import Heard, ItemTranscriber, store_transcript
 from .transcription_session import check_type_change, refuse_response
 from .turn_taking import ModelTurnTaking, ServerTurnTaking, TurnTaking
 from .turns import MIN_COMMIT_MS as MIN_COMMIT_MS  # the transports size their queries by it
@@ -438,8 +438,8 @@ class Session:
     def transcribe(self, item_id: str, begin_ms: int, end_ms: int) -> None:
         self._transcriber.request(item_id, begin_ms, end_ms)
 
-    async def store_transcript(self, item_id: str, words: str) -> None:
-        await store_transcript(self.history, self.emit, item_id, words)
+    async def store_transcript(self, item_id: str, heard: Heard) -> None:
+        await store_transcript(self.history, self.emit, item_id, heard)
 
     async def request_ahead(
         self, item_id: str, span: tuple[int, int], words: str

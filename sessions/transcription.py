@@ -29,6 +29,7 @@ from pipeline.types import (
     NO_HINTS,
     End,
     ErrorChunk,
+    Logprobs,
     Pipeline,
     PipelineRequest,
     RecognitionHints,
@@ -59,6 +60,22 @@ class Heard:
     words: str
     finished: bool | None = None
     """Whether the words sound like a whole turn, if asked and the pipeline could judge."""
+    logprobs: Logprobs | None = None
+    """The words' tokens with their log-probabilities, if the session asked for them
+    (`RecognitionHints.logprobs`) and the recogniser has them."""
+
+
+def tokens_after(logprobs: Logprobs | None, sent: str) -> Logprobs | None:
+    """The tokens of what a transcript adds to `sent`, the part of it sent before: those
+    that end past it (a token that straddles the two goes with the part that completes it)."""
+    if logprobs is None:
+        return None
+    before, end = len(sent.encode("utf-8")), 0
+    for index, token in enumerate(logprobs):
+        end += len(token.utf8)
+        if end > before:
+            return logprobs[index:]
+    return ()
 
 
 async def recognise(
@@ -84,12 +101,15 @@ async def recognise(
     )
     parts: list[str] = []
     finished: bool | None = None
+    logprobs: Logprobs | None = None
     stream = pipeline.generate(request)
     async with aclosing(stream), asyncio.timeout(TRANSCRIBE_TIMEOUT_S):
         async for chunk in stream:
             match chunk:
                 case TextDelta(kind="input_transcript"):
                     parts.append(chunk.text)
+                    if chunk.logprobs is not None:
+                        logprobs = (*(logprobs or ()), *chunk.logprobs)
                     if on_words is not None and (words := "".join(parts).strip()):
                         await on_words(words)
                 case TextDelta(kind="turn_end"):
@@ -98,20 +118,25 @@ async def recognise(
                     raise TranscriptionFailed(chunk.message)
                 case End():
                     break
-    return Heard("".join(parts).strip(), finished)
+    return Heard("".join(parts).strip(), finished, logprobs)
 
 
 async def store_transcript(
-    history: History, emit: Callable[[Event], None], item_id: str, transcript: str
+    history: History, emit: Callable[[Event], None], item_id: str, heard: Heard
 ) -> None:
-    """Put `transcript` on the user item `item_id` and announce it, unless the item is gone
-    or has its words already (then they were announced)."""
+    """Put `heard`'s words on the user item `item_id` and announce them (with their tokens'
+    log-probabilities, if they have them), unless the item is gone or has its words already
+    (then they were announced)."""
     stored = await history.get(item_id)
     if stored is None or stored.text:
         return
-    stored.text = transcript
+    stored.text = heard.words
     await history.update(stored)
-    emit(InputTranscriptionCompleted(item_id=item_id, transcript=transcript))
+    emit(
+        InputTranscriptionCompleted(
+            item_id=item_id, transcript=heard.words, logprobs=heard.logprobs
+        )
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +157,7 @@ class ItemTranscriber:
         history: History,
         read_audio: AudioReader,
         emit: Callable[[Event], None],
-        known: Callable[[str], Awaitable[str | None]] | None = None,
+        known: Callable[[str], Awaitable[Heard | None]] | None = None,
         hints: Callable[[], RecognitionHints] = lambda: NO_HINTS,
     ) -> None:
         """`known(item_id)`: the item's words if they were recognised already (at the
@@ -198,14 +223,17 @@ class ItemTranscriber:
             return
         pcm = await self._read_audio(item.begin_ms, item.end_ms)
         try:
-            transcript = (await recognise(self._pipeline, pcm, hints=self._hints())).words
+            heard = await recognise(self._pipeline, pcm, hints=self._hints())
         except TranscriptionFailed as exc:
             self._emit(InputTranscriptionFailed(item_id=item.item_id, message=str(exc)))
             return
-        if transcript:
-            self._emit(InputTranscriptionDelta(item_id=item.item_id, delta=transcript))
-        await self._store(item.item_id, transcript)
+        if heard.words:  # in one piece: the delta is all of it
+            delta = InputTranscriptionDelta(
+                item_id=item.item_id, delta=heard.words, logprobs=heard.logprobs
+            )
+            self._emit(delta)
+        await self._store(item.item_id, heard)
 
-    async def _store(self, item_id: str, transcript: str) -> None:
+    async def _store(self, item_id: str, heard: Heard) -> None:
         if not self._superseded:  # else an answer has announced the words
-            await store_transcript(self._history, self._emit, item_id, transcript)
+            await store_transcript(self._history, self._emit, item_id, heard)

@@ -119,7 +119,7 @@ class TurnHost(Protocol):
         """A committed turn no answer follows: recognise its audio for its transcript."""
         ...
 
-    async def store_transcript(self, item_id: str, words: str) -> None:
+    async def store_transcript(self, item_id: str, heard: Heard) -> None:
         """The words of a committed turn, recognised at its pause: stored and announced."""
         ...
 
@@ -231,7 +231,7 @@ class TurnTaking:
     def answered(self) -> None:
         """An answer has played out."""
 
-    async def words(self, item_id: str) -> str | None:
+    async def words(self, item_id: str) -> Heard | None:
         """The words recognised at the pause where the turn `item_id` ended, if any."""
         return None
 
@@ -566,7 +566,7 @@ class ServerTurnTaking(TurnTaking):
 
     # --- the work begun at a pause ------------------------------------------------------
 
-    async def words(self, item_id: str) -> str | None:
+    async def words(self, item_id: str) -> Heard | None:
         return await self.transcript.result(item_id)
 
     async def drop_ahead(self) -> None:

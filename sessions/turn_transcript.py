@@ -10,7 +10,8 @@ recognising the audio again. Speech that goes on after the pause makes that work
 next pause starts again, on more audio.
 
 The words heard at a mid-turn pause are sent as partial transcripts
-(`...input_audio_transcription.delta`) when they extend what was sent before. One task at a
+(`...input_audio_transcription.delta`) when they extend what was sent before, each with the
+tokens of what it adds if the session asked for their log-probabilities. One task at a
 time; `close()` cancels and awaits it.
 """
 
@@ -28,7 +29,7 @@ from pipeline.tasks import TaskSet, cancel_and_wait
 from pipeline.types import NO_HINTS, Pipeline, RecognitionHints
 
 from .events import Event, InputTranscriptionDelta
-from .transcription import Heard, recognise
+from .transcription import Heard, recognise, tokens_after
 
 log = logging.getLogger("parley.sessions.turn_transcript")
 
@@ -65,13 +66,13 @@ class TurnTranscript:
         self._pipeline = pipeline
         self._read_audio = read_audio
         self._emit = emit
-        self._task: asyncio.Task[str | None] | None = None
+        self._task: asyncio.Task[Heard | None] | None = None
         self._covers: tuple[str, int] | None = None
         """(item id, end_ms) of the audio the task transcribes."""
         self._sent: dict[str, str] = {}
         """Per turn (the latest few), the partial transcript sent so far as deltas: a
         turn's transcript may finish after the next turn's first pause has sent its own."""
-        self._kept: dict[str, asyncio.Task[str | None]] = {}
+        self._kept: dict[str, asyncio.Task[Heard | None]] = {}
         """Transcripts of ended turns, until their answer asks (`result`)."""
         self._tasks = TaskSet(f"{session_id}:turn-asr")
         """Owns every transcription (running, kept, waited for); `close()` closes it."""
@@ -104,32 +105,32 @@ class TurnTranscript:
             await cancel_and_wait(stale)
         self._kept[item_id] = task
 
-    def ready(self, item_id: str) -> str | None:
+    def ready(self, item_id: str) -> Heard | None:
         """The transcript kept for the turn `item_id` if it is finished already (taken:
         `result` then has none), else None and it stays kept."""
         task = self._kept.get(item_id)
         if task is None or not task.done() or task.cancelled() or task.exception() is not None:
             return None
         del self._kept[item_id]
-        text = task.result()
-        self.kept += text is not None
-        return text
+        heard = task.result()
+        self.kept += heard is not None
+        return heard
 
-    async def result(self, item_id: str) -> str | None:
+    async def result(self, item_id: str) -> Heard | None:
         """The transcript kept for the turn `item_id` (waiting for it), or None."""
         task = self._kept.pop(item_id, None)
         if task is None:
             return None
         try:
             async with asyncio.timeout(FINAL_WAIT_S):
-                text = await asyncio.shield(task)
+                heard = await asyncio.shield(task)
         except TimeoutError:
             return None
         finally:
             if not task.done():  # timed out, or the answer was cancelled meanwhile
                 await cancel_and_wait(task)
-        self.kept += text is not None
-        return text
+        self.kept += heard is not None
+        return heard
 
     async def moot(self) -> None:
         """Speech went on after the pause: the recognition begun on it is dropped (the
@@ -154,7 +155,7 @@ class TurnTranscript:
             self.discarded += 1
             await cancel_and_wait(task)
 
-    async def _transcribe(self, item_id: str, begin_ms: int, end_ms: int) -> str | None:
+    async def _transcribe(self, item_id: str, begin_ms: int, end_ms: int) -> Heard | None:
         try:
             pcm = await self._read_audio(begin_ms, end_ms)
             on_words = (
@@ -177,9 +178,13 @@ class TurnTranscript:
             await self._heard(item_id, begin_ms, end_ms, heard)
         sent = self._sent.pop(item_id, "")
         if text.startswith(sent) and len(text) > len(sent):
-            self._emit(InputTranscriptionDelta(item_id=item_id, delta=text[len(sent) :]))
+            tokens = tokens_after(heard.logprobs, sent)
+            delta = InputTranscriptionDelta(
+                item_id=item_id, delta=text[len(sent) :], logprobs=tokens
+            )
+            self._emit(delta)
             sent = text
         self._sent[item_id] = sent  # the latest turn last
         while len(self._sent) > MAX_KEPT + 1:
             del self._sent[next(iter(self._sent))]
-        return text
+        return heard

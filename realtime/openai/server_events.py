@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from pipeline.types import Logprobs
 from sessions import SessionConfig, TurnDetectionConfig, event_to_dict
 from sessions.config import truncation_object
 from sessions.events import (
@@ -131,8 +132,10 @@ def to_wire(
             }
         case InputTranscriptionCompleted():
             body = {"item_id": event.item_id, "content_index": 0, "transcript": event.transcript}
+            body |= logprobs_field(event.logprobs)
         case InputTranscriptionDelta():
             body = {"item_id": event.item_id, "content_index": 0, "delta": event.delta}
+            body |= logprobs_field(event.logprobs)
         case InputTranscriptionFailed():
             error = {
                 "type": "transcription_error",
@@ -183,6 +186,16 @@ def to_wire(
         case _:  # Parley's own events (session.state_changed, .expiring, .closed)
             return event_to_dict(event) if extra_events else None
     return {"type": event.type, "event_id": event.event_id, **body}
+
+
+def logprobs_field(logprobs: Logprobs | None) -> dict[str, Any]:
+    """`logprobs` of a transcription's delta or completed event: OpenAI's
+    `LogProbProperties` for each token, for a session that includes them; no key (the SDK's
+    field is optional) when it did not ask or the recogniser has none."""
+    if logprobs is None:
+        return {}
+    tokens = [{"token": t.token, "logprob": t.logprob, "bytes": list(t.utf8)} for t in logprobs]
+    return {"logprobs": tokens}
 
 
 def transcription_usage(audio_ms: int) -> dict[str, Any]:

@@ -6,7 +6,8 @@ With tools it acts as a model that always uses them: it calls the forced tool, o
 one (the first `calls` ones: parallel calls, whatever the request's `parallel_tool_calls`),
 with each required argument set to "fake" (in two argument deltas); after a function
 call's output it answers "The tool said: <output>". `max_output_tokens` caps its words. A
-transcription-only request is "heard <n> ms".
+transcription-only request is "heard <n> ms" (a word a token, each of log-probability -0.25,
+when the request asks for its tokens).
 Its pace is in the time of the given `Clock` (a test's `ScaledClock` runs it faster).
 The same contract tests run against it and the real engines (tests/pipeline).
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import secrets
 from collections.abc import AsyncGenerator
 
@@ -27,11 +29,18 @@ from pipeline.types import (
     End,
     EntryEngine,
     ErrorChunk,
+    Logprobs,
     PipelineRequest,
     TextDelta,
+    TokenLogprob,
     ToolCallDelta,
 )
 from sessions.clock import REAL_CLOCK, Clock
+
+
+def fake_tokens(text: str) -> Logprobs:
+    """A fake recogniser's tokens of `text`: a word each (with the space before it)."""
+    return tuple(TokenLogprob(w, -0.25, w.encode()) for w in re.findall(r"\s*\S+", text))
 
 
 class FakeEngine(EntryEngine):
@@ -107,7 +116,8 @@ class FakeEngine(EntryEngine):
             if request.transcribe_only:  # a fake recogniser: it hears how long it was
                 ms = len(request.audio) * 1000 // 16_000
                 heard = f"heard {ms} ms" if self.transcript is None else self.transcript
-                yield TextDelta(text=heard, kind="input_transcript")
+                tokens = fake_tokens(heard) if request.recognition.logprobs else None
+                yield TextDelta(text=heard, kind="input_transcript", logprobs=tokens)
                 if request.judge_turn_end and self.turn_end is not None:
                     yield TextDelta(text=self.turn_end, kind="turn_end")
                 yield End()

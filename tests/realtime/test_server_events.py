@@ -14,6 +14,7 @@ from openai.types.realtime import (
 )
 from pydantic import TypeAdapter
 
+from pipeline.types import TokenLogprob
 from realtime.openai.client_events import AudioFormats
 from realtime.openai.ga_events import GAExpander
 from realtime.openai.server_events import (
@@ -44,6 +45,14 @@ CALL = ConversationItem(
 )
 
 
+CAFE = (
+    TokenLogprob("caf", -0.25, b"caf"),
+    TokenLogprob("\ufffd", -0.5, b"\xc3"),  # half of "é"
+    TokenLogprob("\ufffd", -0.125, b"\xa9"),
+)
+"""A transcript's tokens, one of them part of a character."""
+
+
 def samples() -> list[Event]:
     """One instance of every event the session emits."""
     return [
@@ -62,9 +71,9 @@ def samples() -> list[Event]:
         ev.ConversationItemDeleted(item_id="item_0"),
         ev.ConversationItemRetrieved(item=USER_AUDIO),
         ev.InputAudioTimeoutTriggered(item_id="item_u", audio_start_ms=500, audio_end_ms=6500),
-        ev.InputTranscriptionDelta(item_id="item_u", delta="hel"),
+        ev.InputTranscriptionDelta(item_id="item_u", delta="café", logprobs=CAFE),
         ev.InputTranscriptionFailed(item_id="item_u", message="the recogniser failed"),
-        ev.InputTranscriptionCompleted(item_id="item_u", transcript="hello"),
+        ev.InputTranscriptionCompleted(item_id="item_u", transcript="café", logprobs=CAFE),
         ev.ResponseCreated(response_id="resp_1"),
         ev.FunctionCallArgumentsDelta(
             response_id="resp_1", item_id="item_c", call_id="call_1", delta="{"
@@ -218,6 +227,28 @@ def test_item_truncated_and_transcription_completed() -> None:
     }
     done = wire(ev.InputTranscriptionCompleted(item_id="item_u", transcript="hello"))
     assert (done["item_id"], done["content_index"], done["transcript"]) == ("item_u", 0, "hello")
+    assert "logprobs" not in done  # not asked for
+
+
+def test_a_transcripts_tokens_are_openais_logprobs() -> None:
+    tokens = [
+        {"token": "caf", "logprob": -0.25, "bytes": [99, 97, 102]},
+        {"token": "\ufffd", "logprob": -0.5, "bytes": [0xC3]},
+        {"token": "\ufffd", "logprob": -0.125, "bytes": [0xA9]},
+    ]
+    done = wire(ev.InputTranscriptionCompleted(item_id="item_u", transcript="café", logprobs=CAFE))
+    delta = wire(ev.InputTranscriptionDelta(item_id="item_u", delta="café", logprobs=CAFE))
+    assert done["logprobs"] == delta["logprobs"] == tokens
+    assert wire(ev.InputTranscriptionDelta(item_id="item_u", delta="café", logprobs=())) | {
+        "event_id": None
+    } == {
+        "type": "conversation.item.input_audio_transcription.delta",
+        "event_id": None,
+        "item_id": "item_u",
+        "content_index": 0,
+        "delta": "café",
+        "logprobs": [],
+    }
 
 
 def test_response_created() -> None:

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 from openai import AsyncOpenAI
-from openai.types.realtime import RealtimeServerEvent
+from openai.types.realtime import LogProbProperties, RealtimeServerEvent
 from pydantic import TypeAdapter
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
@@ -323,6 +323,106 @@ async def test_an_unknown_language_is_refused_by_name_and_a_conversation_echoes_
         assert "klingon" in refused.error.message
         kept = (await recv_until(conn, "session.updated"))[-1].session.audio.input
         assert kept.transcription.language == "de"
+
+
+INCLUDE = ["item.input_audio_transcription.logprobs"]
+COMPLETED = "conversation.item.input_audio_transcription.completed"
+DELTA = "conversation.item.input_audio_transcription.delta"
+
+
+def of_item(events: list[dict[str, Any]], kind: str, item_id: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["type"] == kind and e["item_id"] == item_id]
+
+
+def assert_tokens(message: dict[str, Any], text: str) -> None:
+    """`message`'s logprobs are OpenAI's, and its tokens are `text`: each a log-probability
+    (never above 0) and the token's UTF-8 bytes."""
+    event = SERVER_EVENT.validate_python(message)
+    assert event.logprobs and all(isinstance(t, LogProbProperties) for t in event.logprobs)
+    assert "".join(t.token for t in event.logprobs) == text, (event.logprobs, text)
+    assert all(t.logprob <= 0 and bytes(t.bytes) == t.token.encode() for t in event.logprobs)
+
+
+def assert_transcript_tokens(events: list[dict[str, Any]], item_id: str) -> dict[str, Any]:
+    """The item's `.completed` and each of its deltas carry their tokens; the completed."""
+    (done,) = of_item(events, COMPLETED, item_id)
+    assert_tokens(done, done["transcript"])
+    deltas = of_item(events, DELTA, item_id)
+    assert deltas
+    for delta in deltas:
+        assert_tokens(delta, delta["delta"])
+    return done
+
+
+def assert_no_tokens(events: list[dict[str, Any]], item_id: str) -> None:
+    """Not asked for: no `logprobs` key (the SDK reads None), in the item's events."""
+    for message in of_item(events, COMPLETED, item_id) + of_item(events, DELTA, item_id):
+        assert "logprobs" not in message and SERVER_EVENT.validate_python(message).logprobs is None
+
+
+async def test_include_logprobs_gives_each_tokens_log_probability_in_a_transcription(
+    server: ServedApp,
+) -> None:
+    """`include: ["item.input_audio_transcription.logprobs"]` in a transcription session:
+    Whisper's tokens, each with its log-probability, on the deltas and the completed event;
+    taken out again, none."""
+    async with raw(server) as client:
+        await client.wait_type("session.created")
+        await client.send({"type": "session.update", "session": {**SETUP, "include": INCLUDE}})
+        assert (await client.wait_type("session.updated"))["session"]["include"] == INCLUDE
+        await client.append(said("I would like a cup of coffee."))
+        asked = await client.wait_type(COMPLETED)
+        await client.send({"type": "session.update", "session": {**SETUP, "include": []}})
+        await client.wait_type("session.updated")
+        await client.append(said("Please open the window."))
+        plain = await client.wait_type(COMPLETED)
+        events = list(client.events)
+    done = assert_transcript_tokens(events, asked["item_id"])
+    assert {"cup", "coffee"} <= words(done["transcript"]), done
+    assert {"open", "window"} <= words(plain["transcript"]), plain
+    assert_no_tokens(events, plain["item_id"])
+
+
+async def test_include_logprobs_gives_them_in_a_conversation_too(server: ServedApp) -> None:
+    """A conversation session that includes them: a turn its server VAD ends (recognised
+    at the pause) and a turn committed by hand and answered (the answer recognises it) both
+    carry their tokens; a turn after `include` is emptied, none."""
+    session: dict[str, Any] = {
+        "type": "realtime",
+        "include": INCLUDE,
+        "output_modalities": ["text"],
+        "max_output_tokens": 8,
+        "audio": {"input": {"format": {"type": "audio/pcm", "rate": RATE}}},
+    }
+    manual = {"turn_detection": None, "format": {"type": "audio/pcm", "rate": RATE}}
+    async with raw(server, "model=parley") as client:
+        await client.wait_type("session.created")
+        await client.send({"type": "session.update", "session": session})
+        await client.wait_type("session.updated")
+        await client.append(said("What is the capital of France?"))
+        paused = await client.wait_type(COMPLETED)
+        await client.wait_type("response.done")
+        await client.send(
+            {"type": "session.update", "session": {**session, "audio": {"input": manual}}}
+        )
+        await client.wait_type("session.updated")
+        await client.ask(said("Please open the window."))
+        answered = await client.wait_type(COMPLETED)
+        await client.wait_type("response.done")
+        await client.send({"type": "session.update", "session": {"include": []}})
+        await client.wait_type("session.updated")
+        await client.ask(said("Good morning everyone."))
+        plain = await client.wait_type(COMPLETED)
+        await client.wait_type("response.done")
+        events = list(client.events)
+    assert {"capital", "france"} <= words(
+        assert_transcript_tokens(events, paused["item_id"])["transcript"]
+    )
+    assert {"open", "window"} <= words(
+        assert_transcript_tokens(events, answered["item_id"])["transcript"]
+    )
+    assert {"good", "morning"} <= words(plain["transcript"]), plain
+    assert_no_tokens(events, plain["item_id"])
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """What the recogniser is told of a session's `audio.input.transcription`: its language
 and prompt, OpenAI's `keywords` before the prompt, and a one-language `languages` when no
-`language` is given."""
+`language` is given; and whether `include` asks for the tokens' log-probabilities."""
 
 from __future__ import annotations
 
@@ -39,3 +39,11 @@ def test_one_language_of_languages_stands_in_for_language() -> None:
 def test_several_none_or_unknown_languages_are_not_a_setting(languages: list[str]) -> None:
     with pytest.raises(ConfigError, match="input_transcription.languages"):
         SessionConfig().updated({"input_transcription": {"languages": languages}})
+
+
+def test_include_asks_for_the_tokens_log_probabilities_with_or_without_settings() -> None:
+    included = SessionConfig().updated({"include": ["item.input_audio_transcription.logprobs"]})
+    assert recognition_hints(included) == RecognitionHints(logprobs=True)
+    french = included.updated({"input_transcription": {"language": "fr"}})
+    assert recognition_hints(french) == RecognitionHints(language="fr", logprobs=True)
+    assert not recognition_hints(french.updated({"include": []})).logprobs

@@ -29,6 +29,7 @@ from sessions.events import (
 from sessions.metrics import SessionMetrics
 from sessions.prefetch import Prefetch
 from sessions.state import SessionState, StateMachine
+from sessions.transcription import Heard
 from sessions.turn_taking import ModelTurnTaking, ServerTurnTaking, TurnTaking
 from sessions.turns import Turns
 
@@ -104,8 +105,8 @@ class StandInHost:
     def transcribe(self, item_id: str, begin_ms: int, end_ms: int) -> None:
         self.calls.append(("transcribe", item_id, begin_ms, end_ms))
 
-    async def store_transcript(self, item_id: str, words: str) -> None:
-        self.calls.append(("store_transcript", item_id, words))
+    async def store_transcript(self, item_id: str, heard: Heard) -> None:
+        self.calls.append(("store_transcript", item_id, heard.words))
 
     async def request_ahead(
         self, item_id: str, span_ms: tuple[int, int], words: str
