@@ -15,8 +15,10 @@ settings under `audio.input` (beta: top level, or the `transcription_session.upd
 - `audio.input.noise_reduction` (`near_field` / `far_field`, `strength` 0-1; beta
   `input_audio_noise_reduction`): kept, echoed and applied to the input audio by the
   session (sessions/noise_reduction.py), a conversation's and a transcription's alike;
-- `include`: `item.input_audio_transcription.logprobs` only (echoed; no logprobs are
-  made: the recogniser's request returns words only).
+- `include`: `item.input_audio_transcription.logprobs` only, honoured and echoed: every
+  recognition of the session's audio asks for its tokens' log-probabilities
+  (sessions/recognition_hints.py), and the transcription events carry them where the
+  recogniser has them (Whisper; not pocketsphinx, nor Whisper over 30 s of audio).
 
 Each value Parley cannot take is a ProtocolError naming its parameter, and the rest applies.
 """

@@ -98,7 +98,7 @@ _SHARED: dict[str, Fate] = {
     "session.audio.input.turn_detection{semantic_vad}.eagerness": HONOURED,
     "session.audio.input.turn_detection{semantic_vad}.create_response": HONOURED,
     "session.audio.input.turn_detection{semantic_vad}.interrupt_response": HONOURED,
-    "session.include[]": ECHOED,
+    "session.include[]": HONOURED,
 }
 
 FATES: dict[str, Fate] = {
