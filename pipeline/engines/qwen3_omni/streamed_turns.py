@@ -47,22 +47,13 @@ from ...types import PipelineRequest, StreamingInput
 from .audio_features import AudioFeatures, AudioInput, audio_token_count
 from .audio_tower import window_frames
 from .config import TOKENS
+from .prompt_fit import Lead
 from .session_kv import SessionEntry
 from .staging_queue import StagingQueue
 from .thinker_runner import Extension, ThinkerPast, ThinkerPrompt
 
 log = logging.getLogger("parley.pipeline.qwen3_omni")
 OUTCOMES = ("prefilled", "missing", "changed", "failed")
-
-
-@dataclass(frozen=True, slots=True)
-class Lead:
-    """Where a streamed turn goes on from: the session's entry (None: the prompt's start)
-    and the prompt's ids after it up to `<|audio_start|>`, as the turn's request will have
-    them if nothing changes until its end."""
-
-    entry: SessionEntry | None
-    ids: list[int]
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,6 @@ import functools
 import logging
 import threading
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -55,7 +54,7 @@ from ...types import (
     HistoryItem,
     PipelineRequest,
 )
-from ..context_fit import CONTEXT_LENGTH_EXCEEDED, ContextCuts, ContextExceeded, fit
+from ..context_fit import CONTEXT_LENGTH_EXCEEDED, ContextCuts, ContextExceeded
 from .audio_features import AudioFeatures, AudioInput
 from .config import TOKENS
 from .fused_moe import install_fused_moe
@@ -63,6 +62,14 @@ from .memory import CACHE_TOKENS_PER_ROW_DIVISOR
 from .prefill_queue import PrefillQueue
 from .prefix_cache import PrefixCache
 from .prompt import ChatParts, Vocab, chat_parts, load_vocab
+from .prompt_fit import (
+    LEAD_AUDIO_TOKENS,
+    ContextLimits,
+    FittedPrompt,
+    Lead,
+    lead_after_entry,
+    lead_from_history,
+)
 from .sampling import Sampling
 from .session_kv import (
     MEDIA_MARKUP,
@@ -72,13 +79,12 @@ from .session_kv import (
     SessionEntry,
     SessionKV,
     continuation,
-    talker_prompt_length,
 )
 from .stage import ModelStage
 from .staging_queue import StagingQueue
 from .step_batcher import StepBatcher
-from .streamed_turns import Lead, StreamedTurns, TurnsStreamedIn
-from .thinker_runner import ThinkerHidden, ThinkerPast, ThinkerPrompt, ThinkerRunner, ThinkerState
+from .streamed_turns import StreamedTurns, TurnsStreamedIn
+from .thinker_runner import ThinkerHidden, ThinkerPrompt, ThinkerRunner, ThinkerState
 from .thinker_slots import ThinkerSlots
 from .tool_calls import CallParser, history_turn, offered, tools_text
 from .vision_input import TOKEN_PIXELS, FrameImages, VisionInput, warm_up_frame
@@ -275,37 +281,34 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine, TurnsStreamedIn):
         tools = offered(request.tools, request.tool_choice or "auto")
         return f"{base}\n\n{tools_text(tools)}" if tools else base
 
-    def _fitted_prompt(self, request: PipelineRequest, resumed: Resumed | None) -> _Fitted:
+    def _fitted_prompt(
+        self, request: PipelineRequest, resumed: Resumed | None, planned: int = 0
+    ) -> FittedPrompt:
         """On a prep thread (`PrefillQueue`): log-mel features, image patches and the chat
         prompt's ids, going on from the session's entry (its tokens, then only what the turn
         adds) where that fits `max_context`, else from the history, cut to fit as the
-        request's truncation says (raises ContextExceeded where it cannot be)."""
+        request's truncation says (raises ContextExceeded where it cannot be); `planned`: the
+        cut of the turn's streamed lead, kept where the turn fits with it (prompt_fit.py)."""
         assert self.features is not None and self.images is not None
         audio: AudioInput | None = self.features(request.audio)
         vision: VisionInput | None = self.images(request.frames)
-        reply = self.max_new_tokens
-        talker = 0 if request.output_text_only else self.talker_prompt_tokens
+        limits = self._limits(request)
         if resumed is not None:
             added = self._parts(request, resumed.added, audio, vision, instructions="")
             ids = resumed.entry.token_ids + resumed.entry.tail + added.ids()
-            fits = len(ids) + reply <= self.max_context
-            if fits and talker:
-                fits = talker_prompt_length(ids) <= talker
-            if fits:
+            if limits.holds(ids):
                 prompt = ThinkerPrompt(ids, audio, vision)
-                return _Fitted(prompt, resumed.past(), 0, 0, resumed.entry.media)
+                return FittedPrompt(prompt, resumed.past(), 0, 0, resumed.entry.media)
         instructions = self._instructions(request)
         parts = self._parts(request, request.history, audio, vision, instructions=instructions)
-        before = parts.tokens(talker=bool(talker))
-        dropped = fit(
-            before,
-            reply=reply,
-            max_context=self.max_context,
-            truncation=request.truncation,
-            downstream_room=talker,
-        )
+        dropped = limits.cut(parts, request.truncation, planned)
         kept = parts.without_oldest(dropped)
-        return _Fitted(ThinkerPrompt(kept.ids(), audio, vision), None, dropped, before.total)
+        prompt = ThinkerPrompt(kept.ids(), audio, vision)
+        return FittedPrompt(prompt, None, dropped, parts.tokens().total)
+
+    def _limits(self, request: PipelineRequest) -> ContextLimits:
+        talker = 0 if request.output_text_only else self.talker_prompt_tokens
+        return ContextLimits(self.max_context, self.max_new_tokens, talker)
 
     def _parts(
         self,
@@ -328,7 +331,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine, TurnsStreamedIn):
                 image_tokens=vision.tokens if vision else (),
             )
 
-    def _cut(self, request: PipelineRequest, fitted: _Fitted) -> PipelineRequest:
+    def _cut(self, request: PipelineRequest, fitted: FittedPrompt) -> PipelineRequest:
         """Leave the items the fit dropped out of this and the session's later turns."""
         cut = self.cuts.cut(request, fitted.dropped)
         logger.info(
@@ -406,26 +409,30 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine, TurnsStreamedIn):
     # --- a turn streamed while the user speaks (streamed_turns.py) --------------------------
 
     def _lead(self, context: PipelineRequest) -> Lead | None:
-        """Where a spoken turn after `context` goes on from, as `generate` would build it
-        (None: an answer would not fit the context as it is)."""
+        """Where a spoken turn after `context` goes on from, as `generate` would build it:
+        from the session's entry where the turn fits after it, else from the history, cut
+        as `generate` will cut it (None: it cannot be)."""
         context = self.cuts.view(context)
         instructions = self._instructions(context)
+        limits = self._limits(context)
         entry = self.sessions.get(context.session_id) if self.sessions is not None else None
-        added = None
         if entry is not None and context.item_ids:
             added = continuation(
                 entry, instructions=instructions, item_ids=context.item_ids, history=context.history
             )
-        if entry is None or added is None:
-            entry, added, base = None, list(context.history), []
-        else:
-            instructions, base = "", entry.token_ids + entry.tail
-        parts = self._parts(context, added, None, None, instructions=instructions, audio_tokens=1)
-        ids = base + parts.ids()
-        if len(ids) + self.max_new_tokens > self.max_context:
-            return None
-        start = entry.tokens if entry is not None else 0
-        return Lead(entry, ids[start : ids.index(TOKENS["audio"], len(base))])
+            if added is not None:
+                parts = self._parts(context, added, None, None, instructions="", audio_tokens=1)
+                if (lead := lead_after_entry(entry, parts, limits)) is not None:
+                    return lead
+        parts = self._parts(
+            context,
+            context.history,
+            None,
+            None,
+            instructions=instructions,
+            audio_tokens=LEAD_AUDIO_TOKENS,
+        )
+        return lead_from_history(parts, limits, context.truncation)
 
     def _row_memory(self) -> int:
         slots = self.runner.slots if self.runner is not None else None
@@ -508,10 +515,11 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine, TurnsStreamedIn):
             if streamed is not None and request.streamed_turn:
                 staged = await streamed.take(request)
             resumed = self._session_prompt(request)
+            planned = staged.lead.dropped if staged is not None else 0
             assert self.prefills is not None
             try:
                 fitted = await self.prefills.prepare(
-                    functools.partial(self._fitted_prompt, request, resumed)
+                    functools.partial(self._fitted_prompt, request, resumed, planned)
                 )
             except ContextExceeded as exc:
                 logger.info("%s: %s: %s", self.name, request.session_id or request_id, exc)
@@ -579,18 +587,3 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine, TurnsStreamedIn):
                 self.thread.post(runner.release, held)
             if gate is not None:  # after the release, which the model thread runs first
                 gate.give_back(request_id)
-
-
-@dataclass(frozen=True, slots=True)
-class _Fitted:
-    """A turn's prompt as it fits the context, and what it goes on from."""
-
-    prompt: ThinkerPrompt
-    past: ThinkerPast | None
-    """the session's entry's KV (None: a full prefill)"""
-    dropped: int
-    """the oldest history items left out now (0: no cut)"""
-    tokens: int
-    """the prompt's tokens before the cut (0: no cut was considered)"""
-    earlier: PromptMedia = PromptMedia()
-    """the media of the past's placeholders (none without a past)"""
