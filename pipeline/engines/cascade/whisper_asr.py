@@ -204,10 +204,7 @@ class WhisperRecognizer:
             return_logits_vocab=logprobs,
         )[0]
         tokens = result.sequences_ids[0]
-        # CTranslate2's score is the tokens' log-probability summed (the end token's too)
-        # and divided by their count (length_penalty 1); faster-whisper's mean is that sum
-        # over the count plus one, the end token's step.
-        mean_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)
+        mean_logprob = result.scores[0] / max(1, len(tokens))
         if result.no_speech_prob > NO_SPEECH and mean_logprob < LOW_LOGPROB:
             return None
         text = str(tokenizer.decode(tokens)).strip()
