@@ -204,6 +204,9 @@ class WhisperRecognizer:
             return_logits_vocab=logprobs,
         )[0]
         tokens = result.sequences_ids[0]
+        # CTranslate2's score is already the tokens' summed log-probability over their
+        # count; dividing once more is stricter than faster-whisper's mean on the short
+        # hallucinations of near-silence ("you": kept out) and looser on long ones.
         mean_logprob = result.scores[0] / max(1, len(tokens))
         if result.no_speech_prob > NO_SPEECH and mean_logprob < LOW_LOGPROB:
             return None
