@@ -9,7 +9,10 @@ A view keeps its ring segment allocated. When the last array built on a segment 
 garbage-collected, a finalizer marks the segment free and the receiver advances the ring's
 tail (stored in the ring's first bytes), which is how the sender learns there is room.
 Small buffers (up to INLINE_MAX) go through the socket instead, and so does any buffer the ring
-has no room for right now: the sender never waits for ring space. Waiting would deadlock a
+has no room for right now, up to BLOCK_MIN; a larger one (a long conversation's hidden states
+for the Talker: 59 MiB at 3,800 positions) goes in a shared-memory block of its own, which the
+receiver copies out and unlinks (through the socket it cost ~3 ms a MiB here, 178 ms for those
+59 MiB: see `one_off_block`). The sender never waits for ring space. Waiting would deadlock a
 link that several requests share. The sender holds the link's lock while it waits, so every
 later message queues behind it, and the segment it waits for may be held by a reader that
 will only let go once one of those later messages arrives (a stage keeping request A's
@@ -46,6 +49,12 @@ DEFAULT_CAPACITY = 16 * 1024 * 1024
 """Per direction. Segments live in /dev/shm: keep two per worker within its size."""
 INLINE_MAX = 16 * 1024
 """Buffers up to this size ride in the socket frame: a ring slot would cost more than it saves."""
+BLOCK_MIN = 1024 * 1024
+"""A buffer the ring has no room for goes through the socket up to this size, and in a
+one-off shared-memory block above it (its creation and page faults cost less than the
+socket's copies from about here on)."""
+SENT_BLOCKS = 64
+"""One-off blocks a sender remembers, to unlink at its close those never received."""
 _CREATED_HERE: set[str] = set()
 """Segments this process created (an in-process pair must not untrack its own rings)."""
 _LEN = struct.Struct("<I")
@@ -175,6 +184,9 @@ class ShmLink:
     recv_ring: _Ring
     _closed: bool = False
     _send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _sent_blocks: collections.deque[str] = field(
+        default_factory=lambda: collections.deque(maxlen=SENT_BLOCKS)
+    )
 
     @classmethod
     def create_rings(cls, capacity: int = DEFAULT_CAPACITY) -> tuple[_Ring, _Ring, RingSpec]:
@@ -204,17 +216,22 @@ class ShmLink:
         async with self._send_lock:  # one message's segments stay contiguous and in order
             segments: list[tuple[int, int]] = []
             inline: list[bytes] = []
+            blocks: list[tuple[str, int]] = []
             for buffer in buffers:
                 start = None
                 if buffer.nbytes > INLINE_MAX:
                     start = self.send_ring.try_alloc(buffer.nbytes)
+                if start is None and buffer.nbytes > BLOCK_MIN:
+                    segments.append((-2, len(blocks)))
+                    blocks.append((self._one_off_block(buffer), buffer.nbytes))
+                    continue
                 if start is None:
                     segments.append((-1, len(inline)))
                     inline.append(bytes(buffer))
                     continue
                 self.send_ring.write(start, buffer)
                 segments.append((start, buffer.nbytes))
-            frame = pickle.dumps((header, segments, inline), protocol=5)
+            frame = pickle.dumps((header, segments, inline, blocks), protocol=5)
             try:
                 self.writer.write(_LEN.pack(len(frame)) + frame)
                 await self.writer.drain()
@@ -229,12 +246,31 @@ class ShmLink:
             frame = await self.reader.readexactly(length)
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             raise LinkClosed("the other side is gone") from None
-        header, segments, inline = pickle.loads(frame)
+        header, segments, inline, blocks = pickle.loads(frame)
         buffers = [
-            inline[size] if start < 0 else self.recv_ring.view(start, size)
+            inline[size]
+            if start == -1
+            else _copied_out(*blocks[size])
+            if start == -2
+            else self.recv_ring.view(start, size)
             for start, size in segments
         ]
         return decode(header, buffers)
+
+    def _one_off_block(self, buffer: memoryview) -> str:
+        """`buffer` in a shared-memory block of its own, for a buffer larger than the ring
+        has room for; its name. The receiver unlinks it (`_copied_out`); this side's close
+        unlinks the last SENT_BLOCKS sent, in case they were never received."""
+        block = shared_memory.SharedMemory(create=True, size=buffer.nbytes)
+        # The receiver unlinks it: this process's resource tracker must not (nor warn).
+        resource_tracker.unregister(block._name, "shared_memory")  # type: ignore[attr-defined]  # noqa: SLF001
+        try:
+            assert block.buf is not None
+            block.buf[: buffer.nbytes] = buffer.cast("B")
+        finally:
+            block.close()
+        self._sent_blocks.append(block.name)
+        return block.name
 
     async def close(self) -> None:
         if self._closed:
@@ -245,3 +281,27 @@ class ShmLink:
             await self.writer.wait_closed()
         self.send_ring.close()
         self.recv_ring.close()
+        while self._sent_blocks:
+            _unlink(self._sent_blocks.popleft())
+
+
+def _copied_out(name: str, nbytes: int) -> bytearray:
+    """A one-off block's bytes, copied out; the block is unlinked (a message's arrays must
+    not keep a block each alive: the copy is one memcpy)."""
+    block = shared_memory.SharedMemory(name=name)  # tracked until its unlink below
+    try:
+        assert block.buf is not None
+        data = bytearray(block.buf[:nbytes])
+    finally:
+        block.close()
+        with contextlib.suppress(FileNotFoundError):
+            block.unlink()
+    return data
+
+
+def _unlink(name: str) -> None:
+    """Unlink a one-off block that may have been received (and unlinked) already."""
+    with contextlib.suppress(FileNotFoundError):
+        block = shared_memory.SharedMemory(name=name)  # tracked until its unlink
+        block.close()
+        block.unlink()

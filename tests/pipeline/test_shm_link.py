@@ -6,12 +6,13 @@ import asyncio
 import gc
 import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pipeline.connectors.base import LinkClosed
-from pipeline.connectors.shm import ShmLink
+from pipeline.connectors.shm import BLOCK_MIN, ShmLink
 
 
 @pytest.fixture
@@ -64,6 +65,29 @@ async def test_messages_larger_than_the_ring_still_arrive(pair: tuple[ShmLink, S
     big = np.arange(400_000, dtype=np.int32)  # 1.6 MB > ring
     received = await _through(a, b, big)
     assert np.array_equal(received, big)
+
+
+async def test_a_buffer_past_the_ring_goes_in_a_block_of_its_own_and_leaves_none(
+    pair: tuple[ShmLink, ShmLink],
+) -> None:
+    """Past BLOCK_MIN, what the ring has no room for goes in a one-off shared-memory block
+    (a long conversation's hidden states: through the socket they cost ~3 ms a MiB): it
+    arrives equal, and no block is left in /dev/shm, received or not."""
+    a, b = pair
+    before = _blocks()
+    big = np.random.default_rng(2).random((2048, 2, 256), dtype=np.float32)  # 4 MiB > ring
+    assert big.nbytes > BLOCK_MIN
+    received = await _through(a, b, big)
+    assert np.array_equal(received, big) and received.dtype == np.float32
+    assert not _blocks() - before  # the receiver unlinked it
+    await a.send(big)  # never received: the sender's close unlinks it
+    assert len(_blocks() - before) == 1
+    await a.close()
+    assert not _blocks() - before
+
+
+def _blocks() -> set[str]:
+    return {p.name for p in Path("/dev/shm").glob("psm_*")}
 
 
 async def test_closing_one_end_ends_the_other(pair: tuple[ShmLink, ShmLink]) -> None:
