@@ -235,6 +235,9 @@ def charts() -> list[Chart]:
         served_series("shipped qwen3_omni.yaml"),
     )
     gather(
+        served, ["omni_serve_rounds_h200_2026-12-06.json"], served_series("shipped qwen3_omni.yaml")
+    )
+    gather(
         served,
         ["omni_serve_h200.json", "omni_serve_h200_mps.json"],
         served_series("earlier settings, see history"),
