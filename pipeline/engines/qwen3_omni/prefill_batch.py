@@ -245,7 +245,7 @@ class BatchedPrefill:
             **deepstack,
         )
         states = out.hidden_states
-        both = torch.stack((states[0], states[self.accept_layer]), dim=2).float().cpu()
+        both = torch.stack((states[0], states[self.accept_layer]), dim=2).cpu()  # dtype kept
         for index, length in enumerate(self.lengths):
             if start < length:
                 self._hidden[index].append(both[index, : min(end, length) - start])

@@ -30,6 +30,7 @@ from transformers import DynamicCache, Qwen3OmniMoeConfig
 from .batch_cache import padding_mask, row_cache, split_cache, stack_caches
 from .config import CODEC, SPEAKERS, TOKENS
 from .frame_predictor import FramePredictor
+from .host_states import HostStates, to_device
 from .sampling import Sampling, choose_rows, pick
 from .slot_decoder import SlotDecoder
 
@@ -161,9 +162,9 @@ class TalkerRunner:
 
     # --- text in ---------------------------------------------------------------------------
 
-    def _tensor(self, array: npt.NDArray[np.floating]) -> torch.Tensor:
-        # a copy: inputs may be views onto a shared-memory ring
-        return torch.tensor(array, dtype=self.dtype, device=self.device)
+    def _tensor(self, array: HostStates) -> torch.Tensor:
+        # a copy: inputs may be views onto a shared-memory ring (bfloat16 bits read exactly)
+        return to_device(array, self.dtype, self.device)
 
     def open(self, prompt: TalkerPrompt, voice: str = "") -> TalkerState:
         """A request's state; `voice` names a speaker or an OpenAI voice ("": the default)."""

@@ -29,13 +29,15 @@ from transformers import DynamicCache, Qwen3OmniMoeConfig
 from .audio_features import AudioInput
 from .batch_cache import padding_mask, split_cache, stack_caches
 from .config import TOKENS
+from .host_states import HostStates, empty_states, to_host
 from .prefill_batch import BatchedPrefill, PrefillRow
 from .prefix_cache import PrefixCache
 from .sampling import Sampling, choose_rows, pick
 from .thinker_slots import ThinkerSlots
 from .vision_input import VisionInput
 
-Hidden = npt.NDArray[np.float32]
+Hidden = HostStates
+"""float32, or a bfloat16 model's bit patterns (host_states.py)"""
 GREEDY = Sampling()
 MULTIMODAL = frozenset({TOKENS["audio"], TOKENS["image"], TOKENS["video"]})
 
@@ -144,7 +146,6 @@ class ThinkerRunner:
         *,
         sampling: Sampling = GREEDY,
         seed: int = 0,
-        hidden_dtype: type[np.floating] = np.float32,
         prefix_cache: PrefixCache | None = None,
         slots: ThinkerSlots | None = None,
         plain_fallback: bool = False,
@@ -160,7 +161,6 @@ class ThinkerRunner:
         self.config = config
         self.sampling = sampling
         self.seed = seed
-        self.hidden_dtype = hidden_dtype
         self.prefix_cache = prefix_cache
         self.last_prefill_tokens = 0
         """How many prompt positions the latest prefill computed (the rest were reused)."""
@@ -171,7 +171,7 @@ class ThinkerRunner:
 
     def _hidden(self, hidden_states: tuple[torch.Tensor, ...]) -> Hidden:
         both = torch.stack((hidden_states[0][0], hidden_states[self.accept_layer][0]), dim=1)
-        return both.float().cpu().numpy().astype(self.hidden_dtype, copy=False)
+        return to_host(both)
 
     def _choose(self, state: ThinkerState, logits: torch.Tensor, min_new_tokens: int) -> int:
         banned = None
@@ -186,7 +186,7 @@ class ThinkerRunner:
         """The embedding layer's output for `token_ids` (the Talker's tts_bos/eos/pad)."""
         ids = torch.tensor([token_ids], device=self.device)
         embeds: torch.Tensor = self.model.get_input_embeddings()(ids)[0]
-        return embeds.float().cpu().numpy().astype(self.hidden_dtype, copy=False)
+        return to_host(embeds)
 
     @torch.inference_mode()
     def prefill(
@@ -293,9 +293,9 @@ class ThinkerRunner:
         """Each turn's longer past, its own cache and hidden states."""
         done = []
         for part, result in zip(job.parts, job.batch.finish(), strict=True):
-            empty = np.zeros((0, 2, self.hidden_size), dtype=self.hidden_dtype)
+            hidden = to_host(result.hidden)
+            empty = empty_states(self.hidden_size, hidden)
             base = part.past or ThinkerPast(result.cache, 0, 0, empty)
-            hidden = result.hidden.numpy().astype(self.hidden_dtype, copy=False)
             frames = int(part.audio.mask.sum()) if part.audio is not None else 0
             longer = ThinkerPast(
                 result.cache,
@@ -317,7 +317,7 @@ class ThinkerRunner:
         results = job.batch.finish()
         self.last_prefill_tokens = sum(len(plan.row.input_ids) for plan in job.planned)
         for plan, result in zip(job.planned, results, strict=True):
-            hidden = result.hidden.numpy().astype(self.hidden_dtype, copy=False)
+            hidden = to_host(result.hidden)
             if plan.earlier is not None:
                 hidden = np.concatenate((plan.earlier, hidden))
             if self.prefix_cache is not None and plan.text_end is not None:
@@ -393,7 +393,7 @@ class ThinkerRunner:
             cache_position=torch.tensor([longest], device=self.device),
         )
         hidden = torch.stack((out.hidden_states[0], out.hidden_states[self.accept_layer]), dim=2)
-        rows = hidden.float().cpu().numpy().astype(self.hidden_dtype, copy=False)
+        rows = to_host(hidden)
         results = []
         for row, (state, own_cache) in enumerate(
             zip(states, split_cache(cache, pads), strict=True)
@@ -422,7 +422,7 @@ class ThinkerRunner:
             hidden = slots.step(
                 seated, lambda states, logits: self._choose_rows(states, logits, min_new_tokens)
             )
-            rows = hidden.numpy().astype(self.hidden_dtype, copy=False)
+            rows = to_host(hidden)
             for row, state in enumerate(seated):
                 results[id(state)] = ThinkerHidden([fed[row]], rows[row : row + 1])
         rest = [state for state in states if id(state) not in results]

@@ -64,7 +64,7 @@ class ThinkerSlots:
         positions = [state.length + state.rope_delta for state in states]
         rows = self.decoder.step(states, embeds, positions)
         logits = self.model.lm_head(rows.last)
-        hidden = torch.stack((rows.embeds, rows.kept), dim=1).float().cpu()
+        hidden = torch.stack((rows.embeds, rows.kept), dim=1).cpu()  # dtype kept: host_states.py
         for state, token in zip(states, choose(states, logits), strict=True):
             state.length += 1
             state.next_token = token

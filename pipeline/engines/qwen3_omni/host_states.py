@@ -1,0 +1,47 @@
+"""The Thinker's hidden states on their way to the host and on to the Talker.
+
+A bfloat16 model's states go as their 16-bit patterns (`uint16`, numpy has no bfloat16):
+exactly the values the model computed, in half the bytes of float32. That matters because
+the Talker's prompt is the whole conversation's user items: each turn the prompt's states
+(two layers, 2,048 wide) cross two worker links, 16 KiB a position as float32 (59 MiB at
+3,800 positions), 8 KiB now. Any other dtype goes as float32, as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+HostStates = npt.NDArray[Any]
+"""float32, or uint16 holding bfloat16 bit patterns"""
+
+
+def to_host(states: torch.Tensor) -> HostStates:
+    """`states` on the host as numpy: bfloat16 as its bits, anything else as float32."""
+    if states.dtype == torch.bfloat16:
+        return states.detach().contiguous().cpu().view(torch.int16).numpy().view(np.uint16)
+    return states.detach().float().cpu().numpy()
+
+
+def empty_states(width: int, like: HostStates | None = None) -> HostStates:
+    """No positions of [n, 2, width] states, in the dtype of `like` (float32 without)."""
+    return np.zeros((0, 2, width), dtype=like.dtype if like is not None else np.float32)
+
+
+def to_device(array: HostStates, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A host array of states on `device` in `dtype`: a copy (inputs may be views onto a
+    link's shared memory), bfloat16 bits read back exactly."""
+    if array.dtype == np.uint16:
+        bits = torch.from_numpy(np.array(array, dtype=np.uint16).view(np.int16))
+        return bits.view(torch.bfloat16).to(device=device, dtype=dtype)
+    return torch.tensor(array, dtype=dtype, device=device)
+
+
+def as_float(array: HostStates) -> npt.NDArray[np.float32]:
+    """The states as float32 (for comparisons and tools), whichever way they travelled."""
+    if array.dtype == np.uint16:
+        return to_device(array, torch.float32, "cpu").numpy()
+    return np.asarray(array, dtype=np.float32)
