@@ -43,9 +43,7 @@ async def hop_ms(positions: int, dtype: type[np.generic], reps: int) -> float:
         for _ in range(reps):
             chunk = HiddenStates(array=states, metadata={"part": "prompt"})
             start = time.perf_counter()
-            sending = asyncio.create_task(left.send(chunk))
-            got = await right.recv()
-            await sending
+            _, got = await asyncio.gather(left.send(chunk), right.recv())
             np.asarray(got.array).sum()  # read it, as the Talker's copy to its device does
             times.append((time.perf_counter() - start) * 1e3)
             del got
