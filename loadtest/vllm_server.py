@@ -64,9 +64,14 @@ class Vllm:
 
     def kill(self) -> None:
         """The server dies at once (SIGKILL to its process group: the API server and its
-        engine), as a crashed or OOM-killed one does."""
+        engine), as a crashed or OOM-killed one does. The shared memory its processes had
+        mapped (vLLM's message queues: ~400 MiB in /dev/shm) is unlinked after them, as no
+        process of theirs is left to do it."""
+        mapped = shared_memory_of(self.process.pid)
         os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(timeout=10)
+        for path in mapped:
+            path.unlink(missing_ok=True)
 
     def pause(self) -> None:
         """Stop the server's processes where they are (a server stuck mid-answer)."""
@@ -74,6 +79,26 @@ class Vllm:
 
     def resume(self) -> None:
         os.killpg(self.process.pid, signal.SIGCONT)
+
+
+def shared_memory_of(group: int) -> set[Path]:
+    """The /dev/shm files mapped by the processes of process group `group`."""
+    found: set[Path] = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[2]) != group:
+                continue
+            maps = (proc / "maps").read_text()
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile
+        for line in maps.splitlines():
+            at = line.find("/dev/shm/")
+            if at >= 0:
+                found.add(Path(line[at:].removesuffix(" (deleted)")))
+    return found
 
 
 def checkpoint() -> Path:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from loadtest.vllm_server import MODEL, Vllm, restart
+from loadtest.vllm_server import MODEL, Vllm, restart, shared_memory_of
 from tests.realtime.apps import ServedApp, served_app
 from web.settings import Settings
 
@@ -123,7 +123,10 @@ async def test_a_server_killed_mid_answer_fails_the_answer_and_serves_again(
             response={"instructions": "Count slowly from one to one hundred."}
         )
         await until(conn, "response.output_audio_transcript.delta")
+        mapped = shared_memory_of(vllm.process.pid)
+        assert mapped  # vLLM's message queues
         vllm.kill()
+        assert not [path for path in mapped if path.exists()]  # none left in /dev/shm
         try:
             done = await until(conn, "response.done", within_s=30)
             assert done.response.status == "failed"
