@@ -67,6 +67,7 @@ class Vllm:
         engine), as a crashed or OOM-killed one does. The shared memory its processes had
         mapped (vLLM's message queues: ~400 MiB in /dev/shm) is unlinked after them, as no
         process of theirs is left to do it."""
+        os.killpg(self.process.pid, signal.SIGSTOP)  # at once: nothing more is served
         mapped = shared_memory_of(self.process.pid)
         os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(timeout=10)

@@ -119,12 +119,12 @@ async def test_a_server_killed_mid_answer_fails_the_answer_and_serves_again(
         await conn.session.update(
             session={"type": "realtime", "instructions": "Answer in one short sentence."}
         )
+        mapped = shared_memory_of(vllm.process.pid)
+        assert mapped  # vLLM's message queues
         await conn.response.create(
             response={"instructions": "Count slowly from one to one hundred."}
         )
         await until(conn, "response.output_audio_transcript.delta")
-        mapped = shared_memory_of(vllm.process.pid)
-        assert mapped  # vLLM's message queues
         vllm.kill()
         assert not [path for path in mapped if path.exists()]  # none left in /dev/shm
         try:
