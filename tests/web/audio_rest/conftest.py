@@ -21,8 +21,12 @@ SPOKEN = "Please tell me about the weather today."
 SPOKEN_WORDS = ("weather", "today")
 """Words Whisper base hears in espeak-ng's reading of SPOKEN."""
 SAID = "Hello there. The capital of France is Paris."
-SAID_WORDS = ("capital", "paris")
-"""Words Whisper base hears back in Piper's reading of SAID, in every format."""
+SAID_WORDS = ("hello", "capital", "france", "paris")
+"""Words of SAID: Whisper base hears most of them back in Piper's reading, in every format.
+Not always all: Piper's voice varies from reading to reading (its noise scales), and through
+Opus Whisper once heard "the capital of Francis Peris" (a fresh-clone run, 2026-12-06)."""
+SAID_HEARD = 2
+"""Of SAID_WORDS, at least this many heard back: noise or a broken format gives none."""
 
 
 @pytest.fixture(scope="package")
@@ -63,6 +67,8 @@ def decoded(data: bytes) -> tuple[int, npt.NDArray[np.float32]]:
     return frames[0].sample_rate, samples.astype(np.float32)
 
 
-def heard(text: str, words: tuple[str, ...]) -> bool:
+def heard(text: str, words: tuple[str, ...], at_least: int | None = None) -> bool:
+    """Whether `text` has `words` (all of them, or at least `at_least`)."""
     lowered = text.lower()
-    return all(word in lowered for word in words)
+    found = sum(word in lowered for word in words)
+    return found >= (len(words) if at_least is None else at_least)
