@@ -13,12 +13,34 @@ from pathlib import Path
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def stat_fields(path: str) -> list[str]:
+    """The fields of a /proc `stat` file after the command's name (fields[0] is the state,
+    field 3 of proc(5)); OSError once the process has ended."""
+    return Path(path).read_text().rsplit(")", 1)[1].split()
+
+
 def cpu_seconds(pid: int, tid: int | None = None) -> float:
     """CPU time of process `pid`, or of its thread `tid` (the main thread, tid == pid,
     runs the event loop: what it spends per frame is what late frames depend on)."""
     path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
-    fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    fields = stat_fields(path)
     return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def start_ticks(pid: int) -> int:
+    """When `pid` started, in clock ticks since boot (0 once it has ended)."""
+    try:
+        return int(stat_fields(f"/proc/{pid}/stat")[19])
+    except OSError:
+        return 0
+
+
+def process_group(pid: int) -> int | None:
+    """`pid`'s process group (None once it has ended)."""
+    try:
+        return int(stat_fields(f"/proc/{pid}/stat")[2])
+    except OSError:
+        return None
 
 
 def tree(pid: int) -> list[int]:

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import httpx
 
+from .proc_cpu import process_group
+
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = Path(os.environ.get("PARLEY_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 MODEL = "smollm2"
@@ -86,14 +88,11 @@ def shared_memory_of(group: int) -> set[Path]:
     """The /dev/shm files mapped by the processes of process group `group`."""
     found: set[Path] = set()
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
+        if not proc.name.isdigit() or process_group(int(proc.name)) != group:
             continue
         try:
-            stat = (proc / "stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[2]) != group:
-                continue
             maps = (proc / "maps").read_text()
-        except (OSError, ValueError, IndexError):
+        except OSError:
             continue  # ended meanwhile
         for line in maps.splitlines():
             at = line.find("/dev/shm/")

@@ -5,20 +5,20 @@ socket for small headers. The sender copies each out-of-band array buffer into i
 once and sends (offset, length) with the pickled header; the receiver rebuilds the arrays as
 views straight onto the ring, so array data is copied exactly once and never pickled.
 
-A view keeps its ring segment allocated. When the last array built on a segment is
-garbage-collected, a finalizer marks the segment free and the receiver advances the ring's
-tail (stored in the ring's first bytes), which is how the sender learns there is room.
-Small buffers (up to INLINE_MAX) go through the socket instead, and so does any buffer the ring
-has no room for right now, up to BLOCK_MIN; a larger one (a long conversation's hidden states
-for the Talker: 59 MiB at 3,800 positions) goes in a shared-memory block of its own, which the
-receiver copies out and unlinks (through the socket it cost ~3 ms a MiB here, 178 ms for those
-59 MiB: see `one_off_block`). The sender never waits for ring space. Waiting would deadlock a
-link that several requests share. The sender holds the link's lock while it waits, so every
-later message queues behind it, and the segment it waits for may be held by a reader that
-will only let go once one of those later messages arrives (a stage keeping request A's
-prompt while it waits for A's next chunk, as request B's prompt waits for room). Consumers
-that keep arrays for long should still copy them: a held segment keeps the ring's tail, so
-everything behind it takes the slower socket path until it is dropped.
+A view keeps its ring segment allocated. When the last array built on a segment is garbage-
+collected, a finalizer marks the segment free and the receiver advances the ring's tail (stored
+in the ring's first bytes), which is how the sender learns there is room. Small buffers (up to
+INLINE_MAX) go through the socket instead, and so does any buffer the ring has no room for right
+now, up to BLOCK_MIN; a larger one (a long conversation's hidden states for the Talker: 59 MiB
+at 3,800 positions) goes in a shared-memory block of its own, which the receiver copies out and
+unlinks (through the socket it cost ~3 ms a MiB here, 178 ms for those 59 MiB:
+`ShmLink._one_off_block`, `python -m loadtest.prompt_states_bench`). The sender never waits for
+ring space. Waiting would deadlock a link that several requests share. The sender holds the
+link's lock while it waits, so every later message queues behind it, and the segment it waits
+for may be held by a reader that will only let go once one of those later messages arrives (a
+stage keeping request A's prompt while it waits for A's next chunk, as request B's prompt waits
+for room). Consumers that keep arrays for long should still copy them: a held segment keeps the
+ring's tail, so everything behind it takes the slower socket path until it is dropped.
 """
 
 from __future__ import annotations

@@ -13,22 +13,14 @@ from pathlib import Path
 import pytest
 
 from loadtest import fault_drill
-from loadtest.proc_cpu import cmdline, tree
+from loadtest.proc_cpu import cmdline, start_ticks, tree
 
 
 def _ticks_since_boot() -> int:
+    """Now, in clock ticks since boot. A process left behind is one started after the drill
+    began: /proc's children lists can miss a child while threads come and go, so comparing
+    two listings once took an older one for new."""
     return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
-
-
-def _start_ticks(pid: int) -> int:
-    """When `pid` started, in clock ticks since boot (0 once it has ended). A process
-    started before the drill is not the drill's: /proc's children lists can miss a child
-    while threads come and go, so comparing two listings once took an older one for new."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0
-    return int(stat.rsplit(")", 1)[1].split()[19])
 
 
 @pytest.mark.slow
@@ -38,7 +30,7 @@ def test_a_talker_fault_is_told_and_the_service_comes_back(tmp_path: Path) -> No
     started = _ticks_since_boot()
     argv = ["--pipeline", "qwen3_omni_tiny", "--faults", "talker", "--out", str(out)]
     code = fault_drill.main([*argv, "--wait-s", "120", "--ready-timeout-s", "240"])
-    left = [pid for pid in tree(os.getpid()) if _start_ticks(pid) > started]
+    left = [pid for pid in tree(os.getpid()) if start_ticks(pid) > started]
     assert not left, [cmdline(pid) for pid in left]  # the server and its workers are gone
     report = json.loads(out.read_text())
     assert report["pipeline"] == "qwen3_omni_tiny" and report["source"]["commit"]

@@ -26,9 +26,9 @@ def to_host(states: torch.Tensor) -> HostStates:
     return states.detach().float().cpu().numpy()
 
 
-def empty_states(width: int, like: HostStates | None = None) -> HostStates:
-    """No positions of [n, 2, width] states, in the dtype of `like` (float32 without)."""
-    return np.zeros((0, 2, width), dtype=like.dtype if like is not None else np.float32)
+def empty_states(width: int, like: HostStates) -> HostStates:
+    """No positions of [n, 2, width] states, in the dtype of `like`."""
+    return np.zeros((0, 2, width), dtype=like.dtype)
 
 
 def to_device(array: HostStates, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
