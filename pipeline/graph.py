@@ -24,6 +24,7 @@ from typing import Any
 from .capacity import PipelineCapacity, StageCapacity
 from .channel import Channel, ChannelClosed
 from .gpu_sharing import MpsDaemon
+from .graph_admission import GraphAdmission
 from .graph_config import (
     EdgeConfig,
     GraphConfig,
@@ -93,6 +94,8 @@ class StageGraph(PassesStreamedTurns):
         self.channel_size = channel_size
         self.metrics = metrics or PipelineMetrics()
         self.gpu = gpu
+        self.admission: GraphAdmission | None = None
+        """One row per turn in the whole graph (`graph_admission.py`), set once started."""
         self._entry: dict[str, EntryEngine] = {}
         self._stream: dict[str, StreamEngine] = {}
         for index, stage in enumerate(config.stages):
@@ -162,9 +165,13 @@ class StageGraph(PassesStreamedTurns):
             if self.gpu is not None:
                 await asyncio.to_thread(self.gpu.close)
             raise
+        self.admission = GraphAdmission.of(self.capacity())
+        self.metrics.watch_rows("graph", self.admission.load if self.admission else None)
 
     async def close(self) -> None:
         """Close every engine at once (worker shutdowns overlap); idempotent."""
+        if self.admission is not None:
+            self.admission.close()
         results = await asyncio.gather(
             *(engine.close() for engine in self.engines.values()), return_exceptions=True
         )
@@ -224,6 +231,22 @@ class StageGraph(PassesStreamedTurns):
         return turn_engine(next(iter(self._entry.values())))
 
     async def generate(self, request: PipelineRequest) -> AsyncGenerator[OutputChunk, None]:
+        admission = None if request.transcribe_only else self.admission
+        if admission is not None:
+            entered = await admission.enter(request.request_id)
+            if entered is not True:
+                if isinstance(entered, ErrorChunk):
+                    yield entered
+                return
+        try:
+            async with contextlib.aclosing(self._generate(request)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            if admission is not None:
+                admission.leave(request.request_id)
+
+    async def _generate(self, request: PipelineRequest) -> AsyncGenerator[OutputChunk, None]:
         out: Channel[OutputChunk | _StageDone] = Channel(self.channel_size)
         inputs: dict[str, Channel[Chunk]] = {}
         open_upstreams: dict[str, int] = {}

@@ -4,13 +4,14 @@ and the outcomes of turns streamed while the user spoke (`StreamingInput`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .capacity import RowLoad
 from .types import Engine, StreamingInput
 
 RequestKind = Literal["answer", "transcription"]
@@ -59,6 +60,14 @@ class PipelineMetrics:
         self._active.labels(stage).set_function(lambda: float(engine.active_requests()))
         self._rows.engines[stage] = engine
 
+    def watch_rows(self, name: str, load: Callable[[], RowLoad] | None) -> None:
+        """Rows that are no engine's (the graph's own admission: `graph_admission.py`),
+        reported under `name` beside the stages'; None stops reporting them."""
+        if load is None:
+            self._rows.gates.pop(name, None)
+        else:
+            self._rows.gates[name] = load
+
     def first_chunk(self, stage: str, kind: RequestKind, seconds: float) -> None:
         """Once per request that a stage produced output for: a transcription-only
         request (a user turn no answer follows yet) is its own kind, and one that ended
@@ -80,6 +89,7 @@ class _RowCollector(Collector):
 
     def __init__(self) -> None:
         self.engines: dict[str, Engine] = {}
+        self.gates: dict[str, Callable[[], RowLoad]] = {}
 
     def collect(self) -> Iterator[Metric]:
         in_use = GaugeMetricFamily(
@@ -108,7 +118,9 @@ class _RowCollector(Collector):
             if isinstance(engine, StreamingInput):
                 for outcome, count in engine.streamed_turns().items():
                     streamed.add_metric([stage, outcome], count)
-            load = engine.row_load()
+        loads = {stage: engine.row_load() for stage, engine in self.engines.items()}
+        loads.update((name, load()) for name, load in self.gates.items())
+        for stage, load in loads.items():
             if load is None:
                 continue
             in_use.add_metric([stage], load.in_use)

@@ -126,7 +126,7 @@ async def test_a_turn_that_finds_no_row_fails_its_response_with_server_busy(
             await second.ask(tone(0.3))
             error = await second.wait_type("error")
             assert error["error"]["code"] == "server_busy"
-            assert "all 1 rows of qwen3_omni.thinker are busy" in error["error"]["message"]
+            assert "all 1 rows of the graph are busy" in error["error"]["message"]
             done = await second.wait_type("response.done")
             assert done["response"]["status"] == "failed"
             assert "server_busy" not in json.dumps(first.events)  # the first is served

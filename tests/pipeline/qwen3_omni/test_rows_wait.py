@@ -118,6 +118,59 @@ async def test_the_engines_state_their_rows_and_a_third_turn_waits_then_is_serve
     assert thinker.rows is not None and thinker.rows.refused == 0
 
 
+async def test_a_waiting_turn_enters_the_graph_only_once_a_whole_answer_is_made(
+    two_rows: tuple[StageGraph, ThinkerEngine, TalkerEngine],
+) -> None:
+    """Not when the first turns' replies are chosen (their Thinker rows free) but when one of
+    their answers has its last audio: so the admitted turns' Talker never shares the GPU
+    with more turns than it has rows (64 offered on the H200 stalled without it)."""
+    graph, thinker, talker = two_rows
+    began = asyncio.get_running_loop().time()
+    seen: dict[str, list[float]] = {}
+
+    async def timed(rid: str) -> None:
+        request = PipelineRequest(request_id=rid, audio=turn_audio(0.5, seed=len(rid)))
+        async for chunk in graph.generate(request):
+            if isinstance(chunk, TextDelta | End):
+                seen.setdefault(rid, []).append(asyncio.get_running_loop().time() - began)
+            assert not isinstance(chunk, ErrorChunk), chunk
+
+    async with asyncio.timeout(60):
+        await asyncio.gather(*(timed(rid) for rid in ("a", "bb", "ccc")))
+    first_done = min(seen["a"][-1], seen["bb"][-1])
+    assert seen["ccc"][0] > first_done  # its first word after an answer ended, not before
+    assert graph.admission is not None and graph.admission.gate.refused == 0
+    await settled(thinker, talker)
+
+
+async def test_the_graph_admits_as_many_turns_as_its_fewest_rows_and_transcripts_pass() -> None:
+    text = rows_graph().replace(
+        f"max_frames: {FRAMES}, min_frames: {FRAMES}, decode_rows: 2",
+        f"max_frames: {FRAMES}, min_frames: {FRAMES}, decode_rows: 1",
+    )
+    graph, thinker, talker = await started(text)
+    try:
+        assert graph.admission is not None
+        gate = graph.admission.gate
+        assert (gate.rows, gate.waiting) == (1, 1)  # the Talker's 1 row, its 1 place to wait
+        scraped = generate_latest(graph.metrics.registry).decode()
+        assert 'parley_stage_rows_in_use{stage="graph"} 0.0' in scraped
+        # a transcription-only turn (no answer follows) holds no graph row
+        held = asyncio.create_task(answer(graph, "a"))
+        async with asyncio.timeout(10):
+            while gate.in_use < 1:
+                await asyncio.sleep(0.005)
+        request = PipelineRequest(request_id="t", audio=turn_audio(0.3), transcribe_only=True)
+        async with asyncio.timeout(10):
+            chunks = [chunk async for chunk in graph.generate(request)]
+        assert isinstance(chunks[-1], End) and gate.queued == 0
+        async with asyncio.timeout(60):
+            assert (await held)[2] is None
+        await settled(thinker, talker)
+    finally:
+        await graph.close()
+
+
 async def test_past_its_wait_a_turn_fails_server_busy_and_an_aborted_waiter_leaves_nothing() -> (
     None
 ):
@@ -130,27 +183,31 @@ async def test_past_its_wait_a_turn_fails_server_busy_and_an_aborted_waiter_leav
         assert "all 2 rows" in busy[0].message and "busy" in busy[0].message
         assert sum(error is None for _, _, error in results) == 2
         scraped = generate_latest(graph.metrics.registry).decode()
-        assert 'parley_stage_turns_refused_total{stage="thinker"} 1.0' in scraped
+        # the turn waited in front of the graph (graph_admission.py), not at a stage
+        assert 'parley_stage_turns_refused_total{stage="graph"} 1.0' in scraped
+        assert 'parley_stage_turns_refused_total{stage="thinker"} 0.0' in scraped
         await settled(thinker, talker)
 
         # a waiter whose caller goes away leaves the queue, and its row is never taken
-        assert thinker.rows is not None
-        thinker.rows.wait_s = 30.0
+        assert graph.admission is not None and thinker.rows is not None
+        gate = graph.admission.gate
+        gate.wait_s = 30.0
         first = [asyncio.create_task(answer(graph, rid)) for rid in ("d", "ee")]
         async with asyncio.timeout(10):
-            while thinker.rows.in_use < 2:
+            while gate.in_use < 2:
                 await asyncio.sleep(0.005)
         waiter = asyncio.create_task(answer(graph, "fff"))
         async with asyncio.timeout(10):
-            while thinker.rows.queued < 1:
+            while gate.queued < 1:
                 await asyncio.sleep(0.005)
         waiter.cancel()
         await asyncio.gather(waiter, return_exceptions=True)
-        assert thinker.rows.queued == 0 and not thinker.rows.holds("fff")
+        assert gate.queued == 0 and not gate.holds("fff") and not thinker.rows.holds("fff")
         async with asyncio.timeout(60):
             for served in await asyncio.gather(*first):
                 assert served[2] is None
         await settled(thinker, talker)
+        assert gate.in_use == gate.queued == 0
         assert thinker.active_requests() == talker.active_requests() == 0
         assert thinker.runner is not None and thinker.runner.plain_steps == 0
     finally:
