@@ -5,6 +5,11 @@ exactly the values the model computed, in half the bytes of float32. That matter
 the Talker's prompt is the whole conversation's user items: each turn the prompt's states
 (two layers, 2,048 wide) cross two worker links, 16 KiB a position as float32 (59 MiB at
 3,800 positions), 8 KiB now. Any other dtype goes as float32, as before.
+
+Only the positions the Talker reads go (`for_the_talker`): its prompt is the user items and
+the reply's opening; the system item and the earlier replies (most of a spoken
+conversation's positions: a 200-token answer against a 5 s question's ~75) it skips, so
+their states never needed to cross.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import torch
+
+from .config import TOKENS
 
 HostStates = npt.NDArray[Any]
 """float32, or uint16 holding bfloat16 bit patterns"""
@@ -45,3 +52,20 @@ def as_float(array: HostStates) -> npt.NDArray[np.float32]:
     if array.dtype == np.uint16:
         return to_device(array, torch.float32, "cpu").numpy()
     return np.asarray(array, dtype=np.float32)
+
+
+def for_the_talker(token_ids: list[int], states: HostStates) -> tuple[list[int], HostStates]:
+    """Of a prompt's token ids and states ([n, 2, width]), the positions the Talker's prompt
+    reads (talker_runner.py, `_prompt_embeds`): every user item's, and the last item (the
+    reply's opening, `<|im_start|>assistant\n`), in order. The Talker builds the same prompt
+    from them as from the whole."""
+    starts = [i for i, token in enumerate(token_ids) if token == TOKENS["im_start"]]
+    bounds = [*starts, len(token_ids)]
+    kept: list[int] = []
+    for index, (begin, end) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        last = index == len(starts) - 1
+        if last or (begin + 1 < end and token_ids[begin + 1] == TOKENS["user"]):
+            kept.extend(range(begin, end))
+    if len(kept) == len(token_ids):
+        return token_ids, states
+    return [token_ids[i] for i in kept], states[np.asarray(kept, dtype=np.intp)]

@@ -1,11 +1,13 @@
 """The `qwen3_omni.thinker` engine: a PipelineRequest in; reply text and hidden states out.
 
-Chunks, in order: one HiddenStates for the prompt (`metadata["part"] == "prompt"`, with the
-prompt's token ids, the Thinker's embeddings of tts_bos/eos/pad, each audio's feature length
-and each image's patch grid: everything the Talker's prompt needs, so the Talker never holds
-the Thinker's embedding table), then per reply token a TextDelta as soon as it is chosen and a
-HiddenStates (`part == "reply"`) once it has been fed. Reply text is placeholder words
-("tok123 ") under random weights and real text with a checkpoint's tokenizer.
+Chunks, in order: one HiddenStates for the prompt (`metadata["part"] == "prompt"`: the
+positions the Talker reads, its user items and the reply's opening, with their token ids
+(`host_states.for_the_talker`), the Thinker's embeddings of tts_bos/eos/pad, each audio's
+feature length and each image's patch grid: everything the Talker's prompt needs, so the
+Talker never holds the Thinker's embedding table), then per reply token a TextDelta as soon
+as it is chosen and a HiddenStates (`part == "reply"`) once it has been fed. Reply text is
+placeholder words ("tok123 ") under random weights and real text with a checkpoint's
+tokenizer.
 
 Random weights never choose `<|im_end|>`; `min_new_tokens` can hold it off for a real model
 too, which gives the fixed reply lengths benchmarks need. A response's `max_output_tokens`
@@ -13,7 +15,7 @@ too, which gives the fixed reply lengths benchmarks need. A response's `max_outp
 
 With `session_kv_tokens`, a session's KV survives between its turns (`session_kv.py`): a turn
 that goes on from the session's last one prefills only what it adds. Its prompt chunk still
-has the hidden states of every position, and the media of every placeholder, earlier turns'
+has the states of every user item, and the media of every placeholder, earlier turns'
 included (`PromptMedia`): the Talker's prompt is the whole conversation's user items.
 
 With `decode_rows`, a turn takes a cache row before its prefill, waiting for one or failing
@@ -58,6 +60,7 @@ from ..context_fit import CONTEXT_LENGTH_EXCEEDED, ContextCuts, ContextExceeded
 from .audio_features import AudioFeatures, AudioInput
 from .config import TOKENS
 from .fused_moe import install_fused_moe
+from .host_states import for_the_talker
 from .memory import CACHE_TOKENS_PER_ROW_DIVISOR
 from .prefill_queue import PrefillQueue
 from .prefix_cache import PrefixCache
@@ -542,11 +545,12 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine, TurnsStreamedIn):
             budget = min(self.max_new_tokens, request.max_output_tokens or self.max_new_tokens)
             calls = CallParser()  # the reply's text, with any <tool_call> read out of it
             media = fitted.earlier.then(prompt.audio, prompt.vision)
+            talker_ids, talker_states = for_the_talker(hidden.token_ids, hidden.states)
             yield HiddenStates(
-                array=hidden.states,
+                array=talker_states,
                 metadata={
                     "part": "prompt",
-                    "token_ids": hidden.token_ids,
+                    "token_ids": talker_ids,
                     "tts_embeds": self.tts_embeds,
                     "audio_feature_lengths": list(media.audio_lengths),
                     "image_grid_thw": [list(grid) for grid in media.image_grids],

@@ -19,6 +19,7 @@ from transformers import DynamicCache
 from pipeline.engine_pipeline import EnginePipeline
 from pipeline.engines.qwen3_omni.audio_features import AudioInput
 from pipeline.engines.qwen3_omni.config import TOKENS
+from pipeline.engines.qwen3_omni.host_states import for_the_talker
 from pipeline.engines.qwen3_omni.session_kv import (
     Conversation,
     PromptMedia,
@@ -197,12 +198,15 @@ async def test_a_second_turn_prefills_only_its_new_tokens_and_matches_a_full_pre
     assert second.rope_delta == full_state.rope_delta
     assert_same_cache(second.cache, full_state.cache)
 
-    # the Talker gets every position (the first turn's spoken item too, as generate() builds
-    # its prompt) with both turns' audio lengths and image grids, to place them
+    # the Talker gets every user position (the first turn's spoken item too, as generate()
+    # builds its prompt; not the first reply's) with both turns' audio lengths and image
+    # grids, to place them
     prompt_chunk = turns.chunks[0]
     assert isinstance(prompt_chunk, HiddenStates) and prompt_chunk.metadata["part"] == "prompt"
-    assert prompt_chunk.metadata["token_ids"] == ids
-    np.testing.assert_allclose(prompt_chunk.array, full.states, atol=CLOSE)
+    talker_ids, talker_states = for_the_talker(ids, full.states)
+    assert len(talker_ids) < len(ids)
+    assert prompt_chunk.metadata["token_ids"] == talker_ids
+    np.testing.assert_allclose(prompt_chunk.array, talker_states, atol=CLOSE)
     audio, vision = turns.prompt.audio, turns.prompt.vision
     assert audio is not None and vision is not None
     assert prompt_chunk.metadata["audio_feature_lengths"] == audio.mask.sum(dim=1).tolist()
@@ -333,11 +337,13 @@ async def test_a_session_over_its_budget_is_evicted_and_its_next_turn_prefills_i
     _, chunks = await answer(thinker, third)
     prompt = chunks[0]
     assert isinstance(prompt, HiddenStates)
-    ids = prompt.metadata["token_ids"]
+    ids = thinker._fitted_prompt(third, None).prompt.input_ids  # noqa: SLF001
     assert prefilled(thinker) == len(ids)  # no entry: the whole prompt, from its history
     plain = plain_runner(thinker)
     state, full = await thinker.thread.call(plain.prefill, ThinkerPrompt(ids))
-    np.testing.assert_allclose(prompt.array, full.states, atol=CLOSE)
+    talker_ids, talker_states = for_the_talker(ids, full.states)
+    assert prompt.metadata["token_ids"] == talker_ids
+    np.testing.assert_allclose(prompt.array, talker_states, atol=CLOSE)
     assert f"tok{state.next_token} " == next(c for c in chunks if isinstance(c, TextDelta)).text
     assert "s" not in thinker.sessions  # the third turn is over the budget too
 

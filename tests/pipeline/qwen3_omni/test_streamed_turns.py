@@ -323,7 +323,8 @@ async def test_a_turn_it_cannot_use_is_taken_whole_and_counted(
         counted = thinker.streamed_turns()[case]
     turn = request("c1", session, ("u1",), audio=audio, streamed="t4", frames=frames)
     streamed = await answer(thinker, turn)
-    assert prefilled(thinker) == len(streamed[0].metadata["token_ids"])  # type: ignore[union-attr]
+    whole_prompt = thinker._fitted_prompt(turn, None).prompt.input_ids  # noqa: SLF001
+    assert prefilled(thinker) == len(whole_prompt)
     assert_same(streamed, whole)
     assert thinker.streamed_turns()[outcome] == counted + 1
     metrics = PipelineMetrics()
