@@ -17,10 +17,10 @@ see the stages as a round of `rows` sessions does, and the rest wait in front of
 then run, or fail `server_busy`. The stages' own gates still stand behind it (a row a stage
 gives back a moment after the turn's end is waited for there, not refused).
 
-Only where it holds anything: a graph with fewer than two turn-holding stages (one gate is
-already the graph's), and one whose stages are shared by several server processes (`--workers
-N` with stage hosts: each process would admit `rows` of its own, so the stages' gates hold
-them, as before).
+None where it would hold nothing: a graph with fewer than two turn-holding stages (one gate
+is already the graph's), and one with a stage that may serve other server processes too (a
+stage host of `--workers N`, a remote `parley stage`): one process cannot count its rows
+alone, so the stages' gates hold the turns, as before.
 """
 
 from __future__ import annotations
