@@ -14,7 +14,10 @@ Each chunk is a call of its own on the model thread, so the decode steps of the
 sessions already answering (`StepBatcher`) run between two chunks.
 
 A batch that fails is run again one prompt at a time, so that a prompt the model cannot take
-fails only its own request.
+fails only its own request. A batch (or a lone prompt) that ran out of device memory is run
+again a prompt at a time in chunks a quarter the size (at least `SMALLEST_CHUNK`), after the
+allocator's cached blocks go back: on an 80 GB H100 a long conversation's cut prompt (~6,000
+positions in one chunk) failed every later turn of its session that way.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import contextlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
+
+import torch
 
 from ...tasks import TaskSet
 from .model_thread import ModelThread
@@ -36,6 +41,9 @@ from .thinker_runner import (
     ThinkerState,
 )
 from .waiting_list import WaitingList, answer, fail
+
+SMALLEST_CHUNK = 256
+"""Positions: the least a prefill that ran out of memory is retried in."""
 
 Prefilled = tuple[ThinkerPrompt, ThinkerState, ThinkerHidden]
 Waiting = tuple[ThinkerPrompt, ThinkerPast | None]
@@ -173,8 +181,14 @@ class PrefillQueue:
                     await self._waiting.changed.wait()
 
     async def _one_at_a_time(self, taken: Taken, error: Exception) -> None:
-        """After a batch failed: each prompt alone, so that only a bad one fails."""
-        if len(taken) == 1:
+        """After a batch failed: each prompt alone, so that only a bad one fails; after it ran
+        out of device memory, in smaller chunks (a lone prompt too)."""
+        chunk = self.chunk_tokens
+        if isinstance(error, torch.OutOfMemoryError):
+            longest = max(len(prompt.input_ids) for (prompt, _), _ in taken)
+            chunk = max(SMALLEST_CHUNK, (chunk or longest) // 4)
+            await self.thread.call(_free_cached_blocks)
+        elif len(taken) == 1:
             fail(taken[0][1], error)
             return
         for (prompt, past), waiter in taken:
@@ -182,9 +196,20 @@ class PrefillQueue:
                 continue
             try:
                 state, hidden = await self.thread.call(
-                    self.runner.prefill, prompt, min_new_tokens=self.min_new_tokens, past=past
+                    self.runner.prefill,
+                    prompt,
+                    min_new_tokens=self.min_new_tokens,
+                    past=past,
+                    chunk_tokens=chunk,
                 )
             except Exception as exc:
                 fail(waiter, exc)
             else:
                 answer(waiter, (prompt, state, hidden))
+
+
+def _free_cached_blocks() -> None:
+    """On the model thread, after running out of device memory: the allocator's cached
+    blocks go back, so that the retry's smaller chunks can be placed."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -190,11 +190,17 @@ class ThinkerRunner:
 
     @torch.inference_mode()
     def prefill(
-        self, prompt: ThinkerPrompt, *, min_new_tokens: int = 0, past: ThinkerPast | None = None
+        self,
+        prompt: ThinkerPrompt,
+        *,
+        min_new_tokens: int = 0,
+        past: ThinkerPast | None = None,
+        chunk_tokens: int = 0,
     ) -> tuple[ThinkerState, ThinkerHidden]:
         """Prefill `prompt` (all of it, or with `past` only what follows `past.length`: the
-        prompt's media are then the new part's) and choose the first reply token."""
-        job = self.prefill_job([(prompt, past)])
+        prompt's media are then the new part's) and choose the first reply token;
+        `chunk_tokens` positions at a time (0: all at once)."""
+        job = self.prefill_job([(prompt, past)], chunk_tokens=chunk_tokens)
         job.batch.begin()
         while not job.batch.done:
             job.batch.run_chunk()

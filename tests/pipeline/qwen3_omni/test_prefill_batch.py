@@ -8,10 +8,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
+import torch
 from transformers import Qwen3OmniMoeConfig
 
 from pipeline.engines.qwen3_omni.audio_features import AudioFeatures
 from pipeline.engines.qwen3_omni.model_thread import ModelThread
+from pipeline.engines.qwen3_omni.prefill_batch import BatchedPrefill
 from pipeline.engines.qwen3_omni.prefill_queue import PrefillQueue
 from pipeline.engines.qwen3_omni.prefix_cache import PrefixCache
 from pipeline.engines.qwen3_omni.prompt import ByteVocab, chat_prompt
@@ -284,4 +286,40 @@ async def test_a_prompt_the_model_cannot_take_fails_alone(tiny_parts: Parts) -> 
     finally:
         await queue.close()
         await queue.close()  # idempotent
+        await thread.close()
+
+
+async def test_a_prefill_out_of_device_memory_is_run_again_in_smaller_chunks(
+    tiny_parts: Parts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lone long prompt whose whole-prompt chunk runs out of memory (faked: a chunk past
+    260 positions raises CUDA's OutOfMemoryError) is prefilled again in a quarter-size
+    chunk (at least 256 positions) and answers as a prefill that never failed."""
+    model, config = tiny_parts["thinker"]
+    runner = ThinkerRunner(model, config)
+    long = prompt("tell me about it " * 36, seed=11)  # ~640 positions
+    alone, alone_hidden = runner.prefill(long)
+    assert len(long.input_ids) > 600
+    tried: list[int] = []
+    run_chunk = BatchedPrefill.run_chunk
+
+    def short_of_memory(batch: BatchedPrefill) -> None:
+        tried.append(batch.chunk_columns)
+        if batch.chunk_columns > 260:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 192.00 MiB")
+        run_chunk(batch)
+
+    monkeypatch.setattr(BatchedPrefill, "run_chunk", short_of_memory)
+    thread = ModelThread("test-prefill-oom")
+    thread.start()
+    queue = PrefillQueue("test", thread, runner, max_batch=4)
+    queue.start()
+    try:
+        async with asyncio.timeout(60):
+            _, state, hidden = await queue.prefill(lambda: long, None)
+        assert tried[0] == len(long.input_ids) and 256 in tried  # whole, then a quarter
+        np.testing.assert_allclose(hidden.states, alone_hidden.states, atol=1e-4)
+        assert state.next_token == alone.next_token
+    finally:
+        await queue.close()
         await thread.close()
