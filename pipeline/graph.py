@@ -24,6 +24,7 @@ from typing import Any
 from .capacity import PipelineCapacity, StageCapacity
 from .channel import Channel, ChannelClosed
 from .gpu_sharing import MpsDaemon
+from .graph_admission import STAGE as GRAPH_ROWS
 from .graph_admission import GraphAdmission
 from .graph_config import (
     EdgeConfig,
@@ -166,7 +167,7 @@ class StageGraph(PassesStreamedTurns):
                 await asyncio.to_thread(self.gpu.close)
             raise
         self.admission = GraphAdmission.of(self.capacity())
-        self.metrics.watch_rows("graph", self.admission.load if self.admission else None)
+        self.metrics.watch_rows(GRAPH_ROWS, self.admission.load if self.admission else None)
 
     async def close(self) -> None:
         """Close every engine at once (worker shutdowns overlap); idempotent."""

@@ -54,18 +54,28 @@ def as_float(array: HostStates) -> npt.NDArray[np.float32]:
     return np.asarray(array, dtype=np.float32)
 
 
+def user_items(token_ids: list[int]) -> list[tuple[int, int]]:
+    """The (begin, end) positions of each user item of a ChatML prompt, in order: what the
+    Talker's prompt is made of (talker_runner.py, `_prompt_embeds`), besides the reply's
+    opening (the prompt's last item)."""
+    bounds = [i for i, token in enumerate(token_ids) if token == TOKENS["im_start"]]
+    bounds.append(len(token_ids))
+    return [
+        (begin, end)
+        for begin, end in zip(bounds, bounds[1:], strict=False)
+        if begin + 1 < end and token_ids[begin + 1] == TOKENS["user"]
+    ]
+
+
 def for_the_talker(token_ids: list[int], states: HostStates) -> tuple[list[int], HostStates]:
     """Of a prompt's token ids and states ([n, 2, width]), the positions the Talker's prompt
-    reads (talker_runner.py, `_prompt_embeds`): every user item's, and the last item (the
-    reply's opening, `<|im_start|>assistant\n`), in order. The Talker builds the same prompt
-    from them as from the whole."""
-    starts = [i for i, token in enumerate(token_ids) if token == TOKENS["im_start"]]
-    bounds = [*starts, len(token_ids)]
-    kept: list[int] = []
-    for index, (begin, end) in enumerate(zip(bounds, bounds[1:], strict=False)):
-        last = index == len(starts) - 1
-        if last or (begin + 1 < end and token_ids[begin + 1] == TOKENS["user"]):
-            kept.extend(range(begin, end))
+    reads: every user item's (`user_items`), and the last item (the reply's opening,
+    `<|im_start|>assistant\n`), in order. The Talker builds the same prompt from them as
+    from the whole."""
+    starts = (i for i, token in enumerate(token_ids) if token == TOKENS["im_start"])
+    opening = max(starts, default=len(token_ids))
+    kept = [i for begin, end in user_items(token_ids) for i in range(begin, min(end, opening))]
+    kept.extend(range(opening, len(token_ids)))
     if len(kept) == len(token_ids):
         return token_ids, states
     return [token_ids[i] for i in kept], states[np.asarray(kept, dtype=np.intp)]

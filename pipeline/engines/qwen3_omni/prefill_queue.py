@@ -187,7 +187,7 @@ class PrefillQueue:
         if isinstance(error, torch.OutOfMemoryError):
             longest = max(len(prompt.input_ids) for (prompt, _), _ in taken)
             chunk = max(SMALLEST_CHUNK, (chunk or longest) // 4)
-            await self.thread.call(_free_cached_blocks)
+            await self.thread.call(torch.cuda.empty_cache)  # the retry's room
         elif len(taken) == 1:
             fail(taken[0][1], error)
             return
@@ -206,10 +206,3 @@ class PrefillQueue:
                 fail(waiter, exc)
             else:
                 answer(waiter, (prompt, state, hidden))
-
-
-def _free_cached_blocks() -> None:
-    """On the model thread, after running out of device memory: the allocator's cached
-    blocks go back, so that the retry's smaller chunks can be placed."""
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()

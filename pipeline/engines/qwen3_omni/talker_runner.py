@@ -30,7 +30,7 @@ from transformers import DynamicCache, Qwen3OmniMoeConfig
 from .batch_cache import padding_mask, row_cache, split_cache, stack_caches
 from .config import CODEC, SPEAKERS, TOKENS
 from .frame_predictor import FramePredictor
-from .host_states import HostStates, to_device
+from .host_states import HostStates, to_device, user_items
 from .sampling import Sampling, choose_rows, pick
 from .slot_decoder import SlotDecoder
 
@@ -264,12 +264,9 @@ class TalkerRunner:
         ids = prompt.token_ids
         embed = self._tensor(prompt.states[:, 0])
         accept = self._tensor(prompt.states[:, 1])
-        starts = [i for i, t in enumerate(ids) if t == TOKENS["im_start"]] + [len(ids)]
         parts: list[torch.Tensor] = []
         rope_ids: list[int] = []
-        for begin, end in zip(starts, starts[1:], strict=False):
-            if ids[begin + 1] != TOKENS["user"]:
-                continue  # the Talker ignores system items and earlier replies
+        for begin, end in user_items(ids):  # not the system item nor earlier replies
             segment = ids[begin:end]
             mm = torch.tensor([t in MULTIMODAL for t in segment], device=self.device)
             part = self.model.text_projection(embed[begin:end])
@@ -277,7 +274,8 @@ class TalkerRunner:
                 part[mm] = self.model.hidden_projection(accept[begin:end][mm])
             parts.append(part)
             rope_ids += segment
-        opening = self.model.text_projection(embed[starts[-2] :])  # im_start assistant \n
+        last = max(i for i, t in enumerate(ids) if t == TOKENS["im_start"])
+        opening = self.model.text_projection(embed[last:])  # im_start assistant \n
         state.tts = self.model.text_projection(self._tensor(prompt.tts_embeds))
         bos, _eos, pad = state.tts.split(1)
         text = torch.cat((opening[:3], pad.expand(4, -1), bos, state.reply[0]), dim=0)
