@@ -54,8 +54,10 @@ WHEELS = (
     "typing-inspection==0.4.5",
     "typing-extensions==4.16.0",  # pydantic wants a newer one than an image may have
     "python-multipart==0.0.34",
+    "nvidia-ml-py==13.615.71",  # GPU only: each stage process's memory (gpu_usage.py)
 )
-"""The versions the CPU virtualenv runs (pyproject's ranges), so both run the same code."""
+"""The versions the CPU virtualenv runs (pyproject's ranges), so both run the same code;
+and NVML's bindings, which only a GPU machine can use."""
 IMAGE_HAS = frozenset(
     canonicalize_name(n)
     for n in (

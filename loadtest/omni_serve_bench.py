@@ -211,6 +211,15 @@ def first_chunk_sums(port: int) -> dict[str, tuple[float, float]]:
     return {stage: (pair[0], pair[1]) for stage, pair in found.items()}
 
 
+def gpu_memory_gib(port: int) -> dict[str, dict[str, float]]:
+    """Per process (a stage's, or `main`): its GPU memory now and at its peak, GiB
+    (`parley_gpu_memory_bytes`, `pipeline/gpu_usage.py`), to hold against sizing's plan."""
+    found: dict[str, dict[str, float]] = {}
+    for _, labels, value in metric_samples(port, r"^parley_gpu_memory_bytes()"):
+        found.setdefault(labels["process"], {})[labels["measure"]] = round(value / 2**30, 3)
+    return found
+
+
 # --- speech --------------------------------------------------------------------------------
 
 
@@ -477,6 +486,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def note_gpu_memory(report: dict[str, Any], port: int) -> None:
+    """The stages' GPU memory so far (peaks since start) into the report's header, printed."""
+    report["header"]["gpu_memory_gib"] = memory = gpu_memory_gib(port)
+    if memory:
+        print(f"GPU memory (GiB): {json.dumps(memory)}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.answer_tokens is None and args.think_tokens is not None and args.arrivals:
@@ -510,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
             level = asyncio.run(run_level(url, port, n, args, speech, speech_s, deadline))
             report["levels"].append(level)
             print(f"{n} sessions: {json.dumps(level['figures'])}", flush=True)
+            note_gpu_memory(report, port)
             save()
         for target in args.arrivals:
             if out_of_time():
@@ -517,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
             found = asyncio.run(run_arrival_level(url, target, args, graph, pcm, deadline))
             report["arrivals"].append(found)
             print(f"arrivals for {target}: {json.dumps(found['figures'])}", flush=True)
+            note_gpu_memory(report, port)
             save()
         report["header"]["streamed_turns"] = streamed_turn_counts(port)
         print(f"streamed turns, by outcome: {report['header']['streamed_turns']}", flush=True)

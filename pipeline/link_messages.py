@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .capacity import Capacity, RowLoad
+from .gpu_usage import GpuUsage
 from .types import Chunk, PipelineRequest
 
 # --- to the stage ------------------------------------------------------------------------
@@ -135,11 +136,12 @@ class Alive:
     over Redis, gone. It carries the engine's capacity (a remote stage may be first heard
     by its heartbeat) and its rows now, for the main process's metrics; for an engine that
     takes streamed turns, how they ended so far (`StreamingInput.streamed_turns`; None for
-    any other engine)."""
+    any other engine); for a process that started CUDA, its GPU memory (`gpu_usage.py`)."""
 
     capacity: Capacity | None = None
     load: RowLoad | None = None
     streamed: dict[str, int] | None = None
+    gpu: GpuUsage | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,17 +1,19 @@
 """Per-stage instruments: time to first chunk, chunks, queue depth, batch size, and the
 cache rows (in use, turns waiting for one, turns refused `server_busy`: `row_gate.py`),
-and the outcomes of turns streamed while the user spoke (`StreamingInput`)."""
+the outcomes of turns streamed while the user spoke (`StreamingInput`), and each process's
+GPU memory (`gpu_usage.py`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Literal
+from typing import Literal, Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .capacity import RowLoad
+from .gpu_usage import GpuUsage, GpuUsageWatch
 from .types import Engine, StreamingInput
 
 RequestKind = Literal["answer", "transcription"]
@@ -54,11 +56,15 @@ class PipelineMetrics:
         )
         self._rows = _RowCollector()
         r.register(self._rows)
+        self._gpu = _GpuCollector()
+        r.register(self._gpu)
 
     def watch_engine(self, stage: str, engine: Engine) -> None:
         self._batch.labels(stage).set_function(lambda: float(getattr(engine, "batch_size", 0)))
         self._active.labels(stage).set_function(lambda: float(engine.active_requests()))
         self._rows.engines[stage] = engine
+        if isinstance(engine, ReportsGpuUsage):
+            self._gpu.processes[stage] = engine.gpu_usage
 
     def watch_rows(self, name: str, load: Callable[[], RowLoad] | None) -> None:
         """Rows that are no engine's (the graph's own admission: `graph_admission.py`),
@@ -79,6 +85,39 @@ class PipelineMetrics:
 
     def queue_depth(self, stage: str, depth: int) -> None:
         self._depth.labels(stage).set(depth)
+
+
+@runtime_checkable
+class ReportsGpuUsage(Protocol):
+    """An engine served by another process, which reports that process's GPU memory
+    (`stage_client.LinkedStage`)."""
+
+    def gpu_usage(self) -> GpuUsage | None: ...
+
+
+class _GpuCollector(Collector):
+    """`parley_gpu_memory_bytes` of each stage process (by its stage's name) and of the
+    main process (`main`: the stages placed there), for each process that started CUDA."""
+
+    def __init__(self) -> None:
+        self.processes: dict[str, Callable[[], GpuUsage | None]] = {}
+        self._main = GpuUsageWatch()
+
+    def collect(self) -> Iterator[Metric]:
+        memory = GaugeMetricFamily(
+            "parley_gpu_memory_bytes",
+            "A process's GPU memory (gpu_usage.py): peak_reserved (its torch allocator's "
+            "peak), reserved (now), process_peak (the driver's count, its CUDA context "
+            "included; sampled), device_peak (the whole device's used memory; sampled), "
+            "device_total",
+            labels=["process", "measure"],
+        )
+        readings = {name: read() for name, read in self.processes.items()}
+        readings["main"] = self._main.read()
+        for name, usage in readings.items():
+            for measure, value in (usage.figures() if usage is not None else {}).items():
+                memory.add_metric([name, measure], value)
+        yield memory
 
 
 class _RowCollector(Collector):

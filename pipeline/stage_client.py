@@ -47,6 +47,7 @@ import numpy.typing as npt
 from .capacity import Capacity, RowLoad
 from .channel import Channel, ChannelClosed
 from .connectors.base import Link, LinkClosed, LinkUnavailable
+from .gpu_usage import GpuUsage
 from .link_messages import (
     Abort,
     Alive,
@@ -118,6 +119,8 @@ class LinkedStage(EntryEngine, StreamEngine, StreamingInput):
         """The engine over there takes streamed turns (its `Ready` said so)."""
         self._streamed: dict[str, int] = {}
         """How its streamed turns ended, at its last heartbeat."""
+        self._gpu: GpuUsage | None = None
+        """Its process's GPU memory, at its last heartbeat."""
 
     # --- for subclasses ------------------------------------------------------------------
 
@@ -201,8 +204,8 @@ class LinkedStage(EntryEngine, StreamEngine, StreamingInput):
                             future.set_result(active)
                     case Ready():
                         self._heard_ready(message)
-                    case Alive(capacity, load, streamed):
-                        self._capacity, self._load = capacity, load
+                    case Alive(capacity, load, streamed, gpu):
+                        self._capacity, self._load, self._gpu = capacity, load, gpu
                         self._streams = streamed is not None
                         self._streamed = streamed or {}
                     case _:
@@ -277,6 +280,11 @@ class LinkedStage(EntryEngine, StreamEngine, StreamingInput):
 
     def row_load(self) -> RowLoad | None:
         return self._load
+
+    def gpu_usage(self) -> GpuUsage | None:
+        """The far process's GPU memory at its last heartbeat (None: it has not started
+        CUDA, or has not beaten yet)."""
+        return self._gpu
 
     def _heard_ready(self, ready: Ready | Alive) -> None:
         """The far side's first word: what it can serve, and whether it takes streamed

@@ -48,6 +48,7 @@ from .connectors.base import Link, LinkClosed, LinkUnavailable
 from .connectors.shm import RingSpec, ShmLink
 from .device_faults import exit_now
 from .engines.registry import create_engine
+from .gpu_usage import GpuUsageWatch
 from .graph_config import DEFAULT_HANG_S, StageKind, wrong_engine_kind
 from .link_messages import (
     Abort,
@@ -273,6 +274,8 @@ class StageServer:
         self.inputs: dict[str, Channel[Chunk]] = {}
         self.broken: str | None = None
         """Why the engine broke, once the heartbeat found it so (`Engine.broken`)."""
+        self._gpu = GpuUsageWatch()
+        """This process's GPU memory, sent with each `Alive`."""
 
     async def serve(self) -> None:
         """Serve the link's requests until it ends or says close, beating meanwhile. Raises
@@ -309,7 +312,7 @@ class StageServer:
                 engine = self.engine
                 streamed = engine.streamed_turns() if isinstance(engine, StreamingInput) else None
                 await self.link.send(
-                    Alive(engine.capacity(), engine.row_load(), streamed)
+                    Alive(engine.capacity(), engine.row_load(), streamed, self._gpu.read())
                     if reason is None
                     else Stuck(reason)
                 )

@@ -34,6 +34,7 @@ def test_tiny_graph_in_rounds_and_under_arrivals(
     report = json.loads(out.read_text())
     head = report["header"]
     assert head["server_start_s"] > 0
+    assert head["gpu_memory_gib"] == {}  # no process started CUDA here (the GPU run's figures)
 
     # the shipped file, served with the overrides asked for, each one said
     graph = head["graph"]

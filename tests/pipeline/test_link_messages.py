@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 from pipeline.connectors.base import decode, encode
 from pipeline.connectors.redis_streams import RedisStreamLink
 from pipeline.connectors.shm import ShmLink
+from pipeline.gpu_usage import GpuUsage
 from pipeline.link_messages import (
     Abort,
     Alive,
@@ -46,6 +47,7 @@ def messages() -> list[Any]:
         Close(),
         Ready(),
         Alive(),
+        Alive(gpu=GpuUsage(3 << 30, 2 << 30, 80 << 30, 75 << 30, 4 << 30)),
         Stuck("the model thread has made no progress for 6.0 s (bound 5 s)"),
         Fatal("RuntimeError: no GPU"),
         ChunkMessage("resp_1", CodecCodes(np.arange(16, dtype=np.int32))),
