@@ -28,13 +28,15 @@ def test_tiny_graph_in_rounds_and_under_arrivals(
     argv = ["--pipeline", "qwen3_omni_tiny", "--concurrency", "2", "--warmup", "0"]
     argv += ["--think-tokens", "8", "--speech-s", "1", "--start-s", "90"]
     argv += ["--arrivals", "3", "--arrival-requests", "4", "--question-s", "1.5,3", "--seed", "1"]
-    argv += ["--whole-turns", "0.5"]
+    argv += ["--whole-turns", "0.5", "--log-level", "info"]
     assert omni_serve_bench.main([*argv, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     report = json.loads(out.read_text())
     head = report["header"]
     assert head["server_start_s"] > 0
     assert head["gpu_memory_gib"] == {}  # no process started CUDA here (the GPU run's figures)
+    turns = head["thinker_turns"]  # each Thinker turn's phases, read from the server's log
+    assert turns["turns"] == 6 and turns["in_all"]["p50"] > 0 and turns["towers"]["n"] == 6
 
     # the shipped file, served with the overrides asked for, each one said
     graph = head["graph"]

@@ -24,14 +24,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import TypeVar
 
 import torch
 
 from ...tasks import TaskSet
 from .model_thread import ModelThread
+from .prefill_timeline import PhaseMarks, PrefillTimes, whole
 from .thinker_runner import (
     PrefillJob,
     ThinkerHidden,
@@ -45,7 +48,7 @@ from .waiting_list import WaitingList, answer, fail
 SMALLEST_CHUNK = 256
 """Positions: the least a prefill that ran out of memory is retried in."""
 
-Prefilled = tuple[ThinkerPrompt, ThinkerState, ThinkerHidden]
+Prefilled = tuple[ThinkerPrompt, ThinkerState, ThinkerHidden, PrefillTimes]
 Waiting = tuple[ThinkerPrompt, ThinkerPast | None]
 Taken = list[tuple[Waiting, "asyncio.Future[Prefilled]"]]
 BuiltT = TypeVar("BuiltT")
@@ -126,20 +129,38 @@ class PrefillQueue:
             raise RuntimeError(f"{self.name} is not running")
         return await self._waiting.add((prompt, past))
 
-    def _take(self) -> tuple[Taken, PrefillJob | Exception | None]:
+    def _take(self) -> tuple[Taken, PrefillJob | Exception | None, PhaseMarks | None]:
         """On the model thread: the prompts waiting now (up to `max_batch`), begun as one
-        (or why they could not be: the entries are never lost with the error)."""
+        (or why they could not be: the entries are never lost with the error), with the
+        marks of its phases (`prefill_timeline.py`)."""
         taken = self._waiting.take(self.max_batch)
         if not taken:
-            return [], None
+            return [], None, None
+        marks = PhaseMarks(self.runner.device)
         try:
             job = self.runner.prefill_job(
                 [item for item, _ in taken], chunk_tokens=self.chunk_tokens
             )
             job.batch.begin()
         except Exception as exc:
-            return taken, exc
-        return taken, job
+            return taken, exc, marks
+        marks.mark()
+        return taken, job, marks
+
+    @staticmethod
+    def _chunk(job: PrefillJob, marks: PhaseMarks) -> None:
+        job.batch.run_chunk()
+        marks.mark()
+
+    def _finish(
+        self, job: PrefillJob, marks: PhaseMarks
+    ) -> tuple[list[tuple[ThinkerState, ThinkerHidden]], PrefillTimes]:
+        results = self.runner.finish_prefill(job, min_new_tokens=self.min_new_tokens)
+        marks.mark()
+        times = marks.times(
+            chunks=job.batch.chunks_run, rows=len(results), positions=sum(job.batch.lengths)
+        )
+        return results, times
 
     async def _dispatch(self) -> None:
         while True:
@@ -147,18 +168,16 @@ class PrefillQueue:
             await self._gather()
             taken: Taken = []
             try:
-                taken, job = await self.thread.call(self._take)
-                if job is None:
+                taken, job, marks = await self.thread.call(self._take)
+                if job is None or marks is None:
                     continue
                 self.largest_batch = max(self.largest_batch, len(taken))
                 self.batches += 1
                 if isinstance(job, Exception):
                     raise job
                 while not job.batch.done:
-                    await self.thread.call(job.batch.run_chunk)
-                results = await self.thread.call(
-                    self.runner.finish_prefill, job, min_new_tokens=self.min_new_tokens
-                )
+                    await self.thread.call(self._chunk, job, marks)
+                results, times = await self.thread.call(self._finish, job, marks)
             except asyncio.CancelledError:
                 for _, waiter in taken:  # closed mid-batch: nobody will answer them now
                     fail(waiter, RuntimeError(f"{self.name} is closed"))
@@ -169,8 +188,9 @@ class PrefillQueue:
                     continue
                 await self._one_at_a_time(taken, exc)
                 continue
-            for ((prompt, _), waiter), (state, hidden) in zip(taken, results, strict=True):
-                answer(waiter, (prompt, state, hidden))
+            rows = zip(taken, results, job.batch.lengths, strict=True)
+            for ((prompt, _), waiter), (state, hidden), new in rows:
+                answer(waiter, (prompt, state, hidden, replace(times, row_positions=new)))
 
     async def _gather(self) -> None:
         """Wait up to `gather_s` while prompts are still being built for a batch with room."""
@@ -194,6 +214,7 @@ class PrefillQueue:
         for (prompt, past), waiter in taken:
             if waiter.done():
                 continue
+            taken_at = time.perf_counter()
             try:
                 state, hidden = await self.thread.call(
                     self.runner.prefill,
@@ -205,4 +226,5 @@ class PrefillQueue:
             except Exception as exc:
                 fail(waiter, exc)
             else:
-                answer(waiter, (prompt, state, hidden))
+                new = len(prompt.input_ids) - (past.length + past.staged if past else 0)
+                answer(waiter, (prompt, state, hidden, whole(taken_at, 1, new)))

@@ -29,17 +29,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from transformers import DynamicCache
 
 from ...engine_limits import TALKER_PROMPT_EXTRA
-from ...types import HistoryItem
+from ...types import HistoryItem, PipelineRequest
 from ..token_lru import TokenLRU
 from .audio_features import AudioInput
 from .config import TOKENS
-from .thinker_runner import ThinkerPast
+from .thinker_runner import ThinkerPast, ThinkerState
 from .vision_input import VisionInput
 
 Hidden = npt.NDArray[np.floating]
@@ -192,6 +193,60 @@ class SessionKV:
 
     def forget(self, session_id: str) -> bool:
         return self.take(session_id) is not None
+
+    def resume(self, request: PipelineRequest, instructions: str) -> Resumed | None:
+        """The session's entry, taken for this turn, when the request goes on from it; an
+        entry that the conversation no longer matches is dropped."""
+        if not request.session_id or not request.item_ids:
+            return None
+        entry = self.take(request.session_id)
+        if entry is None:
+            return None
+        added = continuation(
+            entry, instructions=instructions, item_ids=request.item_ids, history=request.history
+        )
+        return Resumed(entry, added) if added is not None else None
+
+    def keep_turn(
+        self,
+        request: PipelineRequest,
+        *,
+        instructions: str,
+        prompt_ids: Sequence[int],
+        state: ThinkerState,
+        hidden: list[npt.NDArray[Any]],
+        reply: str,
+        media: PromptMedia,
+        eos_id: int,
+    ) -> None:
+        """At the turn's end: keep what the Thinker was fed (prompt and reply) for the
+        session's next turn. The reply's last chosen token was never fed."""
+        if not request.session_id or not request.item_ids:
+            return
+        *fed, last = state.generated
+        token_ids = list(prompt_ids) + fed
+        if state.length != len(token_ids) or state.cache.get_seq_length() != len(token_ids):
+            self.forget(request.session_id)  # not what it looks like: keep nothing
+            return
+        if last in MEDIA_MARKUP:  # the next prompt cannot carry it: that turn starts afresh
+            self.forget(request.session_id)
+            return
+        tail = [last] if last != eos_id else []
+        entry = SessionEntry(
+            conversation=Conversation(
+                instructions=instructions,
+                item_ids=tuple(request.item_ids),
+                history=tuple(request.history),
+                reply=reply.strip(),
+            ),
+            token_ids=token_ids,
+            tail=[*tail, TOKENS["im_end"], TOKENS["newline"]],
+            cache=state.cache,
+            hidden=np.concatenate(hidden),
+            rope_delta=state.rope_delta,
+            media=media,
+        )
+        self.store(request.session_id, entry)
 
     def clear(self) -> None:
         self._entries.clear()

@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -63,6 +64,7 @@ from .fused_moe import install_fused_moe
 from .host_states import for_the_talker
 from .memory import CACHE_TOKENS_PER_ROW_DIVISOR
 from .prefill_queue import PrefillQueue
+from .prefill_timeline import log_turn
 from .prefix_cache import PrefixCache
 from .prompt import ChatParts, Vocab, chat_parts, load_vocab
 from .prompt_fit import (
@@ -75,11 +77,8 @@ from .prompt_fit import (
 )
 from .sampling import Sampling
 from .session_kv import (
-    MEDIA_MARKUP,
-    Conversation,
     PromptMedia,
     Resumed,
-    SessionEntry,
     SessionKV,
     continuation,
 )
@@ -355,20 +354,9 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine, TurnsStreamedIn):
     # --- a session's KV between its turns ------------------------------------------------
 
     def _session_prompt(self, request: PipelineRequest) -> Resumed | None:
-        """The session's entry, taken for this turn, when the request goes on from it; an
-        entry that the conversation no longer matches is dropped."""
-        if self.sessions is None or not request.session_id or not request.item_ids:
+        if self.sessions is None:
             return None
-        entry = self.sessions.take(request.session_id)
-        if entry is None:
-            return None
-        added = continuation(
-            entry,
-            instructions=self._instructions(request),
-            item_ids=request.item_ids,
-            history=request.history,
-        )
-        return Resumed(entry, added) if added is not None else None
+        return self.sessions.resume(request, self._instructions(request))
 
     def _remember(
         self,
@@ -379,35 +367,19 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine, TurnsStreamedIn):
         reply: str,
         media: PromptMedia,
     ) -> None:
-        """At the turn's end: keep what the Thinker was fed (prompt and reply) for the
-        session's next turn. The reply's last chosen token was never fed."""
-        if self.sessions is None or not request.session_id or not request.item_ids:
+        if self.sessions is None:
             return
         assert self.runner is not None
-        *fed, last = state.generated
-        token_ids = list(prompt.input_ids) + fed
-        if state.length != len(token_ids) or state.cache.get_seq_length() != len(token_ids):
-            self.sessions.forget(request.session_id)  # not what it looks like: keep nothing
-            return
-        if last in MEDIA_MARKUP:  # the next prompt cannot carry it: that turn starts afresh
-            self.sessions.forget(request.session_id)
-            return
-        tail = [last] if last != self.runner.eos_id else []
-        entry = SessionEntry(
-            conversation=Conversation(
-                instructions=self._instructions(request),
-                item_ids=tuple(request.item_ids),
-                history=tuple(request.history),
-                reply=reply.strip(),
-            ),
-            token_ids=token_ids,
-            tail=[*tail, TOKENS["im_end"], TOKENS["newline"]],
-            cache=state.cache,
-            hidden=np.concatenate(hidden),
-            rope_delta=state.rope_delta,
+        self.sessions.keep_turn(
+            request,
+            instructions=self._instructions(request),
+            prompt_ids=prompt.input_ids,
+            state=state,
+            hidden=hidden,
+            reply=reply,
             media=media,
+            eos_id=self.runner.eos_id,
         )
-        self.sessions.store(request.session_id, entry)
 
     # --- a turn streamed while the user speaks (streamed_turns.py) --------------------------
 
@@ -504,6 +476,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine, TurnsStreamedIn):
             yield End()
             return
         self._requests.begin(request_id)
+        began = time.perf_counter()
         remembered = False
         held: ThinkerState | None = None
         gate = self.rows
@@ -512,6 +485,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine, TurnsStreamedIn):
                 if isinstance(refused, ErrorChunk):
                     yield refused
                 return  # a chunk saying why, or aborted while it waited
+            row_at = time.perf_counter()
             request = self.cuts.view(request)  # less what earlier cuts left out
             streamed = self.streamed
             staged = None
@@ -529,14 +503,26 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine, TurnsStreamedIn):
                 code = CONTEXT_LENGTH_EXCEEDED
                 yield ErrorChunk(message=str(exc), stage=self.name, code=code)
                 return
+            built_at = time.perf_counter()
             past = fitted.past
             if staged is not None and streamed is not None:  # what it prefilled, if it fits
                 entry = resumed.entry if resumed is not None and past is not None else None
                 past = streamed.past_for(staged, fitted.prompt, entry) or past
             if fitted.dropped:
                 request = self._cut(request, fitted)
-            prompt, state, hidden = await self.prefills.submit(fitted.prompt, past)
+            submitted_at = time.perf_counter()
+            prompt, state, hidden, times = await self.prefills.submit(fitted.prompt, past)
             held = state
+            log_turn(
+                f"{self.name}: {request.session_id or request_id}",
+                began=began,
+                row_at=row_at,
+                built_at=built_at,
+                submitted_at=submitted_at,
+                first_at=time.perf_counter(),
+                times=times,
+                staged=past.staged if past is not None else 0,
+            )
             if self._requests.aborted(request_id):
                 return  # aborted
             self._requests.set_state(request_id, state)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 import torch
 from transformers import Qwen3OmniMoeConfig
 
+from loadtest import thinker_turns
 from pipeline.engines.qwen3_omni.audio_features import AudioFeatures
 from pipeline.engines.qwen3_omni.model_thread import ModelThread
 from pipeline.engines.qwen3_omni.prefill_batch import BatchedPrefill
@@ -221,6 +223,43 @@ async def test_a_long_prompt_s_prefill_lets_an_answering_session_go_on() -> None
         await engine.close()
 
 
+async def test_each_turn_says_where_its_time_went_before_its_first_token(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One line a turn, read back by the serve benchmark (`loadtest.thinker_turns`): the
+    turn's prompt in chunks of 24 positions, every phase counted, the phases adding up to
+    the turn's time to its first token; two turns at once are one batch, each with its own
+    positions."""
+    engine = ThinkerEngine(
+        tiny=True, threads=1, max_new_tokens=4, min_new_tokens=4, prefill_chunk_tokens=24
+    )
+    await engine.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="parley.pipeline.qwen3_omni.timeline"):
+            async with asyncio.timeout(60):
+                await timed_text(engine, spoken("alone", 1.5, 6))
+                await asyncio.gather(
+                    timed_text(engine, spoken("one", 0.5, 7)),
+                    timed_text(engine, spoken("two", 2.0, 8)),
+                )
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("thinker")]
+        alone, *pair = [thinker_turns.parse_line(line) for line in lines]
+        assert alone is not None and len(pair) == 2 and all(pair)
+        assert alone["batch"] == 1 and alone["new"] == alone["positions"] > 24
+        assert alone["chunk_count"] == -(-alone["new"] // 24)
+        assert alone["staged"] == 0
+        parts = sum(alone[k] for k in ("row", "prompt", "queued", "towers", "chunks"))
+        assert parts + alone["first_token"] <= alone["in_all"] + 1.0
+        assert alone["towers"] > 0 and alone["chunks"] > 0
+        summed = thinker_turns.summary([alone, *pair])  # type: ignore[list-item]
+        assert summed["turns"] == 3 and summed["in_all"]["n"] == 3
+        if all(p["batch"] == 2 for p in pair if p):  # gathered (they may miss each other)
+            news = sorted(p["new"] for p in pair if p)
+            assert news[0] < news[1] and sum(news) == pair[0]["positions"]  # type: ignore[index]
+    finally:
+        await engine.close()
+
+
 async def assert_cold_on_a_cpu(engine: ThinkerEngine | TalkerEngine) -> None:
     """Unless asked, a stage warms up on a GPU only (a CPU has little to warm)."""
     await engine.start()
@@ -278,7 +317,7 @@ async def test_a_prompt_the_model_cannot_take_fails_alone(tiny_parts: Parts) -> 
             )
         assert not isinstance(results[0], BaseException)
         assert isinstance(results[1], Exception)
-        _, state, hidden = results[0]
+        _, state, hidden, _ = results[0]
         alone, alone_hidden = runner.prefill(good)
         np.testing.assert_allclose(hidden.states, alone_hidden.states, atol=1e-4)
         assert state.next_token == alone.next_token
@@ -316,7 +355,7 @@ async def test_a_prefill_out_of_device_memory_is_run_again_in_smaller_chunks(
     queue.start()
     try:
         async with asyncio.timeout(60):
-            _, state, hidden = await queue.prefill(lambda: long, None)
+            _, state, hidden, _ = await queue.prefill(lambda: long, None)
         assert tried[0] == len(long.input_ids) and 256 in tried  # whole, then a quarter
         np.testing.assert_allclose(hidden.states, alone_hidden.states, atol=1e-4)
         assert state.next_token == alone.next_token
