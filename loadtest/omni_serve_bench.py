@@ -85,7 +85,7 @@ from typing import Any
 
 import numpy as np
 
-from . import thinker_turns
+from . import turn_phases
 from .bench_graph import FRAME_RATE_HZ, BenchGraph, add_graph_options, graph_from_args
 from .bench_graph import header_lines as graph_lines
 from .omni_arrivals import (
@@ -543,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         stop_server(proc)
         report["header"]["server_log_tail"] = _tail(folder / "server.log")
         log_text = (folder / "server.log").read_text(errors="replace")
-        report["header"]["thinker_turns"] = thinker_turns.summary(thinker_turns.turns(log_text))
+        report["header"]["turn_phases"] = turn_phases.summary(turn_phases.turns(log_text))
         save()
     print(tables(report))
     return 0

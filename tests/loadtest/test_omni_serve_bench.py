@@ -35,8 +35,10 @@ def test_tiny_graph_in_rounds_and_under_arrivals(
     head = report["header"]
     assert head["server_start_s"] > 0
     assert head["gpu_memory_gib"] == {}  # no process started CUDA here (the GPU run's figures)
-    turns = head["thinker_turns"]  # each Thinker turn's phases, read from the server's log
-    assert turns["turns"] == 6 and turns["in_all"]["p50"] > 0 and turns["towers"]["n"] == 6
+    phases = head["turn_phases"]  # each turn's phases by stage, read from the server's log
+    assert phases["thinker"]["turns"] == phases["talker"]["turns"] == 6
+    assert phases["thinker"]["in_all"]["p50"] > 0 and phases["thinker"]["towers"]["n"] == 6
+    assert phases["talker"]["first_frame"]["p50"] > 0 and phases["talker"]["positions"]["n"] == 6
 
     # the shipped file, served with the overrides asked for, each one said
     graph = head["graph"]

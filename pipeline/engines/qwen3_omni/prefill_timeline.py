@@ -1,11 +1,10 @@
-"""Where a Thinker turn's time goes before its first token: one log line a turn.
+"""Where a Thinker turn's time goes before its first token (`turn_phases.py`'s line).
 
 First audio is decided before the Talker hears anything: the Thinker's turn waits for a
 row, builds its prompt (log-mel features, patches, ids) on a prep thread, waits for the
 model thread, runs the media towers, prefills its new positions in chunks, and chooses its
 first token. Figures through the server only say the sum (`parley_stage_first_chunk_seconds`);
-this line says each part, on the GPU as on the CPU, so that any served run (the benchmarks
-log at `info`) shows what a turn's end still costs (docs/engines/streamed-prefill.md).
+its line says each part, on the GPU as on the CPU (docs/engines/streamed-prefill.md).
 
 The model-thread phases are marked where they are run: on CUDA by events on the device's
 current stream, read once the prefill's last call has synchronised (it copies states to the
@@ -17,15 +16,12 @@ included.
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 
 import torch
 
-log = logging.getLogger("parley.pipeline.qwen3_omni.timeline")
-LINE = "thinker turn"
-"""How each line begins (loadtest.thinker_turns reads them back)."""
+from ...turn_phases import log_phases, since_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,27 +103,22 @@ def log_turn(
     times: PrefillTimes,
     staged: int,
 ) -> None:
-    """One turn's line: from the request in to its first token, by phase (ms)."""
-
-    def ms(a: float, b: float) -> float:
-        return max(0.0, (b - a) * 1000)
-
-    log.info(
-        "%s %s: row %.1f, prompt %.1f, queued %.1f, towers %.1f, chunks %.1f (%d), "
-        "first token %.1f, in all %.1f ms; %d new positions, %d staged while spoken; "
-        "batch of %d, %d positions",
-        LINE,
+    """One turn's line (`turn_phases.py`): from the request in to its first token (ms)."""
+    log_phases(
+        "thinker",
         name,
-        ms(began, row_at),
-        ms(row_at, built_at),
-        ms(submitted_at, times.taken_at),
-        times.towers_ms,
-        times.chunks_ms,
-        times.chunks,
-        times.finish_ms,
-        ms(began, first_at),
-        times.row_positions,
-        staged,
-        times.rows,
-        times.positions,
+        {
+            "row": since_ms(began, row_at),
+            "prompt": since_ms(row_at, built_at),
+            "queued": since_ms(submitted_at, times.taken_at),
+            "towers": times.towers_ms,
+            "chunks": times.chunks_ms,
+            "chunk_count": times.chunks,
+            "first_token": times.finish_ms,
+            "in_all": since_ms(began, first_at),
+            "new": times.row_positions,
+            "staged": staged,
+            "batch": times.rows,
+            "positions": times.positions,
+        },
     )

@@ -33,7 +33,17 @@ import torch
 
 from ...engine_limits import qwen3_omni_talker
 from ...tasks import TaskSet
-from ...types import Chunk, CodecCodes, End, ErrorChunk, HiddenStates, StageInput, StreamEngine
+from ...turn_phases import log_phases, since_ms
+from ...types import (
+    Chunk,
+    CodecCodes,
+    End,
+    ErrorChunk,
+    HiddenStates,
+    PipelineRequest,
+    StageInput,
+    StreamEngine,
+)
 from .config import TOKENS
 from .frame_predictor import FramePredictor
 from .fused_moe import install_fused_moe
@@ -231,6 +241,7 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
             yield End()
             return
         self._requests.begin(request_id)
+        began = time.perf_counter()
         playback = Playback(self.clock)  # from the request's arrival here
         chunks = aiter(inputs.chunks)
         # a TaskSet and not a TaskGroup: its scope spans the generator's yields
@@ -244,6 +255,7 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
                 return
             if self._requests.aborted(request_id):
                 return  # aborted
+            marks = {"prompt": time.perf_counter()}
             state = runner.open(prompt, inputs.request.voice)
             self._requests.set_state(request_id, state)
             wake = self._wakes[request_id] = asyncio.Event()
@@ -262,6 +274,7 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
                 return runner.text_ready(state) or self._requests.aborted(request_id)
 
             await _until(can_start, wake, reader)
+            marks["first_reply"] = time.perf_counter()
             if self._requests.aborted(request_id):
                 return  # aborted
             if not state.received:
@@ -271,8 +284,10 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
                 if isinstance(refused, ErrorChunk):
                     yield refused
                 return  # a chunk saying why, or aborted while it waited
+            marks["row"] = time.perf_counter()
             assert self.prefills is not None
             await self.prefills.call(state)
+            marks["prefill"] = time.perf_counter()
             if (too_long := self._context_refusal(state.length + runner.reserve)) is not None:
                 yield too_long
                 return
@@ -292,6 +307,8 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
                     if codes is None:
                         break  # codec EOS
                     playback.produced(FRAME_S)
+                    if frame == 0:
+                        _log_first_frame(inputs.request, began, marks, state.length)
                     yield CodecCodes(codes=codes[np.newaxis, :], metadata={"frame": frame})
                     previous = codes
             yield End()
@@ -335,6 +352,22 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
         finally:
             runner.end_text(state)
             wake.set()
+
+
+def _log_first_frame(
+    request: PipelineRequest, began: float, marks: dict[str, float], positions: int
+) -> None:
+    """The turn's line (`turn_phases.py`): the Thinker's prompt in, its first reply token
+    in, a row, the prefill, the first frame (ms, each since the one before)."""
+    now = time.perf_counter()
+    figures: dict[str, float] = {}
+    last = began
+    for phase, at in [*marks.items(), ("first_frame", now)]:
+        figures[phase] = since_ms(last, at)
+        last = at
+    figures["in_all"] = since_ms(began, now)
+    figures["positions"] = positions
+    log_phases("talker", request.session_id or request.request_id, figures)
 
 
 async def _first_prompt(chunks: AsyncIterator[Chunk]) -> TalkerPrompt | None:

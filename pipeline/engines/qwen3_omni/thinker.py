@@ -514,7 +514,7 @@ class ThinkerEngine(ModelStage[ThinkerState], EntryEngine, TurnsStreamedIn):
             prompt, state, hidden, times = await self.prefills.submit(fitted.prompt, past)
             held = state
             log_turn(
-                f"{self.name}: {request.session_id or request_id}",
+                request.session_id or request_id,
                 began=began,
                 row_at=row_at,
                 built_at=built_at,

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import Qwen3OmniMoeConfig
 
-from loadtest import thinker_turns
+from loadtest import turn_phases
 from pipeline.engines.qwen3_omni.audio_features import AudioFeatures
 from pipeline.engines.qwen3_omni.model_thread import ModelThread
 from pipeline.engines.qwen3_omni.prefill_batch import BatchedPrefill
@@ -226,7 +226,7 @@ async def test_a_long_prompt_s_prefill_lets_an_answering_session_go_on() -> None
 async def test_each_turn_says_where_its_time_went_before_its_first_token(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """One line a turn, read back by the serve benchmark (`loadtest.thinker_turns`): the
+    """One line a turn, read back by the serve benchmark (`loadtest.turn_phases`): the
     turn's prompt in chunks of 24 positions, every phase counted, the phases adding up to
     the turn's time to its first token; two turns at once are one batch, each with its own
     positions."""
@@ -235,27 +235,27 @@ async def test_each_turn_says_where_its_time_went_before_its_first_token(
     )
     await engine.start()
     try:
-        with caplog.at_level(logging.INFO, logger="parley.pipeline.qwen3_omni.timeline"):
+        with caplog.at_level(logging.INFO, logger="parley.pipeline.turn_phases"):
             async with asyncio.timeout(60):
                 await timed_text(engine, spoken("alone", 1.5, 6))
                 await asyncio.gather(
                     timed_text(engine, spoken("one", 0.5, 7)),
                     timed_text(engine, spoken("two", 2.0, 8)),
                 )
-        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("thinker")]
-        alone, *pair = [thinker_turns.parse_line(line) for line in lines]
-        assert alone is not None and len(pair) == 2 and all(pair)
+        found = turn_phases.turns("\n".join(r.getMessage() for r in caplog.records))
+        alone, *pair = found["thinker"]
+        assert len(pair) == 2
         assert alone["batch"] == 1 and alone["new"] == alone["positions"] > 24
         assert alone["chunk_count"] == -(-alone["new"] // 24)
         assert alone["staged"] == 0
         parts = sum(alone[k] for k in ("row", "prompt", "queued", "towers", "chunks"))
         assert parts + alone["first_token"] <= alone["in_all"] + 1.0
         assert alone["towers"] > 0 and alone["chunks"] > 0
-        summed = thinker_turns.summary([alone, *pair])  # type: ignore[list-item]
+        summed = turn_phases.summary(found)["thinker"]
         assert summed["turns"] == 3 and summed["in_all"]["n"] == 3
-        if all(p["batch"] == 2 for p in pair if p):  # gathered (they may miss each other)
-            news = sorted(p["new"] for p in pair if p)
-            assert news[0] < news[1] and sum(news) == pair[0]["positions"]  # type: ignore[index]
+        if all(p["batch"] == 2 for p in pair):  # gathered (they may miss each other)
+            news = sorted(p["new"] for p in pair)
+            assert news[0] < news[1] and sum(news) == pair[0]["positions"]
     finally:
         await engine.close()
 
