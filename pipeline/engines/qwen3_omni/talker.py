@@ -144,8 +144,13 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
         assert runner is not None
 
         def frames(steps: list[FrameStep]) -> list[Codes | None]:
-            """Feed each request's previous frame (if any), then predict its next one."""
-            fed = [(state, codes) for state, codes in steps if codes is not None]
+            """Feed each request's previous frame (or, before its first, its prompt's last
+            position where that waited for the reply's first token), then predict its next."""
+            fed = [
+                (state, codes)
+                for state, codes in steps
+                if codes is not None or state.prompt_end is not None
+            ]
             if fed:
                 runner.advance_batch([state for state, _ in fed], [codes for _, codes in fed])
             return runner.predict_batch([state for state, _ in steps])
@@ -273,13 +278,8 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
             def can_advance() -> bool:
                 return runner.text_ready(state) or self._requests.aborted(request_id)
 
-            await _until(can_start, wake, reader)
-            marks["first_reply"] = time.perf_counter()
-            if self._requests.aborted(request_id):
-                return  # aborted
-            if not state.received:
-                yield End()
-                return
+            # the prompt is prefilled while the Thinker chooses its first reply token: only
+            # the prompt's last position, which needs that token, is left for the first frame
             if (refused := await self._take_row(request_id)) is not None:
                 if isinstance(refused, ErrorChunk):
                     yield refused
@@ -288,7 +288,15 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
             assert self.prefills is not None
             await self.prefills.call(state)
             marks["prefill"] = time.perf_counter()
-            if (too_long := self._context_refusal(state.length + runner.reserve)) is not None:
+            await _until(can_start, wake, reader)
+            marks["first_reply"] = time.perf_counter()
+            if self._requests.aborted(request_id):
+                return  # aborted
+            if not state.received:
+                yield End()
+                return
+            length = state.length + (state.prompt_end is not None) + runner.reserve
+            if (too_long := self._context_refusal(length)) is not None:
                 yield too_long
                 return
             assert self.batcher is not None
@@ -357,8 +365,9 @@ class TalkerEngine(ModelStage[TalkerState], StreamEngine):
 def _log_first_frame(
     request: PipelineRequest, began: float, marks: dict[str, float], positions: int
 ) -> None:
-    """The turn's line (`turn_phases.py`): the Thinker's prompt in, its first reply token
-    in, a row, the prefill, the first frame (ms, each since the one before)."""
+    """The turn's line (`turn_phases.py`): the Thinker's prompt in, a row, the prefill (of
+    all but the last position where the reply's first token had not come), the first reply
+    token in, the first frame (ms, each since the one before)."""
     now = time.perf_counter()
     figures: dict[str, float] = {}
     last = began

@@ -10,8 +10,9 @@ from the Thinker's embeddings, audio/image positions from its `accept_hidden_lay
 and the opening of the reply: three ChatML tokens, four tts pads, tts_bos and the reply's
 first token, over the codec's think/speaker/bos tokens.
 
-Streaming changes only *when* things happen: the Talker can start as soon as the Thinker's
-first reply token has been fed (its prompt needs it), and step `g` needs reply token `g + 2`,
+Streaming changes only *when* things happen: the Talker's prompt is prefilled as soon as
+the Thinker's prompt states come, but for its last position, which needs the reply's first
+token (fed by the first frame step), and step `g` needs reply token `g + 2`,
 tts_eos once the reply has ended, or tts_pad after that. When the Thinker is behind, the
 Talker waits (`text_ready`). The runner is plain and synchronous; the engine decides when.
 """
@@ -85,6 +86,10 @@ class TalkerState:
     generator: torch.Generator | None = None
     tts: torch.Tensor | None = None
     """projected tts_bos, tts_eos, tts_pad: [3, talker_hidden]"""
+    prompt_end: torch.Tensor | None = None
+    """[1, talker_hidden]: the codec part of the prompt's last position, while that position
+    waits for the reply's first token (a prompt prefilled before it came: `prefill_batch`);
+    the first frame step feeds it (`advance_batch`)"""
 
 
 OPENAI_SPEAKERS = {
@@ -260,6 +265,9 @@ class TalkerRunner:
         return state.frames < self.min_frames
 
     def _prompt_embeds(self, state: TalkerState) -> tuple[torch.Tensor, list[int]]:
+        """The prompt's embeddings and its positions' rope ids. Without the reply's first
+        token yet, every position but the last: that one's codec part waits in
+        `state.prompt_end` (its rope id is in the list all the same)."""
         prompt = state.prompt
         ids = prompt.token_ids
         embed = self._tensor(prompt.states[:, 0])
@@ -278,14 +286,17 @@ class TalkerRunner:
         opening = self.model.text_projection(embed[last:])  # im_start assistant \n
         state.tts = self.model.text_projection(self._tensor(prompt.tts_embeds))
         bos, _eos, pad = state.tts.split(1)
-        text = torch.cat((opening[:3], pad.expand(4, -1), bos, state.reply[0]), dim=0)
+        text = torch.cat((opening[:3], pad.expand(4, -1), bos, *state.reply[:1]), dim=0)
         codec_ids = [CODEC["nothink"], CODEC["think_bos"], CODEC["think_eos"]]
         speaker = state.speaker_id if state.speaker_id >= 0 else self.speaker_id
         codec_ids += [speaker, CODEC["pad"], CODEC["bos"]]
         codec = self.model.get_input_embeddings()(torch.tensor(codec_ids, device=self.device))
         codec = torch.cat((codec.new_zeros(3, codec.shape[1]), codec), dim=0)
+        rope_ids += [TOKENS["tts_pad"]] * codec.shape[0]
+        if not state.reply:  # the last position waits for the reply's first token
+            state.prompt_end = codec[-1:]
+            codec = codec[:-1]
         parts.append(text + codec)
-        rope_ids += [TOKENS["tts_pad"]] * text.shape[0]
         return torch.cat(parts, dim=0).unsqueeze(0), rope_ids
 
     @torch.inference_mode()
@@ -310,7 +321,12 @@ class TalkerRunner:
     def prefill_batch(self, states: list[TalkerState]) -> None:
         """`prefill` for several requests in one forward: each prompt left-aligned and
         padded on the right (a pad only ever follows a request's own positions, so it never
-        changes them); each request's cache is then its own positions' KV."""
+        changes them); each request's cache is then its own positions' KV.
+
+        A request whose reply has no token yet is prefilled up to its prompt's last
+        position, which needs that token: its first frame step feeds that position
+        (`advance_batch`, with no codes), so the prompt costs the turn's end one position
+        instead of all of them. Causal attention makes the two halves the whole prompt's."""
         self._project_replies(states)
         prompts = [self._prompt_embeds(state) for state in states]
         lengths = [embeds.shape[1] for embeds, _ in prompts]
@@ -323,7 +339,7 @@ class TalkerRunner:
             zip(states, prompts, lengths, strict=True)
         ):
             embeds[row, :length] = own[0]
-            positions[:, row, :length] = self._prompt_positions(state, rope_ids)
+            positions[:, row, :length] = self._prompt_positions(state, rope_ids)[:, :length]
             mask[row, :length] = 1
         cache = DynamicCache()
         out = self.model.model(
@@ -336,6 +352,8 @@ class TalkerRunner:
         for row, (state, length) in enumerate(zip(states, lengths, strict=True)):
             state.cache = row_cache(cache, row, 0, length)
             state.length = length
+            if state.prompt_end is not None:
+                continue  # its last position, and its first code, come with the reply
             hidden = out.last_hidden_state[row : row + 1, length - 1 : length]
             state.last_hidden = hidden
             self._choose(state, self.model.codec_head(hidden)[0, -1])
@@ -352,6 +370,8 @@ class TalkerRunner:
         """`predict` for several requests: every row of the code predictor starts afresh at
         the same length, so the batch needs no padding."""
         results: list[npt.NDArray[np.int32] | None] = [None] * len(states)
+        if any(state.prompt_end is not None for state in states):
+            raise ValueError("a prompt's last position is not fed yet (advance_batch first)")
         live = []
         for row, state in enumerate(states):
             if state.next_code == self.eos:
@@ -419,17 +439,32 @@ class TalkerRunner:
         self.advance_batch([state], [codes])
 
     @torch.inference_mode()
-    def advance_batch(self, states: list[TalkerState], codes: list[npt.NDArray[np.int32]]) -> None:
-        """`advance` for several requests in one talker LM step (padded caches, own positions)."""
+    def advance_batch(
+        self, states: list[TalkerState], codes: list[npt.NDArray[np.int32] | None]
+    ) -> None:
+        """`advance` for several requests in one talker LM step (padded caches, own
+        positions). None for a request's codes: it has no frame yet, and its prompt's last
+        position is fed (with the reply's first token: `prefill_batch`), its first code
+        chosen from it."""
         self._project_replies(states)
-        embeds = torch.stack([self._frame_embeds(s, c) for s, c in zip(states, codes, strict=True)])
+        embeds = torch.stack([self._step_embeds(s, c) for s, c in zip(states, codes, strict=True)])
         where = [state.length + state.rope_delta for state in states]
         if self.decoder is not None:
             self._forward_rows(states, embeds, where)
         else:
             self._forward_plain(states, embeds, where)
-        for state in states:
-            state.step += 1
+        for state, fed in zip(states, codes, strict=True):
+            if fed is None:
+                state.prompt_end = None
+            else:
+                state.step += 1
+
+    def _step_embeds(self, state: TalkerState, codes: npt.NDArray[np.int32] | None) -> torch.Tensor:
+        if codes is not None:
+            return self._frame_embeds(state, codes)
+        if state.prompt_end is None or not state.reply:
+            raise ValueError("no frame to feed, and no prompt position waiting for its text")
+        return state.reply[0] + state.prompt_end
 
     def _forward_plain(
         self, states: list[TalkerState], embeds: torch.Tensor, where: list[int]
@@ -459,7 +494,14 @@ class TalkerRunner:
                 [states[i] for i in seated], embeds[seated, 0], [where[i] for i in seated]
             )
             logits = self.model.codec_head(rows.last)
-            self._choose_rows([states[i] for i in seated], logits)
+            # a prompt's last position chooses its first code as a whole prompt's prefill
+            # does (its own generator); frames choose together, one host sync for all
+            framed = [r for r, i in enumerate(seated) if states[i].prompt_end is None]
+            if framed:
+                self._choose_rows([states[seated[r]] for r in framed], logits[framed])
+            for r, i in enumerate(seated):
+                if states[i].prompt_end is not None:
+                    self._choose(states[i], logits[r])
             for row, i in enumerate(seated):
                 state = states[i]
                 state.length += 1

@@ -179,12 +179,15 @@ def speak(
     tokens: int,
     frames: int,
     chunk_tokens: int = 0,
+    talker_early: bool = False,
 ) -> list[Answer]:
     """Every prompt answered at once, as the engines do it: one batched prefill (in chunks of
     `chunk_tokens` positions over all rows, 0: whole), then the
     Thinker's steps for all rows together, the Talker starting after the first reply token
     and stepping its frames for all rows together whenever every row has the text its next
-    frame needs (the Thinker's last token is chosen, never fed)."""
+    frame needs (the Thinker's last token is chosen, never fed). `talker_early`: the
+    Talker's prompts are prefilled before the first reply token, as the engine does when
+    that token has not come yet, and the first frame step feeds their last positions."""
     tts = thinker.special_embeddings([TOKENS["tts_bos"], TOKENS["tts_eos"], TOKENS["tts_pad"]])
     job = thinker.prefill_job([(prompt, None) for prompt in prompts], chunk_tokens=chunk_tokens)
     job.batch.begin()
@@ -196,7 +199,9 @@ def speak(
     ):
         opened = talker.open(talker_prompt(prompt, said.token_ids, said.states, tts))
         turns.append(Turn(state, opened))
-    started = False
+    if talker_early:
+        talker.prefill_batch([t.talking for t in turns])
+    started = talker_early
     for fed in range(tokens):
         if fed < tokens - 1:
             steps = thinker.step_batch([t.thinking for t in turns], min_new_tokens=tokens)
@@ -221,9 +226,10 @@ def _frames(talker: TalkerRunner, turns: list[Turn], frames: int) -> None:
         going = [t for t in turns if len(t.frames) < frames]
         if not going or not all(talker.text_ready(t.talking) or not t.frames for t in going):
             return
-        fed = [t for t in going if t.frames]
+        fed = [t for t in going if t.frames or t.talking.prompt_end is not None]
         if fed:
-            talker.advance_batch([t.talking for t in fed], [t.frames[-1] for t in fed])
+            previous = [t.frames[-1] if t.frames else None for t in fed]
+            talker.advance_batch([t.talking for t in fed], previous)
         for turn, codes in zip(
             going, talker.predict_batch([t.talking for t in going]), strict=True
         ):

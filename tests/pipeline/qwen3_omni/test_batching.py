@@ -131,6 +131,47 @@ async def test_two_sessions_share_talker_frames_and_speak_as_alone(
         await talker.close()
 
 
+async def test_the_talker_prefills_its_prompt_before_the_first_reply_token(
+    thinker: ThinkerEngine,
+) -> None:
+    """The Thinker's prompt states come, its first reply token is slow to: the Talker
+    prefills all of its prompt but the last position meanwhile (which needs that token), and
+    its first frame step feeds that position. It speaks the frames it speaks when the token
+    came with the prompt states (then, as a rule, the whole prompt prefilled at once; both
+    ways against transformers: test_reference_equality.py)."""
+    talker = TalkerEngine(tiny=True, max_frames=10, min_frames=10)
+    await talker.start()
+    try:
+        request = turn("s5", 1.2, 5)
+        states = [c async for c in thinker.generate("s5", request) if isinstance(c, HiddenStates)]
+        released = asyncio.Event()
+
+        async def feed(hold: bool) -> AsyncIterator[Chunk]:
+            yield states[0]  # the prompt's
+            if hold:
+                await released.wait()
+            for chunk in states[1:]:
+                yield chunk
+
+        async def frames(rid: str, hold: bool) -> list[list[int]]:
+            stream = talker.generate(rid, StageInput(request, feed(hold)))
+            return [c.codes[0].tolist() async for c in stream if isinstance(c, CodecCodes)]
+
+        whole = await frames("whole", hold=False)
+        async with asyncio.timeout(30):
+            early = asyncio.create_task(frames("early", hold=True))
+            while (state := talker._requests.state("early")) is None or state.length == 0:
+                await asyncio.sleep(0.01)
+            assert state.prompt_end is not None and not state.reply  # all but its last
+            prefilled = state.length
+            released.set()
+            assert await early == whole
+        assert state.length > prefilled and state.prompt_end is None
+        assert talker.active_requests() == 0
+    finally:
+        await talker.close()
+
+
 def test_a_batched_talker_prefill_is_each_request_s_own(tiny_parts: Parts) -> None:
     """Prompts of different lengths (speech, frames, typed text) prefilled as one batch give
     each request the frames it gets prefilled alone."""

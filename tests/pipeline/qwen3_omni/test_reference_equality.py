@@ -190,6 +190,49 @@ def test_sessions_stepped_together_each_speak_as_generate(
         assert thinker.plain_steps == talker.plain_steps == 0  # all on the rows
 
 
+@pytest.mark.parametrize("path", ["plain", "rows"])
+@pytest.mark.parametrize("case", CASES)
+def test_a_talker_prompt_prefilled_before_the_reply_speaks_as_generate(
+    tiny_parts: Parts,
+    reference: dict[str, tuple[Answer, dict[str, torch.Tensor]]],
+    case: str,
+    path: str,
+) -> None:
+    """The Talker's prompt prefilled while the Thinker chooses its first reply token (all
+    but the last position, which needs that token), the last position fed by the first
+    frame step: the same codes, and the talker LM's and predictor's logits within float
+    rounding of generate()'s, as when the whole prompt waits for the token."""
+    want, want_logits = reference[case]
+    thinker, talker = runners(tiny_parts, path)
+    with recorded_logits(tiny_parts) as logits:
+        (got,) = speak(
+            thinker, talker, [case_prompt(case)], tokens=REPLY, frames=FRAMES, talker_early=True
+        )
+    assert_same(got, want)
+    for head in HEADS:
+        ours = torch.stack(logits[head])
+        torch.testing.assert_close(ours, want_logits[head][: len(ours)], atol=LOGITS, rtol=0)
+    assert [len(logits[head]) for head in HEADS] == [REPLY, FRAMES, FRAMES * 15]
+
+
+@pytest.mark.parametrize("path", ["plain", "rows"])
+def test_sessions_whose_talker_prompts_went_first_each_speak_as_generate(
+    tiny_parts: Parts,
+    reference: dict[str, tuple[Answer, dict[str, torch.Tensor]]],
+    path: str,
+) -> None:
+    """The three sessions' Talker prompts prefilled at once before their first reply
+    tokens (prompts of different lengths and media), their last positions fed together by
+    the first frame step: each answers as generate() does."""
+    thinker, talker = runners(tiny_parts, path)
+    prompts = [case_prompt(case) for case in CASES]
+    answers = speak(thinker, talker, prompts, tokens=REPLY, frames=FRAMES, talker_early=True)
+    for case, got in zip(CASES, answers, strict=True):
+        assert_same(got, reference[case][0])
+    if path == "rows":
+        assert talker.plain_steps == 0  # the prompts' last positions went on the rows too
+
+
 @pytest.mark.timeout(120)  # Inductor compiles C++ kernels: ~40 s in CI with a cold cache
 def test_a_compiled_predictor_speaks_as_generate(
     tiny_parts: Parts, reference: dict[str, tuple[Answer, dict[str, torch.Tensor]]]
