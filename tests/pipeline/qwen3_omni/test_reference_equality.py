@@ -134,6 +134,7 @@ def assert_same(got: Answer, want: Answer) -> None:
     np.testing.assert_array_equal(got.codes, want.codes)
 
 
+@pytest.mark.parametrize("talker_early", [False, True], ids=["talker-whole", "talker-early"])
 @pytest.mark.parametrize("path", ["plain", "rows"])
 @pytest.mark.parametrize("case", CASES)
 def test_one_session_speaks_as_generate(
@@ -141,19 +142,24 @@ def test_one_session_speaks_as_generate(
     reference: dict[str, tuple[Answer, dict[str, torch.Tensor]]],
     case: str,
     path: str,
+    talker_early: bool,
 ) -> None:
     """One session: its reply tokens and every frame's 16 codes are the reference's, each
     head's logits at each step are within float rounding of its (the Thinker's LM head, the
     talker LM's codec head, the predictor's 15 heads), and its speech streamed as the
     Code2Wav engine streams it (growing chunks, fixed window shapes) is the reference's
-    waveform. On rows, the prompt's text prefix comes from the prefix cache."""
+    waveform. On rows, the prompt's text prefix comes from the prefix cache. `talker_early`:
+    the Talker's prompt prefilled before the first reply token (all but its last position,
+    which the first frame step feeds), as the engine does when that token is slow."""
     want, want_logits = reference[case]
     thinker, talker = runners(tiny_parts, path)
     prompt = case_prompt(case)
     if path == "rows":  # another session's prompt leaves its text prefix in the cache
         thinker.release(thinker.prefill(case_prompt("typed"))[0])
     with recorded_logits(tiny_parts) as logits:
-        (got,) = speak(thinker, talker, [prompt], tokens=REPLY, frames=FRAMES)
+        (got,) = speak(
+            thinker, talker, [prompt], tokens=REPLY, frames=FRAMES, talker_early=talker_early
+        )
     if path == "rows":
         assert thinker.last_prefill_tokens < len(prompt.input_ids)  # the prefix was reused
     assert_same(got, want)
@@ -169,68 +175,36 @@ def test_one_session_speaks_as_generate(
     np.testing.assert_allclose(wav, want.wav, rtol=0, atol=WAVE * np.abs(want.wav).max())
 
 
+@pytest.mark.parametrize("talker_early", [False, True], ids=["talker-whole", "talker-early"])
 @pytest.mark.parametrize("path", ["plain", "rows"])
 def test_sessions_stepped_together_each_speak_as_generate(
     tiny_parts: Parts,
     reference: dict[str, tuple[Answer, dict[str, torch.Tensor]]],
     path: str,
+    talker_early: bool,
 ) -> None:
     """The three sessions at once: one batched prefill (prompts of different lengths and
     media; on rows in chunks of 32 positions a row, as the shipped graph chunks longer
     ones), then every Thinker step and every Talker frame for all of them in one batch (a
-    padded batch of caches on `plain`, cache rows on `rows`). Each answers as it alone does
-    under generate()."""
+    padded batch of caches on `plain`, cache rows on `rows`; `talker_early`: the Talker's
+    prompts prefilled at once before the first reply tokens, their last positions fed
+    together by the first frame step). Each answers as it alone does under generate()."""
     thinker, talker = runners(tiny_parts, path)
     prompts = [case_prompt(case) for case in CASES]
     chunk = 96 if path == "rows" else 0
-    answers = speak(thinker, talker, prompts, tokens=REPLY, frames=FRAMES, chunk_tokens=chunk)
+    answers = speak(
+        thinker,
+        talker,
+        prompts,
+        tokens=REPLY,
+        frames=FRAMES,
+        chunk_tokens=chunk,
+        talker_early=talker_early,
+    )
     for case, got in zip(CASES, answers, strict=True):
         assert_same(got, reference[case][0])
     if path == "rows":
         assert thinker.plain_steps == talker.plain_steps == 0  # all on the rows
-
-
-@pytest.mark.parametrize("path", ["plain", "rows"])
-@pytest.mark.parametrize("case", CASES)
-def test_a_talker_prompt_prefilled_before_the_reply_speaks_as_generate(
-    tiny_parts: Parts,
-    reference: dict[str, tuple[Answer, dict[str, torch.Tensor]]],
-    case: str,
-    path: str,
-) -> None:
-    """The Talker's prompt prefilled while the Thinker chooses its first reply token (all
-    but the last position, which needs that token), the last position fed by the first
-    frame step: the same codes, and the talker LM's and predictor's logits within float
-    rounding of generate()'s, as when the whole prompt waits for the token."""
-    want, want_logits = reference[case]
-    thinker, talker = runners(tiny_parts, path)
-    with recorded_logits(tiny_parts) as logits:
-        (got,) = speak(
-            thinker, talker, [case_prompt(case)], tokens=REPLY, frames=FRAMES, talker_early=True
-        )
-    assert_same(got, want)
-    for head in HEADS:
-        ours = torch.stack(logits[head])
-        torch.testing.assert_close(ours, want_logits[head][: len(ours)], atol=LOGITS, rtol=0)
-    assert [len(logits[head]) for head in HEADS] == [REPLY, FRAMES, FRAMES * 15]
-
-
-@pytest.mark.parametrize("path", ["plain", "rows"])
-def test_sessions_whose_talker_prompts_went_first_each_speak_as_generate(
-    tiny_parts: Parts,
-    reference: dict[str, tuple[Answer, dict[str, torch.Tensor]]],
-    path: str,
-) -> None:
-    """The three sessions' Talker prompts prefilled at once before their first reply
-    tokens (prompts of different lengths and media), their last positions fed together by
-    the first frame step: each answers as generate() does."""
-    thinker, talker = runners(tiny_parts, path)
-    prompts = [case_prompt(case) for case in CASES]
-    answers = speak(thinker, talker, prompts, tokens=REPLY, frames=FRAMES, talker_early=True)
-    for case, got in zip(CASES, answers, strict=True):
-        assert_same(got, reference[case][0])
-    if path == "rows":
-        assert talker.plain_steps == 0  # the prompts' last positions went on the rows too
 
 
 @pytest.mark.timeout(120)  # Inductor compiles C++ kernels: ~40 s in CI with a cold cache
