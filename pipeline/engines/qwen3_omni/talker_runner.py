@@ -268,6 +268,7 @@ class TalkerRunner:
         """The prompt's embeddings and its positions' rope ids. Without the reply's first
         token yet, every position but the last: that one's codec part waits in
         `state.prompt_end` (its rope id is in the list all the same)."""
+        state.prompt_end = None  # a prefill run again (its batch failed) decides afresh
         prompt = state.prompt
         ids = prompt.token_ids
         embed = self._tensor(prompt.states[:, 0])
