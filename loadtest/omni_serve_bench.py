@@ -546,6 +546,8 @@ def main(argv: list[str] | None = None) -> int:
         report["header"]["turn_phases"] = turn_phases.summary(turn_phases.turns(log_text))
         save()
     print(tables(report))
+    for line in turn_phases.p50_lines(report["header"].get("turn_phases", {})):
+        print(line)
     return 0
 
 

@@ -52,6 +52,19 @@ def summary(found: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
     return out
 
 
+def p50_lines(summed: dict[str, Any]) -> list[str]:
+    """One line a stage: its turns and each figure's p50, as a run's last lines say them."""
+    lines = []
+    for stage, figures in summed.items():
+        p50s = " ".join(
+            f"{key}={value['p50']:g}"
+            for key, value in figures.items()
+            if isinstance(value, dict) and "p50" in value
+        )
+        lines.append(f"{stage} turns ({figures['turns']}), p50: {p50s}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("logs", nargs="+", type=Path, help="server logs")
@@ -60,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     for log in args.logs:
         for stage, rows in turns(log.read_text(errors="replace")).items():
             found.setdefault(stage, []).extend(rows)
-    print(json.dumps(summary(found), indent=1))
+    summed = summary(found)
+    print(json.dumps(summed, indent=1))
+    print("\n".join(p50_lines(summed)))
     return 0
 
 

@@ -39,6 +39,7 @@ def test_tiny_graph_in_rounds_and_under_arrivals(
     assert phases["thinker"]["turns"] == phases["talker"]["turns"] == 6
     assert phases["thinker"]["in_all"]["p50"] > 0 and phases["thinker"]["towers"]["n"] == 6
     assert phases["talker"]["first_frame"]["p50"] > 0 and phases["talker"]["positions"]["n"] == 6
+    assert "talker turns (6), p50: prompt=" in printed  # the run's last lines say them
 
     # the shipped file, served with the overrides asked for, each one said
     graph = head["graph"]
