@@ -69,11 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("logs", nargs="+", type=Path, help="server logs")
     args = parser.parse_args(argv)
-    found: dict[str, list[dict[str, float]]] = {}
-    for log in args.logs:
-        for stage, rows in turns(log.read_text(errors="replace")).items():
-            found.setdefault(stage, []).extend(rows)
-    summed = summary(found)
+    text = "\n".join(log.read_text(errors="replace") for log in args.logs)
+    summed = summary(turns(text))
     print(json.dumps(summed, indent=1))
     print("\n".join(p50_lines(summed)))
     return 0

@@ -3,7 +3,7 @@
 Sizing (`memory_plan.py`) plans each stage's weights, KV and a headroom estimate (its CUDA
 context, activations, graphs, the allocator's slack); only a run on the card says whether
 the estimate held. A stage process reads its figures at each heartbeat and sends them with
-`Alive`, and the main process shows them as `parley_stage_gpu_memory_bytes` (`metrics.py`),
+`Alive`, and the main process shows them as `parley_gpu_memory_bytes` (`metrics.py`),
 which the benchmarks keep in their reports:
 
 - `peak_reserved`: the most this process's torch allocator ever reserved (exact: torch keeps

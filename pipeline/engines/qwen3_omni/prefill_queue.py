@@ -227,4 +227,4 @@ class PrefillQueue:
                 fail(waiter, exc)
             else:
                 new = len(prompt.input_ids) - (past.length + past.staged if past else 0)
-                answer(waiter, (prompt, state, hidden, whole(taken_at, 1, new)))
+                answer(waiter, (prompt, state, hidden, whole(taken_at, new)))

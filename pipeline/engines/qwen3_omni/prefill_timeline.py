@@ -84,11 +84,12 @@ class PhaseMarks:
         )
 
 
-def whole(taken_at: float, rows: int, positions: int) -> PrefillTimes:
-    """A prefill run as one call (a retry one prompt at a time): all of it `chunks`."""
-    ms = (time.perf_counter() - taken_at) * 1000
+def whole(taken_at: float, positions: int) -> PrefillTimes:
+    """A prompt prefilled alone in one call (a retry one prompt at a time): all of it
+    `chunks`."""
+    ms = since_ms(taken_at, time.perf_counter())
     return PrefillTimes(
-        taken_at, 0.0, ms, 0.0, chunks=1, rows=rows, positions=positions, row_positions=positions
+        taken_at, 0.0, ms, 0.0, chunks=1, rows=1, positions=positions, row_positions=positions
     )
 
 

@@ -158,8 +158,8 @@ async def test_the_talker_prefills_its_prompt_before_the_first_reply_token(
             return [c.codes[0].tolist() async for c in stream if isinstance(c, CodecCodes)]
 
         whole = await frames("whole", hold=False)
-        async with asyncio.timeout(30):
-            early = asyncio.create_task(frames("early", hold=True))
+        async with asyncio.timeout(30), asyncio.TaskGroup() as group:
+            early = group.create_task(frames("early", hold=True))
             while (state := talker._requests.state("early")) is None or state.length == 0:
                 await asyncio.sleep(0.01)
             assert state.prompt_end is not None and not state.reply  # all but its last
