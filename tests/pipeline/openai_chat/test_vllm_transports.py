@@ -23,7 +23,7 @@ from loadtest.speech import silence, speak, trim_silence
 from loadtest.vllm_server import MODEL, Vllm
 from loadtest.webrtc_client import Caller
 from tests.realtime.apps import ServedApp, served_app
-from tests.realtime.sip.support import free_udp_port, requires_sipp
+from tests.realtime.sip.support import free_sipp_port, requires_sipp
 from tests.realtime.sip.test_serve_sip import dial, the_call
 from web.settings import Settings
 
@@ -38,7 +38,7 @@ QUESTION = "What is the capital of France?"
 @pytest.fixture
 async def parley(vllm: Vllm, tmp_path: Path, redis_url: str) -> AsyncIterator[ServedApp]:
     graph = graph_for(tmp_path, url=vllm.url, model=MODEL)
-    settings = Settings(pipeline=graph, api_key=KEY, max_sessions=2, sip_port=free_udp_port())
+    settings = Settings(pipeline=graph, api_key=KEY, max_sessions=2, sip_port=free_sipp_port())
     async with served_app(settings, redis_url) as served:
         yield served
 

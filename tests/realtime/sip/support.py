@@ -4,6 +4,7 @@ fixed SDP), a server fixture on loopback with short timers, and sipp run as a su
 from __future__ import annotations
 
 import asyncio
+import random
 import shutil
 import socket
 from collections.abc import AsyncIterator
@@ -71,13 +72,20 @@ def free_udp_port() -> int:
 
 
 def free_sipp_port() -> int:
-    """A port sipp can bind for UDP and for TCP alike: a port free for UDP alone was once
-    taken for TCP, and sipp over TCP exited 254 ("Unable to bind main socket")."""
-    for _ in range(50):
-        port = free_udp_port()
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A port free for UDP and for TCP alike, below the kernel's ephemeral range: a port
+    free for UDP alone was once taken for TCP (sipp over TCP exited 254, "Unable to bind
+    main socket"), and one picked from the ephemeral range (port 0's answer) was taken by
+    an outgoing connection between the test's probe and the server's bind (CI: a SIP
+    server's TCP listener, EADDRINUSE)."""
+    for _ in range(200):
+        port = random.randrange(20_000, 32_768)
+        with (
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp,
+            socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp,
+        ):
             try:
-                sock.bind(("127.0.0.1", port))
+                udp.bind(("127.0.0.1", port))
+                tcp.bind(("127.0.0.1", port))
             except OSError:
                 continue
         return port

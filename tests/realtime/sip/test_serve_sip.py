@@ -25,7 +25,7 @@ from web.settings import Settings
 
 from ..apps import ServedApp, fake_graph_file, served_app
 from ..openai_sip_receiver import Delivery, Receiver, webhook_receiver
-from .support import SCENARIOS, free_udp_port, requires_sipp
+from .support import SCENARIOS, free_sipp_port, free_udp_port, requires_sipp
 from .test_media_sipp import scenario
 
 pytestmark = [requires_sipp, pytest.mark.slow]
@@ -72,7 +72,7 @@ async def all_gone(app: ServedApp) -> None:
 @contextlib.asynccontextmanager
 async def sip_app(tmp: Path, redis_url: str, **settings: Any) -> AsyncIterator[ServedApp]:
     graph = fake_graph_file(tmp)
-    chosen = Settings(pipeline=graph, sip_port=free_udp_port(), **settings)
+    chosen = Settings(pipeline=graph, sip_port=free_sipp_port(), **settings)
     async with served_app(chosen, redis_url) as app:
         yield app
 
