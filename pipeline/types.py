@@ -166,6 +166,12 @@ class PipelineRequest:
     judge_turn_end: bool = False
     """With `transcribe_only`, at a pause in the user's speech: also say whether the words
     sound like a whole turn (a `turn_end` TextDelta), if the engine can judge that."""
+    draft_transcript: bool = False
+    """With `transcribe_only`, at a pause: an engine with a faster, rougher recogniser beside
+    its own sends that one's words first (a `draft_transcript` TextDelta, and with
+    `judge_turn_end` their verdict), then its own recogniser's (`input_transcript`, and a
+    verdict again only if the words differ), so that an answer can start on the draft while
+    the final words are on their way (sessions/prefetch.py)."""
     truncation: Truncation = field(default_factory=Truncation)
     """How to cut a conversation longer than the engine's context."""
     recognition: RecognitionHints = field(default_factory=RecognitionHints)
@@ -195,10 +201,11 @@ class StageInput:
 class TextDelta:
     """A piece of text. `input_transcript` is what the user said; `output` what the model says;
     `turn_end` is a verdict on the user's words so far, "finished" or "unfinished" (only for
-    a request that asks `judge_turn_end`)."""
+    a request that asks `judge_turn_end`); `draft_transcript` the whole of a quick first
+    guess at what the user said (only for a request that asks `draft_transcript`)."""
 
     text: str
-    kind: Literal["output", "input_transcript", "turn_end"] = "output"
+    kind: Literal["output", "input_transcript", "turn_end", "draft_transcript"] = "output"
     logprobs: Logprobs | None = None
     """An `input_transcript`'s tokens, when the request asked for them
     (`RecognitionHints.logprobs`) and the recogniser has them; else None."""

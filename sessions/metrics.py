@@ -22,8 +22,9 @@ class SessionMetrics:
         )
         self.prefetches = Counter(
             "parley_prefetched_answers",
-            "Answers begun at a turn's pause, by outcome: kept (the turn ended there) or "
-            "discarded (the user spoke on)",
+            "Answers begun at a turn's pause, by outcome: kept (the turn ended there), "
+            "discarded (the user spoke on) or redone (begun on a quick draft of the words "
+            "that the final words overruled)",
             ["outcome"],
             registry=r,
         )

@@ -7,6 +7,12 @@ audio are out at once, or sooner than a start from scratch; if the user speaks o
 is thrown away (the pipeline request is aborted in every stage), and nothing of it ever
 reached the client.
 
+The words may be a quick recogniser's draft (turn_transcript.py): the final words of record
+come a little later. The same words (case and punctuation aside) keep the answer begun on
+the draft; other words begin it again on them (`PrefetchSlot.start`), and a response that
+adopts an answer checks its words against the final ones first (responder.py), so an answer
+to words the user did not say is never heard.
+
 A `Prefetch` owns one task that builds the request and pumps the pipeline's chunks into a
 bounded queue (a full queue holds the pipeline back). `stream()` hands them on to the
 adopting response; `discard()` cancels and awaits the task. Both are safe in any order,
@@ -23,6 +29,7 @@ from prometheus_client import Counter
 
 from pipeline.tasks import TaskSet
 from pipeline.types import OutputChunk, Pipeline, PipelineRequest
+from pipeline.word_match import same_words
 
 QUEUE_CHUNKS = 256
 
@@ -36,11 +43,13 @@ class Prefetch:
         item_id: str,
         end_ms: int,
         name: str,
+        words: str = "",
     ) -> None:
         """Start at once: build the request, then generate. `item_id`/`end_ms`: the turn
-        and the end of its speech that this answer answers."""
+        and the end of its speech that this answer answers; `words`: what it answers."""
         self.item_id = item_id
         self.end_ms = end_ms
+        self.words = words
         self._pipeline = pipeline
         self._request: asyncio.Future[PipelineRequest] = asyncio.get_running_loop().create_future()
         self._queue: asyncio.Queue[OutputChunk | BaseException | None] = asyncio.Queue(QUEUE_CHUNKS)
@@ -95,8 +104,9 @@ class Prefetch:
 
 
 class PrefetchSlot:
-    """A session's one answer begun ahead: a new one replaces the old, which is discarded;
-    each ends counted as kept (adopted by the response) or discarded."""
+    """A session's one answer begun ahead: a new one replaces the old, which is discarded
+    (unless it answers the same words of the same pause); each ends counted as kept
+    (adopted by the response) or discarded."""
 
     def __init__(self, outcomes: Counter) -> None:
         self._outcomes = outcomes
@@ -110,9 +120,16 @@ class PrefetchSlot:
         item_id: str,
         end_ms: int,
         name: str,
+        words: str = "",
     ) -> None:
+        current = self._current
+        same = current is not None and current.matches(item_id, end_ms)
+        if same and current is not None and same_words(current.words, words):
+            return  # the final words are the draft's: the answer begun on it stands
         await self.drop()
-        self._current = Prefetch(pipeline, build, item_id=item_id, end_ms=end_ms, name=name)
+        self._current = Prefetch(
+            pipeline, build, item_id=item_id, end_ms=end_ms, name=name, words=words
+        )
 
     async def take(self, item_id: str, end_ms: int) -> Prefetch | None:
         """The answer begun at the pause where the turn `item_id` ended (`end_ms`), or None
@@ -120,9 +137,19 @@ class PrefetchSlot:
         current = self._current
         if current is not None and current.matches(item_id, end_ms):
             self._current = None
-            self._outcomes.labels("kept").inc()
             return current
         await self.drop()
+        return None
+
+    async def settle(self, taken: Prefetch, words: str | None) -> Prefetch | None:
+        """The answer `taken` if it answers the turn's final `words` (None: no final words
+        came, and its own stand), counted kept; else it is discarded (begun on a draft that
+        the final words overrule), counted redone, and None."""
+        if words is None or same_words(taken.words, words):
+            self._outcomes.labels("kept").inc()
+            return taken
+        self._outcomes.labels("redone").inc()
+        await taken.discard()
         return None
 
     async def drop(self) -> None:

@@ -36,7 +36,7 @@ from .response import Response, ResponseContext
 from .response_options import ResolvedOptions, ResponseOptions
 from .sink import OutputSink
 from .state import SessionState, StateMachine
-from .transcription import ItemTranscriber, store_transcript
+from .transcription import Heard, ItemTranscriber, store_transcript
 from .turn_taking import TurnTaking
 from .turns import TurnInput, Turns
 
@@ -164,9 +164,11 @@ class Responder:
             in_turn = resolved.in_conversation and pipeline is None
             turn = self._turns.take() if in_turn else TurnInput(None)
             transcript_item_id = turn.transcript_item_id
-            words = None
+            words = known = None
             if prefetched is not None:  # its words were recognised at the pause
-                words = await self._turn_taking.words(prefetched.item_id)
+                words, prefetched = await self._turn_taking.adopt(prefetched)
+                if prefetched is None:  # begun on a draft the final words overrule
+                    words, known = None, words
             if transcript_item_id is not None:
                 self._transcriber.answered(transcript_item_id)
                 heard = await self._history.get(transcript_item_id)
@@ -185,7 +187,7 @@ class Responder:
             response = Response(
                 new_id("resp"),
                 context,
-                lambda request_id: self._build_request(request_id, turn, resolved),
+                lambda request_id: self._build_request(request_id, turn, resolved, known),
                 transcript_item_id,
                 resolved,
                 prefetched,
@@ -310,22 +312,27 @@ class Responder:
         return await self._requests.build_context(new_id("resp"), item_id, options, rate)
 
     async def _build_request(
-        self, request_id: str, turn: TurnInput, options: ResolvedOptions
+        self,
+        request_id: str,
+        turn: TurnInput,
+        options: ResolvedOptions,
+        known: Heard | None = None,
     ) -> PipelineRequest:
-        transcript = await self._heard(turn.speech_item_id or turn.user_item_id)
+        """`known`: the turn's words, recognised at its pause and taken already."""
+        transcript = await self._heard(turn.speech_item_id or turn.user_item_id, known)
         rate = self._host.config.output_sample_rate
         streamed = ""
         if options.in_conversation and options.input is None:  # the spoken turn's own answer
             streamed = await self._turn_taking.streamed_turn(turn.user_item_id)
         return await self._requests.build(request_id, turn, options, rate, transcript, streamed)
 
-    async def _heard(self, item_id: str | None) -> str | None:
+    async def _heard(self, item_id: str | None, known: Heard | None = None) -> str | None:
         """The words of the spoken turn `item_id`, if they were recognised already (at its
         pause): stored on its item and announced, so the answer need not recognise them
         again."""
         if item_id is None:
             return None
-        heard = await self._turn_taking.words(item_id)
+        heard = known or await self._turn_taking.words(item_id)
         if heard is not None:
             await store_transcript(self._history, self._host.emit, item_id, heard)
             return heard.words

@@ -404,7 +404,7 @@ class Session:
         self.metrics.dropped_frames.labels("video_similar").inc(self.frames.filtered - filtered)
         return kept
 
-    # --- turns (what turn-taking asks of the session: turn_taking.TurnHost) ------------
+    # --- turns (what turn-taking asks of the session: turn_host.TurnHost) ------------
 
     async def _model_speaks(self, turn: DuplexTurn) -> None:
         """The duplex model began a turn: it is answered as a response of its own."""

@@ -35,6 +35,7 @@ from pipeline.types import (
     RecognitionHints,
     TextDelta,
 )
+from pipeline.word_match import same_words
 
 from .events import (
     Event,
@@ -84,41 +85,61 @@ async def recognise(
     *,
     judge_turn_end: bool = False,
     on_words: Callable[[str], Awaitable[None]] | None = None,
+    draft: bool = False,
+    on_draft: Callable[[Heard], Awaitable[None]] | None = None,
     hints: RecognitionHints = NO_HINTS,
 ) -> Heard:
     """The words of `pcm`, from a transcription-only pipeline request (one place for both
     transcribers here and in turn_transcript.py), with the pipeline's verdict on whether they
     end the turn if `judge_turn_end`; `on_words` is awaited with the words as soon as they
     come, before the verdict; `hints`: the client's language and prompt. Raises
-    TranscriptionFailed or TimeoutError."""
+    TranscriptionFailed or TimeoutError.
+
+    With `draft`, the pipeline is asked for a draft first (`draft_transcript`): if it has a
+    quicker recogniser, its words go to `on_words` as soon as they come, and with their
+    verdict (if judged) to `on_draft`; then the final words to `on_words` again. The result is
+    the final words, with the draft's verdict when they are the same words."""
     request = PipelineRequest(
         request_id=new_id("tr"),
         audio=pcm,
         session_id="",
         transcribe_only=True,
         judge_turn_end=judge_turn_end,
+        draft_transcript=draft,
         recognition=hints,
     )
     parts: list[str] = []
+    drafted: Heard | None = None
     finished: bool | None = None
     logprobs: Logprobs | None = None
     stream = pipeline.generate(request)
     async with aclosing(stream), asyncio.timeout(TRANSCRIBE_TIMEOUT_S):
         async for chunk in stream:
             match chunk:
+                case TextDelta(kind="draft_transcript"):
+                    drafted = Heard(chunk.text.strip())
+                    if on_words is not None and drafted.words:
+                        await on_words(drafted.words)
                 case TextDelta(kind="input_transcript"):
                     parts.append(chunk.text)
                     if chunk.logprobs is not None:
                         logprobs = (*(logprobs or ()), *chunk.logprobs)
                     if on_words is not None and (words := "".join(parts).strip()):
                         await on_words(words)
+                case TextDelta(kind="turn_end") if drafted is not None and not parts:
+                    drafted = Heard(drafted.words, chunk.text == "finished")
+                    if on_draft is not None:
+                        await on_draft(drafted)
                 case TextDelta(kind="turn_end"):
                     finished = chunk.text == "finished"
                 case ErrorChunk():
                     raise TranscriptionFailed(chunk.message)
                 case End():
                     break
-    return Heard("".join(parts).strip(), finished, logprobs)
+    words = "".join(parts).strip()
+    if finished is None and drafted is not None and same_words(drafted.words, words):
+        finished = drafted.finished  # the same words: the draft's verdict is theirs
+    return Heard(words, finished, logprobs)
 
 
 async def store_transcript(

@@ -61,16 +61,15 @@ eagerness high (350 ms) the window ran out before any verdict came."""
 UNFINISHED_FACTOR = 2
 UNFINISHED_MAX_MS = 2_500
 """semantic_vad waits out a pause after words that break off this much longer (at most)."""
-PAUSE_MS = 160
-"""Silence after speech that is reported as a pause (at most half the silence window): long
-enough to pass over the gaps between words, early enough to leave most of a 500 ms window
-for work begun on the pause."""
-SEMANTIC_PAUSE_MS = 80
-"""semantic_vad's pause comes sooner: there the turn ends when the words' verdict comes, so
-the pause starts the clock of that verdict (recognition and judgement, ~290 ms). A pause
-inside a sentence costs a recognition that speech resuming makes moot (its verdict is for
-a pause that is over, and is ignored), and cuts nothing off: only a pause that outlasts
-the verdict can end the turn, as at 160 ms."""
+PAUSE_MS = 80
+"""Silence after speech that is reported as a pause (at most half the silence window): the
+recognition of the words so far starts there, and the answer to them (prefetch.py), while
+the rest of the silence window runs; semantic_vad's turn ends when their verdict comes. It
+was 160 ms for server_vad: 80 leaves the answer begun on the words time to have its first
+audio ready when a 500 ms window ends (first audio after the last voiced sample 584 -> 535 ms
+p50 with tiny.en's draft, docs/benchmarks/embedded.md). A pause inside a sentence costs a
+draft recognition that speech resuming makes moot (the request is aborted before the rest),
+and cuts nothing off: only the silence window (or the verdict) ends the turn."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,9 +143,6 @@ class TurnDetector:
         """The silence window of this pause as the words judged it (semantic_vad)."""
         self.level_dbfs = -math.inf
         """The last frame's level (the gate's; voice_level.py reads it, not computing it again)."""
-        self.pause_sooner = False
-        """Report a pause after SEMANTIC_PAUSE_MS whatever the type: set while speech over
-        an answer is judged (overlap.py), whose words are wanted as soon as the voice stops."""
 
     @property
     def in_speech(self) -> bool:
@@ -255,7 +251,7 @@ class TurnDetector:
         if self._verdict_pending():
             window += VERDICT_WAIT_MS
         if silent_ms < window:
-            pause_ms = min(self._pause_ms(), self._config.silence_duration_ms // 2)
+            pause_ms = min(PAUSE_MS, self._config.silence_duration_ms // 2)
             if self._paused or silent_ms < pause_ms:
                 return []
             self._paused = True
@@ -263,10 +259,6 @@ class TurnDetector:
         end = SpeechEnd(self._start_ms, self._last_speech_end_ms)
         self.reset()
         return [end]
-
-    def _pause_ms(self) -> int:
-        sooner = self.pause_sooner or self._config.type == "semantic_vad"
-        return SEMANTIC_PAUSE_MS if sooner else PAUSE_MS
 
     def _verdict_pending(self) -> bool:
         """semantic_vad reported a pause whose words are not judged yet."""

@@ -29,7 +29,7 @@ starts: the one begun ahead is moot) and `close()` (cancels and awaits its tasks
 
 What it reads and drives of the session: two plain parts given at construction, the
 `Turns` bookkeeping (where each turn's audio lies) and the `StateMachine` (it makes the
-listening / user_speaking transitions), and a `TurnHost` (below): what the session does
+listening / user_speaking transitions), and a `TurnHost` (turn_host.py): what the session does
 for it. It knows no transport, no Redis and no response: a test drives it with a stand-in
 host, a `Turns`, a `StateMachine` and a tiny pipeline (tests/sessions/test_turn_taking.py).
 """
@@ -37,10 +37,9 @@ host, a `Turns`, a `StateMachine` and a tiny pipeline (tests/sessions/test_turn_
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
 
 from pipeline.audio_format import FRAME_MS
-from pipeline.types import Pipeline, PipelineRequest
+from pipeline.types import Pipeline
 
 from .clock import Clock
 from .config import TurnDetectionConfig
@@ -48,7 +47,6 @@ from .errors import InvalidRequestError
 from .events import (
     AudioBufferCleared,
     ConversationItem,
-    Event,
     InputAudioTimeoutTriggered,
     SpeechStarted,
     SpeechStopped,
@@ -59,7 +57,6 @@ from .metrics import SessionMetrics
 from .overlap import EndedSpeech, OverlapJudgement
 from .overlap_judge import BackchannelRules, Verdict
 from .prefetch import Prefetch, PrefetchSlot
-from .sink import OutputSink
 from .state import SessionState, StateMachine
 from .streamed_turn import TurnContext, TurnStream
 from .transcription import Heard
@@ -73,61 +70,12 @@ from .turn_detection import (
     TurnSignal,
 )
 from .turn_end import sounds_finished
+from .turn_host import TurnHost
 from .turn_transcript import AudioReader, TurnTranscript
 from .turns import MIN_COMMIT_MS, Turns
 from .voice_level import VoiceLevels
 
 _S = SessionState
-
-
-class TurnHost(Protocol):
-    """What turn-taking needs from its session."""
-
-    @property
-    def responding(self) -> bool:
-        """An answer is generating or playing."""
-        ...
-
-    @property
-    def closing(self) -> bool:
-        """The session is ending: a silence no longer becomes a turn."""
-        ...
-
-    def emit(self, event: Event) -> None:
-        """Tell the client (speech_started, speech_stopped, cleared, timeout_triggered)."""
-        ...
-
-    @property
-    def sink(self) -> OutputSink:
-        """The client's output: paused at once when speech may be a barge-in (its audio
-        kept), resumed when it was not one (or nothing is left to hold)."""
-        ...
-
-    async def interrupt(self) -> None:
-        """Barge-in: cut the answer in progress; the state becomes user_speaking."""
-        ...
-
-    async def commit_turn(self, item_id: str, begin_ms: int, end_ms: int) -> ConversationItem:
-        """The user's audio [begin_ms, end_ms) becomes the user item `item_id`."""
-        ...
-
-    async def respond(self, prefetched: Prefetch | None = None) -> None:
-        """Answer the committed turn now (adopting the answer begun ahead, if any)."""
-        ...
-
-    def transcribe(self, item_id: str, begin_ms: int, end_ms: int) -> None:
-        """A committed turn no answer follows: recognise its audio for its transcript."""
-        ...
-
-    async def store_transcript(self, item_id: str, heard: Heard) -> None:
-        """The words of a committed turn, recognised at its pause: stored and announced."""
-        ...
-
-    async def request_ahead(
-        self, item_id: str, span_ms: tuple[int, int], words: str
-    ) -> PipelineRequest:
-        """The request an answer to `words` (the turn `item_id` so far) would make."""
-        ...
 
 
 class TurnTaking:
@@ -235,6 +183,11 @@ class TurnTaking:
         """The words recognised at the pause where the turn `item_id` ended, if any."""
         return None
 
+    async def adopt(self, taken: Prefetch) -> tuple[Heard | None, Prefetch | None]:
+        """The final words of the turn that `taken` answers, and `taken` if it answers them
+        (None: it was begun on a draft they overrule, and is discarded)."""
+        return None, taken
+
     async def drop_ahead(self) -> None:
         """An answer to anything else starts: the one begun ahead, if any, is dropped."""
 
@@ -298,6 +251,7 @@ class ServerTurnTaking(TurnTaking):
             heard=self._pause_heard,
             judge=self._semantic,
             words=self._pause_words,
+            draft=self._drafts,
         )
         """The words of the turn in progress, recognised at its pauses."""
         self._ahead = PrefetchSlot(metrics.prefetches)
@@ -409,8 +363,6 @@ class ServerTurnTaking(TurnTaking):
         self._host.sink.pause()
         self._kept_speech = None
         self._overlap.begin(from_ms, self.config)
-        if self.detector is not None:
-            self.detector.pause_sooner = True
 
     async def _settle(self, verdict: Verdict) -> None:
         """The speech over the answer is judged (under the media lock): a backchannel or a
@@ -477,6 +429,10 @@ class ServerTurnTaking(TurnTaking):
     def _semantic(self) -> bool:
         return self.config is not None and self.config.type == "semantic_vad"
 
+    def _drafts(self) -> bool:
+        """A quick draft of a pause's words helps where an answer or a verdict waits on them."""
+        return self.config is not None and (self.config.create_response or self._semantic())
+
     async def _pause_heard(self, item_id: str, begin_ms: int, end_ms: int, heard: Heard) -> None:
         """The words up to a pause and their verdict are known: semantic_vad judges them (by
         the pipeline's verdict, or failing one by their last word: turn_end.py)."""
@@ -502,6 +458,7 @@ class ServerTurnTaking(TurnTaking):
             lambda: self._host.request_ahead(item_id, (begin_ms, end_ms), words),
             item_id=item_id,
             end_ms=end_ms,
+            words=words,
             name=f"{self._name}:prefetch",
         )
 
@@ -569,14 +526,16 @@ class ServerTurnTaking(TurnTaking):
     async def words(self, item_id: str) -> Heard | None:
         return await self.transcript.result(item_id)
 
+    async def adopt(self, taken: Prefetch) -> tuple[Heard | None, Prefetch | None]:
+        heard = await self.transcript.result(taken.item_id)
+        return heard, await self._ahead.settle(taken, None if heard is None else heard.words)
+
     async def drop_ahead(self) -> None:
         await self._ahead.drop()
 
     async def _drop_judgement(self) -> EndedSpeech | None:
         """The judgement of the speech over the answer, if any, is over: what it was doing
         stops; the speech that ended before its verdict, if it did."""
-        if self.detector is not None:
-            self.detector.pause_sooner = False
         return await self._overlap.finish() if self._overlap.active else None
 
     async def _forget_speech(self) -> None:

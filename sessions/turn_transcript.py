@@ -50,13 +50,17 @@ class TurnTranscript:
         heard: Callable[[str, int, int, Heard], Awaitable[None]] | None = None,
         judge: Callable[[], bool] = lambda: False,
         words: Callable[[str, int, int, str], Awaitable[None]] | None = None,
+        draft: Callable[[], bool] = lambda: False,
     ) -> None:
         """`heard(item_id, begin_ms, end_ms, heard)`: awaited with the words of each pause and
         their verdict (semantic_vad judges them); `words(item_id, begin_ms, end_ms, words)`:
         awaited with the words alone as soon as they come, before any verdict (an answer may
         start on them); `judge()`: whether to ask the pipeline too if the words sound
-        finished."""
+        finished; `draft()`: whether to ask for a quick draft of the words first (the
+        pipeline's, if it has one: `words` and `heard` then hear the draft, then the final
+        words of record)."""
         self._judge = judge
+        self._draft = draft
         self._words = words
         self.hints: Callable[[], RecognitionHints] = lambda: NO_HINTS
         """The session's language and prompt for recognising, as they are now (the session
@@ -161,11 +165,16 @@ class TurnTranscript:
             on_words = (
                 None if self._words is None else partial(self._words, item_id, begin_ms, end_ms)
             )
+            on_draft = (
+                None if self._heard is None else partial(self._heard, item_id, begin_ms, end_ms)
+            )
             heard = await recognise(
                 self._pipeline,
                 pcm,
                 judge_turn_end=self._judge(),
                 on_words=on_words,
+                draft=self._draft(),
+                on_draft=on_draft,
                 hints=self.hints(),
             )
         except asyncio.CancelledError:

@@ -75,6 +75,11 @@ class FakeEngine(EntryEngine):
         self.clock = clock
         self.transcript = transcript
         """What its recogniser hears, whatever the audio (None: "heard <n> ms")."""
+        self.draft: str | None = None
+        """A quick draft of the words, sent first to a request that asks for one
+        (`draft_transcript`), with `turn_end` as its verdict; None: no draft."""
+        self.final_delay_s = 0.0
+        """How long after a draft the final words come (a slower recogniser)."""
         self.turn_end: str | None = None
         """Its verdict on the words at a pause when asked (`judge_turn_end`): "finished",
         "unfinished", or None for an engine that cannot judge."""
@@ -113,6 +118,11 @@ class FakeEngine(EntryEngine):
             if self.fail_with:
                 yield ErrorChunk(message=self.fail_with, stage=self.name, code=self.fail_code)
                 return
+            if request.transcribe_only and request.draft_transcript and self.draft is not None:
+                yield TextDelta(text=self.draft, kind="draft_transcript")
+                if request.judge_turn_end and self.turn_end is not None:
+                    yield TextDelta(text=self.turn_end, kind="turn_end")
+                await self.clock.sleep(self.final_delay_s)
             if request.transcribe_only:  # a fake recogniser: it hears how long it was
                 ms = len(request.audio) * 1000 // 16_000
                 heard = f"heard {ms} ms" if self.transcript is None else self.transcript

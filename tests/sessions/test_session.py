@@ -22,6 +22,7 @@ from sessions.events import (
     AudioBufferCommitted,
     ConversationItemTruncated,
     ErrorEvent,
+    InputTranscriptionCompleted,
     OutputAudioDelta,
     OutputAudioTranscriptDelta,
     ResponseCreated,
@@ -151,7 +152,35 @@ async def test_barge_in_cancels_and_truncates_at_the_played_position(
         lambda e: isinstance(e, ResponseDone) and e is not done, timeout=15
     )
     assert isinstance(second, ResponseDone) and second.status == "completed"
-    assert len(engine.requests) == 2
+    # Two answers, the one cut and the interruption's own: any begun at a pause inside the
+    # interruption was dropped unheard as the user spoke on, and none is still held.
+    assert len(sink.of(ResponseDone)) == 2
+    assert not any(engine.holds(r.request_id) for r in engine.requests)
+
+
+@pytest.mark.parametrize("final_words", ["What is the capital of France?", "What is the capital"])
+async def test_an_answer_begun_on_a_draft_is_heard_only_if_the_final_words_agree(
+    make_session: MakeSession, engine: FakeEngine, final_words: str
+) -> None:
+    """The recogniser's quick draft comes at once, its final words only after the turn has
+    ended: the answer begun on the draft waits for them, and is the one heard only if they
+    are the same words; else the answer is made afresh on the final words, which are the
+    turn's transcript either way."""
+    engine.draft, engine.transcript = "what is the capital of france", final_words
+    engine.final_delay_s = 1.0  # past the 500 ms silence window
+    session, sink = await make_session()
+    await feed(session, spoken_turn()[0], realtime=True)  # the draft comes at the pause
+    done = await sink.wait_for(is_done, timeout=15)
+    assert isinstance(done, ResponseDone) and done.status == "completed"
+    (heard,) = sink.of(InputTranscriptionCompleted)
+    assert heard.transcript == final_words
+    assert len(sink.of(ResponseCreated)) == 1
+    answered = [r.transcript for r in engine.requests]
+    if final_words.lower().rstrip("?") == engine.draft:  # the same words: the draft's answer
+        assert answered == [engine.draft]
+    else:  # begun on the draft, then made again on the final words
+        assert answered == [engine.draft, final_words]
+    assert not any(engine.holds(r.request_id) for r in engine.requests)
 
 
 async def test_noise_shorter_than_min_speech_does_not_interrupt(

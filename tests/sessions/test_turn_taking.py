@@ -74,6 +74,8 @@ class StandInHost:
         self.events: list[Event] = []
         self.calls: list[tuple[Any, ...]] = []
         self.responded = asyncio.Event()
+        self.keep_prefetched = False
+        """The answer begun ahead stays for the test to adopt (else it is discarded)."""
 
     def emit(self, event: Event) -> None:
         self.events.append(event)
@@ -99,7 +101,7 @@ class StandInHost:
     async def respond(self, prefetched: Prefetch | None = None) -> None:
         self.calls.append(("respond", prefetched))
         self.responded.set()
-        if prefetched is not None:
+        if prefetched is not None and not self.keep_prefetched:
             await prefetched.discard()
 
     def transcribe(self, item_id: str, begin_ms: int, end_ms: int) -> None:
@@ -121,16 +123,26 @@ class TinyPipeline:
 
     name = "tiny"
 
-    def __init__(self, words: str | None = None, verdict: str | None = None) -> None:
-        self.words, self.verdict = words, verdict
+    def __init__(
+        self, words: str | None = None, verdict: str | None = None, draft: str | None = None
+    ) -> None:
+        self.words, self.verdict, self.draft = words, verdict, draft
         self.judging: asyncio.Event | None = None
         """Set: the verdict waits for it (a judge still working when the words are out)."""
+        self.finalising: asyncio.Event | None = None
+        """Set: the final words after a draft wait for it (a slower recogniser)."""
 
     async def generate(self, request: PipelineRequest) -> AsyncGenerator[OutputChunk, None]:
         words = self.words
         if request.transcribe_only and words is None:
             yield ErrorChunk("no recogniser here")
             return
+        if request.transcribe_only and request.draft_transcript and self.draft is not None:
+            yield TextDelta(self.draft, kind="draft_transcript")  # its verdict: the words'
+            if request.judge_turn_end and self.verdict is not None:
+                yield TextDelta(self.verdict, kind="turn_end")
+            if self.finalising is not None:
+                await self.finalising.wait()
         if request.transcribe_only and words is not None:
             yield TextDelta(words, kind="input_transcript")
             if request.judge_turn_end and self.verdict is not None:
@@ -391,6 +403,62 @@ async def test_speech_going_on_after_a_pause_drops_the_answer_begun_on_it(
     await r.hear(pcm[first_end + 200 * 16 : second_start + 100 * 16])  # the voice is back
     assert outcomes.labels("discarded")._value.get() == discarded + 1
     assert len(r.host.called("request_ahead")) == 1  # no new pause yet
+
+
+def outcomes(r: Rig) -> dict[str, float]:
+    counter = r.tt._ahead._outcomes  # type: ignore[attr-defined]
+    return {k: counter.labels(k)._value.get() for k in ("kept", "discarded", "redone")}
+
+
+@pytest.mark.parametrize(
+    ("draft", "begun"),
+    [
+        ("what is the capital of france", ["what is the capital of france"]),
+        (
+            "what is the capital of franz",
+            ["what is the capital of franz", "What is the capital of France?"],
+        ),
+    ],
+)
+async def test_the_answer_starts_on_a_quick_draft_and_again_only_on_other_final_words(
+    rigs: list[Rig], draft: str, begun: list[str]
+) -> None:
+    """A draft of the words that the final words agree with (case and punctuation aside)
+    keeps the answer begun on it; other final words begin it again on them."""
+    pipeline = TinyPipeline("What is the capital of France?", draft=draft)
+    r = Rig({"type": "server_vad"}, pipeline=pipeline)
+    rigs.append(r)
+    await r.hear(speech("What is the capital of France?"))
+    await r.silence_until_stopped()
+    # (the answer dropped for other words may not have built its request yet)
+    assert r.host.called("request_ahead")[-1][-1] == begun[-1]
+    ((prefetched,),) = r.host.called("respond")
+    assert isinstance(prefetched, Prefetch) and prefetched.words == begun[-1]
+    assert outcomes(r)["discarded"] == len(begun) - 1
+
+
+async def test_an_answer_on_a_draft_is_redone_when_the_final_words_come_after_the_turns_end(
+    rigs: list[Rig],
+) -> None:
+    """semantic_vad ends the turn on the draft's verdict; the final words come later and
+    say otherwise: the answer begun on the draft is not adopted, and they are the turn's."""
+    pipeline = TinyPipeline("What is the capital of France?", "finished", "what is the capital")
+    pipeline.finalising = asyncio.Event()
+    r = Rig({"type": "semantic_vad", "eagerness": "medium"}, pipeline=pipeline)
+    r.host.keep_prefetched = True
+    rigs.append(r)
+    await r.hear(speech("What is the capital of France?"))
+    waited = await r.silence_until_stopped()
+    assert waited < 700, waited  # on the draft's verdict, before any final words
+    ((prefetched,),) = r.host.called("respond")
+    assert isinstance(prefetched, Prefetch) and prefetched.words == "what is the capital"
+    adopting = asyncio.create_task(r.tt.adopt(prefetched))
+    await asyncio.sleep(0.05)
+    assert not adopting.done()  # the final words are awaited before the answer is heard
+    pipeline.finalising.set()
+    heard, adopted = await adopting
+    assert heard is not None and heard.words == "What is the capital of France?"
+    assert adopted is None and outcomes(r)["redone"] == 1
 
 
 async def test_a_duplex_model_takes_the_turns(rigs: list[Rig]) -> None:

@@ -9,6 +9,11 @@ SmolLM2-135M-Instruct, whose reply streams out token by token.
 At a pause in the user's speech the session asks for the words so far and, for semantic_vad,
 whether they sound finished (`judge_turn_end`): the same SmolLM2 scores the end of the user's
 message after them (`turn_end_model.py`; ~80 ms), and the verdict follows the transcript.
+With a `draft_recognizer` (Whisper tiny.en in the shipped cascade, ~75 ms a question
+against base's ~210), a pause's words come twice when the session asks
+(`draft_transcript`): tiny.en's first, with their verdict, so that the answer and the turn's
+end can go ahead on them, then base's, the words of record (judged again only if they
+differ). tiny.en is English only: a session in another language gets no draft.
 
 Batching: every request's prompt goes to one `TextGenerator`, whose model thread runs the
 prompts that arrive together (within `batch_window_ms` of each other, or while a batch runs)
@@ -38,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -45,6 +51,7 @@ import torch
 from ...engine_limits import cascade_thinker
 from ...requests import RequestTracker
 from ...types import Chunk, End, EntryEngine, ErrorChunk, PipelineRequest, TextDelta
+from ...word_match import same_words
 from ..context_fit import CONTEXT_LENGTH_EXCEEDED, ContextExceeded
 from .asr import DEFAULT_RECOGNIZER, RECOGNIZERS, Recognizer, make_recognizer
 from .smollm import DEFAULT_FILE, DEFAULT_PACKAGE, WEIGHTS, LanguageModel, load_language_model
@@ -88,6 +95,10 @@ def may_call(request: PipelineRequest) -> bool:
     return choice != "auto" or new_input or not answering
 
 
+def _multilingual(recognizer: Recognizer) -> bool:
+    return bool(getattr(recognizer, "multilingual", False))
+
+
 def _page_in(lm: LanguageModel) -> None:
     """Run one tiny forward pass before the stage says it is ready.
 
@@ -119,6 +130,7 @@ class ThinkerEngine(EntryEngine):
         max_call_tokens: int = 256,
         call_threshold: float | None = None,
         recognizer: str = DEFAULT_RECOGNIZER,
+        draft_recognizer: str = "none",
         weights: str = "fp32",
     ) -> None:
         self.max_new_tokens = max_new_tokens
@@ -148,11 +160,20 @@ class ThinkerEngine(EntryEngine):
             raise ValueError(
                 f"recognizer must be one of {', '.join(RECOGNIZERS)}, not {recognizer!r}"
             )
+        if draft_recognizer != "none" and draft_recognizer not in RECOGNIZERS:
+            raise ValueError(
+                f"draft_recognizer must be none or one of {', '.join(RECOGNIZERS)}, "
+                f"not {draft_recognizer!r}"
+            )
+        self.draft_recognizer = draft_recognizer
+        """A quicker recogniser whose words a pause's transcription sends first when the
+        session asks (`PipelineRequest.draft_transcript`), or "none"."""
         self.weights = weights
         """How SmolLM2's Linear layers are held: "fp32", or "int8" per output channel
         (`int8_weights.py`), which decodes faster on a CPU (`loadtest.thinker_bench`)."""
         self._lm: LanguageModel | None = None
         self._recognizer: Recognizer | None = None
+        self._draft: Recognizer | None = None
         self._turn_end: TurnEndModel | None = None
         self._generator: TextGenerator | None = None
         self._requests: RequestTracker[None] = RequestTracker()
@@ -178,6 +199,8 @@ class ThinkerEngine(EntryEngine):
         self._lm = await asyncio.to_thread(self._load)
         self._turn_end = await asyncio.to_thread(TurnEndModel, self._lm)
         self._recognizer = await asyncio.to_thread(make_recognizer, self.recognizer)
+        if self.draft_recognizer != "none":
+            self._draft = await asyncio.to_thread(make_recognizer, self.draft_recognizer)
         self._generator = TextGenerator(
             self._lm, window_s=self.batch_window_ms / 1000, max_batch=self.max_batch
         )
@@ -221,6 +244,10 @@ class ThinkerEngine(EntryEngine):
             yield ErrorChunk(message="the thinker was not started", stage=self.name)
             return
         with self._requests.track(request_id):
+            if request.transcribe_only:  # the turn's words only: no answer follows yet
+                async for chunk in self._transcribe_only(request_id, request, recognizer):
+                    yield chunk
+                return
             user_text = request.text or ""
             if len(request.audio):
                 if request.transcript is not None:  # recognised at the turn's pause
@@ -235,14 +262,6 @@ class ThinkerEngine(EntryEngine):
                 if heard:
                     yield TextDelta(heard, kind="input_transcript", logprobs=transcript.logprobs)
                 user_text = " ".join(t for t in (user_text, heard) if t)
-            if request.transcribe_only:  # the turn's transcript only: no answer follows yet
-                if request.judge_turn_end and self._turn_end is not None and heard:
-                    finished = await asyncio.to_thread(self._turn_end.sounds_finished, heard)
-                    if finished is not None:
-                        verdict = "finished" if finished else "unfinished"
-                        yield TextDelta(text=verdict, kind="turn_end")
-                yield End()
-                return
             if len(request.audio) and not user_text.strip():
                 yield TextDelta(text=NOT_HEARD)  # a spoken turn with nothing heard
                 yield End()
@@ -285,6 +304,65 @@ class ThinkerEngine(EntryEngine):
                     return
             if not self._requests.aborted(request_id):
                 yield End()
+
+    async def _transcribe_only(
+        self, request_id: str, request: PipelineRequest, recognizer: Recognizer
+    ) -> AsyncGenerator[Chunk, None]:
+        """A turn's words (a draft first if asked and there is a draft recogniser for the
+        language), each with its verdict if asked, then End. The final recognition runs
+        beside the draft's, not after it: an answer begun on the draft waits for the final
+        words before it is heard, so they are on the critical path."""
+        hints, draft = request.recognition, ""
+        if not len(request.audio):
+            yield End()
+            return
+        drafter = self._draft if request.draft_transcript else None
+        if drafter is not None and not (hints.language in ("", "en") or _multilingual(drafter)):
+            drafter = None  # tiny.en hears English only
+        if request.transcript is not None:  # recognised already: no draft, no recogniser
+            drafter, known = None, Transcript(request.transcript)
+            final = asyncio.get_running_loop().create_future()
+            final.set_result(known)
+        else:
+            final = asyncio.ensure_future(
+                asyncio.to_thread(recognizer.recognise, request.audio, hints)
+            )
+        try:
+            if drafter is not None:
+                drafted = await asyncio.to_thread(
+                    drafter.recognise, request.audio, replace(hints, logprobs=False)
+                )
+                if self._requests.aborted(request_id):
+                    return
+                draft = drafted.text
+                if draft:
+                    yield TextDelta(draft, kind="draft_transcript")
+                    if request.judge_turn_end and (verdict := await self._verdict(draft)):
+                        yield verdict
+            transcript = await final
+        finally:  # closed early or failed: the final recognition's thread ends on its own
+            final.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await final
+        if self._requests.aborted(request_id):
+            return
+        heard = transcript.text
+        if heard:
+            yield TextDelta(heard, kind="input_transcript", logprobs=transcript.logprobs)
+            judged = bool(draft) and same_words(draft, heard)  # its verdict stands
+            if request.judge_turn_end and not judged and (verdict := await self._verdict(heard)):
+                yield verdict
+        yield End()
+
+    async def _verdict(self, words: str) -> TextDelta | None:
+        """Whether `words` sound like a whole turn, as a `turn_end` delta (None: no judge,
+        or it cannot tell)."""
+        if self._turn_end is None:
+            return None
+        finished = await asyncio.to_thread(self._turn_end.sounds_finished, words)
+        if finished is None:
+            return None
+        return TextDelta(text="finished" if finished else "unfinished", kind="turn_end")
 
     def tool_constraint(self, request: PipelineRequest, text_tokens: int) -> CallConstraint | None:
         """The decoding rule for a request's tools: None with no tools and no calls in the

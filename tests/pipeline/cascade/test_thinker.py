@@ -25,6 +25,7 @@ from pipeline.types import (
     Truncation,
     VideoFrame,
 )
+from pipeline.word_match import same_words, words_of
 from tests.pipeline.cascade.conftest import Speak
 
 MAX_TOKENS = 24
@@ -255,3 +256,45 @@ async def test_at_a_pause_the_words_are_judged_finished_or_broken_off(
     assert await verdict("What is the capital of?") == ["unfinished"]
     assert await verdict("What is the capital of France?", judge=False) == []
     assert thinker.active_requests() == 0
+
+
+async def test_a_pauses_words_come_as_a_quick_draft_then_as_the_final_words(
+    language_model: LanguageModel, speak: Speak
+) -> None:
+    """With a draft recogniser (Whisper tiny.en) and a request that asks, tiny.en's words
+    and their verdict come first, then Whisper base's, not judged again when they are the
+    same words; a request that does not ask, or in another language than English (tiny.en
+    hears English only), gets base's alone."""
+    engine = ThinkerEngine(max_new_tokens=MAX_TOKENS, draft_recognizer="whisper-tiny")
+    await engine.start()
+    try:
+        question = speak("What is the capital of France?")
+
+        async def kinds(**asked: object) -> list[tuple[str, str]]:
+            request = PipelineRequest(
+                request_id="d",
+                audio=question,
+                transcribe_only=True,
+                **asked,  # type: ignore[arg-type]
+            )
+            chunks = [c async for c in engine.generate("d", request)]
+            assert isinstance(chunks[-1], End)
+            return [(c.kind, c.text) for c in chunks if isinstance(c, TextDelta)]
+
+        (draft, verdict, final) = await kinds(draft_transcript=True, judge_turn_end=True)
+        assert draft[0] == "draft_transcript" and {"capital", "france"} <= set(words_of(draft[1]))
+        assert verdict == ("turn_end", "finished")
+        assert final[0] == "input_transcript" and same_words(final[1], draft[1])
+        assert [k for k, _ in await kinds()] == ["input_transcript"]
+        french = RecognitionHints(language="fr")
+        assert [k for k, _ in await kinds(draft_transcript=True, recognition=french)] == [
+            "input_transcript"
+        ]
+        assert engine.active_requests() == 0
+    finally:
+        await engine.close()
+
+
+def test_an_unknown_draft_recogniser_is_refused() -> None:
+    with pytest.raises(ValueError, match="draft_recognizer"):
+        ThinkerEngine(draft_recognizer="whisper-large")
