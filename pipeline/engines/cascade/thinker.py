@@ -50,6 +50,7 @@ import torch
 
 from ...engine_limits import cascade_thinker
 from ...requests import RequestTracker
+from ...tasks import TaskSet
 from ...types import Chunk, End, EntryEngine, ErrorChunk, PipelineRequest, TextDelta
 from ...word_match import same_words
 from ..context_fit import CONTEXT_LENGTH_EXCEEDED, ContextExceeded
@@ -320,14 +321,15 @@ class ThinkerEngine(EntryEngine):
         if drafter is not None and not (hints.language in ("", "en") or _multilingual(drafter)):
             drafter = None  # tiny.en hears English only
         if request.transcript is not None:  # recognised already: no draft, no recogniser
-            drafter, known = None, Transcript(request.transcript)
-            final = asyncio.get_running_loop().create_future()
-            final.set_result(known)
-        else:
-            final = asyncio.ensure_future(
-                asyncio.to_thread(recognizer.recognise, request.audio, hints)
-            )
-        try:
+            drafter = None
+
+        async def final_words() -> Transcript:
+            if request.transcript is not None:
+                return Transcript(request.transcript)
+            return await asyncio.to_thread(recognizer.recognise, request.audio, hints)
+
+        async with TaskSet(f"{self.name}:{request_id}:words") as beside:  # closed: cancelled
+            final = beside.create_task(final_words(), log_failure=False)  # (its thread ends)
             if drafter is not None:
                 drafted = await asyncio.to_thread(
                     drafter.recognise, request.audio, replace(hints, logprobs=False)
@@ -340,10 +342,6 @@ class ThinkerEngine(EntryEngine):
                     if request.judge_turn_end and (verdict := await self._verdict(draft)):
                         yield verdict
             transcript = await final
-        finally:  # closed early or failed: the final recognition's thread ends on its own
-            final.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await final
         if self._requests.aborted(request_id):
             return
         heard = transcript.text
