@@ -38,6 +38,7 @@ from typing import Any
 from sessions import ResponseOptions, Session
 from sessions.errors import InvalidRequestError
 from sessions.events import (
+    ConversationItemCreated,
     Event,
     FunctionCallArgumentsDone,
     ResponseCreated,
@@ -87,6 +88,9 @@ class ClientDelegations:
         self.delay_ms = 0
         self._open: collections.OrderedDict[str, str | None] = collections.OrderedDict()
         """Delegation id -> its call's id, until the app's first answer is that call's output."""
+        self._calls: collections.OrderedDict[str, bool] = collections.OrderedDict()
+        """Call id of a delegating call -> whether its arguments are done (only then can an
+        answer be its output: an earlier one is a note to say)."""
         self._acknowledge: float | None = None
         """When the pending acknowledgement is due (loop time), None when none is."""
         self._generating = False
@@ -98,8 +102,9 @@ class ClientDelegations:
     def answer(self, delegation_id: str) -> str | None:
         """The delegation's call id, the first time the app answers it; else None."""
         call_id = self._open.get(delegation_id)
-        if call_id is not None:
-            self._open[delegation_id] = None
+        if call_id is None or not self._calls.get(call_id, False):
+            return None
+        self._open[delegation_id] = None
         return call_id
 
     def messages(self, event: Event, offset_ms: int) -> list[Message]:
@@ -109,24 +114,40 @@ class ClientDelegations:
         elif isinstance(event, ResponseDone):
             self._generating = False
             self._wake.set()
+        elif isinstance(event, ConversationItemCreated) and event.item.name == DELEGATE:
+            if event.item.type == "function_call" and event.item.call_id:
+                return self._created(event.item.call_id, offset_ms)
         elif isinstance(event, FunctionCallArgumentsDone) and event.item.name == DELEGATE:
-            delegation_id = new_id("deleg")
-            self._open[delegation_id] = event.item.call_id
-            while len(self._open) > MAX_OPEN:
-                self._open.popitem(last=False)
-            loop = asyncio.get_running_loop()
-            self._acknowledge = loop.time() + self.delay_ms / 1000
-            self._wake.set()
-            delegation = {"id": delegation_id, "target": "client", "type": "delegation"}
-            return [
-                {
-                    "type": "session.delegation.created",
-                    "event_id": new_id("event"),
-                    "delegation": delegation,
-                    "offset_ms": offset_ms,
-                }
-            ]
+            started = event.item.call_id in self._calls
+            self._calls[event.item.call_id] = True
+            if not started:  # no call item was seen first: the delegation starts now
+                return self._created(event.item.call_id, offset_ms)
         return []
+
+    def _created(self, call_id: str, offset_ms: int) -> list[Message]:
+        """`session.delegation.created` as the delegating call starts, not once its
+        arguments are written (~1 s of a small model's decoding): a client that ends the
+        caller's turn a while after their last words (LiveKit's, 0.8 s) still has the turn's
+        words when the delegation comes."""
+        delegation_id = new_id("deleg")
+        self._open[delegation_id] = call_id
+        self._calls.setdefault(call_id, False)
+        while len(self._open) > MAX_OPEN:
+            self._open.popitem(last=False)
+        while len(self._calls) > MAX_OPEN:
+            self._calls.popitem(last=False)
+        loop = asyncio.get_running_loop()
+        self._acknowledge = loop.time() + self.delay_ms / 1000
+        self._wake.set()
+        delegation = {"id": delegation_id, "target": "client", "type": "delegation"}
+        return [
+            {
+                "type": "session.delegation.created",
+                "event_id": new_id("event"),
+                "delegation": delegation,
+                "offset_ms": offset_ms,
+            }
+        ]
 
     def appended(self) -> None:
         """Commentary or thinking came: every pending acknowledgement is dropped."""

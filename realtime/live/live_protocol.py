@@ -36,6 +36,7 @@ from pydantic import ValidationError
 from sessions import ConfigError, Session
 from sessions.events import (
     ConversationItem,
+    ConversationItemCreated,
     ErrorEvent,
     Event,
     FunctionCallArgumentsDone,
@@ -224,6 +225,10 @@ class LiveProtocol:
     def messages(self, event: Event) -> list[tuple[Message, bool]]:
         """The GPT-Live server events of one session event, each with its `after_audio`
         flag (`session.closed` never overtakes the audio before it)."""
+        if isinstance(event, ConversationItemCreated) and event.response_id is not None:
+            if self.client_delegation:  # a delegating call's start
+                return [(m, False) for m in self.delegations.messages(event, self.now_ms())]
+            return []
         if isinstance(event, ResponseCreated | FunctionCallArgumentsDone | ResponseDone):
             mapping = self.delegations if self.client_delegation else self._backend
             return [(m, False) for m in mapping.messages(event, self.now_ms())]

@@ -14,6 +14,7 @@ from realtime.live.live_protocol import LiveProtocol
 from sessions import ResponseOptions
 from sessions.events import (
     ConversationItem,
+    ConversationItemCreated,
     FunctionCallArgumentsDone,
     InputTranscriptionCompleted,
     InputTranscriptionDelta,
@@ -66,6 +67,26 @@ async def test_a_delegating_call_is_announced_answered_once_and_acknowledged() -
     assert delegations.answer(delegation_id) == "call_1"  # the first answer: the output
     assert delegations.answer(delegation_id) is None  # later ones are notes
     assert delegations.known(delegation_id)  # and the app may go on answering it
+
+
+async def test_the_delegation_is_told_as_its_call_starts_and_answered_once_the_call_is_done() -> (
+    None
+):
+    """The call's item comes before its arguments (a small model writes them for ~1 s):
+    the delegation is told then, once; an answer before the call is done is a note, the
+    first one after it is the call's output."""
+    delegations = ClientDelegations()
+    item = ConversationItem(
+        role="assistant", type="function_call", name=DELEGATE, call_id="call_2", arguments=""
+    )
+    started = ConversationItemCreated(item=item, previous_item_id=None, response_id="resp_1")
+    (created,) = delegations.messages(started, 900)
+    assert created["type"] == "session.delegation.created" and created["offset_ms"] == 900
+    delegation_id = created["delegation"]["id"]
+    assert delegations.answer(delegation_id) is None  # the call is still being written
+    assert delegations.messages(delegate("call_2"), 1900) == []  # told once
+    assert delegations.answer(delegation_id) == "call_2"
+    assert delegations.answer(delegation_id) is None
 
 
 async def test_an_append_before_the_acknowledgement_is_due_cancels_it() -> None:
