@@ -34,6 +34,7 @@ per row (vLLM's output collector does the same), so a row's queue is bounded by 
 from __future__ import annotations
 
 import asyncio
+import copy
 import threading
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
@@ -106,9 +107,10 @@ class _Row:
 class _RowStreamer(BaseStreamer):
     """Receives each step's tokens for the whole batch and streams text to each row."""
 
-    def __init__(self, rows: list[_Row], lm: LanguageModel) -> None:
+    def __init__(self, rows: list[_Row], lm: LanguageModel, tokenizer: Any) -> None:
         self._rows = rows
         self._lm = lm
+        self._tokenizer = tokenizer
         self._prompt_seen = False
 
     def put(self, value: torch.Tensor) -> None:
@@ -136,7 +138,7 @@ class _RowStreamer(BaseStreamer):
                 self._flush(row)
 
     def _flush(self, row: _Row) -> None:
-        text = self._lm.tokenizer.decode(
+        text = self._tokenizer.decode(
             row.token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
         )
         if row.finished:
@@ -184,6 +186,9 @@ class TextGenerator:
         prefix_tokens: int = 2048,
     ) -> None:
         self._lm = lm
+        self._tokenizer = copy.deepcopy(lm.tokenizer)
+        """The model thread's own: a Rust tokenizer used from two threads at once fails
+        ("Already borrowed"), and the Thinker builds prompts on its loop meanwhile."""
         self.prefixes = PrefixCache(prefix_tokens)
         """KV kept between requests (used by the model thread only)."""
         self._rows: dict[str, _Row] = {}
@@ -253,7 +258,7 @@ class TextGenerator:
     def _run_batch(self, rows: list[_Row]) -> None:
         lm = self._lm
         try:
-            batch = lm.tokenizer(
+            batch = self._tokenizer(
                 [r.prompt for r in rows],
                 return_tensors="pt",
                 padding=True,
@@ -275,7 +280,7 @@ class TextGenerator:
                     **batch,
                     generation_config=config,
                     past_key_values=past,
-                    streamer=_RowStreamer(rows, lm),
+                    streamer=_RowStreamer(rows, lm, self._tokenizer),
                     logits_processor=LogitsProcessorList(
                         [_ConstrainRows(rows)] if any(r.constraint for r in rows) else []
                     ),

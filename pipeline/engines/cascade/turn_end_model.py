@@ -20,6 +20,7 @@ session: blocking, one judgement at a time (a lock).
 
 from __future__ import annotations
 
+import copy
 import re
 import threading
 from typing import TYPE_CHECKING
@@ -55,7 +56,10 @@ class TurnEndModel:
 
         self._lm = lm
         self.threshold = threshold
-        tokenizer = lm.tokenizer
+        # Its own copy: a Rust tokenizer used from two threads at once fails ("Already
+        # borrowed"), and the judge runs in a thread while the Thinker builds the prompt of
+        # the answer begun on the same words (interruption_bench, 12-07: one answer failed).
+        tokenizer = self._tokenizer = copy.deepcopy(lm.tokenizer)
         self._end_id = int(tokenizer.convert_tokens_to_ids(END_OF_TURN))
         messages = [
             {"role": "system", "content": instructions},
@@ -76,7 +80,7 @@ class TurnEndModel:
         text = normalised(words)
         if not text:
             return None
-        ids: list[int] = list(self._lm.tokenizer(self._prefix + text).input_ids)
+        ids: list[int] = list(self._tokenizer(self._prefix + text).input_ids)
         shared = len(self._prefix_ids)
         with self._lock, torch.inference_mode():
             if ids[:shared] == self._prefix_ids and len(ids) > shared:

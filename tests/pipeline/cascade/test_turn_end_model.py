@@ -3,6 +3,8 @@ with SmolLM2-135M-Instruct as it ships."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -38,3 +40,24 @@ def test_the_cached_prompt_start_gives_the_whole_prompts_probability(
         assert cached is not None and full is not None
         assert cached == pytest.approx(full, rel=1e-3)
     assert model.probability("Set a timer.") == model.probability("set a timer")  # cropped back
+
+
+def test_the_judge_tokenizes_beside_the_thinkers_prompt_building(model: TurnEndModel) -> None:
+    """The judge runs in a thread while the Thinker tokenizes the prompt of the answer begun
+    on the same words: with one shared Rust tokenizer that failed ("Already borrowed")."""
+    shared = model._lm.tokenizer  # noqa: SLF001 - the Thinker's
+    failures: list[BaseException] = []
+
+    def tokenize_prompts() -> None:
+        try:
+            for _ in range(300):  # a batch's prompts, padded as the generator pads them
+                shared(["What is the capital of France? " * 8, "Hello."], padding=True)
+        except BaseException as exc:  # noqa: BLE001 - what the Thinker would have met
+            failures.append(exc)
+
+    beside = threading.Thread(target=tokenize_prompts)
+    beside.start()
+    for _ in range(3):
+        assert model.probability("what is the capital of france") is not None
+    beside.join()
+    assert not failures, failures
