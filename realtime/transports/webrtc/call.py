@@ -47,10 +47,10 @@ from ...openai.client_events import ProtocolError
 from ...openai.dispatch import ClientEventDispatcher
 from ...session_call import SESSION_CLOSE_TIMEOUT_S, SessionCall
 from ...slow_clients import DEFAULT_SLOW_CLIENTS, TOO_SLOW, SlowClients
+from .audio_jitter import release_at_once
 from .call_options import CallOptions
 from .inbound import drain_audio, drain_video
 from .inline_decode import decode_inline
-from .jitter_prefetch import release_at_once
 from .outbound import OUTPUT_RATE, OutboundAudioTrack, sends_opus
 from .peer import close_peer
 

@@ -25,6 +25,7 @@ from typing import Any
 import av
 from aiortc import RTCRtpReceiver
 from aiortc.codecs import get_decoder
+from aiortc.jitterbuffer import JitterFrame
 
 from . import guards
 
@@ -51,10 +52,17 @@ class InlineDecoder:
         codec, encoded = task
         if codec.name != self._codec_name:
             self._decoder, self._codec_name = get_decoder(codec), codec.name
+        self._decode(codec.name, encoded)
+        # frames the receive buffer released together (audio_jitter.HeldFrames), timed
+        # after the first as the receiver timed it
+        for data, after in getattr(encoded, "following", ()):
+            self._decode(codec.name, JitterFrame(data, (encoded.timestamp + after) & 0xFFFFFFFF))
+
+    def _decode(self, codec_name: str, encoded: JitterFrame) -> None:
         try:
             frames = self._decoder.decode(encoded)
         except av.FFmpegError as exc:  # keep the decoder's state, as aiortc does
-            guards.count("decode", f"a {codec.name} frame failed to decode: {exc}")
+            guards.count("decode", f"a {codec_name} frame failed to decode: {exc}")
             return
         for frame in frames:
             self._frames.put_nowait(frame)

@@ -14,6 +14,7 @@ from starlette.applications import Starlette
 
 from loadtest.speech import silence, speak, trim_silence
 from loadtest.webrtc_client import Caller
+from realtime.transports.webrtc.audio_jitter import AudioJitterBuffer
 from realtime.transports.webrtc.inline_decode import InlineDecoder
 from web.app import Services
 
@@ -46,8 +47,9 @@ async def test_the_callers_audio_is_decoded_inline_and_heard(
         inline = receiver._RTCRtpReceiver__decoder_queue  # type: ignore[attr-defined]
         assert isinstance(inline, InlineDecoder)
         assert inline.decoded > 10
-        # the server's receive jitter buffer releases each frame at once (jitter_prefetch.py)
-        assert receiver._RTCRtpReceiver__jitter_buffer._prefetch == 0  # type: ignore[attr-defined]
+        # the server's receive buffer hands each packet over as it comes (audio_jitter.py)
+        jitter = receiver._RTCRtpReceiver__jitter_buffer  # type: ignore[attr-defined]
+        assert isinstance(jitter, AudioJitterBuffer) and jitter.lost == 0
         # The caller's own (idle too: it decodes inline as well) and the server's, until the
         # hang-up.
         assert decoder_threads() == before + 2
