@@ -61,15 +61,18 @@ eagerness high (350 ms) the window ran out before any verdict came."""
 UNFINISHED_FACTOR = 2
 UNFINISHED_MAX_MS = 2_500
 """semantic_vad waits out a pause after words that break off this much longer (at most)."""
-PAUSE_MS = 80
+PAUSE_MS = 60
 """Silence after speech that is reported as a pause (at most half the silence window): the
 recognition of the words so far starts there, and the answer to them (prefetch.py), while
 the rest of the silence window runs; semantic_vad's turn ends when their verdict comes. It
-was 160 ms for server_vad: 80 leaves the answer begun on the words time to have its first
-audio ready when a 500 ms window ends (first audio after the last voiced sample 584 -> 535 ms
-p50 with tiny.en's draft, docs/benchmarks/embedded.md). A pause inside a sentence costs a
-draft recognition that speech resuming makes moot (the request is aborted before the rest),
-and cuts nothing off: only the silence window (or the verdict) ends the turn."""
+was 160 ms, then 80: with semantic_vad the answer begun at the pause is what the user waits
+for, and 60 brought its first audio 492 -> 442 ms p50 after the last voiced sample (n 30,
+three runs alternated, docs/benchmarks/embedded.md); under server_vad the answer is ready
+before a 500 ms window ends either way. A pause inside a sentence costs a draft recognition
+that speech resuming makes moot (the request is aborted before the rest), and cuts nothing
+off: only the silence window (or the verdict) ends the turn. On the spoken set (Piper's and
+espeak-ng's 30 sentences) 0.1-0.2 such pauses an utterance at 60 ms, 0.07-0.1 at 80 and
+0.6-1.0 at 40 (one at nearly every word's gap)."""
 
 
 @dataclass(frozen=True, slots=True)

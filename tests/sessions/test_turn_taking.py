@@ -371,7 +371,7 @@ async def test_the_answer_starts_on_the_words_while_their_verdict_is_on_its_way(
     r = Rig(vad, pipeline=pipeline)
     rigs.append(r)
     await r.hear(speech("What is the capital of France?"))
-    for _ in range(10):  # past the pause (80 ms): its words are out, the verdict is not
+    for _ in range(10):  # past the pause (60 ms): its words are out, the verdict is not
         await r.hear(silence(20))
         await asyncio.sleep(0)
     (ahead,) = r.host.called("request_ahead")
