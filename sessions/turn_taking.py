@@ -61,6 +61,8 @@ from .state import SessionState, StateMachine
 from .streamed_turn import TurnContext, TurnStream
 from .transcription import Heard
 from .turn_detection import (
+    OVERLAP_PAUSE_MS,
+    PAUSE_MS,
     SpeechConfirmed,
     SpeechEnd,
     SpeechPause,
@@ -107,11 +109,16 @@ class TurnTaking:
                 return
             offset_ms = first_ms + i * FRAME_MS
             self._heard_to_ms = offset_ms
+            self.detector.pause_ms = self._pause_ms()
             for signal in self.detector.process(frame, offset_ms):
                 await self._on_signal(signal)
             self._frame_passed(frame, offset_ms)
             self._heard_to_ms = offset_ms + FRAME_MS
             await self._frame_heard(offset_ms + FRAME_MS)
+
+    def _pause_ms(self) -> int:
+        """The silence reported as a pause now (turn_detection.PAUSE_MS)."""
+        return PAUSE_MS
 
     def _frame_passed(self, frame: bytes, offset_ms: int) -> None:
         """A frame's signals are handled (the frame itself, for a turn streamed as heard)."""
@@ -532,6 +539,9 @@ class ServerTurnTaking(TurnTaking):
 
     async def drop_ahead(self) -> None:
         await self._ahead.drop()
+
+    def _pause_ms(self) -> int:
+        return OVERLAP_PAUSE_MS if self._overlap.active else PAUSE_MS
 
     async def _drop_judgement(self) -> EndedSpeech | None:
         """The judgement of the speech over the answer, if any, is over: what it was doing

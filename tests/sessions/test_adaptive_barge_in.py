@@ -15,6 +15,7 @@ from loadtest.speech import silence, utterances_with_gaps
 from pipeline.types import End, OutputChunk, PipelineRequest, TextDelta
 from sessions.events import SpeechStarted, SpeechStopped
 from sessions.state import SessionState
+from sessions.turn_detection import OVERLAP_PAUSE_MS, PAUSE_MS
 
 from .test_turn_taking import Rig, TinyPipeline, speech
 
@@ -81,8 +82,12 @@ async def test_a_backchannel_holds_the_answer_then_resumes_it(rigs: list[Rig]) -
     await r.hear(speech("Yeah."))
     assert r.host.called("pause_output") == [()]  # silent at once
     assert not r.host.called("interrupt")  # past min_speech_ms, but not judged yet
+    assert r.tt.detector is not None
+    assert r.tt.detector.pause_ms == OVERLAP_PAUSE_MS  # its words are taken at a longer pause
     await settle(r)
     assert r.host.called("resume_output")  # judged a backchannel: the answer goes on
+    await r.hear(silence(20))
+    assert r.tt.detector.pause_ms == PAUSE_MS  # a turn's pause again
     assert not r.host.called("interrupt") and not r.host.called("commit_turn")
     assert not r.host.called("respond")
     assert r.machine.state is SessionState.SPEAKING

@@ -14,6 +14,8 @@ from pipeline.audio_format import INPUT_FRAME_BYTES as FRAME_BYTES
 from sessions.config import TurnDetectionConfig
 from sessions.resample import InputResampler
 from sessions.turn_detection import (
+    OVERLAP_PAUSE_MS,
+    PAUSE_MS,
     SpeechConfirmed,
     SpeechEnd,
     SpeechPause,
@@ -222,3 +224,20 @@ def test_a_pause_is_reported_once_before_the_end_it_may_be() -> None:
     (resumed,) = [s for s in signals if isinstance(s, SpeechResumed)]
     assert signals.index(pauses[0]) < signals.index(resumed) < signals.index(pauses[1])
     assert pauses[0].end_ms + 300 - 60 <= resumed.at_ms <= pauses[0].end_ms + 300 + 60
+
+
+@pytest.mark.parametrize("pause_ms", [PAUSE_MS, OVERLAP_PAUSE_MS])
+def test_a_pause_is_reported_after_the_silence_the_detector_is_set_to(pause_ms: int) -> None:
+    """The pause comes `pause_ms` after the last voiced frame: PAUSE_MS for a turn, the
+    longer OVERLAP_PAUSE_MS while speech over an answer is judged (turn_taking.py sets it)."""
+    detector = TurnDetector(TurnDetectionConfig())
+    detector.pause_ms = pause_ms
+    speech = trim_silence(speak("Hello there."))
+    pcm = np.concatenate([silence(400, 16_000), speech, silence(400, 16_000)])
+    reported: list[tuple[int, SpeechPause]] = []
+    for i, frame in enumerate(frames_of(pcm)):
+        for signal in detector.process(frame, i * FRAME_MS):
+            if isinstance(signal, SpeechPause):
+                reported.append(((i + 1) * FRAME_MS, signal))
+    ((at_ms, pause),) = reported
+    assert at_ms - pause.end_ms == pause_ms

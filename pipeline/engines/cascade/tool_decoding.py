@@ -39,7 +39,7 @@ import torch
 from .smollm import LanguageModel
 from .tool_prompt import CALL_OPEN
 
-_tokenizers: dict[int, tuple[LanguageModel, llguidance.LLTokenizer, torch.Tensor]] = {}
+_tokenizers: dict[int, tuple[LanguageModel, llguidance.LLTokenizer, torch.Tensor, int]] = {}
 _lock = threading.Lock()
 
 
@@ -61,8 +61,11 @@ def _byte_level_fixed(tokenizer_json: str) -> str:
     return json.dumps(spec)
 
 
-def _index(lm: LanguageModel) -> tuple[llguidance.LLTokenizer, torch.Tensor]:
-    """llguidance's view of the model's tokenizer, and which tokens start with '<' (once)."""
+def _index(lm: LanguageModel) -> tuple[llguidance.LLTokenizer, torch.Tensor, int]:
+    """llguidance's view of the model's tokenizer, which tokens start with '<', and the call
+    marker's first token, found once (at `prepare`): the model's own tokenizer is not used
+    again from the thread a tool turn runs in, beside the loop's (a Rust tokenizer used from
+    two threads at once fails, "Already borrowed")."""
     with _lock:
         known = _tokenizers.get(id(lm))
         if known is None or known[0] is not lm:
@@ -75,8 +78,9 @@ def _index(lm: LanguageModel) -> tuple[llguidance.LLTokenizer, torch.Tensor]:
             texts = lm.tokenizer.batch_decode([[i] for i in range(tokenizer.vocab_size)])
             angled = torch.tensor([t.startswith("<") for t in texts], dtype=torch.bool)
             angled[list(lm.stop_token_ids)] = False  # "<|im_end|>" must stay: it ends the turn
-            known = _tokenizers[id(lm)] = (lm, tokenizer, angled)
-        return known[1], known[2]
+            marker = int(lm.tokenizer(CALL_OPEN, add_special_tokens=False).input_ids[0])
+            known = _tokenizers[id(lm)] = (lm, tokenizer, angled, marker)
+        return known[1], known[2], known[3]
 
 
 def prepare(lm: LanguageModel) -> None:
@@ -101,7 +105,7 @@ class CallConstraint:
         threshold: float = -6.0,
         text_tokens: int = 64,
     ) -> None:
-        tokenizer, self._angled = _index(lm)
+        tokenizer, self._angled, self._marker = _index(lm)
         self._matcher: llguidance.LLMatcher | None = None
         if grammar is not None:
             self._matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
@@ -111,7 +115,6 @@ class CallConstraint:
             raise ValueError("a turn that may call needs the call grammar")
         self._vocab = tokenizer.vocab_size
         self._stop = lm.stop_token_ids[0]
-        self._marker = int(lm.tokenizer(CALL_OPEN, add_special_tokens=False).input_ids[0])
         self.threshold = threshold
         self.calling: bool | None = {"auto": None, "call": True, "text": False}[mode]
         """None until the first step decides; True: the turn is a call; False: text."""
