@@ -195,7 +195,7 @@ async def test_a_cleared_buffer_drops_the_judgement(rigs: list[Rig]) -> None:
     pipeline.release = asyncio.Event()
     r = answering(rigs, pipeline)
     await r.hear(speech("Wait."))
-    await settle(r, frames=6)  # past the pause: the words are on their way
+    await settle(r, frames=10)  # past the pause (OVERLAP_PAUSE_MS): the words are on their way
     await until(lambda: pipeline.asked == 1)
     await r.tt.clear()
     assert r.host.called("resume_output")
